@@ -1,0 +1,5 @@
+import sys
+
+from raycpt.cli import main
+
+sys.exit(main())

