@@ -33,8 +33,16 @@ def atomic_write_json(path: Path, obj: Any) -> Path:
 
 
 def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> Path:
-    """Create (or with ``resume``, re-open the newest) run folder for ``command`` and save the config."""
+    """Create (or with ``resume``, re-open the newest) run folder for ``command`` and save the config.
+
+    Makes ``cfg.tracking.run_root`` and ``cfg.tracking.uri`` absolute in place, so Ray workers (whose
+    working directory differs, e.g. under ``ray job submit``) log to the same store.
+    """
+    from raycpt.tracking import tracking_uri
+
     root = run_root(cfg.tracking)
+    cfg.tracking.run_root = str(root)
+    cfg.tracking.uri = tracking_uri(cfg.tracking)
     root.mkdir(parents=True, exist_ok=True)
     prefix = f"{command}-{cfg.name}-"
     if resume:
