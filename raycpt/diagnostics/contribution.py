@@ -1,0 +1,139 @@
+"""Layer contribution from single-layer training scans (pure: no Ray, no MLflow, no torch).
+
+``contribution(l) = (score_l - score_base) / (score_full - score_base)``: the share of full training's
+gain that training layer ``l`` alone recovers. 1.0 = as good as full training, > 1.0 better than it,
+0 = no gain, < 0 = worse than the untrained base.
+
+Also here: ranking, counts above a threshold, Spearman rank correlation between two scans (scipy,
+with its p-value), Jaccard overlap of the questions each layer-trained model newly solves, and a
+majority vote over several models' per-question answers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from typing import Any, Hashable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from raycpt.errors import RaycptError
+
+
+def contributions(scores: Mapping[int, float], base: float, full: float) -> dict[int, float]:
+    """contribution(l) for every layer in ``scores`` (layer -> score of the model trained on l alone).
+
+    Raises RaycptError when full training did not move the score (the ratio is undefined)."""
+    gain = full - base
+    if not math.isfinite(gain) or abs(gain) < 1e-12:
+        raise RaycptError(f"contribution is undefined: full training scored {full:.6g}, the same as the base "
+                          f"({base:.6g}); train longer or evaluate on more questions")
+    return {int(l): (float(s) - base) / gain for l, s in sorted(scores.items())}
+
+
+def rank_layers(contrib: Mapping[int, float]) -> list[int]:
+    """Layers by contribution, best first (ties: the lower layer first; NaN last)."""
+    def key(item):
+        l, c = item
+        return (1, 0.0, l) if c is None or not math.isfinite(c) else (0, -c, l)
+    return [l for l, _ in sorted(contrib.items(), key=key)]
+
+
+def count_above(contrib: Mapping[int, float], threshold: float = 1.0) -> int:
+    """How many layers have a contribution strictly above ``threshold`` (1.0 = beats full training)."""
+    return sum(1 for c in contrib.values() if c is not None and math.isfinite(c) and c > threshold)
+
+
+def relative_depth(layer: int, num_layers: int) -> float:
+    """Relative depth of a layer's centre: ``(l + 0.5) / N`` in (0, 1)."""
+    return (layer + 0.5) / num_layers
+
+
+def in_band(layer: int, num_layers: int, band: tuple[float, float] = (0.4, 0.6)) -> bool:
+    """Whether a layer's relative depth lies in ``band`` (the papers' middle 40-60%)."""
+    d = relative_depth(layer, num_layers)
+    return band[0] <= d <= band[1]
+
+
+def spearman(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[float, float]:
+    """Spearman rank correlation between two contribution maps over their common layers, and its p-value."""
+    from scipy.stats import spearmanr
+
+    common = sorted(set(a) & set(b))
+    if len(common) < 3:
+        raise RaycptError(f"Spearman needs at least 3 layers in common between the two rankings, got {len(common)}")
+    res = spearmanr([a[l] for l in common], [b[l] for l in common])
+    return float(res.statistic), float(res.pvalue)
+
+
+def newly_solved(base_correct: Mapping[Hashable, bool], model_correct: Mapping[Hashable, bool]) -> set:
+    """Questions the model answers correctly that the base model got wrong."""
+    return {q for q, ok in model_correct.items() if ok and not base_correct.get(q, False)}
+
+
+def jaccard(a: set, b: set) -> float:
+    """|A & B| / |A | B| (NaN when both are empty)."""
+    union = a | b
+    return len(a & b) / len(union) if union else float("nan")
+
+
+def pairwise_jaccard(sets: Mapping[Any, set]) -> dict[tuple, float]:
+    """Jaccard of every unordered pair of named sets."""
+    return {(x, y): jaccard(sets[x], sets[y]) for x, y in itertools.combinations(sorted(sets), 2)}
+
+
+def mean_jaccard(sets: Mapping[Any, set]) -> float:
+    """Mean pairwise Jaccard (NaN pairs skipped; NaN if none left)."""
+    vals = [v for v in pairwise_jaccard(sets).values() if math.isfinite(v)]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def majority_vote(answers: Sequence[Mapping[Hashable, Any]]) -> dict[Hashable, Any]:
+    """Per question, the answer most of the models give.
+
+    ``answers`` is ordered best model first; a tie between answers goes to the one the best-ranked model
+    among the tied gave (so with one model the vote is that model). Missing answers (None) do not vote."""
+    if not answers:
+        raise RaycptError("majority vote needs at least one model's answers")
+    questions: list = []
+    seen: set = set()
+    for amap in answers:
+        for q in amap:
+            if q not in seen:
+                seen.add(q)
+                questions.append(q)
+    out = {}
+    for q in questions:
+        votes = [amap.get(q) for amap in answers]
+        votes = [v for v in votes if v is not None]
+        if not votes:
+            out[q] = None
+            continue
+        counts = Counter(votes)
+        top = max(counts.values())
+        tied = {v for v, c in counts.items() if c == top}
+        out[q] = next(v for v in votes if v in tied)
+    return out
+
+
+def accuracy(pred: Mapping[Hashable, Any], gold: Mapping[Hashable, Any]) -> float:
+    """Share of the questions in ``gold`` whose prediction equals the gold answer."""
+    if not gold:
+        return float("nan")
+    return sum(1 for q, g in gold.items() if pred.get(q) == g) / len(gold)
+
+
+def summarize_scan(scores: Mapping[int, float], base: float, full: float, num_layers: int,
+                   band: tuple[float, float] = (0.4, 0.6), threshold: float = 1.0) -> dict:
+    """Everything the contribution table shows, from the raw scores."""
+    contrib = contributions(scores, base, full)
+    ranking = rank_layers(contrib)
+    above = count_above(contrib, threshold)
+    band_layers = [l for l in contrib if in_band(l, num_layers, band)]
+    band_mean = float(np.mean([contrib[l] for l in band_layers])) if band_layers else float("nan")
+    out_mean = float(np.mean([c for l, c in contrib.items() if l not in band_layers])) \
+        if len(band_layers) < len(contrib) else float("nan")
+    return dict(contribution=contrib, ranking=ranking, num_above=above, threshold=threshold,
+                base_score=base, full_score=full, band=list(band), band_mean=band_mean, outside_mean=out_mean,
+                best_layer=ranking[0] if ranking else None)

@@ -1,0 +1,88 @@
+"""Contribution arithmetic, ranking, Spearman, Jaccard, majority vote on hand-worked examples (no Ray)."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from raycpt.diagnostics import contribution as C
+from raycpt.errors import RaycptError
+
+
+def test_contribution_hand_example():
+    # base 0.40, full 0.50 -> gain 0.10
+    scores = {0: 0.38, 1: 0.45, 2: 0.514, 3: 0.50}
+    c = C.contributions(scores, base=0.40, full=0.50)
+    assert c[0] == pytest.approx(-0.2)
+    assert c[1] == pytest.approx(0.5)
+    assert c[2] == pytest.approx(1.14)
+    assert c[3] == pytest.approx(1.0)
+    assert C.rank_layers(c) == [2, 3, 1, 0]
+    assert C.count_above(c, 1.0) == 1          # 1.0 itself is not above
+    s = C.summarize_scan(scores, 0.40, 0.50, num_layers=4)
+    # relative depths (l + .5)/4: 0.125, 0.375, 0.625, 0.875 -> none within [0.4, 0.6]
+    assert s["best_layer"] == 2 and s["num_above"] == 1 and math.isnan(s["band_mean"])
+    s = C.summarize_scan({l: 0.4 + 0.01 * l for l in range(10)}, 0.40, 0.50, num_layers=10)
+    # layers 4, 5 have depths .45, .55 -> in band; contributions 0.4 and 0.5
+    assert s["band_mean"] == pytest.approx(0.45)
+
+
+def test_contribution_undefined_when_full_equals_base():
+    with pytest.raises(RaycptError, match="undefined"):
+        C.contributions({0: 0.5}, base=0.3, full=0.3)
+
+
+def naive_spearman(x, y):
+    """1 - 6 sum d^2 / (n (n^2 - 1)) on ranks (no ties)."""
+    rx = np.argsort(np.argsort(x))
+    ry = np.argsort(np.argsort(y))
+    n = len(x)
+    return 1 - 6 * ((rx - ry) ** 2).sum() / (n * (n * n - 1))
+
+
+def test_spearman_against_scipy_and_formula():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=12)
+    y = x + rng.normal(size=12)
+    a = {l: float(v) for l, v in enumerate(x)}
+    b = {l: float(v) for l, v in enumerate(y)}
+    rho, p = C.spearman(a, b)
+    assert rho == pytest.approx(naive_spearman(x, y), abs=1e-12)
+    ref = spearmanr(x, y)
+    assert rho == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue)
+    # only common layers count; ties handled like scipy
+    b2 = {**{l: float(round(v)) for l, v in b.items()}, 99: 5.0}
+    rho2, p2 = C.spearman(a, b2)
+    ref2 = spearmanr(x, [round(v) for v in y])
+    assert rho2 == pytest.approx(ref2.statistic) and p2 == pytest.approx(ref2.pvalue)
+    with pytest.raises(RaycptError):
+        C.spearman({0: 1, 1: 2}, {0: 1, 1: 2})
+
+
+def test_jaccard_of_newly_solved():
+    base = {"q1": True, "q2": False, "q3": False, "q4": False, "q5": False}
+    m10 = {"q1": True, "q2": True, "q3": True, "q4": False, "q5": False}
+    m13 = {"q1": False, "q2": True, "q3": False, "q4": True, "q5": False}
+    n10, n13 = C.newly_solved(base, m10), C.newly_solved(base, m13)
+    assert n10 == {"q2", "q3"} and n13 == {"q2", "q4"}
+    assert C.jaccard(n10, n13) == pytest.approx(1 / 3)
+    sets = {10: n10, 13: n13, 2: {"q2"}}
+    pj = C.pairwise_jaccard(sets)
+    assert pj[(2, 10)] == pytest.approx(0.5) and pj[(2, 13)] == pytest.approx(0.5)
+    assert C.mean_jaccard(sets) == pytest.approx((1 / 3 + 0.5 + 0.5) / 3)
+
+
+def test_majority_vote_hand_example():
+    # three models, best first
+    m1 = {"a": "A", "b": "B", "c": "C", "d": "A"}
+    m2 = {"a": "B", "b": "B", "c": "D", "d": None}
+    m3 = {"a": "B", "b": "C", "c": "D", "d": "B"}
+    vote = C.majority_vote([m1, m2, m3])
+    # a: B twice; b: B twice; c: D twice; d: A vs B tie (m2 abstains) -> best-ranked model's A
+    assert vote == {"a": "B", "b": "B", "c": "D", "d": "A"}
+    gold = {"a": "B", "b": "B", "c": "C", "d": "A"}
+    assert C.accuracy(vote, gold) == pytest.approx(0.75)
+    assert C.accuracy(m1, gold) == pytest.approx(0.75)
+    assert C.accuracy(m3, gold) == pytest.approx(0.25)
+    assert C.majority_vote([m3]) == m3
