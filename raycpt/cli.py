@@ -133,6 +133,32 @@ def ui(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
                                       "--host", "127.0.0.1", "--port", str(port)]))
 
 
+# ---- sweep ----
+@app.command("sweep")
+def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+          splits: Optional[str] = typer.Option(None, help="split ratios, e.g. 0.33,0.5,0.66"),
+          strategies: Optional[str] = typer.Option(None, help="e.g. train_shallow,train_deep (full runs once)"),
+          resume: bool = typer.Option(False, help="continue the newest sweep of this config")):
+    """Trace, then train + evaluate full and every strategy at every split on Ray Tune; print the summary."""
+    import time
+
+    from raycpt.jobs.sweep import run_sweep
+    from raycpt.report.sweep import rich_table
+
+    cfg = load(args)
+    split_list = parse_floats(splits, "--splits")
+    strat_list = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else None
+    t0 = time.time()
+    res = run_sweep(cfg, splits=split_list, strategies=strat_list, resume=resume, console=console)
+    for task, rows in res.summary["tables"].items():
+        console.print(rich_table(task, rows))
+    if res.summary.get("recommended_split") is not None:
+        console.print(f"trace: recommended split r = {res.summary['recommended_split']}")
+    console.print((res.run_dir / "summary" / "summary.md").read_text(), markup=False)
+    console.print(f"sweep finished in {time.time() - t0:.0f}s; run folder {res.run_dir}; "
+                  f"MLflow parent run {res.parent_run_id} (raycpt ui to browse)")
+
+
 # ---------------------------------------------------------------------------------------- entry
 def main(argv: Optional[list[str]] = None) -> int:
     """Console entry point: one line and exit 2 for user errors, never a traceback for them."""

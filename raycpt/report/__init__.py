@@ -1,0 +1,1 @@
+"""Plots and tables; one module per command."""
