@@ -1,0 +1,49 @@
+"""Sweep summary arithmetic, checked against hand-computed deltas."""
+
+import pytest
+
+from raycpt.report.sweep import parse_cells, split_gains, summary_table, table_markdown
+
+
+def _trial(name, strategy, split, stem_l, avg_l, avg_g):
+    return {"name": name, "strategy": strategy, "split": split, "b": None if split is None else round(split * 10),
+            "scores": {"wn/stem/logit": stem_l, "wn/average/logit": avg_l, "wn/average/generate": avg_g}}
+
+
+TRIALS = [
+    _trial("full", "full", None, 0.30, 0.40, 0.20),
+    _trial("train_shallow-r0.5", "train_shallow", 0.5, 0.35, 0.45, 0.10),
+    _trial("train_deep-r0.5", "train_deep", 0.5, 0.25, 0.38, 0.20),
+]
+
+
+def test_parse_cells_nests_task_category_mode():
+    cells = parse_cells({"wn/stem/logit": 0.5, "bad-key": 1.0})
+    assert cells == {"wn": {"stem": {"logit": 0.5}}}
+
+
+def test_summary_deltas_and_best_marks_match_hand_values():
+    rows = {r["name"]: r for r in summary_table(TRIALS)["wn"]}
+    # deltas against full, by hand
+    assert rows["train_shallow-r0.5"]["cells"]["stem"]["logit"]["delta"] == pytest.approx(0.05)
+    assert rows["train_deep-r0.5"]["cells"]["average"]["logit"]["delta"] == pytest.approx(-0.02)
+    assert rows["train_shallow-r0.5"]["cells"]["average"]["generate"]["delta"] == pytest.approx(-0.10)
+    assert rows["full"]["cells"]["stem"]["logit"]["delta"] is None
+    # best per column: shallow has the best logit cells; full and deep tie on generate average
+    assert rows["train_shallow-r0.5"]["cells"]["average"]["logit"]["best"]
+    assert not rows["full"]["cells"]["average"]["logit"]["best"]
+    assert rows["full"]["cells"]["average"]["generate"]["best"] and rows["train_deep-r0.5"]["cells"]["average"]["generate"]["best"]
+
+
+def test_split_gains_pair_s_b_with_realised_gain():
+    (row,) = split_gains(TRIALS, {"0.5": 0.138}, "wn")
+    assert row["S_b"] == pytest.approx(0.138)
+    assert row["shallow_vs_full_logit"] == pytest.approx(0.05)
+    assert row["shallow_vs_deep_logit"] == pytest.approx(0.07)
+    assert row["shallow_vs_deep_generate"] == pytest.approx(-0.10)
+
+
+def test_markdown_has_one_row_per_trial_and_percentages():
+    md = table_markdown("wn", summary_table(TRIALS)["wn"])
+    assert md.count("\n| train_") == 2
+    assert "45.00*" in md and "(+5.00" in md
