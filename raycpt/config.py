@@ -123,6 +123,8 @@ class PlanConfig:
     """Per-layer learning-rate multipliers {layer: scale}; combine with any plan."""
     elite_lr_scale: float = 1.0
     """``elite``: learning-rate multiplier for the elite layers."""
+    elite_train_rest: bool = False
+    """``elite``: also train the other layers at lr x1 (the "higher LR for elite layers" variant)."""
     train_embeddings: bool = False
     """Whether the input embeddings train (with tied embeddings this also trains the head)."""
     train_final_norm: bool = False
