@@ -79,7 +79,8 @@ def config_show(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)
     import yaml
 
     cfg = load(args)
-    console.print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True), markup=False)
+    # plain stdout: rich would wrap long values (e.g. a joined pypi: reference) and break the YAML
+    sys.stdout.write(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True, width=10**6))
 
 
 @config_app.command("validate")
