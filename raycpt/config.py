@@ -269,6 +269,69 @@ class RayConfig:
     """Start the dashboard with a local Ray."""
 
 
+HYBRID_BUILDS = ("new_shallow", "new_deep", "custom")
+
+
+@dataclass
+class HybridSegmentConfig:
+    donor: Optional[str] = None
+    """Model reference whose decoder layers this segment copies (null = ``hybrid.donor``); unused with ``new``."""
+    layers: list[int] = field(default_factory=list)
+    """Donor layer range [start, end) (end exclusive), e.g. [0, 15]."""
+    new: Optional[str] = None
+    """Kind of fresh layers instead of donor layers: mamba2, nemotron_h, llama, qwen2, qwen3, mistral, gemma3_text."""
+    count: int = 0
+    """Number of new layers (with ``new``)."""
+    trainable: bool = True
+    """Whether this segment trains (false = frozen)."""
+    init_seed: Optional[int] = None
+    """Seed of the new layers' init (null = ``hybrid.init_seed``)."""
+    config: dict = field(default_factory=dict)
+    """Config overrides of the new layers' architecture, e.g. {state_size: 64, expand: 2}."""
+
+
+@dataclass
+class HybridConfig:
+    donor: Optional[str] = None
+    """Pretrained donor of layers (and of embeddings, final norm and head); null = ``model.ref``."""
+    head_donor: Optional[str] = None
+    """Donor of embeddings, final norm and head when it differs from ``donor`` (custom builds)."""
+    builds: list[str] = field(default_factory=lambda: ["new_shallow", "new_deep"])
+    """Builds of ``hybrid run`` (the first is what ``hybrid build`` writes): new_shallow = new layers first
+    (trained) + the donor's deep layers (frozen); new_deep = the donor's shallow layers (trained) + new layers
+    (frozen); custom = ``segments``."""
+    depth: Optional[int] = None
+    """Layers of a new_shallow / new_deep build, half new and half donor (even; null = the donor's layer count)."""
+    new_kind: str = "mamba2"
+    """Kind of the new layers of new_shallow / new_deep (see ``segments[].new``)."""
+    new_config: dict = field(default_factory=dict)
+    """Config overrides of the new layers (hidden size always = the donor's)."""
+    init_seed: int = 0
+    """Seed of the new layers' init."""
+    segments: list[HybridSegmentConfig] = field(default_factory=list)
+    """Custom build: ordered segments, each {donor, layers: [start, end), trainable} or {new: KIND, count, trainable}."""
+
+    def __post_init__(self):
+        _check(len(self.builds) > 0, "hybrid.builds", self.builds, "a non-empty list of " + ", ".join(HYBRID_BUILDS))
+        for b in self.builds:
+            _check(b in HYBRID_BUILDS, "hybrid.builds", b, "one of " + ", ".join(HYBRID_BUILDS))
+        _check(self.depth is None or (self.depth >= 2 and self.depth % 2 == 0), "hybrid.depth", self.depth,
+               "an even integer >= 2 (half new, half donor layers) or null")
+        if "custom" in self.builds:
+            _check(len(self.segments) > 0, "hybrid.segments", self.segments,
+                   "a non-empty list of segments ({donor, layers: [start, end)} or {new: KIND, count: N}) "
+                   "for the custom build")
+        for i, seg in enumerate(self.segments):
+            name = f"hybrid.segments[{i}]"
+            _check(bool(seg.new) != bool(seg.layers), name, vars(seg),
+                   "either donor layers {donor, layers: [start, end)} or new layers {new: KIND, count: N}, not both")
+            if seg.new:
+                _check(seg.count >= 1, f"{name}.count", seg.count, "an integer >= 1 for new layers")
+            else:
+                _check(len(seg.layers) == 2 and 0 <= seg.layers[0] < seg.layers[1], f"{name}.layers", seg.layers,
+                       "a donor layer range [start, end) with 0 <= start < end")
+
+
 @dataclass
 class ExperimentConfig:
     name: str = "default"
@@ -282,7 +345,7 @@ class ExperimentConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
-    hybrid: Optional[dict] = None
+    hybrid: Optional[HybridConfig] = None
     """Hybrid build spec (see ``raycpt hybrid``); None = not a hybrid experiment."""
     contribution: Optional[dict] = None
     """Contribution-scan settings (see ``raycpt contribution``)."""
@@ -326,6 +389,8 @@ def _coerce(value: Any, tp, name: str):
         if value is None and type(None) in args:
             return None
         non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1 and dataclasses.is_dataclass(non_none[0]):  # Optional[Section]: keep its own error
+            return _coerce(value, non_none[0], name)
         last = None
         for a in non_none:
             try:

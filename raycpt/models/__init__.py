@@ -1,0 +1,57 @@
+"""Models: references -> local folders (sources), the layer view (stack), hybrid builds (hybrid).
+
+Importing this package makes a saved hybrid (``model_type: raycpt_hybrid``) loadable through
+``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained(folder)`` without ``trust_remote_code`` -
+in the driver, in Ray workers and inside lm-eval - while keeping the import cheap:
+
+* the (light) hybrid config class is registered with ``AutoConfig`` right after transformers'
+  auto-config module is imported (at once if it already is);
+* the model class registers itself with ``AutoModelForCausalLM`` the first time a hybrid config
+  is instantiated, which ``from_pretrained`` does before it looks the model class up
+  (:mod:`raycpt.models.hybrid_config`).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+
+_AUTO = "transformers.models.auto.configuration_auto"
+
+
+def _register_config() -> None:
+    from raycpt.models.hybrid_config import register_config
+
+    register_config()
+
+
+class _AfterAutoConfig(importlib.abc.MetaPathFinder):
+    """Registers the hybrid config right after ``configuration_auto`` has been executed."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _AUTO:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            try:
+                _register_config()
+            except Exception as e:  # pragma: no cover - never break the user's transformers import
+                import warnings
+
+                warnings.warn(f"raycpt: could not register the hybrid config class: {e!r}")
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if _AUTO in sys.modules:
+    _register_config()
+elif not any(isinstance(f, _AfterAutoConfig) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AfterAutoConfig())
