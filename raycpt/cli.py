@@ -160,6 +160,49 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
                   f"MLflow parent run {res.parent_run_id} (raycpt ui to browse)")
 
 
+# ---- compare ----
+@app.command("compare")
+def compare_cmd(base: Optional[str] = typer.Argument(None, help="base model: reference, model folder or run folder"),
+                tuned: Optional[str] = typer.Argument(None, help="tuned model: reference, model folder or run folder"),
+                prompts: Optional[str] = typer.Option(None, help="prompt set: .jsonl of {text} or {s1, s2}, .txt (one "
+                                                                 "per line) or builtin:wordnet-lexical (default: WordNet glosses)"),
+                sweep: Optional[str] = typer.Option(None, help="sweep run folder: compare every trial with its base"),
+                config: Optional[List[str]] = typer.Option(None, "--config", "-c",
+                                                           help="CONFIG.yaml and/or key=value overrides (repeatable)"),
+                max_prompts: int = typer.Option(64, help="prompts used for the representation metrics"),
+                max_len: int = typer.Option(64, help="tokens per prompt (longer ones are cut)"),
+                swap_blocks: Optional[int] = typer.Option(
+                    None, help="layer swap: number of contiguous blocks (default min(5, layers); 0 = no swaps)"),
+                alpha: float = typer.Option(1.0, help="order of the matrix-based Renyi entropy (1 = von Neumann)"),
+                resume: bool = typer.Option(False, help="re-open the newest compare run folder; skip finished pairs")):
+    """Base vs tuned, per layer: CKA, cosine, mean shift, entropy, effective rank, weight change, probe, swaps."""
+    from raycpt.jobs.compare import run_compare
+
+    cfg = load(config)
+    res = run_compare(cfg, base, tuned, prompts=prompts, sweep=sweep, max_prompts=max_prompts, max_len=max_len,
+                      swap_blocks=swap_blocks, alpha=alpha, resume=resume, console=console)
+    from rich.table import Table
+
+    for child in res.children:
+        t = Table("layer", "CKA", "cos", "shift", "dW attn", "dW mlp", "H prompt b/t", "eff.rank b/t", "probe b/t",
+                  title=f"compare {child.run_dir.name}")
+        for r in child.rows:
+            t.add_row(str(r["layer"]), f"{r['cka']:.3f}", f"{r['cosine']:.3f}", f"{r['mean_shift']:.3g}",
+                      f"{r.get('wc_attn', float('nan')):.3g}", f"{r.get('wc_mlp', float('nan')):.3g}",
+                      f"{r['prompt_entropy_base']:.3f}/{r['prompt_entropy_tuned']:.3f}",
+                      f"{r['effective_rank_base']:.1f}/{r['effective_rank_tuned']:.1f}",
+                      f"{r['probe_accuracy_base']:.3f}/{r['probe_accuracy_tuned']:.3f}")
+        console.print(t)
+        if child.swaps:
+            line = "  ".join(f"{s['direction']}[{s['layers'][0]}-{s['layers'][-1]}] {s['score']:.2f}"
+                             for s in child.swaps)
+            console.print(f"swap ({child.swaps[0]['score_key']}): base {child.base_score:.2f}, tuned "
+                          f"{child.tuned_score:.2f}; {line}")
+    console.print(f"compare finished in {res.wall_s:.1f}s; run folder {res.run_dir}; MLflow run {res.mlflow_run_id}")
+
+
+
+
 # ---------------------------------------------------------------------------------------- entry
 def main(argv: Optional[list[str]] = None) -> int:
     """Console entry point: one line and exit 2 for user errors, never a traceback for them."""

@@ -1,0 +1,516 @@
+"""``raycpt compare``: layer-wise base-vs-tuned analysis (seed 002), with the heavy parts as Ray tasks.
+
+``run_compare(cfg, base, tuned, prompts=...)``:
+
+1. resolves BASE and TUNED (model references, model folders, or run folders of ``raycpt train`` /
+   sweep trials) and checks, before any Ray or MLflow work, that both have one architecture and one
+   layer count (one line, exit 2 otherwise);
+2. tokenises the prompt set once (base tokenizer);
+3. Ray tasks: per model, the residual stream after every block + the layer-wise probe
+   (:func:`~raycpt.diagnostics.similarity.collect_states`) and the per-model metrics (entropy,
+   effective rank); then the pairwise metrics (CKA, cosine, mean shift) from both models' states;
+   the weight change; and the layer swap: for each of ``swap_blocks`` contiguous blocks, the base
+   with that block taken from the tuned model and the reverse, each evaluated on the eval benchmark
+   (``raycpt.evaluate.evaluate_model``) next to the plain base and tuned models;
+4. writes ``layers.csv`` / ``layers.md`` / ``swaps.csv`` / plots (PNG) / ``summary.json`` into the run
+   folder and logs them to one MLflow run (metric series with step = layer).
+
+``--sweep RUN`` compares every finished trial of a sweep run folder with that sweep's base model (one
+nested MLflow run and one sub-folder per trial).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from raycpt.config import ExperimentConfig
+from raycpt.errors import RaycptError
+from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir
+
+
+# ------------------------------------------------------------------------------------- references
+def _is_model_folder(p: Path) -> bool:
+    return (p / "config.json").is_file() and (any(p.glob("*.safetensors")) or any(p.glob("*.bin"))
+                                              or any(p.glob("*.safetensors.index.json")))
+
+
+def find_model_in_run(run_dir: Path) -> Optional[Path]:
+    """The final model of a run folder (train run or sweep trial), or None.
+
+    Looks for a ``final_model_dir`` recorded in ``result.json`` / ``state.json`` / ``train_result.json``,
+    then for a ``final`` model folder, then for the newest model folder below the run folder."""
+    run_dir = Path(run_dir)
+    for name in ("result.json", "train_result.json", "state.json", "summary.json"):
+        p = run_dir / name
+        if p.is_file():
+            try:
+                data = json.loads(p.read_text())
+            except json.JSONDecodeError:
+                continue
+            fm = data.get("final_model_dir") if isinstance(data, dict) else None
+            if fm and _is_model_folder(Path(fm)):
+                return Path(fm)
+            if fm and _is_model_folder(run_dir / fm):
+                return run_dir / fm
+    for cand in ("final", "final_model", "model"):
+        if _is_model_folder(run_dir / cand):
+            return run_dir / cand
+    found = [p.parent for p in run_dir.rglob("config.json") if _is_model_folder(p.parent)]
+    if not found:
+        return None
+    finals = [p for p in found if "final" in p.name]
+    pool = finals or found
+    return max(pool, key=lambda p: p.stat().st_mtime)
+
+
+def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
+    """A model folder for ``ref``: a model folder as is, a run folder's final model, or a resolved reference."""
+    p = Path(ref).expanduser()
+    if p.is_dir():
+        if _is_model_folder(p):
+            return str(p.resolve())
+        found = find_model_in_run(p)
+        if found is not None:
+            return str(found.resolve())
+        if not any(p.glob("*.gguf")) and not any(p.glob("*.gguf.part*")):
+            raise RaycptError(f"{ref}: folder holds no model (no config.json with weights, no trained checkpoint)")
+    from raycpt.models.sources import resolve_model
+
+    info = resolve_model(ref, cache_dir=cfg.model.cache_dir, progress=True)
+    return str(info.path)
+
+
+def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
+    """Architecture and layer count of both folders from their configs; RaycptError if they differ."""
+    from transformers import AutoConfig
+
+    ca, cb = AutoConfig.from_pretrained(base_path), AutoConfig.from_pretrained(tuned_path)
+    ta, tb = getattr(ca, "model_type", None), getattr(cb, "model_type", None)
+    if ta != tb:
+        raise RaycptError(f"BASE and TUNED have different architectures: {ta!r} ({base_path}) vs {tb!r} "
+                          f"({tuned_path}); compare needs two checkpoints of one architecture")
+    na = getattr(ca, "num_hidden_layers", None)
+    nb = getattr(cb, "num_hidden_layers", None)
+    if na != nb:
+        raise RaycptError(f"BASE and TUNED have different layer counts: {na} vs {nb}; compare needs two "
+                          "checkpoints of one architecture")
+    for key in ("hidden_size", "vocab_size", "intermediate_size"):
+        va, vb = getattr(ca, key, None), getattr(cb, key, None)
+        if va != vb:
+            raise RaycptError(f"BASE and TUNED differ in {key}: {va} vs {vb}; compare needs one architecture")
+    return ta, int(na)
+
+
+# ------------------------------------------------------------------------------------- prompts
+def _wordnet_gloss_texts(limit: int) -> list[str]:
+    """Fallback prompt set: WordNet glosses (Debian wordnet-base), the same number from each part of speech."""
+    per_pos: list[list[str]] = []
+    for pos in ("noun", "verb", "adj", "adv"):
+        f = Path("/usr/share/wordnet") / f"data.{pos}"
+        got: list[str] = []
+        if f.is_file():
+            with f.open(encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("  ") or "|" not in line:
+                        continue
+                    gloss = line.split("|", 1)[1].split(";")[0].strip()
+                    if len(gloss) > 20:
+                        got.append(gloss)
+                    if len(got) >= limit:
+                        break
+        per_pos.append(got)
+    texts = [t for group in zip(*[g for g in per_pos if g]) for t in group] if any(per_pos) else []
+    return texts[:limit]
+
+
+def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
+    """Prompt texts from ``spec``: a JSONL of {text} or {s1, s2} or {prompt}, a .txt (one per line),
+    ``builtin:wordnet-glosses``, or the trace prompt set name (when the prompts module knows it)."""
+    if limit < 2:
+        raise RaycptError(f"--max-prompts={limit}: need at least 2 prompts (dataset entropy compares samples)")
+    if spec is None or spec == "builtin:wordnet-glosses":
+        texts = _wordnet_gloss_texts(limit)
+        if len(texts) < 2:
+            raise RaycptError("no default prompts: WordNet (/usr/share/wordnet) is missing; give --prompts FILE")
+        return texts
+    p = Path(spec).expanduser()
+    if not p.is_file():
+        try:  # a named prompt set of the trace module (builtin:wordnet-lexical, ...)
+            from raycpt.diagnostics import prompts as P  # noqa: F401
+
+            recs = P.load_prompt_records(spec)
+            return [_record_text(r) for r in recs][:limit]
+        except (ImportError, AttributeError):
+            pass
+        raise RaycptError(f"--prompts {spec}: file not found (expected a .jsonl of {{text}} or {{s1, s2}} records, "
+                          "or a .txt with one prompt per line)")
+    texts: list[str] = []
+    if p.suffix == ".jsonl":
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                raise RaycptError(f"--prompts {p}: line {i} is not valid JSON") from None
+            t = _record_text(rec)
+            if not t:
+                raise RaycptError(f"--prompts {p}: line {i} has none of the fields text, prompt, s1/s2")
+            texts.append(t)
+    else:
+        texts = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    texts = texts[:limit]
+    if len(texts) < 2:
+        raise RaycptError(f"--prompts {p}: found {len(texts)} prompt(s); need at least 2")
+    return texts
+
+
+def _record_text(rec: Any) -> str:
+    if isinstance(rec, str):
+        return rec
+    if not isinstance(rec, dict):
+        import dataclasses
+
+        rec = dataclasses.asdict(rec) if dataclasses.is_dataclass(rec) else getattr(rec, "__dict__", {})
+    if rec.get("text"):
+        return str(rec["text"])
+    if rec.get("prompt"):
+        return str(rec["prompt"])
+    if rec.get("s2") is not None:
+        return f"{rec.get('s1') or ''}{rec['s2']}"
+    return ""
+
+
+def tokenize(tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
+    """Token ids per text (the tokenizer's own special tokens), cut to ``max_len``; empty ones dropped."""
+    out = []
+    for t in texts:
+        ids = tokenizer(t, add_special_tokens=True)["input_ids"][:max_len]
+        if len(ids) >= 3:
+            out.append(list(ids))
+    if len(out) < 2:
+        raise RaycptError("fewer than 2 prompts left after tokenising (each needs >= 3 tokens)")
+    return out
+
+
+# ------------------------------------------------------------------------------------- Ray tasks
+def _torch_threads(n: Optional[int] = None) -> None:
+    import os
+
+    import torch
+
+    torch.set_num_threads(max(1, int(n or os.environ.get("OMP_NUM_THREADS", 1) or 1)))
+
+
+def states_task(path: str, seqs: list[list[int]], batch_size: int, alpha: float, dtype: str = "float32"):
+    """Load one model, record per-layer states and the probe; return (states, per-model metrics)."""
+    from raycpt.diagnostics.similarity import collect_states, model_metrics
+    from raycpt.models.sources import load_model
+
+    _torch_threads()
+    model, _ = load_model(path, dtype=dtype, device="cpu")
+    st = collect_states(model, seqs, batch_size=batch_size, drop_first=True)
+    return st, model_metrics(st, alpha)
+
+
+def pair_task(a, b):
+    from raycpt.diagnostics.similarity import pair_metrics
+
+    _torch_threads()
+    return pair_metrics(a, b)
+
+
+def weights_task(base_path: str, tuned_path: str):
+    from raycpt.diagnostics.similarity import weight_change
+    from raycpt.models.sources import load_model
+
+    _torch_threads()
+    a, _ = load_model(base_path, dtype="float32", device="cpu")
+    b, _ = load_model(tuned_path, dtype="float32", device="cpu")
+    return weight_change(a, b)
+
+
+def primary_score(cells: dict[str, float], eval_cfg) -> tuple[str, float]:
+    """The one number a model is judged by: ``<first task>/overall/<first mode>`` (accuracy over all
+    questions, percent), else that task's ``average``, else the mean of all cells."""
+    task, mode = eval_cfg.tasks[0], eval_cfg.modes[0]
+    for key in (f"{task}/overall/{mode}", f"{task}/average/{mode}"):
+        if key in cells:
+            return key, float(cells[key])
+    vals = [float(v) for v in cells.values() if isinstance(v, (int, float))]
+    return "mean", (sum(vals) / len(vals) if vals else float("nan"))
+
+
+def evaluate_cells(model_or_path, tokenizer, eval_cfg, out_dir: Path, name: str) -> dict[str, float]:
+    """``evaluate_model`` -> flat ``{task/category/mode: accuracy %}`` (``EvalResult.metrics()``)."""
+    from raycpt.evaluate import evaluate_model
+
+    ev = evaluate_model(model_or_path, eval_cfg, tokenizer=tokenizer, out_dir=out_dir, name=name)
+    return ev.metrics()
+
+
+def swap_task(base_path: str, tuned_path: str, direction: str, layers: list[int], eval_cfg, out_dir: str,
+              name: str) -> dict:
+    """Evaluate one model: ``base``, ``tuned``, ``base<-tuned`` (base with ``layers`` from tuned) or the reverse."""
+    from raycpt.diagnostics.similarity import swap_layers
+    from raycpt.models.sources import load_model
+
+    _torch_threads()
+    t0 = time.time()
+    if direction == "base":
+        model, tok = load_model(base_path, dtype="float32", device="cpu")
+    elif direction == "tuned":
+        model, tok = load_model(tuned_path, dtype="float32", device="cpu")
+    else:
+        target, donor = (base_path, tuned_path) if direction == "base<-tuned" else (tuned_path, base_path)
+        model, tok = load_model(target, dtype="float32", device="cpu")
+        other, _ = load_model(donor, dtype="float32", device="cpu")
+        swap_layers(model, other, layers)
+        del other
+    cells = evaluate_cells(model, tok, eval_cfg, Path(out_dir), name)
+    key, score = primary_score(cells, eval_cfg)
+    return dict(direction=direction, layers=list(layers), score=score, score_key=key, cells=cells,
+                wall_s=time.time() - t0)
+
+
+# ------------------------------------------------------------------------------------- the driver
+@dataclass
+class CompareResult:
+    run_dir: Path
+    rows: list[dict]
+    swaps: list[dict] = field(default_factory=list)
+    base_score: Optional[float] = None
+    tuned_score: Optional[float] = None
+    plots: list[Path] = field(default_factory=list)
+    wall_s: float = 0.0
+    mlflow_run_id: Optional[str] = None
+    children: list["CompareResult"] = field(default_factory=list)
+
+
+def build_rows(pair: list[dict], base_m: list[dict], tuned_m: list[dict], wc: list[dict]) -> list[dict]:
+    """One table row per layer from the pieces the tasks returned."""
+    n = len(pair)
+    rows = []
+    for l in range(n):
+        r: dict[str, Any] = {"layer": l, "depth": round((l + 0.5) / n, 4)}
+        r.update(pair[l])
+        for k in ("prompt_entropy", "dataset_entropy", "effective_rank", "probe_accuracy"):
+            r[f"{k}_base"] = base_m[l][k]
+            r[f"{k}_tuned"] = tuned_m[l][k]
+        for k in ("q", "k", "v", "o", "attn", "mlp", "ssm", "total", "rel_attn", "rel_mlp", "rel_total"):
+            if k in wc[l]:
+                r[f"wc_{k}"] = wc[l][k]
+        rows.append(r)
+    return rows
+
+
+def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: list[list[int]], out_dir: Path,
+                 swap_blocks: int, alpha: float, batch_size: int, progress=None) -> dict:
+    """Place the Ray tasks for one base/tuned pair and gather their results (Ray must be up)."""
+    import ray
+
+    from raycpt.config import config_to_dict
+    from raycpt.diagnostics.similarity import layer_blocks
+
+    _, n = check_pair(base_path, tuned_path)
+    cpu = max(cfg.eval.cpus_per_task, 0.5)
+    st = ray.remote(num_cpus=cpu, num_returns=2)(states_task)
+    seqs_ref = ray.put(seqs)
+    a, am = st.remote(base_path, seqs_ref, batch_size, alpha)
+    b, bm = st.remote(tuned_path, seqs_ref, batch_size, alpha)
+    pr = ray.remote(num_cpus=0.5)(pair_task).remote(a, b)
+    wr = ray.remote(num_cpus=cpu)(weights_task).remote(base_path, tuned_path)
+    swap_refs = []
+    if swap_blocks > 0:
+        blocks = layer_blocks(n, swap_blocks)
+        sw = ray.remote(num_cpus=cpu, num_gpus=cfg.eval.gpus_per_task)(swap_task)
+        ev_dir = out_dir / "eval"
+        swap_refs.append(("base", -1, sw.remote(base_path, tuned_path, "base", [], cfg.eval, str(ev_dir), "base")))
+        swap_refs.append(("tuned", -1, sw.remote(base_path, tuned_path, "tuned", [], cfg.eval, str(ev_dir),
+                                                  "tuned")))
+        for j, lay in enumerate(blocks):
+            for d in ("base<-tuned", "tuned<-base"):
+                nm = f"{d.replace('<-', '_from_')}_block{j}"
+                swap_refs.append((d, j, sw.remote(base_path, tuned_path, d, lay, cfg.eval, str(ev_dir), nm)))
+    refs = [am, bm, pr, wr] + [r for _, _, r in swap_refs]
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        if progress is not None:
+            progress(1)
+    base_m, tuned_m = ray.get(am), ray.get(bm)
+    pair, wc = ray.get(pr), ray.get(wr)
+    rows = build_rows(pair, base_m, tuned_m, wc)
+    swaps, base_score, tuned_score = [], None, None
+    for d, j, r in swap_refs:
+        res = ray.get(r)
+        if d == "base":
+            base_score = res["score"]
+        elif d == "tuned":
+            tuned_score = res["score"]
+        else:
+            swaps.append(dict(block=j, direction=d, layers=res["layers"], score=res["score"],
+                              score_key=res["score_key"], wall_s=round(res["wall_s"], 2)))
+    return dict(rows=rows, swaps=swaps, base_score=base_score, tuned_score=tuned_score, num_tasks=len(refs))
+
+
+def write_outputs(out_dir: Path, res: dict, base_label: str, tuned_label: str, meta: dict) -> list[Path]:
+    """Tables, plots and summary of one pair into ``out_dir``; returns the written files."""
+    from raycpt.report.compare import markdown_table, plot_compare, plot_swaps, write_csv
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [write_csv(res["rows"], out_dir / "layers.csv")]
+    cols = ["layer", "depth", "cka", "cosine", "mean_shift", "wc_attn", "wc_mlp", "prompt_entropy_base",
+            "prompt_entropy_tuned", "dataset_entropy_base", "dataset_entropy_tuned", "effective_rank_base",
+            "effective_rank_tuned", "probe_accuracy_base", "probe_accuracy_tuned"]
+    cols = [c for c in cols if c in res["rows"][0]]
+    md = f"# compare\n\nbase: `{base_label}`  \ntuned: `{tuned_label}`\n\n" + markdown_table(res["rows"], cols)
+    if res["swaps"]:
+        files.append(write_csv(res["swaps"], out_dir / "swaps.csv"))
+        md += (f"\n## Layer swap ({res['swaps'][0]['score_key']})\n\nbase {res['base_score']:.4f}, "
+               f"tuned {res['tuned_score']:.4f}\n\n" + markdown_table(res["swaps"],
+                                                                       ["block", "layers", "direction", "score"]))
+    files.append(atomic_write_text(out_dir / "layers.md", md))
+    plots = plot_compare(res["rows"], out_dir / "plots", "base", "tuned",
+                         title=f"{Path(base_label).name} vs {Path(tuned_label).name}")
+    if res["swaps"]:
+        plots.append(plot_swaps(res["swaps"], res["base_score"], res["tuned_score"], out_dir / "plots" / "swap.png"))
+    files += plots
+    summary = dict(meta, base_score=res["base_score"], tuned_score=res["tuned_score"], swaps=res["swaps"],
+                   layers=res["rows"])
+    files.append(atomic_write_json(out_dir / "summary.json", summary))
+    return files
+
+
+def _log_pair(res: dict, files: list[Path], out_dir: Path) -> None:
+    import mlflow
+
+    from raycpt.tracking import log_metrics
+
+    for r in res["rows"]:
+        log_metrics({k: v for k, v in r.items() if k not in ("layer", "depth")}, step=r["layer"])
+    if res["base_score"] is not None:
+        log_metrics({"swap/base": res["base_score"], "swap/tuned": res["tuned_score"]})
+        for s in res["swaps"]:
+            key = "swap/" + s["direction"].replace("<-", "_from_")
+            log_metrics({key: s["score"]}, step=s["block"])
+    for f in files:
+        rel = Path(f).parent.relative_to(out_dir) if Path(f).is_relative_to(out_dir) else Path(".")
+        mlflow.log_artifact(str(f), artifact_path=None if str(rel) == "." else str(rel))
+
+
+def _sweep_pairs(sweep_dir: Path, cfg: ExperimentConfig) -> tuple[str, list[tuple[str, str]]]:
+    """(base reference, [(trial name, model folder)]) of a finished sweep run folder."""
+    from raycpt.config import load_config
+
+    sweep_dir = Path(sweep_dir).expanduser()
+    if not (sweep_dir / "trials").is_dir():
+        raise RaycptError(f"--sweep {sweep_dir}: not a sweep run folder (no trials/ inside)")
+    base_ref = cfg.model.ref
+    if (sweep_dir / "config.yaml").is_file():
+        base_ref = load_config(sweep_dir / "config.yaml").model.ref
+    pairs = []
+    for tdir in sorted((sweep_dir / "trials").iterdir()):
+        if not tdir.is_dir():
+            continue
+        m = find_model_in_run(tdir)
+        if m is not None:
+            pairs.append((tdir.name, str(m)))
+    if not pairs:
+        raise RaycptError(f"--sweep {sweep_dir}: no finished trial with a trained model yet")
+    return base_ref, pairs
+
+
+def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], prompts: Optional[str] = None,
+                sweep: Optional[str] = None, max_prompts: int = 64, max_len: int = 64,
+                swap_blocks: Optional[int] = None,
+                alpha: float = 1.0, batch_size: int = 8, resume: bool = False, console=None) -> CompareResult:
+    """The ``raycpt compare`` command (see the module docstring)."""
+    from rich.progress import Progress
+
+    from raycpt.models.sources import load_model
+    from raycpt.runtime import ray_session
+    from raycpt.tracking import ensure_store, log_config, mlflow_run
+
+    t0 = time.time()
+    if alpha <= 0:
+        raise RaycptError(f"--alpha={alpha}: the Renyi order must be > 0 (1 = von Neumann)")
+    if swap_blocks is not None and swap_blocks < 0:
+        raise RaycptError(f"--swap-blocks={swap_blocks}: must be >= 0 (0 = no swaps)")
+    if sweep:
+        if base or tuned:
+            raise RaycptError("give either BASE TUNED or --sweep RUN, not both")
+        base_ref, trial_pairs = _sweep_pairs(Path(sweep), cfg)
+        base_path = resolve_ref(base_ref, cfg)
+        pairs = [(name, base_path, resolve_ref(p, cfg)) for name, p in trial_pairs]
+        base_label = base_ref
+    else:
+        if not base or not tuned:
+            raise RaycptError("compare needs BASE and TUNED (model references, model folders or run folders), "
+                              "or --sweep RUN")
+        base_path, tuned_path = resolve_ref(base, cfg), resolve_ref(tuned, cfg)
+        pairs = [("tuned", base_path, tuned_path)]
+        base_label = base
+    n = 0
+    for _, bp, tp in pairs:  # validate every pair before starting anything
+        _, n = check_pair(bp, tp)
+    if swap_blocks is None:
+        swap_blocks = min(5, n)
+    if swap_blocks > n:
+        raise RaycptError(f"--swap-blocks={swap_blocks}: more blocks than the model's {n} layers")
+    texts = load_prompt_texts(prompts, max_prompts)
+    _, tok = load_model(base_path, dtype="float32", device="cpu")
+    seqs = tokenize(tok, texts, max_len)
+
+    run_dir = open_run_dir(cfg, "compare", resume=resume)
+    ensure_store(cfg.tracking)
+    result = CompareResult(run_dir=run_dir, rows=[])
+    with mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "compare"}) as parent:
+        result.mlflow_run_id = parent.info.run_id
+        log_config(cfg)
+        import mlflow
+
+        mlflow.log_params({"compare.base": base_label[:250], "compare.num_prompts": len(seqs),
+                           "compare.swap_blocks": swap_blocks, "compare.alpha": alpha,
+                           "compare.pairs": ",".join(p[0] for p in pairs)[:250]})
+        with ray_session(cfg.ray):
+            per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
+            with Progress(console=console, transient=True) as bar:
+                task = bar.add_task("compare (Ray tasks)", total=per_pair * len(pairs))
+                for name, bp, tp in pairs:
+                    out_dir = run_dir if len(pairs) == 1 and not sweep else run_dir / "trials" / name
+                    done_json = out_dir / "summary.json"
+                    if resume and done_json.is_file():
+                        data = json.loads(done_json.read_text())
+                        res = dict(rows=data["layers"], swaps=data["swaps"], base_score=data["base_score"],
+                                   tuned_score=data["tuned_score"])
+                        bar.advance(task, per_pair)
+                    else:
+                        res = compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, alpha, batch_size,
+                                           progress=lambda k: bar.advance(task, k))
+                    meta = dict(base=base_label, base_path=bp, tuned=tp if sweep else tuned, tuned_path=tp,
+                                trial=name, num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs),
+                                alpha=alpha, swap_blocks=swap_blocks, eval_tasks=cfg.eval.tasks,
+                                eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
+                    files = write_outputs(out_dir, res, base_label, tp if sweep else tuned, meta)
+                    if sweep:
+                        with mlflow_run(cfg.tracking, run_name=name, parent_run_id=parent.info.run_id,
+                                        tags={"raycpt.command": "compare", "raycpt.trial": name}):
+                            _log_pair(res, files, out_dir)
+                    else:
+                        _log_pair(res, files, out_dir)
+                    child = CompareResult(run_dir=out_dir, rows=res["rows"], swaps=res["swaps"],
+                                          base_score=res["base_score"], tuned_score=res["tuned_score"],
+                                          plots=[f for f in files if str(f).endswith(".png")])
+                    result.children.append(child)
+        result.wall_s = time.time() - t0
+        mlflow.log_metric("wall_time_s", result.wall_s)
+    first = result.children[0]
+    result.rows, result.swaps = first.rows, first.swaps
+    result.base_score, result.tuned_score, result.plots = first.base_score, first.tuned_score, first.plots
+    return result

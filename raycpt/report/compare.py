@@ -1,0 +1,194 @@
+"""Plots and tables of ``raycpt compare`` and ``raycpt contribution`` (matplotlib Agg, PNG, atomic writes).
+
+Inputs are plain lists of per-layer dicts (the job's table rows), so these functions are testable
+without any model or Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+# (key in the table, title, y label, per-model?) - per-model metrics have ``<key>_base`` / ``<key>_tuned``
+COMPARE_PANELS = [
+    ("cka", "Linear CKA (base vs tuned)", "CKA", False),
+    ("cosine", "Mean cosine similarity", "cosine", False),
+    ("mean_shift", "Mean shift ||mu_base - mu_tuned||", "L2 distance", False),
+    ("wc_attn", "Weight change, attention Q/K/V/O", "Frobenius distance", False),
+    ("wc_mlp", "Weight change, MLP", "Frobenius distance", False),
+    ("prompt_entropy", "Prompt entropy (alpha-Renyi, / log T)", "normalised entropy", True),
+    ("dataset_entropy", "Dataset entropy (mean-pooled, / log n)", "normalised entropy", True),
+    ("effective_rank", "Effective rank (Roy & Vetterli)", "effective rank", True),
+    ("probe_accuracy", "Layer-wise probe: logit-lens next-token accuracy", "accuracy", True),
+]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Save a figure as PNG atomically (write aside, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    _plt().close(fig)
+    return path
+
+
+def _depth(rows: Sequence[dict]) -> list[float]:
+    n = len(rows)
+    return [(r["layer"] + 0.5) / n for r in rows]
+
+
+def plot_compare(rows: Sequence[dict], out_dir: Path, base_label: str = "base", tuned_label: str = "tuned",
+                 title: str = "") -> list[Path]:
+    """One PNG per metric against relative depth (both models where the metric is per model), plus a grid."""
+    plt = _plt()
+    out_dir = Path(out_dir)
+    x = _depth(rows)
+    paths = []
+    avail = [p for p in COMPARE_PANELS if (f"{p[0]}_base" in rows[0] if p[3] else p[0] in rows[0])]
+    cols = 3
+    grid_rows = math.ceil(len(avail) / cols)
+    gfig, gaxes = plt.subplots(grid_rows, cols, figsize=(5 * cols, 3.4 * grid_rows), squeeze=False)
+    for i, (key, ttl, ylab, per_model) in enumerate(avail):
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for a in (ax, gaxes[i // cols][i % cols]):
+            if per_model:
+                a.plot(x, [r[f"{key}_base"] for r in rows], "o-", ms=3, label=base_label)
+                a.plot(x, [r[f"{key}_tuned"] for r in rows], "s-", ms=3, label=tuned_label)
+                a.legend(fontsize=7)
+            else:
+                a.plot(x, [r[key] for r in rows], "o-", ms=3, color="C2")
+            a.set_title(ttl, fontsize=9)
+            a.set_xlabel("relative depth (layer + 0.5) / N", fontsize=8)
+            a.set_ylabel(ylab, fontsize=8)
+            a.set_xlim(0, 1)
+            a.grid(alpha=0.3)
+        paths.append(save_figure(fig, out_dir / f"{key}.png"))
+    for j in range(len(avail), grid_rows * cols):
+        gaxes[j // cols][j % cols].axis("off")
+    if title:
+        gfig.suptitle(title, fontsize=10)
+    gfig.tight_layout()
+    paths.append(save_figure(gfig, out_dir / "compare_grid.png"))
+    return paths
+
+
+def plot_swaps(swaps: Sequence[dict], base_score: float, tuned_score: float, out_path: Path,
+               metric: str = "score") -> Path:
+    """Layer swap: score of base with block j from tuned, and of tuned with block j from base."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    blocks = sorted({s["block"] for s in swaps})
+    labels = []
+    for b in blocks:
+        lay = next(s["layers"] for s in swaps if s["block"] == b)
+        labels.append(f"{lay[0]}-{lay[-1]}")
+    for direction, style in (("base<-tuned", "o-"), ("tuned<-base", "s--")):
+        ys = [next((s[metric] for s in swaps if s["block"] == b and s["direction"] == direction), float("nan"))
+              for b in blocks]
+        ax.plot(blocks, ys, style, label=direction.replace("<-", " with block from "))
+    ax.axhline(base_score, color="grey", ls=":", label=f"base {base_score:.3f}")
+    ax.axhline(tuned_score, color="black", ls="-.", label=f"tuned {tuned_score:.3f}")
+    ax.set_xticks(blocks)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_xlabel("swapped block (layers)")
+    ax.set_ylabel(metric)
+    ax.set_title("Layer swap (the inverted U: middle blocks carry the gain)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return save_figure(fig, out_path)
+
+
+def plot_contribution(contrib: dict[int, float], num_layers: int, out_path: Path,
+                      band: tuple[float, float] = (0.4, 0.6), title: str = "") -> Path:
+    """Contribution of each single-layer-trained model against relative depth, 40-60% band shaded."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    layers = sorted(contrib)
+    x = [(l + 0.5) / num_layers for l in layers]
+    y = [contrib[l] for l in layers]
+    ax.axvspan(band[0], band[1], color="C1", alpha=0.15, label=f"{int(band[0] * 100)}-{int(band[1] * 100)}% depth")
+    ax.axhline(1.0, color="black", ls="--", lw=1, label="= full training")
+    ax.axhline(0.0, color="grey", ls=":", lw=1)
+    colors = ["C3" if v > 1.0 else "C0" for v in y]
+    ax.bar(x, y, width=0.8 / num_layers, color=colors)
+    for l, xi, yi in zip(layers, x, y):
+        ax.annotate(str(l), (xi, yi), ha="center", va="bottom" if yi >= 0 else "top", fontsize=6)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("relative depth (layer + 0.5) / N")
+    ax.set_ylabel("contribution (score_l - base) / (full - base)")
+    ax.set_title(title or "Layer contribution from single-layer training", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    return save_figure(fig, out_path)
+
+
+def plot_l2_change(single: dict[int, float], full: dict[int, float], num_layers: int, out_path: Path) -> Path:
+    """L2 change of each layer when trained alone vs the same layer under full training."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    layers = sorted(set(single) | set(full))
+    x = [(l + 0.5) / num_layers for l in layers]
+    ax.plot(x, [single.get(l, float("nan")) for l in layers], "o-", ms=3, label="trained alone (single)")
+    ax.plot(x, [full.get(l, float("nan")) for l in layers], "s-", ms=3, label="under full training")
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("relative depth")
+    ax.set_ylabel("||W_trained - W_base||_F")
+    ax.set_title("Parameter change per layer", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return save_figure(fig, out_path)
+
+
+def fmt(v, digits: int = 4) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.{digits}g}"
+    if isinstance(v, (list, tuple)):
+        return "-".join(str(x) for x in v) if v else ""
+    return str(v)
+
+
+def markdown_table(rows: Sequence[dict], columns: Optional[Iterable[str]] = None, digits: int = 4) -> str:
+    """A GitHub-markdown table of ``rows`` (all keys of the first row unless ``columns``)."""
+    if not rows:
+        return ""
+    cols = list(columns or rows[0].keys())
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt(r.get(c, ""), digits) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: Sequence[dict], path: Path) -> Path:
+    """CSV of ``rows`` (union of keys, in first-seen order), written atomically."""
+    import csv
+    import io
+
+    cols: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: fmt(v, 8) if isinstance(v, (list, tuple)) else v for k, v in r.items()})
+    from raycpt.runs import atomic_write_text
+
+    return atomic_write_text(Path(path), buf.getvalue())
