@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -494,13 +495,23 @@ def config_to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1 octal: ``01100`` (a plan pattern) stays a string, not 576."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
+for _ch in "-+0":
+    _YamlLoader.yaml_implicit_resolvers.setdefault(_ch, []).insert(0, ("tag:yaml.org,2002:str", _LEADING_ZERO))
+
+
 def _parse_scalar(text: str):
     """Parse an override value with YAML rules (``1e-4`` -> float, ``[1,2]`` -> list, ``null``)."""
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError:
         return text
-    if isinstance(value, str):
+    if isinstance(value, str) and not _LEADING_ZERO.match(value):  # int fields still take "010" (-> 10)
         try:
             return float(value) if any(c in value for c in ".eE") else int(value)
         except ValueError:
@@ -531,7 +542,7 @@ def read_yaml(path: str | os.PathLike) -> dict:
     if not p.is_file():
         raise RaycptError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_YamlLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
