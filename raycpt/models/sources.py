@@ -202,10 +202,13 @@ def resolve_model(ref: str, cache_dir: str | os.PathLike | None = None, force: b
         return _describe_in_place(ref, parsed.parts[0], t0)
 
     final = cache_path(ref, cache_dir, revision)
+    replace = force
     if not force:
         meta = _read_meta(final)
-        if meta is not None and _still_fresh(meta, parsed):
-            return _info_from_meta(ref, final, meta, cached=True, seconds=time.perf_counter() - t0)
+        if meta is not None:
+            if _still_fresh(meta, parsed):
+                return _info_from_meta(ref, final, meta, cached=True, seconds=time.perf_counter() - t0)
+            replace = True  # a local GGUF changed since it was converted
 
     final.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale_work_dirs(final)
@@ -227,7 +230,7 @@ def resolve_model(ref: str, cache_dir: str | os.PathLike | None = None, force: b
                     created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     seconds=round(time.perf_counter() - t0, 2))
         (out / SOURCE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        _publish(out, final)
+        _publish(out, final, replace)
     finally:
         ui.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -313,8 +316,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _publish(out: Path, final: Path) -> None:
-    """Move the finished folder into place; an older copy (``force``) is swapped out, then removed."""
+def _publish(out: Path, final: Path, replace: bool) -> None:
+    """Move the finished folder into place with one rename.
+
+    Without ``replace``, a complete folder that a concurrent pull of the same reference published
+    first is kept (ours is dropped); with it (``force``, or a stale local-file conversion) the old
+    folder is swapped out, then removed."""
+    if final.exists() and _read_meta(final) is not None and not replace:
+        return
     old = None
     if final.exists():
         old = final.parent / f".old-{final.name}-{os.getpid()}"
@@ -323,10 +332,10 @@ def _publish(out: Path, final: Path) -> None:
     try:
         os.rename(out, final)
     except OSError:
-        if old is not None:
-            os.rename(old, final)
-            old = None
         if _read_meta(final) is None:  # not a concurrent pull that finished first
+            if old is not None and not final.exists():
+                os.rename(old, final)
+                old = None
             raise
     finally:
         if old is not None:

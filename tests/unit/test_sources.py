@@ -271,6 +271,18 @@ def test_force_replaces_the_folder(tiny_gguf, tmp_path):
     assert len(list_models(tmp_path / "c")) == 1
 
 
+def test_publish_keeps_a_folder_a_concurrent_pull_finished_first(tmp_path):
+    final, out = tmp_path / "m", tmp_path / "out"
+    for d, tag in ((final, "first"), (out, "second")):
+        d.mkdir()
+        (d / "raycpt_source.json").write_text(json.dumps({"tag": tag}))
+    sources._publish(out, final, replace=False)
+    assert json.loads((final / "raycpt_source.json").read_text())["tag"] == "first"
+    sources._publish(out, final, replace=True)  # force: swapped, old copy removed
+    assert json.loads((final / "raycpt_source.json").read_text())["tag"] == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
 # ---------------------------------------------------------------------------------------- folders, hub, errors
 def test_hf_folder_used_in_place(tiny_dir, tmp_path):
     info = resolve_model(str(tiny_dir), cache_dir=tmp_path / "c")
