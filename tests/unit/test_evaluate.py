@@ -1,0 +1,254 @@
+"""raycpt.evaluate: answer extraction, category scores, question files, and lm-eval runs on a tiny model
+checked against an independent scorer written here in plain torch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from raycpt.config import EvalConfig
+from raycpt.errors import RaycptError
+from raycpt import evaluate as E
+
+# The prompt of the offline benchmark, written out here independently of the YAML.
+DESCRIPTION = "The following are multiple choice questions about the meanings of English words. Choose the correct answer.\n\n"
+CATS = ["STEM", "Social Science", "Humanities", "Other"]
+
+
+def prompt_of(q: dict) -> str:
+    return f"{DESCRIPTION}{q['question']}\nA. {q['A']}\nB. {q['B']}\nC. {q['C']}\nD. {q['D']}\nAnswer:"
+
+
+# ---------------------------------------------------------------------------------------- extraction
+@pytest.mark.parametrize("text, expected", [
+    ("B", "B"),
+    (" B.", "B"),
+    ("答案：C", "C"),
+    ("答案是 D。", "D"),
+    ("The answer is (D)", "D"),
+    ("The answer is: A", "A"),
+    ("Answer: C. dull", "C"),
+    ("（Ｂ）", "B"),                      # full-width letters and brackets
+    ("选B", "B"),
+    (" A. plant\nB. thief", "A"),        # model echoes the options: the first standalone letter
+    ("A or B", "A"),                     # two letters: the first standalone one counts
+    ("B. dog\nAnswer: C", "C"),          # an explicit answer statement wins over a leading letter
+    ("AB", None),                        # glued letters are no answer
+    ("The", None),
+    ("DNA is a molecule", None),
+    ("a", None),                         # lower case never counts
+    ("", None),
+    (None, None),
+    (" : : :", None),
+])
+def test_extract_choice(text, expected):
+    assert E.extract_choice(text) == expected
+
+
+# ---------------------------------------------------------------------------------------- category scores
+def test_category_scores_by_hand():
+    # STEM 2/3, Social Science 1/1, Humanities 0/2, Other 1/4  (10 questions, 4 right)
+    items = ([("STEM", True), ("STEM", False), ("STEM", True), ("Social Science", True)]
+             + [("Humanities", False)] * 2 + [("Other", True)] + [("Other", False)] * 3)
+    scores, counts = E.category_scores(items)
+    assert scores["stem"] == pytest.approx(200 / 3)
+    assert scores["social_science"] == pytest.approx(100.0)
+    assert scores["humanities"] == pytest.approx(0.0)
+    assert scores["other"] == pytest.approx(25.0)
+    # average = mean over the four categories (the paper's Average column), not over questions
+    assert scores["average"] == pytest.approx((66.6666667 + 100 + 0 + 25) / 4)
+    assert scores["overall"] == pytest.approx(40.0)
+    assert counts == {"stem": 3, "social_science": 1, "humanities": 2, "other": 4, "total": 10}
+
+
+def test_category_scores_skip_empty_categories_and_paper_row():
+    scores, _ = E.category_scores([("STEM", True), ("Other", False)])
+    assert set(scores) == {"stem", "other", "average", "overall"}
+    assert scores["average"] == pytest.approx(50.0)
+    # The paper's Table 1 first row: 26.60 / 27.19 / 26.18 / 26.53 -> Average 26.62
+    assert round(sum([26.60, 27.19, 26.18, 26.53]) / 4, 2) == pytest.approx(26.62, abs=0.006)
+
+
+def test_metrics_names():
+    r = E.EvalResult("m", "x", scores={"wordnet_mc": {"logit": {"stem": 50.0, "average": 40.0}},
+                                       "ceval": {"generate": {"other": 10.0}}})
+    assert r.metrics() == {"wordnet_mc/stem/logit": 50.0, "wordnet_mc/average/logit": 40.0,
+                           "ceval/other/generate": 10.0}
+    assert E.cell(r, "wordnet_mc", "stem") == "- / 50.00"
+
+
+# ---------------------------------------------------------------------------------------- question files
+def _write(path, rows):
+    path.write_text("".join((json.dumps(r) if not isinstance(r, str) else r) + "\n" for r in rows))
+    return path
+
+
+GOOD = {"question": "q?", "A": "a", "B": "b", "C": "c", "D": "d", "answer": "A", "category": "STEM"}
+
+
+@pytest.mark.parametrize("rows, needle", [
+    (["{not json"], "line 1 is not JSON"),
+    ([GOOD, {k: v for k, v in GOOD.items() if k != "C"}], "line 2 lacks C"),
+    ([{**GOOD, "answer": "E"}], "answer='E', allowed: A, B, C, D"),
+    ([{**GOOD, "category": "Science"}], "category='Science', allowed: STEM, Social Science, Humanities, Other"),
+    ([{**GOOD, "B": ""}], "empty or non-text 'B'"),
+    ([], "no questions"),
+])
+def test_malformed_question_file(tmp_path, rows, needle):
+    p = _write(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(RaycptError) as e:
+        E.read_questions(p)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(RaycptError):
+        E.resolve_task(str(p))
+
+
+def test_unknown_task_and_missing_file(tmp_path):
+    with pytest.raises(RaycptError, match="unknown task 'mmlu'; allowed: wordnet_mc"):
+        E.resolve_task("mmlu")
+    with pytest.raises(RaycptError, match="question file not found"):
+        E.resolve_task(str(tmp_path / "nope.jsonl"))
+
+
+def test_hub_task_offline_names_offline_task(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(E, "_hub_cached", lambda spec: False)
+    with pytest.raises(RaycptError) as e:
+        E.resolve_task("ceval")
+    msg = str(e.value)
+    assert "ceval/ceval-exam" in msg and "HF_HUB_OFFLINE=1" in msg and "'wordnet_mc'" in msg and "\n" not in msg
+    with pytest.raises(RaycptError, match="haonan-li/cmmlu"):
+        E.resolve_tasks(["wordnet_mc", "cmmlu"])
+
+
+def test_shipped_benchmark_file():
+    rows = E.read_questions(E.WORDNET_MC_FILE)
+    assert len(rows) >= 400
+    first = rows[:8]
+    assert [r["category"] for r in first] == CATS * 2            # interleaved: any limit is balanced
+    for c in CATS:
+        sub = [r for r in rows if r["category"] == c]
+        assert len(sub) == len(rows) // 4
+        assert sorted({r["answer"] for r in sub}) == list("ABCD")
+        assert max(sum(r["answer"] == L for r in sub) for L in "ABCD") == len(sub) // 4  # letters balanced
+    raw = [json.loads(line) for line in E.WORDNET_MC_FILE.read_text().splitlines()]
+    for r in raw:
+        opts = [r[L] for L in "ABCD"]
+        assert len(set(opts)) == 4 and r[r["answer"]] == r["word"]
+        definition = r["question"].split('"')[1].lower()
+        assert r["word"] not in definition.split()
+    assert len({r["id"] for r in raw}) == len(raw)
+
+
+# ---------------------------------------------------------------------------------------- lm-eval on a tiny model
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny Llama whose matrices are redrawn with std 1 (seeded): a freshly initialised tiny model
+    picks the same letter for every question, this one's choice depends on the prompt."""
+    from tiny import tiny_model, tiny_tokenizer
+
+    model = tiny_model("llama", num_layers=2, hidden=32, seed=1)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g))
+    return model, tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def qfile(tmp_path_factory):
+    words = ["cat", "dog", "eel", "fox", "owl", "ant", "bee", "cow"]
+    rows = []
+    for i in range(12):
+        opts = [words[(i + k) % 8] for k in range(4)]
+        rows.append({"id": f"t{i:02d}", "question": f"Which is {words[(i * 3) % 8]}?",
+                     **dict(zip("ABCD", opts)), "answer": "ABCD"[(i * 7) % 4], "category": CATS[i % 4]})
+    return _write(tmp_path_factory.mktemp("q") / "tiny_q.jsonl", rows), rows
+
+
+def independent_logit_scores(model, tok, rows):
+    """argmax over the four letters of log P(' L' | prompt), plain torch, one question at a time.
+
+    The text is encoded the way the tokenizer does by default (here: with its BOS), as lm-eval does.
+    """
+    preds, lps = [], []
+    with torch.no_grad():
+        for q in rows:
+            ctx = tok(prompt_of(q))["input_ids"]
+            per = []
+            for L in "ABCD":
+                ids = tok(prompt_of(q) + " " + L)["input_ids"]
+                assert ids[:len(ctx)] == ctx
+                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+                per.append(sum(float(logp[p - 1, ids[p]]) for p in range(len(ctx), len(ids))))
+            lps.append(per)
+            preds.append("ABCD"[max(range(4), key=lambda i: (per[i], -i))])
+    return preds, lps
+
+
+def test_logit_mode_equals_independent_scorer(tiny, qfile, tmp_path):
+    model, tok = tiny
+    path, rows = qfile
+    res = E.evaluate_model(model, EvalConfig(tasks=[str(path)], modes=["logit"], batch_size=5), tokenizer=tok,
+                           out_dir=tmp_path, name="tiny")
+    preds, lps = independent_logit_scores(model, tok, rows)
+    qs = {q["id"]: q for q in res.questions["tiny_q"]}
+    assert len(set(preds)) >= 3  # the scorer is exercised, not a constant letter
+    assert [qs[r["id"]]["logit"]["prediction"] for r in rows] == preds
+    for r, ref in zip(rows, lps):
+        assert qs[r["id"]]["logit"]["logprobs"] == pytest.approx(ref, abs=1e-4)
+        assert qs[r["id"]]["gold"] == r["answer"]
+    # category accuracies from the independent predictions, by hand
+    for c, key in zip(CATS, ["stem", "social_science", "humanities", "other"]):
+        idx = [i for i, r in enumerate(rows) if r["category"] == c]
+        expect = 100.0 * sum(preds[i] == rows[i]["answer"] for i in idx) / len(idx)
+        assert res.scores["tiny_q"]["logit"][key] == pytest.approx(expect)
+    overall = 100.0 * sum(p == r["answer"] for p, r in zip(preds, rows)) / len(rows)
+    assert res.scores["tiny_q"]["logit"]["overall"] == pytest.approx(overall)
+    assert "generate" not in res.scores["tiny_q"]
+    assert (tmp_path / "eval-tiny.csv").is_file() and (tmp_path / "eval-tiny_questions.json").is_file()
+
+
+def test_generate_mode_records_and_limit(tiny, qfile):
+    model, tok = tiny
+    path, rows = qfile
+    model.train()
+    res = E.evaluate_model(model, EvalConfig(tasks=[str(path)], modes=["generate", "logit"], limit=8,
+                                             max_gen_toks=6), tokenizer=tok)
+    assert model.training  # mode restored
+    qs = res.questions["tiny_q"]
+    assert [q["id"] for q in qs] == [r["id"] for r in rows[:8]]
+    for q in qs:
+        g = q["generate"]
+        assert g["extracted"] == E.extract_choice(g["text"])
+        assert g["correct"] == (g["extracted"] == q["gold"])
+        assert "prediction" in q["logit"]
+    # greedy decoding is deterministic and reproduced by plain HF generate (6 new tokens)
+    q0 = rows[0]
+    ids = tok(prompt_of(q0), return_tensors="pt")["input_ids"]
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert qs[0]["generate"]["text"] == tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n\n")[0]
+    scores, counts = E.category_scores((q["category"], q["generate"]["correct"]) for q in qs)
+    assert res.scores["tiny_q"]["generate"] == pytest.approx(scores)
+    assert counts["total"] == 8 and res.counts["tiny_q"]["total"] == 8
+    assert set(res.seconds) == {"load", "logit", "generate"}
+
+
+def test_table_and_csv(tiny, qfile, tmp_path):
+    r1 = E.EvalResult("base", "x", scores={"wordnet_mc": {"logit": {"stem": 25.0, "social_science": 50.0,
+                                                                     "humanities": 0.0, "other": 100.0,
+                                                                     "average": 43.75, "overall": 40.0},
+                                                           "generate": {"stem": 12.5, "average": 12.5}}},
+                      counts={"wordnet_mc": {"total": 10}})
+    paths = E.write_results([r1], tmp_path)
+    txt = paths["table"].read_text()
+    assert "12.50 / 25.00" in txt and "- / 50.00" in txt and "12.50 / 43.75" in txt
+    import csv
+
+    row = next(csv.DictReader(paths["csv"].open()))
+    assert row["model"] == "base" and float(row["average_logit"]) == 43.75 and row["other_generate"] == ""
