@@ -563,8 +563,9 @@ def _convert_gguf(gguf: Path, out: Path, ui: _Progress, _hook: Optional[Callable
         try:
             gmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        except (ValueError, KeyError, OSError) as e:
-            raise RaycptError(f"transformers cannot load {gguf.name}: {' '.join(str(e).split())[:300]}") from None
+        except Exception as e:  # a user's file: any failure to read it is their error, said in one line
+            raise RaycptError(f"transformers cannot load {gguf.name}: {' '.join(str(e).split())[:300]} "
+                              "(truncated or incomplete? a split GGUF needs all its pieces, in order)") from None
         gmodel.eval()
         hook("loaded")
         ui.step("rebuild a plain model")
