@@ -13,9 +13,9 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-CATEGORY_ORDER = ["stem", "social_science", "humanities", "other", "average"]
+CATEGORY_ORDER = ["stem", "social_science", "humanities", "other", "average", "overall"]
 CATEGORY_LABEL = {"stem": "STEM", "social_science": "Social Science", "humanities": "Humanities", "other": "Other",
-                  "average": "Average"}
+                  "average": "Average", "overall": "All questions"}
 MODES = ("generate", "logit")
 
 
@@ -104,11 +104,15 @@ def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, b
     return rows
 
 
-def _fmt(v: Optional[float], pct: bool = True, sign: bool = False) -> str:
+def _fmt(v: Optional[float], sign: bool = False) -> str:
+    """Scores are percentages already (as the eval bridge reports them)."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    x = 100 * v if pct else v
-    return f"{x:+.2f}" if sign else f"{x:.2f}"
+    return f"{v:+.2f}" if sign else f"{v:.2f}"
+
+
+def _fmt_s(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def table_markdown(task: str, rows: list[dict]) -> str:
@@ -190,14 +194,14 @@ def plot_bars(path: Path, task: str, trials: list[dict]) -> Path:
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names)), 4))
     x = np.arange(len(names))
     for k, m in enumerate(MODES):
-        vals = [100 * (_avg(t, task, m) or 0.0) for t in trials]
+        vals = [(_avg(t, task, m) or 0.0) for t in trials]
         ax.bar(x + (k - 0.5) * 0.38, vals, width=0.38, label=m)
     full = next((t for t in trials if t["name"] == "full"), None)
     if full is not None:
         for m, ls in zip(MODES, ("--", ":")):
             v = _avg(full, task, m)
             if v is not None:
-                ax.axhline(100 * v, color="grey", ls=ls, lw=1)
+                ax.axhline(v, color="grey", ls=ls, lw=1)
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel("average accuracy (%)")
     ax.set_title(f"{task}: average score per strategy and split (grey: full)")
@@ -251,7 +255,7 @@ def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_
             md.append("| split | b | S(b) | shallow−full G / L | shallow−deep G / L |")
             md.append("|---|---|---|---|---|")
             for g in gains:
-                md.append(f"| {g['split']:g} | {g['b']} | {_fmt(g['S_b'], pct=False)} | "
+                md.append(f"| {g['split']:g} | {g['b']} | {_fmt_s(g['S_b'])} | "
                           f"{_fmt(g['shallow_vs_full_generate'], sign=True)} / {_fmt(g['shallow_vs_full_logit'], sign=True)} | "
                           f"{_fmt(g['shallow_vs_deep_generate'], sign=True)} / {_fmt(g['shallow_vs_deep_logit'], sign=True)} |")
         md.append("")

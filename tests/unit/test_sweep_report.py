@@ -11,23 +11,23 @@ def _trial(name, strategy, split, stem_l, avg_l, avg_g):
 
 
 TRIALS = [
-    _trial("full", "full", None, 0.30, 0.40, 0.20),
-    _trial("train_shallow-r0.5", "train_shallow", 0.5, 0.35, 0.45, 0.10),
-    _trial("train_deep-r0.5", "train_deep", 0.5, 0.25, 0.38, 0.20),
+    _trial("full", "full", None, 30.0, 40.0, 20.0),
+    _trial("train_shallow-r0.5", "train_shallow", 0.5, 35.0, 45.0, 10.0),
+    _trial("train_deep-r0.5", "train_deep", 0.5, 25.0, 38.0, 20.0),
 ]
 
 
 def test_parse_cells_nests_task_category_mode():
-    cells = parse_cells({"wn/stem/logit": 0.5, "bad-key": 1.0})
-    assert cells == {"wn": {"stem": {"logit": 0.5}}}
+    cells = parse_cells({"wn/stem/logit": 50.0, "bad-key": 1.0})
+    assert cells == {"wn": {"stem": {"logit": 50.0}}}
 
 
 def test_summary_deltas_and_best_marks_match_hand_values():
     rows = {r["name"]: r for r in summary_table(TRIALS)["wn"]}
     # deltas against full, by hand
-    assert rows["train_shallow-r0.5"]["cells"]["stem"]["logit"]["delta"] == pytest.approx(0.05)
-    assert rows["train_deep-r0.5"]["cells"]["average"]["logit"]["delta"] == pytest.approx(-0.02)
-    assert rows["train_shallow-r0.5"]["cells"]["average"]["generate"]["delta"] == pytest.approx(-0.10)
+    assert rows["train_shallow-r0.5"]["cells"]["stem"]["logit"]["delta"] == pytest.approx(5.0)
+    assert rows["train_deep-r0.5"]["cells"]["average"]["logit"]["delta"] == pytest.approx(-2.0)
+    assert rows["train_shallow-r0.5"]["cells"]["average"]["generate"]["delta"] == pytest.approx(-10.0)
     assert rows["full"]["cells"]["stem"]["logit"]["delta"] is None
     # best per column: shallow has the best logit cells; full and deep tie on generate average
     assert rows["train_shallow-r0.5"]["cells"]["average"]["logit"]["best"]
@@ -38,9 +38,9 @@ def test_summary_deltas_and_best_marks_match_hand_values():
 def test_split_gains_pair_s_b_with_realised_gain():
     (row,) = split_gains(TRIALS, {"0.5": 0.138}, "wn")
     assert row["S_b"] == pytest.approx(0.138)
-    assert row["shallow_vs_full_logit"] == pytest.approx(0.05)
-    assert row["shallow_vs_deep_logit"] == pytest.approx(0.07)
-    assert row["shallow_vs_deep_generate"] == pytest.approx(-0.10)
+    assert row["shallow_vs_full_logit"] == pytest.approx(5.0)
+    assert row["shallow_vs_deep_logit"] == pytest.approx(7.0)
+    assert row["shallow_vs_deep_generate"] == pytest.approx(-10.0)
 
 
 def test_markdown_has_one_row_per_trial_and_percentages():
