@@ -533,12 +533,17 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom",
             count = int(seg.get("count") or 0)
             if count < 1:
                 raise RaycptError(f"{where}.count={seg.get('count')!r}: new layers need a count >= 1")
-            cfg = new_layer_config(kind, count, base, dict(seg.get("config") or {}))
+            overrides = dict(seg.get("config") or {})
+            if int(overrides.get("hidden_size", hidden)) != hidden:
+                raise RaycptError(f"{where} ({kind.name}, new) has hidden size {overrides['hidden_size']} but the "
+                                  f"head donor {head_donor!r} has {hidden}: all segments must share one hidden size")
+            cfg = new_layer_config(kind, count, base, overrides)
             try:
                 sub = sub_config(kind.name, cfg)
-            except (TypeError, ValueError) as e:
-                raise RaycptError(f"{where}.config: invalid {kind.name} config: {e}") from None
-            if sub.hidden_size != hidden:
+            except Exception as e:  # transformers' config validators raise several types
+                msg = " ".join(str(getattr(e, "__cause__", None) or e).split())
+                raise RaycptError(f"{where}.config: not a valid {kind.name} config: {msg}") from None
+            if sub.hidden_size != hidden:  # pragma: no cover - hidden_size is set from the donor above
                 raise RaycptError(f"{where} ({kind.name}, new) has hidden size {sub.hidden_size} but the head donor "
                                   f"{head_donor!r} has {hidden}: all segments must share one hidden size")
             out.append(Segment(kind=kind.name, count=count, trainable=bool(seg.get("trainable", True)),
