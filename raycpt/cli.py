@@ -201,8 +201,6 @@ def compare_cmd(base: Optional[str] = typer.Argument(None, help="base model: ref
     console.print(f"compare finished in {res.wall_s:.1f}s; run folder {res.run_dir}; MLflow run {res.mlflow_run_id}")
 
 
-
-
 # ---- eval ----
 @app.command("eval")
 def eval_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
@@ -226,6 +224,65 @@ def eval_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     secs = ", ".join(f"{r.name}: " + " ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items()) for r in results)
     console.print(f"times: {secs}")
     console.print(f"run folder {run_dir}: {files['csv'].name}, {files['questions'].name}, {files['table'].name}")
+
+
+# ---- contribution ----
+@app.command("contribution")
+def contribution_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+                     layers: Optional[str] = typer.Option(None, help="layers to scan: all, every:K or 0,3,7 "
+                                                                     "(sets contribution.layers)"),
+                     against: Optional[str] = typer.Option(None, help="ranking file to correlate with (Spearman); "
+                                                                      "sets contribution.against"),
+                     spearman: Optional[str] = typer.Option(None, help="A.json,B.json: only the Spearman correlation "
+                                                                       "of two ranking files (no training)"),
+                     resume: bool = typer.Option(False, help="re-open the newest contribution run; finished trials "
+                                                             "are not redone")):
+    """Train each layer alone (+ full + the untrained base) as a Ray Tune grid; rank layers by contribution."""
+    if spearman is not None:
+        from raycpt.jobs.contribution import spearman_files
+
+        files = [f.strip() for f in spearman.split(",") if f.strip()]
+        if len(files) != 2:
+            raise RaycptError(f"--spearman {spearman!r}: give exactly two ranking files, A.json,B.json")
+        r = spearman_files(*files)
+        console.print(f"Spearman rho = {r['rho']:.3f}, p = {r['p_value']:.3g} over {r['layers']} layers")
+        return
+    from raycpt.jobs.contribution import run_contribution
+
+    extra = []
+    if layers is not None:
+        extra.append(f"contribution.layers={layers if layers == 'all' or layers.startswith('every:') else '[' + layers + ']'}")
+    if against is not None:
+        extra.append(f"contribution.against={against}")
+    cfg = load(args, extra)
+    res = run_contribution(cfg, resume=resume, console=console)
+    a = res.analysis
+    from rich.table import Table
+
+    t = Table("layer", "depth", "score", "contribution", "rank", "L2 alone", "L2 in full",
+              title=f"contribution ({res.trials['full']['score_key']}): base {a['base_score']:.2f}, "
+                    f"full {a['full_score']:.2f}")
+    rank_of = {l: i + 1 for i, l in enumerate(a["ranking"])}
+    for l in sorted(a["contribution"]):
+        t.add_row(str(l), f"{(l + 0.5) / res.num_layers:.2f}", f"{a['scores'][l]:.2f}", f"{a['contribution'][l]:.3f}",
+                  str(rank_of[l]), f"{a['l2_single'].get(l, float('nan')):.3g}",
+                  f"{a['l2_full'].get(l, float('nan')):.3g}")
+    console.print(t)
+    console.print(f"{a['num_above']} layer(s) above {a['threshold']:g}; mean contribution in the "
+                  f"{a['band'][0]:.0%}-{a['band'][1]:.0%} band {a['band_mean']:.3f}, outside {a['outside_mean']:.3f}")
+    if "vote" in a:
+        v = a["vote"]
+        console.print(f"majority vote of top-{v['k']} {v['models']}: {v['vote_acc']:.2f} vs best single (L{v['best_single_layer']}) "
+                      f"{v['best_single_acc']:.2f} vs full {v['full_acc']:.2f} vs base {v['base_acc']:.2f}")
+    if "jaccard" in a:
+        console.print(f"mean Jaccard of newly solved questions (top-{len(a['top_k'])}): {a['jaccard']['mean']:.3f}")
+    if "spearman" in a:
+        console.print(f"Spearman vs {cfg.contribution.get('against')}: rho {a['spearman']['rho']:.3f}, "
+                      f"p {a['spearman']['p_value']:.3g}")
+    console.print(f"ranking -> {res.ranking_file} (use with plan.name=elite plan.ranking_file=...); "
+                  f"finished in {res.wall_s:.1f}s; MLflow parent run {res.parent_run_id}")
+
+
 
 
 # ---------------------------------------------------------------------------------------- entry

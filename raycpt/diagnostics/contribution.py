@@ -137,3 +137,48 @@ def summarize_scan(scores: Mapping[int, float], base: float, full: float, num_la
     return dict(contribution=contrib, ranking=ranking, num_above=above, threshold=threshold,
                 base_score=base, full_score=full, band=list(band), band_mean=band_mean, outside_mean=out_mean,
                 best_layer=ranking[0] if ranking else None)
+
+
+def analyze_scan(base: Mapping[str, Any], full: Mapping[str, Any], singles: Mapping[int, Mapping[str, Any]],
+                 num_layers: int, band: tuple[float, float] = (0.4, 0.6), threshold: float = 1.0,
+                 top_k: int = 7, against: Optional[Mapping[int, float]] = None) -> dict:
+    """Everything ``raycpt contribution`` reports, from the trials' results.
+
+    Each result is a mapping with ``score`` (the benchmark number), optionally ``answers``
+    (``{question: {"pred": x, "gold": y, "correct": bool}}``) and ``l2`` (per-layer
+    ``||W - W_base||_F`` of that model, a list over layers). ``singles`` maps layer -> result.
+
+    Returns the :func:`summarize_scan` fields plus ``l2_single`` / ``l2_full`` ({layer: value}),
+    ``jaccard`` (mean pairwise Jaccard of the newly solved questions of the top-k single-layer
+    models, and the pairs), ``vote`` (majority vote of the top-k models vs the best single model and
+    full, accuracies in percent on the same questions) and ``spearman`` against another ranking."""
+    scores = {int(l): float(r["score"]) for l, r in singles.items()}
+    out = summarize_scan(scores, float(base["score"]), float(full["score"]), num_layers, band, threshold)
+    contrib, ranking = out["contribution"], out["ranking"]
+    out["scores"] = scores
+    out["l2_single"] = {int(l): float(r["l2"][int(l)]) for l, r in singles.items() if r.get("l2")}
+    out["l2_full"] = {i: float(v) for i, v in enumerate(full.get("l2") or [])}
+    k = max(1, min(top_k, len(ranking)))
+    top = ranking[:k]
+    out["top_k"] = top
+    if base.get("answers") and all(singles[l].get("answers") for l in top):
+        base_ok = {q: a["correct"] for q, a in base["answers"].items()}
+        sets = {l: newly_solved(base_ok, {q: a["correct"] for q, a in singles[l]["answers"].items()}) for l in top}
+        pairs = pairwise_jaccard(sets)
+        out["jaccard"] = dict(mean=mean_jaccard(sets), newly_solved={l: len(s) for l, s in sets.items()},
+                              pairs=[{"a": a, "b": b, "jaccard": v} for (a, b), v in pairs.items()])
+        gold = {q: a["gold"] for q, a in base["answers"].items()}
+        vote = majority_vote([{q: a["pred"] for q, a in singles[l]["answers"].items()} for l in top])
+        single_acc = {l: 100 * accuracy({q: a["pred"] for q, a in r["answers"].items()}, gold)
+                      for l, r in singles.items() if r.get("answers")}
+        best = max(single_acc, key=lambda l: (single_acc[l], -l))
+        out["vote"] = dict(k=k, models=top, vote_acc=100 * accuracy(vote, gold), best_single_layer=best,
+                           best_single_acc=single_acc[best],
+                           full_acc=100 * accuracy({q: a["pred"] for q, a in full["answers"].items()}, gold)
+                           if full.get("answers") else float("nan"),
+                           base_acc=100 * accuracy({q: a["pred"] for q, a in base["answers"].items()}, gold),
+                           num_questions=len(gold))
+    if against:
+        rho, p = spearman(contrib, against)
+        out["spearman"] = dict(rho=rho, p_value=p, layers=len(set(contrib) & set(against)))
+    return out

@@ -86,3 +86,31 @@ def test_majority_vote_hand_example():
     assert C.accuracy(m1, gold) == pytest.approx(0.75)
     assert C.accuracy(m3, gold) == pytest.approx(0.25)
     assert C.majority_vote([m3]) == m3
+
+
+def test_analyze_scan_hand_example():
+    # 4 questions, gold all "A"; base solves q1 only
+    def ans(preds):
+        return {f"q{i + 1}": {"pred": p, "gold": "A", "correct": p == "A"} for i, p in enumerate(preds)}
+
+    base = {"score": 25.0, "answers": ans("ABBB"), "l2": [0, 0, 0, 0]}
+    full = {"score": 50.0, "answers": ans("AABB"), "l2": [1.0, 2.0, 3.0, 4.0]}
+    singles = {
+        0: {"score": 25.0, "answers": ans("ABBB"), "l2": [5.0, 0, 0, 0]},
+        1: {"score": 75.0, "answers": ans("AAAB"), "l2": [0, 6.0, 0, 0]},   # contribution 2.0
+        2: {"score": 50.0, "answers": ans("ABBA"), "l2": [0, 0, 7.0, 0]},   # 1.0
+        3: {"score": 50.0, "answers": ans("ABAB"), "l2": [0, 0, 0, 8.0]},   # 1.0
+    }
+    out = C.analyze_scan(base, full, singles, num_layers=4, top_k=3, against={0: 0.1, 1: 0.9, 2: 0.5, 3: 0.3})
+    assert out["contribution"] == {0: 0.0, 1: 2.0, 2: 1.0, 3: 1.0}
+    assert out["ranking"] == [1, 2, 3, 0] and out["top_k"] == [1, 2, 3] and out["num_above"] == 1
+    assert out["l2_single"] == {0: 5.0, 1: 6.0, 2: 7.0, 3: 8.0} and out["l2_full"][3] == 4.0
+    # newly solved: L1 {q2, q3}, L2 {q4}, L3 {q3}: J(1,2)=0, J(1,3)=1/2, J(2,3)=0
+    assert out["jaccard"]["mean"] == pytest.approx(1 / 6)
+    # vote over L1 AAAB, L2 ABBA, L3 ABAB: q1 A; q2 B (2 of 3); q3 A (L1, L3); q4 B (L1, L3) -> 2/4
+    v = out["vote"]
+    assert v["vote_acc"] == pytest.approx(50.0) and v["best_single_layer"] == 1 and v["best_single_acc"] == 75.0
+    assert v["full_acc"] == 50.0 and v["base_acc"] == 25.0
+    # Spearman of (0, 2, 1, 1) vs (0.1, 0.9, 0.5, 0.3)
+    ref = spearmanr([0.0, 2.0, 1.0, 1.0], [0.1, 0.9, 0.5, 0.3])
+    assert out["spearman"]["rho"] == pytest.approx(ref.statistic)
