@@ -240,12 +240,18 @@ class SweepConfig:
     """Tune trials running at once."""
     cpus_per_trial: float = 1.0
     """CPUs reserved by the trial driver (its TorchTrainer asks for its own workers)."""
+    recipes: dict[str, dict] = field(default_factory=dict)
+    """Named trials usable in ``strategies``: {name: {dotted.key: value}}, e.g.
+    ``{middle5: {plan.name: middle, plan.k: 5}}`` (see ``configs/recipes.yaml``)."""
 
     def __post_init__(self):
         for r in self.splits:
             _check(isinstance(r, (int, float)) and 0 < r < 1, "sweep.splits", r, "ratios strictly between 0 and 1")
         _check(self.max_concurrent_trials >= 1, "sweep.max_concurrent_trials", self.max_concurrent_trials,
                "an integer >= 1")
+        for name, over in self.recipes.items():
+            _check(isinstance(over, dict) and all(isinstance(k, str) and "." in k for k in over),
+                   f"sweep.recipes.{name}", over, "a mapping of dotted config keys to values, e.g. {plan.name: middle}")
 
 
 @dataclass
