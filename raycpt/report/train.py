@@ -1,0 +1,78 @@
+"""Training report: per-step records from ``train_metrics.jsonl`` and the loss-curve plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Optional
+
+
+def read_step_records(path: Path) -> list[dict]:
+    """Per-step records, one per step in step order; a step recorded twice (repeated after a restart
+    from an older checkpoint) keeps its last record."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    by_step: dict[int, dict] = {}
+    with open(p, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill: ignore it
+                continue
+            if "event" in rec or "step" not in rec:
+                continue
+            by_step[int(rec["step"])] = rec
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def read_events(path: Path) -> list[dict]:
+    """Lifecycle records (start, resume, finished, nonfinite) in file order."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "event" in rec:
+            out.append(rec)
+    return out
+
+
+def plot_loss_curve(steps: list[int], losses: list[float], out: Path, title: Optional[str] = None,
+                    curves: Optional[dict[str, tuple[list[int], list[float]]]] = None) -> Path:
+    """Loss against step as PNG (written aside, then renamed). ``curves`` overlays more named runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    series = dict(curves or {})
+    if steps:
+        series = {title or "loss": (steps, losses), **series}
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, label=label, linewidth=1.4, marker="." if len(xs) <= 60 else None)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss (cross-entropy)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.png")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,406 @@
+"""``run_training(cfg)``: validate, build the corpus, launch the ``TorchTrainer``, collect the result.
+
+Order of work (so bad input ends with one line and no MLflow run): resolve the model on the driver
+-> build the plan on a weightless (meta-device) copy of the model -> check ``data.seq_len``
+against the model's position limit -> build, materialize and split the corpus (empty -> error)
+-> only then open the MLflow run and call ``TorchTrainer.fit()``.
+
+The trainer: ``ScalingConfig(num_workers, use_gpu, resources_per_worker={"CPU": cpus_per_worker})``
+(fractional CPUs so Ray Data tasks are never starved), ``RunConfig(name=<unique per attempt>,
+storage_path=<run_dir>/ray, FailureConfig(max_failures), CheckpointConfig(num_to_keep))``, one
+dataset per rank (``train_rank{r}``, not split again by Ray). It never calls ``ray.init``: the CLI
+wraps it in :func:`raycpt.runtime.ray_session`, and inside a Ray Tune function trainable (Train V2
+runs a TorchTrainer launched from a trial) it uses the cluster it is already on.
+
+``resume=True`` picks the newest complete checkpoint under ``<run_dir>/ray`` and passes it to the
+workers (``resume_from``; Ray's own ``resume_from_checkpoint`` is deprecated), continues the same
+MLflow run (its id is kept in ``state.json``), and returns at once when the run had finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from raycpt.config import ExperimentConfig, config_to_dict, save_config
+from raycpt.errors import RaycptError
+from raycpt.strategies import LayerPlan, build_plan, is_tied
+
+FINAL_MODEL = "final_model"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced."""
+
+    run_dir: Path
+    final_model_dir: Path
+    losses: list[float]
+    steps: list[int]
+    tokens_per_s: float
+    wall_s: float
+    trainable_params: int
+    frozen_params: int
+    mlflow_run_id: Optional[str]
+    plan: dict
+    last_checkpoint: Optional[Path] = None
+    resumed_from_step: Optional[int] = None
+    step_times: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        for k in ("run_dir", "final_model_dir", "last_checkpoint"):
+            d[k] = None if d[k] is None else str(d[k])
+        return d
+
+
+# ------------------------------------------------------------------------------------ model, plan
+
+def resolve_model_path(cfg: ExperimentConfig) -> str:
+    """The local folder of ``cfg.model.ref`` (resolved once, on the driver)."""
+    p = Path(cfg.model.ref).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        return str(p.resolve())
+    from raycpt.models.sources import resolve_model
+
+    return str(resolve_model(cfg.model.ref, cache_dir=cfg.model.cache_dir, revision=cfg.model.revision).path)
+
+
+def model_skeleton(model_path: str):
+    """The model built on the meta device from its config: structure and counts, no weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    conf = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(conf)
+    return model
+
+
+def position_limit(model_config) -> Optional[int]:
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = getattr(model_config, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dict, object]:
+    """Build and check the plan on a meta-device copy; ``(plan, counts, model)``.
+
+    Raises RaycptError for a bad plan or a ``data.seq_len`` beyond the model's position limit."""
+    from raycpt.models.stack import LayerStack
+    from raycpt.strategies import apply_plan
+
+    model = model_skeleton(model_path)
+    stack = LayerStack(model)
+    plan = build_plan(cfg.plan, stack.num_layers, tied_embeddings=is_tied(stack))
+    limit = position_limit(model.config)
+    if limit is not None and cfg.data.seq_len > limit:
+        raise RaycptError(f"data.seq_len={cfg.data.seq_len} is beyond this model's limit of {limit} positions "
+                          f"(max_position_embeddings); use data.seq_len <= {limit}")
+    counts = apply_plan(model, plan)
+    return plan, counts, model
+
+
+def check_train_config(cfg: ExperimentConfig) -> None:
+    t = cfg.train
+    if t.distributed == "fsdp" and not t.use_gpu:
+        raise RaycptError("train.distributed=fsdp needs GPUs (Ray's FSDP wrapper is GPU-only): set train.use_gpu=true "
+                          "or use train.distributed=ddp")
+    if t.use_gpu:
+        import ray
+
+        if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) < t.num_workers:
+            raise RaycptError(f"train.use_gpu=true with train.num_workers={t.num_workers}, but the Ray cluster has "
+                              f"{int(ray.cluster_resources().get('GPU', 0))} GPU(s)")
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+
+def latest_checkpoint(run_dir: Path) -> Optional[tuple[int, Path]]:
+    """The newest complete checkpoint of any attempt of this run: (step, folder)."""
+    from raycpt.train.loop import find_checkpoints
+
+    cps = find_checkpoints(Path(run_dir) / "ray")
+    return cps[-1] if cps else None
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Keep the newest ``keep`` complete checkpoints over all attempts; delete the rest (Ray prunes
+    only the checkpoints it registered; one cut short by a worker kill is not)."""
+    from raycpt.train.loop import find_checkpoints
+
+    complete = find_checkpoints(Path(run_dir) / "ray")
+    keep_set = {p.resolve() for _, p in complete[-keep:]}
+    removed = []
+    for d in Path(run_dir, "ray").glob("*/checkpoint_*"):
+        if d.is_dir() and d.resolve() not in keep_set:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+# ------------------------------------------------------------------------------------ progress
+
+class _Progress:
+    """Driver-side progress bar fed by rank 0's ``train_metrics.jsonl`` (workers' stdout is not ours)."""
+
+    def __init__(self, path: Path, total: int, start: int, enabled: bool):
+        self.path, self.total, self.start, self.enabled = path, total, start, enabled
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        if self.enabled:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        pos = self.path.stat().st_size if self.path.is_file() else 0
+        with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                      TimeElapsedColumn(), transient=False) as bar:
+            task = bar.add_task("train", total=self.total, completed=self.start, info="starting workers...")
+            while not self._stop.is_set():
+                pos = self._poll(bar, task, pos)
+                self._stop.wait(0.5)
+            self._poll(bar, task, pos)
+
+    def _poll(self, bar, task, pos):
+        if not self.path.is_file():
+            return pos
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(pos)
+            chunk = f.read()
+        lines = chunk.split("\n")
+        done = chunk.rfind("\n") + 1
+        for line in lines[:-1]:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "loss" in r and "step" in r:
+                bar.update(task, completed=r["step"],
+                           info=f"loss {r['loss']:.4f}  {r.get('tokens_per_s', 0):,.0f} tok/s")
+            elif r.get("event") == "resume":
+                bar.update(task, completed=r.get("step", 0), info=f"resumed at step {r.get('step')}")
+        return pos + len(chunk[:done].encode("utf-8"))
+
+
+# ------------------------------------------------------------------------------------ launch
+
+def _make_absolute(cfg: ExperimentConfig) -> None:
+    from raycpt.tracking import run_root, tracking_uri
+
+    cfg.tracking.run_root = str(run_root(cfg.tracking))
+    cfg.tracking.uri = tracking_uri(cfg.tracking)
+
+
+def _faults_from_env() -> dict:
+    text = os.environ.get("RAYCPT_FAULTS")
+    if not text:
+        return {}
+    try:
+        return dict(json.loads(text))
+    except (ValueError, TypeError):
+        raise RaycptError(f"RAYCPT_FAULTS is not a JSON object: {text!r}") from None
+
+
+def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
+                 parent_run_id: Optional[str] = None, mlflow_run_id: Optional[str] = None,
+                 name: Optional[str] = None, progress: bool = False, faults: Optional[dict] = None,
+                 callbacks: Optional[list] = None) -> TrainResult:
+    """Train ``cfg.model`` with ``cfg.plan`` on ``cfg.data`` under a Ray ``TorchTrainer``.
+
+    ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
+    sweep trial's folder) = use it. ``mlflow_run_id`` continues an existing run (a sweep's child
+    run); else ``parent_run_id`` nests a new run under it. Needs Ray to be initialised."""
+    import ray
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from raycpt.data.corpus import prepare_shards
+    from raycpt.report.train import plot_loss_curve, read_events, read_step_records
+    from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
+    from raycpt.tracking import log_config, mlflow_run
+    from raycpt.train.loop import METRICS_FILE, STATUS_FILE, callbacks_for, train_loop_per_worker
+
+    if not ray.is_initialized():
+        raise RuntimeError("run_training needs Ray: call it inside raycpt.runtime.ray_session(cfg.ray)")
+    t_start = time.time()
+    if run_dir is None:
+        run_dir = open_run_dir(cfg, "train", resume=resume)
+    else:
+        run_dir = Path(run_dir).resolve()
+        _make_absolute(cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    state = read_state(run_dir)
+    final_dir = run_dir / FINAL_MODEL
+    metrics_path = run_dir / METRICS_FILE
+    if resume and state.get("status") == "finished" and (final_dir / "config.json").is_file():
+        return _result_from_files(run_dir, state)
+
+    # ---- validate everything before any MLflow run exists
+    check_train_config(cfg)
+    model_path = resolve_model_path(cfg)
+    plan, counts, _ = prepare_plan(cfg, model_path)
+    resume_from, resumed_step = None, None
+    if resume:
+        found = latest_checkpoint(run_dir)
+        if found is not None:
+            resumed_step, ckpt = found
+            resume_from = str(ckpt)
+    datasets, n_blocks = prepare_shards(cfg.data, model_path, cfg.data.shuffle_seed if cfg.data.shuffle_seed
+                                        is not None else cfg.train.seed, cfg.train.num_workers,
+                                        cfg.train.micro_batch_size)
+    shard_rows = n_blocks // cfg.train.num_workers if cfg.train.num_workers > 1 else n_blocks
+
+    attempt = int(state.get("attempts", 0)) + 1
+    ray_name = f"{name or 'train'}-{run_dir.name}-a{attempt}-{uuid.uuid4().hex[:6]}"
+    run_id = mlflow_run_id or (state.get("mlflow_run_id") if resume else None)
+    (run_dir / STATUS_FILE).unlink(missing_ok=True)
+    with mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
+                    parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
+        import mlflow
+
+        run_id = run.info.run_id
+        write_state(run_dir, mlflow_run_id=run_id, attempts=attempt, status="running", ray_name=ray_name,
+                    model_path=model_path, plan=plan.to_dict())
+        try:
+            log_config(cfg)
+        except Exception:  # noqa: BLE001 - a resumed run whose overrides changed a logged param
+            pass
+        mlflow.set_tags({"raycpt.plan": plan.describe()[:5000], "raycpt.run_dir": str(run_dir)})
+        mlflow.log_params({"model_path": model_path[:500], "corpus_blocks": n_blocks,
+                           "tokens_per_step": cfg.train.num_workers * cfg.train.grad_accum
+                           * cfg.train.micro_batch_size * cfg.data.seq_len})
+        loop_config = {
+            "cfg": config_to_dict(cfg), "model_path": model_path, "plan": plan.to_dict(), "run_dir": str(run_dir),
+            "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": resume_from,
+            "shard_rows": shard_rows, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
+            "callbacks": list(callbacks or []) + callbacks_for(cfg),
+        }
+        t = cfg.train
+        resources = {"CPU": t.cpus_per_worker}
+        if t.use_gpu:
+            resources["GPU"] = 1
+        trainer = TorchTrainer(
+            train_loop_per_worker, train_loop_config=loop_config,
+            scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources),
+            run_config=RunConfig(name=ray_name, storage_path=str(run_dir / "ray"),
+                                 failure_config=FailureConfig(max_failures=t.max_failures),
+                                 checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),
+            datasets=datasets, dataset_config=DataConfig(datasets_to_split=[]),
+        )
+        with _Progress(metrics_path, t.max_steps, resumed_step or 0, progress):
+            try:
+                t_fit = time.time()
+                result = trainer.fit()
+                log.info("fit: %.1fs (prepare %.1fs)", time.time() - t_fit, t_fit - t_start)
+            except Exception as e:  # noqa: BLE001 - Ray wraps worker errors; surface the cause in one line
+                err = _training_error(e)
+                if err is e:
+                    raise
+                raise err from None
+        status = _read_json(run_dir / STATUS_FILE)
+        if status.get("status") == "nonfinite":
+            last = latest_checkpoint(run_dir)
+            where = f"step {last[0]} at {last[1]}" if last else "none (no checkpoint was written before it)"
+            write_state(run_dir, status="nonfinite")
+            raise RaycptError(f"training stopped at step {status['step']}: the {status['what']} is "
+                              f"{status['value']}; the last good checkpoint is {where}")
+        found = latest_checkpoint(run_dir)
+        ckpt_dir = found[1] if found else None
+        if ckpt_dir is None:
+            raise RuntimeError(f"training finished but left no checkpoint under {run_dir / 'ray'}")
+        _publish_model(ckpt_dir / "model", final_dir)
+        prune_checkpoints(run_dir, t.keep_checkpoints)
+
+        records = read_step_records(metrics_path)
+        steps = [int(r["step"]) for r in records]
+        losses = [float(r["loss"]) for r in records]
+        times = [float(r["step_time_s"]) for r in records]
+        tok_s = _tokens_per_s(records)
+        png = plot_loss_curve(steps, losses, run_dir / "loss_curve.png",
+                              title=f"{cfg.name}: {plan.name} [{plan.layer_map()}]")
+        mlflow.log_artifact(str(png))
+        mlflow.log_param("final_model_dir", str(final_dir))
+        mlflow.set_tag("raycpt.final_model_dir", str(final_dir))
+        wall = time.time() - t_start + float(state.get("wall_s", 0.0) if resume else 0.0)
+        mlflow.log_metrics({"final_loss": losses[-1] if losses else float("nan"), "wall_time_s": wall,
+                            "mean_tokens_per_s": tok_s})
+        res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
+                          wall_s=wall, trainable_params=counts["trainable"], frozen_params=counts["frozen"],
+                          mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
+                          resumed_from_step=resumed_step, step_times=times)
+        atomic_write_json(run_dir / "train_result.json", res.to_dict())
+        write_state(run_dir, status="finished", wall_s=wall, events=len(read_events(metrics_path)))
+    return res
+
+
+def _tokens_per_s(records: list[dict]) -> float:
+    if not records:
+        return 0.0
+    rates = sorted(float(r["tokens_per_s"]) for r in records)
+    return rates[len(rates) // 2]  # median: robust to the first (warm-up) step
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _publish_model(src: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
+    shutil.copytree(src, tmp)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+
+
+def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
+    d = _read_json(run_dir / "train_result.json")
+    return TrainResult(run_dir=run_dir, final_model_dir=Path(d["final_model_dir"]), losses=d["losses"],
+                       steps=d["steps"], tokens_per_s=d["tokens_per_s"], wall_s=d["wall_s"],
+                       trainable_params=d["trainable_params"], frozen_params=d["frozen_params"],
+                       mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
+                       last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,
+                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []))
+
+
+def _training_error(e: Exception) -> Exception:
+    """Ray's TrainingFailedError carries the worker's exception; a RaycptError inside stays one line."""
+    seen = set()
+    cur: Optional[BaseException] = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, RaycptError):
+            return cur
+        nxt = getattr(cur, "cause", None) or cur.__cause__
+        if nxt is None:
+            errs = getattr(cur, "worker_failures", None)
+            if isinstance(errs, dict) and errs:
+                nxt = next(iter(errs.values()))
+        cur = nxt
+    return e

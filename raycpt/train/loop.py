@@ -1,0 +1,721 @@
+"""The continued pre-training loop: ``train_loop_per_worker(config)``, a plain function Ray Train runs.
+
+One worker: load the model from a resolved folder (or from the checkpoint it resumes), apply the
+layer plan (:func:`raycpt.strategies.apply_plan`), wrap it for data parallelism
+(``ray.train.torch.prepare_model``: DDP over gloo on CPU / NCCL on GPU, or FSDP with
+``use_orig_params=True`` so frozen and trainable parameters can live in one model), AdamW over the
+trainable parameters only (per-layer LR groups, no decay on norms/biases), a transformers scheduler
+with warmup, gradient accumulation, clipping, bf16 autocast on GPU / float32 on CPU (master
+weights are always float32).
+
+Freezing saves compute, not only memory:
+
+* frozen parameters have ``requires_grad=False``: no ``.grad`` buffer, no optimizer state, no DDP
+  bucket, and autograd computes no weight gradient for them;
+* the embeddings and the frozen layers *below* the first trainable module (a frozen prefix, e.g.
+  layers [0, b) of ``train_deep``) run under ``torch.no_grad`` (:class:`FrozenPrefix`, a pair of
+  forward pre-hooks that switch grad mode off at the embeddings and back on at the first trainable
+  module), so no graph is recorded and no activation is kept for them, and the backward pass stops
+  at the first trainable layer. (Autograd would record nothing there anyway, since no input of
+  those modules requires grad; the explicit switch makes this hold by construction.) DDP is
+  unaffected: every parameter it tracks is used in every forward, so ``find_unused_parameters``
+  stays off.
+
+Checkpoints (every ``train.checkpoint_every`` steps and at the end): ``model/`` (HF safetensors
+folder with the tokenizer), ``train_state.pt`` (optimizer, scheduler, every rank's RNG states,
+step, data position, the per-step loss history, the plan) and ``train_state.json`` (readable
+summary). A restarted worker (``FailureConfig``) resumes from ``ray.train.get_checkpoint()``; a
+resumed run (``--resume``) passes ``resume_from`` in the loop config. The data position is the
+number of micro-batches each rank consumed (``step * grad_accum``): the shard is read in a fixed
+order, so no block is skipped or seen twice.
+
+A NaN/inf loss or gradient norm stops the run before the optimizer step: rank 0 writes
+``train_status.json`` and every rank returns; the launcher turns it into one error line, and the
+last good checkpoint stays.
+
+Extension point: :class:`StepCallback` objects (``config["callbacks"]`` or factories registered
+with :func:`register_step_callback`) run on every rank every ``callback.every`` steps and may
+return extra metrics (``train.drift_every`` plugs in here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+import torch
+
+from raycpt.strategies import LayerPlan, apply_plan, count_params, param_groups
+
+METRICS_FILE = "train_metrics.jsonl"
+STATUS_FILE = "train_status.json"
+
+
+# ------------------------------------------------------------------------------------ callbacks
+
+@dataclass
+class LoopState:
+    """What a :class:`StepCallback` sees. ``model`` is the plain (unwrapped) model."""
+
+    step: int
+    max_steps: int
+    model: Any
+    wrapped: Any
+    plan: LayerPlan
+    rank: int
+    world_size: int
+    device: torch.device
+    cfg: Any
+    run_dir: Optional[Path]
+    metrics: dict = field(default_factory=dict)
+    logger: Optional["MetricsLogger"] = None
+
+    def log(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+        """Log extra metrics (rank 0 only writes; safe to call on every rank)."""
+        if self.rank == 0 and self.logger is not None:
+            self.logger.log(metrics, self.step if step is None else step)
+
+
+class StepCallback:
+    """Runs on every rank. ``every`` = call ``on_step_end`` every N optimizer steps (0 = never).
+
+    Keep callbacks picklable (they travel to the workers in the loop config). Collective ops are
+    allowed (every rank calls the hook at the same step)."""
+
+    every: int = 0
+
+    def on_train_start(self, state: LoopState) -> None:  # noqa: D401
+        pass
+
+    def on_step_end(self, state: LoopState) -> Optional[dict[str, float]]:
+        return None
+
+    def on_train_end(self, state: LoopState) -> None:
+        pass
+
+
+CALLBACK_FACTORIES: list[Callable[[Any], Optional[StepCallback]]] = []
+
+
+def register_step_callback(factory: Callable[[Any], Optional[StepCallback]]):
+    """Register ``factory(cfg) -> StepCallback | None``; :func:`callbacks_for` calls every factory."""
+    CALLBACK_FACTORIES.append(factory)
+    return factory
+
+
+def callbacks_for(cfg) -> list[StepCallback]:
+    """The callbacks a config asks for (e.g. ``train.drift_every > 0`` -> a drift callback)."""
+    out = []
+    for f in CALLBACK_FACTORIES:
+        cb = f(cfg)
+        if cb is not None:
+            out.append(cb)
+    return out
+
+
+# ------------------------------------------------------------------------------------ pieces
+
+class FrozenPrefix:
+    """Forward pre-hooks: grad mode off at the embeddings, back on at the first trainable module.
+
+    Installed only when the embeddings are frozen. ``first`` is the plan's first trainable module
+    (layer index, or N when only final norm/head train)."""
+
+    def __init__(self, model, plan: LayerPlan):
+        from raycpt.models.stack import LayerStack
+
+        self.handles = []
+        self.active = False
+        first = plan.first_trainable
+        if first is None or first < 0:
+            return
+        stack = LayerStack(model)
+        resume_at = stack.layers[first] if first < stack.num_layers else stack.final_norm
+        self._prev: list[bool] = []
+
+        def off(module, args):
+            self._prev.append(torch.is_grad_enabled())
+            torch.set_grad_enabled(False)
+
+        def on(module, args):
+            torch.set_grad_enabled(self._prev.pop() if self._prev else True)
+
+        self.handles = [stack.embed.register_forward_pre_hook(off), resume_at.register_forward_pre_hook(on)]
+        self.active = True
+        self.prefix_layers = first
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def make_optimizer(model, plan: LayerPlan, tcfg, wrapped=None) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters only (per-layer LR groups; no decay on 1-D tensors)."""
+    groups = param_groups(model, plan, tcfg.lr, tcfg.weight_decay, wrapped=wrapped)
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
+
+
+def make_scheduler(optimizer, tcfg):
+    from transformers import get_scheduler
+
+    warmup = int(math.ceil(tcfg.warmup_ratio * tcfg.max_steps))
+    return get_scheduler(tcfg.scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=tcfg.max_steps)
+
+
+def autocast_for(precision: str, device: torch.device):
+    """bf16 autocast on GPU for ``auto``/``bf16``; float32 (no autocast) on CPU unless ``bf16``."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def trainable_params(module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str, device: torch.device
+                     ) -> torch.Tensor:
+    """Loss and gradients of one optimizer step over ``micro_batches`` (each ``(b, seq)`` token ids).
+
+    Returns the mean loss (a detached scalar). DDP gradients are synchronised on the last
+    micro-batch only (``no_sync`` before)."""
+    n = len(micro_batches)
+    total = torch.zeros((), device=device)
+    try:
+        for j, ids in enumerate(micro_batches):
+            ids = ids.to(device, non_blocking=True)
+            sync = j == n - 1 or not hasattr(wrapped, "no_sync")
+            with (contextlib.nullcontext() if sync else wrapped.no_sync()):
+                with autocast_for(precision, device):
+                    out = wrapped(input_ids=ids, labels=ids, use_cache=False)
+                loss = out.loss.float() / n
+                loss.backward()
+            total += loss.detach()
+    finally:
+        torch.set_grad_enabled(True)
+    return total
+
+
+def clip_and_norm(wrapped, params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip (max_norm > 0) and return the total gradient norm of the trainable parameters."""
+    clip = getattr(wrapped, "clip_grad_norm_", None)  # FSDP shards: its own method knows the full norm
+    limit = max_norm if max_norm > 0 else float("inf")
+    if clip is not None:
+        return float(clip(limit))
+    return float(torch.nn.utils.clip_grad_norm_(params, limit))
+
+
+def train_step(wrapped, optimizer, scheduler, micro_batches, precision="fp32", device=None, max_grad_norm=1.0,
+               params=None) -> dict[str, float]:
+    """One complete optimizer step on one process (no cross-rank loss averaging): for tests/benchmarks."""
+    device = device or torch.device("cpu")
+    params = params if params is not None else trainable_params(wrapped)
+    loss = float(forward_backward(wrapped, micro_batches, precision, device))
+    gn = clip_and_norm(wrapped, params, max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss, "grad_norm": gn}
+
+
+def rng_state() -> dict:
+    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------ logging
+
+class MetricsLogger:
+    """Rank 0's sink: a JSONL file in the run folder (the driver's progress bar tails it) + MLflow."""
+
+    def __init__(self, run_dir: Optional[Path], mlflow_cfg: Optional[dict]):
+        self.path = Path(run_dir) / METRICS_FILE if run_dir else None
+        self.client = None
+        self.run_id = None
+        if mlflow_cfg and mlflow_cfg.get("run_id"):
+            from mlflow.tracking import MlflowClient
+
+            self.client = MlflowClient(tracking_uri=mlflow_cfg["uri"])
+            self.run_id = mlflow_cfg["run_id"]
+
+    def event(self, record: dict) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.client is None:
+            return
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        ms = [Metric(k, float(v), ts, step) for k, v in metrics.items()
+              if isinstance(v, (int, float)) and math.isfinite(float(v))]
+        if ms:
+            self.client.log_batch(self.run_id, metrics=ms)
+
+    def params(self, params: dict[str, Any]) -> None:
+        if self.client is None:
+            return
+        from mlflow.entities import Param
+
+        try:
+            self.client.log_batch(self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
+        except Exception:  # noqa: BLE001 - a resumed run re-logs the same params; never fail training on it
+            pass
+
+
+# ------------------------------------------------------------------------------------ sessions
+
+class _Session:
+    rank = 0
+    world_size = 1
+    local_world_size = 1
+
+    def device(self, use_gpu: bool) -> torch.device:
+        return torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
+
+    def checkpoint_dir(self) -> contextlib.AbstractContextManager:
+        raise NotImplementedError
+
+    def wrap(self, model, device, strategy: str):
+        return model.to(device)
+
+    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
+        raise NotImplementedError
+
+    def batches(self, config: dict) -> Any:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        pass
+
+    def all_gather_object(self, obj) -> list:
+        return [obj]
+
+    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+class RaySession(_Session):
+    """Inside a Ray Train worker."""
+
+    def __init__(self):
+        import ray.train
+
+        ctx = ray.train.get_context()
+        self.rank = ctx.get_world_rank()
+        self.world_size = ctx.get_world_size()
+        self.local_world_size = ctx.get_local_world_size()
+
+    def device(self, use_gpu: bool) -> torch.device:
+        if use_gpu:
+            import ray.train.torch
+
+            d = ray.train.torch.get_device()
+            return d[0] if isinstance(d, list) else d
+        return torch.device("cpu")
+
+    @contextlib.contextmanager
+    def checkpoint_dir(self, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None):
+        """The folder to resume from: the newest of Ray's checkpoint (``get_checkpoint()``), any newer
+        complete one of this run on disk (a report cut short by a killed worker is uploaded but never
+        registered with Ray) and ``resume_from``. Rank 0 decides; every rank uses its choice."""
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+        with (ckpt.as_directory() if ckpt is not None else contextlib.nullcontext(None)) as d:
+            cands = [(checkpoint_step(d), d)] if d else []
+            if checkpoint_root:
+                cands += [(st, str(p)) for st, p in find_checkpoints(checkpoint_root)]
+            if resume_from and not cands:
+                cands.append((checkpoint_step(resume_from), str(resume_from)))
+            best = max(cands, key=lambda c: c[0])[1] if cands else None
+            yield self.all_gather_object(best)[0]
+
+    def wrap(self, model, device, strategy: str):
+        import ray.train.torch
+
+        kwargs: dict[str, Any] = {}
+        if strategy == "fsdp":
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            from raycpt.models.stack import LayerStack
+
+            layer_cls = {type(m) for m in LayerStack(model).layers}
+            kwargs = {"use_orig_params": True, "auto_wrap_policy": ModuleWrapPolicy(layer_cls)}
+        return ray.train.torch.prepare_model(model, move_to_device=device, parallel_strategy=strategy,
+                                             parallel_strategy_kwargs=kwargs)
+
+    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
+        import ray.train
+
+        ckpt = ray.train.Checkpoint.from_directory(ckpt_dir) if ckpt_dir else None
+        ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
+
+    def batches(self, config: dict):
+        import ray.train
+
+        from raycpt.data.corpus import SHARD_PREFIX
+
+        shard = ray.train.get_dataset_shard(f"{SHARD_PREFIX}{self.rank}")
+        return lambda mbs: shard.iter_batches(batch_size=mbs, batch_format="numpy", drop_last=True,
+                                              prefetch_batches=2)
+
+    def _dist(self):
+        import torch.distributed as dist
+
+        return dist if self.world_size > 1 and dist.is_available() and dist.is_initialized() else None
+
+    def barrier(self) -> None:
+        d = self._dist()
+        if d is not None:
+            d.barrier()
+
+    def all_gather_object(self, obj) -> list:
+        d = self._dist()
+        if d is None:
+            return [obj]
+        out = [None] * self.world_size
+        d.all_gather_object(out, obj)
+        return out
+
+    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
+        d = self._dist()
+        if d is None:
+            return t
+        t = t.clone()
+        d.all_reduce(t)
+        return t / self.world_size
+
+
+class LocalSession(_Session):
+    """The same loop in a plain process (no Ray): blocks from a numpy array, checkpoints in a folder."""
+
+    def __init__(self, blocks: np.ndarray, checkpoint_root: Optional[Path] = None):
+        self.blocks = np.asarray(blocks)
+        self.root = Path(checkpoint_root) if checkpoint_root else None
+        self.reports: list[tuple[dict, Optional[str]]] = []
+
+    @contextlib.contextmanager
+    def checkpoint_dir(self, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None):
+        yield resume_from
+
+    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
+        dest = None
+        if ckpt_dir and self.root is not None:
+            dest = self.root / f"checkpoint_{step:06d}"
+            if dest.exists():
+                shutil.rmtree(dest)
+            shutil.copytree(ckpt_dir, dest)
+        self.reports.append((metrics, str(dest) if dest else None))
+
+    def batches(self, config: dict):
+        def it(mbs):
+            for i in range(0, len(self.blocks) - mbs + 1, mbs):
+                yield {"input_ids": self.blocks[i:i + mbs]}
+        return it
+
+
+def micro_batches(iter_fn, mbs: int, rows: Optional[int], skip: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """Endless ``(epoch, (mbs, seq) LongTensor)`` over the shard, epoch after epoch, skipping ``skip``.
+
+    ``rows`` (the shard's size) lets whole epochs be skipped without reading them."""
+    per_epoch = rows // mbs if rows else None
+    epoch = 0
+    if per_epoch:
+        epoch, skip = divmod(skip, per_epoch)
+    while True:
+        got = 0
+        for batch in iter_fn(mbs):
+            got += 1
+            if skip > 0:
+                skip -= 1
+                continue
+            yield epoch, torch.from_numpy(np.asarray(batch["input_ids"], dtype=np.int64))
+        if got == 0:
+            raise RuntimeError("the data shard is empty: fewer blocks than one micro-batch")
+        epoch += 1
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+
+def checkpoint_step(folder) -> int:
+    """The step of a checkpoint folder (from its ``train_state.json``), -1 if unreadable."""
+    try:
+        return int(json.loads((Path(folder) / "train_state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
+
+
+def is_complete_checkpoint(folder) -> bool:
+    """All files a resume needs are there and their headers read (a cut upload fails here)."""
+    d = Path(folder)
+    if not ((d / "train_state.json").is_file() and (d / "train_state.pt").is_file()
+            and (d / "model" / "config.json").is_file()):
+        return False
+    weights = list((d / "model").glob("*.safetensors"))
+    if not weights:
+        return False
+    try:
+        from safetensors import safe_open
+
+        for w in weights:
+            with safe_open(str(w), framework="pt") as f:
+                f.keys()
+        import zipfile
+
+        with zipfile.ZipFile(d / "train_state.pt") as z:  # torch.save writes a zip; a cut file has no directory
+            z.namelist()
+    except Exception:  # noqa: BLE001
+        return False
+    return checkpoint_step(d) >= 0
+
+
+def find_checkpoints(root) -> list[tuple[int, Path]]:
+    """Complete checkpoints ``checkpoint_*`` at any depth under ``root`` as (step, folder), oldest first."""
+    out = []
+    root = Path(root)
+    if not root.is_dir():
+        return out
+    for st in root.rglob("checkpoint_*/train_state.json"):
+        d = st.parent
+        if is_complete_checkpoint(d):
+            out.append((checkpoint_step(d), d))
+    out.sort(key=lambda x: (x[0], x[1].stat().st_mtime))
+    return out
+
+
+def _model_state(model, wrapped, fsdp: bool) -> dict:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return model.state_dict()
+
+
+def _optim_state(wrapped, optimizer, fsdp: bool) -> dict:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(wrapped, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return optimizer.state_dict()
+
+
+def _load_optim_state(wrapped, optimizer, sd: dict, fsdp: bool) -> None:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=sd,
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(sd)
+
+
+def save_model_folder(model, tokenizer, state_dict: Optional[dict], out: Path) -> Path:
+    """HF safetensors folder + tokenizer."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+
+
+# ------------------------------------------------------------------------------------ the loop
+
+def train_loop_per_worker(config: dict) -> None:
+    """Ray Train entry point (see the module docstring for the config keys)."""
+    run_loop(config, RaySession())
+
+
+def run_loop(config: dict, session: _Session) -> dict:
+    """The loop, for any session. Config keys: ``cfg`` (ExperimentConfig as a dict), ``model_path``,
+    ``plan`` (LayerPlan dict), ``run_dir``, ``mlflow`` ({uri, run_id} or None), ``resume_from``
+    (checkpoint folder or None), ``shard_rows``, ``callbacks`` (StepCallback list), ``faults`` (tests),
+    ``torch_threads``. Returns a summary (rank 0's view)."""
+    from raycpt.config import config_from_dict
+    from raycpt.models.sources import load_model
+
+    cfg = config_from_dict(config["cfg"])
+    tcfg = cfg.train
+    faults = dict(config.get("faults") or {})
+    rank, world = session.rank, session.world_size
+    run_dir = Path(config["run_dir"]) if config.get("run_dir") else None
+    device = session.device(tcfg.use_gpu)
+    if device.type == "cpu":
+        torch.set_num_threads(int(config.get("torch_threads") or max(1, (os.cpu_count() or 1) // max(1, session.local_world_size))))
+    seed_everything(tcfg.seed)
+    logger = MetricsLogger(run_dir, config.get("mlflow")) if rank == 0 else None
+    plan = LayerPlan.from_dict(config["plan"])
+    fsdp = tcfg.distributed == "fsdp" and world > 1
+    callbacks: list[StepCallback] = list(config.get("callbacks") or [])
+
+    with session.checkpoint_dir(config.get("resume_from"), config.get("checkpoint_root")) as ckpt:
+        state = None
+        model_path = config["model_path"]
+        if ckpt is not None:
+            model_path = str(Path(ckpt) / "model")
+            state = torch.load(Path(ckpt) / "train_state.pt", map_location="cpu", weights_only=False)
+        model, tokenizer = load_model(model_path, dtype="float32", device=str(device) if device.type == "cpu" else "cpu")
+    model.train()
+    model.config.use_cache = False
+    counts = apply_plan(model, plan)
+    prefix = FrozenPrefix(model, plan)
+    wrapped = session.wrap(model, device, tcfg.distributed)
+    optimizer = make_optimizer(model, plan, tcfg, wrapped=wrapped if fsdp else None)
+    scheduler = make_scheduler(optimizer, tcfg)
+    params = trainable_params(wrapped)
+    start_step, history = 0, []
+    if state is not None:
+        _load_optim_state(wrapped, optimizer, state["optimizer"], fsdp)
+        scheduler.load_state_dict(state["scheduler"])
+        rngs = state.get("rng") or []
+        if rank < len(rngs):
+            set_rng_state(rngs[rank])
+        start_step = int(state["step"])
+        history = list(state.get("losses", []))
+        del state
+
+    ga, mbs, seq = tcfg.grad_accum, tcfg.micro_batch_size, cfg.data.seq_len
+    tokens_per_step = world * ga * mbs * seq
+    data = micro_batches(session.batches(config), mbs, config.get("shard_rows"), skip=start_step * ga)
+    loop_state = LoopState(step=start_step, max_steps=tcfg.max_steps, model=model, wrapped=wrapped, plan=plan,
+                           rank=rank, world_size=world, device=device, cfg=cfg, run_dir=run_dir, logger=logger)
+    if rank == 0:
+        logger.params({"plan": plan.describe()[:500], "plan.layer_map": plan.layer_map(),
+                       "trainable_params": counts["trainable"], "frozen_params": counts["frozen"],
+                       "plan.frozen_prefix_no_grad": prefix.active, "world_size": world})
+        logger.event({"event": "start" if start_step == 0 else "resume", "step": start_step,
+                      "trainable": counts["trainable"], "frozen": counts["frozen"], "world_size": world,
+                      "time": time.time(), "pid": os.getpid()})
+    for cb in callbacks:
+        cb.on_train_start(loop_state)
+
+    ckpt_every = tcfg.checkpoint_every
+    last_ckpt = start_step if start_step else None
+    status = {"status": "finished"}
+    epoch = 0
+    step_times: list[float] = []
+    for step in range(start_step + 1, tcfg.max_steps + 1):
+        if faults.get("sigkill_step") == step and faults.get("sigkill_rank", 0) == rank and run_dir is not None:
+            marker = run_dir / f".fault_sigkill_{step}"
+            if not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
+        if faults.get("step_sleep"):
+            time.sleep(float(faults["step_sleep"]))
+        t0 = time.perf_counter()
+        batch = []
+        for _ in range(ga):
+            epoch, ids = next(data)
+            batch.append(ids)
+        loss_local = forward_backward(wrapped, batch, tcfg.precision, device)
+        if faults.get("nan_step") == step:
+            loss_local = loss_local * float("nan")
+        loss = float(session.all_reduce_mean(loss_local))
+        grad_norm = clip_and_norm(wrapped, params, tcfg.max_grad_norm) if math.isfinite(loss) else float("nan")
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            what = "loss" if not math.isfinite(loss) else "gradient norm"
+            status = {"status": "nonfinite", "step": step, "what": what,
+                      "value": str(loss if what == "loss" else grad_norm), "last_checkpoint_step": last_ckpt}
+            optimizer.zero_grad(set_to_none=True)
+            break
+        lr = scheduler.get_last_lr()[0] / (optimizer.param_groups[0].get("lr_scale", 1.0) or 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        step_times.append(dt)
+        history.append(loss)
+        metrics = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": dt,
+                   "tokens_per_s": tokens_per_step / dt, "epoch": epoch}
+        loop_state.step, loop_state.metrics = step, metrics
+        for cb in callbacks:
+            if cb.every and step % cb.every == 0:
+                extra = cb.on_step_end(loop_state)
+                if extra:
+                    metrics.update(extra)
+        if rank == 0:
+            logger.event({"step": step, **metrics})
+            if step % tcfg.log_every == 0 or step == tcfg.max_steps:
+                logger.log(metrics, step)
+        if step % ckpt_every == 0 or step == tcfg.max_steps:
+            _checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp,
+                        data_pos={"micro_batches_consumed": step * ga, "epoch": epoch,
+                                  "shard_rows": config.get("shard_rows")},
+                        metrics={"step": step, "loss": loss})
+            last_ckpt = step
+    prefix.remove()
+    for cb in callbacks:
+        cb.on_train_end(loop_state)
+    if rank == 0 and run_dir is not None:
+        from raycpt.runs import atomic_write_json
+
+        atomic_write_json(run_dir / STATUS_FILE, status)
+        logger.event({"event": status["status"], "step": loop_state.step, "time": time.time()})
+    session.barrier()
+    return {"status": status, "losses": history, "step_times": step_times, "counts": counts,
+            "tokens_per_step": tokens_per_step}
+
+
+def _checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp, data_pos,
+                metrics) -> None:
+    """Every rank calls this (state gathering may be collective); rank 0 writes, all report."""
+    msd = _model_state(model, wrapped, fsdp)
+    osd = _optim_state(wrapped, optimizer, fsdp)
+    rngs = session.all_gather_object(rng_state())
+    tmp = None
+    if session.rank == 0:
+        tmp = tempfile.mkdtemp(prefix=f"raycpt-ckpt-{step:06d}-")
+        save_model_folder(model, tokenizer, msd, Path(tmp) / "model")
+        torch.save({"step": step, "optimizer": osd, "scheduler": scheduler.state_dict(), "rng": rngs,
+                    "data": data_pos, "losses": list(history), "plan": plan.to_dict()},
+                   Path(tmp) / "train_state.pt")
+        with open(Path(tmp) / "train_state.json", "w", encoding="utf-8") as f:
+            json.dump({"step": step, "loss": history[-1] if history else None, "data": data_pos,
+                       "plan": plan.describe(), "time": time.time()}, f, indent=2)
+    del msd, osd
+    try:
+        session.report(metrics, tmp, step)
+    finally:
+        if tmp is not None and os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
