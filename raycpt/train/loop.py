@@ -117,6 +117,8 @@ def register_step_callback(factory: Callable[[Any], Optional[StepCallback]]):
 
 def callbacks_for(cfg) -> list[StepCallback]:
     """The callbacks a config asks for (e.g. ``train.drift_every > 0`` -> a drift callback)."""
+    import raycpt.diagnostics.drift  # noqa: F401  (registers the train.drift_every factory)
+
     out = []
     for f in CALLBACK_FACTORIES:
         cb = f(cfg)
