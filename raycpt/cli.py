@@ -285,6 +285,43 @@ def contribution_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_
 
 
 
+# ---- hybrid ----
+@hybrid_app.command("build")
+def hybrid_build(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+                 out: Optional[str] = typer.Option(None, help="folder to write the builds into (default: a new run "
+                                                              "folder <run_root>/hybrid-build-<name>-<id>)"),
+                 build: Optional[str] = typer.Option(None, help="only this build: new_shallow, new_deep or custom "
+                                                                "(default: every build in hybrid.builds)")):
+    """Assemble the hybrid(s) of the config's ``hybrid`` section, save each (safetensors) and print its segment map."""
+    from raycpt.jobs.hybrid import build_hybrids, counts_line, segment_table
+
+    cfg = load(args)
+    root, built = build_hybrids(cfg, builds=[build] if build else None, out=out, progress=True)
+    for b in built:
+        console.print(segment_table(b))
+        console.print(counts_line(b), markup=False, highlight=False)
+    console.print(f"wrote {len(built)} hybrid(s) under {root}; load with AutoModelForCausalLM.from_pretrained(folder) "
+                  "after import raycpt", markup=False, highlight=False)
+
+
+@hybrid_app.command("run")
+def hybrid_run(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+               resume: bool = typer.Option(False, help="continue the newest hybrid run of this config; finished "
+                                                       "builds are not redone")):
+    """Build every hybrid, train its trainable segments (Ray Train), evaluate and trace it; print Table 4."""
+    from raycpt.jobs.hybrid import run_hybrid
+
+    cfg = load(args)
+    res = run_hybrid(cfg, resume=resume, console=console)
+    for r in res.builds:
+        console.print(f"{r['name']}: trained layers {r['trainable_layers']}, final loss {r['final_loss']:.3f}, "
+                      f"{r['counts']['trainable_layers']:,} of {r['counts']['total']:,} parameters trained, "
+                      f"{r['wall_s']:.0f}s", markup=False, highlight=False)
+    console.print(f"hybrid run finished in {res.wall_s:.0f}s; run folder {res.run_dir}; table {res.paths['table']}; "
+                  f"profiles {res.paths['profiles']}; MLflow parent run {res.parent_run_id} (raycpt ui to browse)",
+                  markup=False, highlight=False)
+
+
 # ---------------------------------------------------------------------------------------- entry
 def main(argv: Optional[list[str]] = None) -> int:
     """Console entry point: one line and exit 2 for user errors, never a traceback for them."""

@@ -635,6 +635,8 @@ def build_hybrid(plan: HybridPlan, dtype: torch.dtype = torch.float32, progress:
         tie_word_embeddings=bool(getattr(head_cfg, "tie_word_embeddings", False)),
         initializer_range=getattr(head_cfg, "initializer_range", 0.02),
         final_logit_softcapping=getattr(head_cfg, "final_logit_softcapping", None),
+        max_position_embeddings=min((int(s.config["max_position_embeddings"]) for s in plan.segments
+                                     if s.config.get("max_position_embeddings")), default=None),
         bos_token_id=getattr(head_cfg, "bos_token_id", None), eos_token_id=getattr(head_cfg, "eos_token_id", None),
         pad_token_id=getattr(head_cfg, "pad_token_id", None))
     model = RaycptHybridForCausalLM(config).to(torch.float32)

@@ -31,19 +31,22 @@ class RaycptHybridConfig(PretrainedConfig):
     (human-readable origin: ``new`` or ``<donor ref> [start, end)``) and ``config`` (a plain dict
     of that architecture's config, ``num_hidden_layers = count``, per-layer lists sliced).
     ``base`` is the head donor's config (embeddings, final norm, head, norm epsilon).
+    ``max_position_embeddings`` is the smallest limit of any segment (None = no limit).
     """
 
     model_type = MODEL_TYPE
 
     def __init__(self, segments: Optional[list[dict]] = None, base: Optional[dict] = None, vocab_size: int = 128,
                  hidden_size: int = 32, tie_word_embeddings: bool = False, initializer_range: float = 0.02,
-                 final_logit_softcapping: Optional[float] = None, **kwargs):
+                 final_logit_softcapping: Optional[float] = None, max_position_embeddings: Optional[int] = None,
+                 **kwargs):
         self.segments = list(segments or [])
         self.base = dict(base or {"model_type": "llama"})
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.initializer_range = initializer_range
         self.final_logit_softcapping = final_logit_softcapping
+        self.max_position_embeddings = max_position_embeddings
         self.num_hidden_layers = sum(int(s["count"]) for s in self.segments)
         self.use_cache = False
         kwargs.pop("use_cache", None)
