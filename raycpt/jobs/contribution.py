@@ -293,6 +293,7 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
     from raycpt.tracking import ensure_store, log_config
 
     t0 = time.time()
+    parent_status = None
     model_path, n = model_info(cfg)
     settings = scan_settings(cfg, n)  # all checks before any run folder / Ray / MLflow
     against = None
@@ -318,7 +319,12 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
         client.update_run(parent_id, status="RUNNING")
     try:
         with ray_session(cfg.ray):
-            trainable = tune.with_resources(_tune_trainable, {"CPU": cfg.sweep.cpus_per_trial})
+            # like the sweep: one bundle for the trial driver, one for the Ray Data tasks it launches
+            bundles = [{"CPU": cfg.sweep.cpus_per_trial}]
+            data_cpus = float(getattr(cfg.sweep, "data_cpus_per_trial", 0.0) or 0.0)
+            if data_cpus > 0:
+                bundles.append({"CPU": data_cpus})
+            trainable = tune.with_resources(_tune_trainable, tune.PlacementGroupFactory(bundles))
             tune_path = run_dir / "tune"
             if resume and tune_path.exists() and tune.Tuner.can_restore(str(tune_path)):
                 tuner = tune.Tuner.restore(str(tune_path), trainable=trainable, resume_unfinished=True,
@@ -349,6 +355,8 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
             from raycpt.jobs.sweep import _trial_errors
 
             errs = _trial_errors(run_dir)
+            _end_unfinished(client, run_dir, missing)
+            parent_status = "FAILED" if errs else "KILLED"  # no trial error: Tune was interrupted
             raise RaycptError(f"contribution scan incomplete: {', '.join(missing)} did not finish"
                               + (f" ({errs})" if errs else "") + f"; continue with --resume ({run_dir})")
         base = trials["base"]
@@ -388,11 +396,26 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
         return ContributionResult(run_dir=run_dir, analysis=analysis, trials=trials, ranking_file=ranking_file,
                                   files=files, wall_s=wall, parent_run_id=parent_id, num_layers=n)
     except KeyboardInterrupt:
+        _end_unfinished(client, run_dir, [s["name"] for s in specs])
         client.set_terminated(parent_id, status="KILLED")
         raise
     except BaseException:
-        client.set_terminated(parent_id, status="FAILED")
+        client.set_terminated(parent_id, status=parent_status or "FAILED")
         raise
+
+
+def _end_unfinished(client, run_dir: Path, names: list[str]) -> None:
+    """Trials whose actor was stopped (Ctrl-C, Tune shutdown) cannot end their own MLflow run: end it KILLED."""
+    for name in names:
+        tdir = run_dir / "trials" / name
+        if (tdir / "result.json").is_file() or not (tdir / "trial.json").is_file():
+            continue
+        try:
+            run_id = json.loads((tdir / "trial.json").read_text()).get("mlflow_run_id")
+            if run_id and client.get_run(run_id).info.status == "RUNNING":
+                client.set_terminated(run_id, status="KILLED")
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
 
 
 def _fit_with_progress(tuner, run_dir: Path, names: list[str], console) -> None:
