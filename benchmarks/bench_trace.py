@@ -1,0 +1,147 @@
+#!/usr/bin/env python
+"""LayerTracer speed: ours (``trace_batch``) vs the plain way, on the default model, in one process.
+
+* **naive** (the obvious implementation): per batch, one full forward with ``output_hidden_states``
+  for P, t* and the logit lens, then for every perturbation layer i = -1..N-1 a full forward of the
+  whole model with a forward hook that zeroes the context positions of block i's output, logits
+  over every position, the last one taken.
+* **ours**: :func:`raycpt.diagnostics.tracer.trace_batch` - one clean pass kept, each perturbation
+  runs only the blocks after i, all perturbations stacked into large calls, the head only at the
+  traced position, under ``torch.inference_mode``.
+
+Both see the same right-padded batches (same batch size) and the same float32 weights; batches
+alternate ours / naive so that load from other processes hits both alike. Checks that every metric
+agrees (max abs diff of P_t, JS, Ratio, dJS <= 1e-5, identical t*), then prints::
+
+    RESULT trace_agreement_max_abs_diff <d> target <= 1e-05 PASS|FAIL
+    RESULT trace_speedup <x> target >= 1.8 PASS|FAIL
+
+Run: ``python benchmarks/bench_trace.py [--prompts 100] [--batch-size 16] [--model REF]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def naive_trace(model, batch, top_k: int = 10, eps: float = 1e-6) -> dict[str, np.ndarray]:
+    """The plain reference: N + 2 full forwards per batch, a zeroing hook for each perturbation."""
+    ids, am, cm, last = batch["input_ids"], batch["attention_mask"], batch["context_mask"], batch["last"]
+    rows = torch.arange(ids.shape[0])
+    dec = model.get_decoder()
+    norm = getattr(dec, "norm", None) or getattr(dec, "norm_f")
+    embed = dec.get_input_embeddings()
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    n = len(dec.layers)
+
+    def lens(h):
+        logits = model.lm_head(norm(h))
+        return torch.tanh(logits / softcap) * softcap if softcap else logits
+
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=am, output_hidden_states=True, use_cache=False)
+        p_logits = out.logits[rows, last].float()
+        t_star = p_logits.argmax(-1)
+        hs = out.hidden_states  # [emb, block 0 .. block N-2 (pre-norm), final (normed)]
+        p_t = [torch.softmax(lens(hs[j])[rows, last].double(), -1)[rows, t_star] for j in range(n)]
+        p_t.append(torch.softmax(p_logits.double(), -1)[rows, t_star])
+        p_t = torch.stack(p_t, 1).numpy()
+        idx = torch.topk(p_logits, top_k, -1).indices
+        p = torch.softmax(p_logits.gather(1, idx).double(), -1)
+        js = []
+        for i in range(-1, n):
+            module = embed if i < 0 else dec.layers[i]
+
+            def hook(mod, args, output):
+                h = output[0] if isinstance(output, tuple) else output
+                h = h.masked_fill(cm[..., None], 0.0)
+                return (h, *output[1:]) if isinstance(output, tuple) else h
+
+            handle = module.register_forward_hook(hook)
+            try:
+                q_logits = model(input_ids=ids, attention_mask=am, use_cache=False).logits[rows, last].float()
+            finally:
+                handle.remove()
+            q = torch.softmax(q_logits.gather(1, idx).double(), -1)
+            m = 0.5 * (p + q)
+            kl = lambda a, b: torch.where(a > 0, a * (a / b).log(), torch.zeros_like(a)).sum(-1)  # noqa: E731
+            js.append(0.5 * kl(p, m) + 0.5 * kl(q, m))
+        js = torch.stack(js, 1).numpy()
+    return dict(t_star=t_star.numpy(), p_t=p_t, js=js,
+                ratio=np.abs(p_t[:, 1:] - p_t[:, :-1]) / (p_t[:, 1:] + eps),
+                djs=np.abs(js[:, 1:] - js[:, :-1]) / (js[:, :-1] + eps))
+
+
+def main(argv=None) -> int:
+    from raycpt.config import ModelConfig
+    from raycpt.diagnostics.prompts import collate, encode_prompts, load_prompt_records, pad_id_of
+    from raycpt.diagnostics.tracer import trace_batch
+    from raycpt.models.sources import load_model
+    from raycpt.models.stack import LayerStack
+
+    ap = argparse.ArgumentParser(description="LayerTracer: ours vs naive")
+    ap.add_argument("--model", default=ModelConfig().ref)
+    ap.add_argument("--prompts", type=int, default=100, help="prompts (every k-th of the built-in set, all groups)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--top-k", type=int, default=10)
+    ap.add_argument("--schedule", default="stacked", choices=["stacked", "per_layer"])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load_model(args.model, dtype="float32", device="cpu")
+    stack = LayerStack(model)
+    records = load_prompt_records("builtin:wordnet-lexical")
+    step = max(1, len(records) // args.prompts)
+    records = records[::step][:args.prompts]
+    enc = encode_prompts(records, tok)
+    enc.sort(key=lambda e: (len(e.input_ids), e.index))
+    pad = pad_id_of(tok)
+    batches = [collate(enc[s:s + args.batch_size], pad) for s in range(0, len(enc), args.batch_size)]
+    print(f"model {args.model}: {stack.num_layers} layers; {len(enc)} prompts in {len(batches)} batches of "
+          f"<= {args.batch_size}; torch threads {torch.get_num_threads()}; schedule {args.schedule}", flush=True)
+
+    # warm-up (allocator, kernels) on a small batch, not timed
+    small = collate(enc[:2], pad)
+    trace_batch(stack, small, top_k=args.top_k, schedule=args.schedule)
+    naive_trace(model, small, top_k=args.top_k)
+
+    t_ours = t_naive = 0.0
+    ours, ref = [], []
+    for k, b in enumerate(batches):
+        t0 = time.perf_counter()
+        ours.append(trace_batch(stack, b, top_k=args.top_k, schedule=args.schedule))
+        t1 = time.perf_counter()
+        ref.append(naive_trace(model, b, top_k=args.top_k))
+        t2 = time.perf_counter()
+        t_ours += t1 - t0
+        t_naive += t2 - t1
+        print(f"batch {k + 1}/{len(batches)} (seq {b['input_ids'].shape[1]}): ours {t1 - t0:.2f}s naive {t2 - t1:.2f}s",
+              flush=True)
+
+    diffs = {}
+    for key in ("p_t", "js", "ratio", "djs"):
+        a = np.concatenate([o[key] for o in ours])
+        r = np.concatenate([o[key] for o in ref])
+        diffs[key] = float(np.abs(a - r).max())
+    same_t = all(np.array_equal(o["t_star"], r["t_star"]) for o, r in zip(ours, ref))
+    worst = max(diffs.values())
+    speedup = t_naive / t_ours
+    print(f"ours {t_ours:.1f}s ({len(enc) / t_ours:.2f} prompts/s), naive {t_naive:.1f}s "
+          f"({len(enc) / t_naive:.2f} prompts/s)")
+    print("max abs diff: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()) + f"; t* identical: {same_t}")
+    ok = worst <= 1e-5 and same_t
+    print(f"RESULT trace_agreement_max_abs_diff {worst:.3g} target <= 1e-05 {'PASS' if ok else 'FAIL'}")
+    print(f"RESULT trace_speedup {speedup:.2f} target >= 1.8 {'PASS' if speedup >= 1.8 else 'FAIL'}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Logit lens at the traced position: P_t(i), the probability of the final top-1 token t* when the
+residual stream after block i is read out through the model's own final norm and head.
+
+Index convention (as everywhere in raycpt): states ``hidden[0..N]`` are the embedding output
+("before block 0", the paper's l = 0) and the outputs of blocks 0..N-1 (the paper's l = 1..N), all
+before the final norm. ``P_t`` therefore has N+1 columns; column ``i + 1`` belongs to block ``i``.
+The clean final distribution P is the lens of the last state, which is exactly the model's own
+next-token distribution (final norm + head + soft-capping).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def gather_last(hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """``hidden[b, last[b]]`` for every row: (batch, seq, d) -> (batch, d)."""
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
+
+
+def final_logits(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor) -> torch.Tensor:
+    """Clean next-token logits at ``last`` (float32): the lens of the state after the last block."""
+    return stack.lens(gather_last(hidden[-1], last)).float()
+
+
+def target_probs(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor, target: torch.Tensor,
+                 chunk_rows: int = 256) -> torch.Tensor:
+    """P_t for every state: (batch, len(hidden)) float64, ``[b, j] = softmax(lens(hidden[j][b, last]))[target[b]]``
+    (softmax taken in float64 over the model's logits).
+
+    The head runs only on the traced position, several states per call (``chunk_rows`` rows at a
+    time bounds the (rows, vocab) logits buffer for large vocabularies).
+    """
+    states = torch.stack([gather_last(h, last) for h in hidden], dim=1)  # (batch, L, d)
+    b, n_states, d = states.shape
+    flat = states.reshape(b * n_states, d)
+    tgt = target.to(flat.device).repeat_interleave(n_states)
+    out = torch.empty(b * n_states, dtype=torch.float64, device=flat.device)
+    for s in range(0, flat.shape[0], chunk_rows):
+        logp = torch.log_softmax(stack.lens(flat[s:s + chunk_rows]).double(), dim=-1)
+        out[s:s + chunk_rows] = logp.gather(1, tgt[s:s + chunk_rows, None])[:, 0].exp()
+    return out.reshape(b, n_states)

@@ -1,0 +1,178 @@
+"""LayerTracer scores (section 3 and appendix C.2 of "Freeze Deep, Train Shallow"), pure numpy/torch.
+
+Per prompt, per decoder layer i = 0..N-1 (the paper's l = i + 1):
+
+* ``Ratio(i) = |P_t(i) - P_t(i-1)| / (P_t(i) + eps)`` (eq. 1), P_t(-1) from the embedding output;
+* ``JS(i) = JS(P || Q(i))`` (eqs. 3-5), natural log, on a top-k support: the k tokens most likely
+  under P; both P and Q(i) are restricted to them and renormalised (k = 0: the full vocabulary).
+  JS(-1) perturbs the embedding output;
+* ``dJS(i) = |JS(i) - JS(i-1)| / (JS(i-1) + eps)`` (eq. 6).
+
+Profiles: TP(i) = mean Ratio(i), LS(i) = mean dJS(i) over prompts (overall or per group), each
+min-max normalised over layers. Split r -> b = round(r * N) (Python's ``round``, the same rule as
+the layer plans): shallow = layers [0, b), deep = [b, N). Boundary score (eq. 7)::
+
+    S(b) = mean LS^[0:b) + mean TP^[b:N) - mean TP^[0:b) - mean LS^[b:N)
+
+positive when the sensitive layers fall in the (trainable) shallow side and the task-execution
+layers in the (frozen) deep side. The recommended split is the grid ratio with the largest S(b).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from raycpt.errors import RaycptError
+
+EPS = 1e-6
+
+
+# ---------------------------------------------------------------------------------------- per prompt
+def ratio(p_t: np.ndarray, eps: float = EPS) -> np.ndarray:
+    """Ratio for each layer from P_t over [embedding, block 0, ..., block N-1]: (..., N+1) -> (..., N)."""
+    p = np.asarray(p_t, dtype=np.float64)
+    return np.abs(p[..., 1:] - p[..., :-1]) / (p[..., 1:] + eps)
+
+
+def delta_js(js: np.ndarray, eps: float = EPS) -> np.ndarray:
+    """dJS for each layer from JS over [embedding, block 0, ..., block N-1]: (..., N+1) -> (..., N)."""
+    j = np.asarray(js, dtype=np.float64)
+    return np.abs(j[..., 1:] - j[..., :-1]) / (j[..., :-1] + eps)
+
+
+def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """JS(p || q) in nats over the last dim of two probability tensors (float64 inside)."""
+    p = p.double()
+    q = q.double()
+    m = 0.5 * (p + q)
+    kl_pm = (torch.special.xlogy(p, p) - torch.special.xlogy(p, m)).sum(-1)
+    kl_qm = (torch.special.xlogy(q, q) - torch.special.xlogy(q, m)).sum(-1)
+    return (0.5 * kl_pm + 0.5 * kl_qm).clamp_min(0.0)
+
+
+def support(p_logits: torch.Tensor, top_k: int) -> Optional[torch.Tensor]:
+    """Indices of P's top-k tokens (batch, k), or None for the full vocabulary (k = 0 or k >= V)."""
+    if top_k < 0:
+        raise RaycptError(f"top_k={top_k}: expected an integer >= 0 (0 = full vocabulary)")
+    if top_k == 0 or top_k >= p_logits.shape[-1]:
+        return None
+    return torch.topk(p_logits, top_k, dim=-1).indices
+
+
+def topk_js(p_logits: torch.Tensor, q_logits: torch.Tensor, top_k: int = 10,
+            idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """JS(P || Q) on P's top-k support, both renormalised over it (softmax of the restricted logits,
+    which equals taking the full softmax, keeping k entries and dividing by their sum). (batch,) float64."""
+    if idx is None:
+        idx = support(p_logits, top_k)
+    if idx is not None:
+        p_logits = p_logits.gather(-1, idx)
+        q_logits = q_logits.gather(-1, idx.to(q_logits.device))
+    p = torch.softmax(p_logits.double(), dim=-1)
+    q = torch.softmax(q_logits.double(), dim=-1)
+    return js_divergence(p, q)
+
+
+def tp_interval(ratio_row: np.ndarray, tau: float = 0.0) -> tuple[int, int, int]:
+    """Task Particle of one prompt: (first, last, count) of the layers with Ratio > tau; (-1, -1, 0) if none."""
+    hit = np.flatnonzero(np.asarray(ratio_row) > tau)
+    if hit.size == 0:
+        return -1, -1, 0
+    return int(hit[0]), int(hit[-1]), int(hit.size)
+
+
+# ---------------------------------------------------------------------------------------- profiles
+def minmax(x: np.ndarray) -> np.ndarray:
+    """Min-max normalisation over layers (last axis); a flat profile becomes all zeros."""
+    x = np.asarray(x, dtype=np.float64)
+    lo = x.min(axis=-1, keepdims=True)
+    span = x.max(axis=-1, keepdims=True) - lo
+    return np.where(span > 0, (x - lo) / np.where(span > 0, span, 1.0), 0.0)
+
+
+def profiles(ratio_rows: np.ndarray, djs_rows: np.ndarray, groups: Optional[Sequence[str]] = None) -> dict:
+    """Mean Ratio (TP) and mean dJS (LS) per layer, overall and per group (first-seen group order).
+
+    Returns ``{"tp", "ls", "tp_norm", "ls_norm", "groups": {g: {"tp", "ls", "n"}}}``."""
+    r = np.asarray(ratio_rows, dtype=np.float64)
+    d = np.asarray(djs_rows, dtype=np.float64)
+    tp, ls = r.mean(axis=0), d.mean(axis=0)
+    out = dict(tp=tp, ls=ls, tp_norm=minmax(tp), ls_norm=minmax(ls), groups={})
+    if groups is not None:
+        g_arr = np.asarray(list(groups), dtype=object)
+        for g in dict.fromkeys(g_arr.tolist()):
+            sel = g_arr == g
+            out["groups"][g] = dict(tp=r[sel].mean(axis=0), ls=d[sel].mean(axis=0), n=int(sel.sum()))
+    return out
+
+
+# ---------------------------------------------------------------------------------------- splits
+def split_layer(r: float, num_layers: int) -> int:
+    """b = round(r * N): the plan registry's own rule (:func:`raycpt.strategies.split_index`), so the
+    b scored here is the b a ``train_shallow`` / ``train_deep`` plan with the same ratio trains."""
+    from raycpt.strategies import split_index
+
+    return split_index(r, num_layers)
+
+
+def check_split(r: float, num_layers: int, what: str = "split") -> int:
+    """b for ratio r, or a RaycptError when r is outside (0, 1) or leaves a side empty for this model."""
+    if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0 < r < 1) or math.isnan(r):
+        raise RaycptError(f"{what} {r!r}: expected a ratio strictly between 0 and 1")
+    b = split_layer(r, num_layers)
+    if b <= 0 or b >= num_layers:
+        side = "shallow" if b <= 0 else "deep"
+        raise RaycptError(f"{what} {r:g} gives split layer b={b} for this {num_layers}-layer model, which leaves the "
+                          f"{side} side empty: use a ratio with 1 <= round(r*{num_layers}) <= {num_layers - 1}")
+    return b
+
+
+def boundary_score(tp_norm: np.ndarray, ls_norm: np.ndarray, b: int) -> float:
+    """S(b) = mean LS^[0:b) + mean TP^[b:N) - mean TP^[0:b) - mean LS^[b:N) (eq. 7, 0-based)."""
+    tp = np.asarray(tp_norm, dtype=np.float64)
+    ls = np.asarray(ls_norm, dtype=np.float64)
+    n = tp.shape[-1]
+    if not 0 < b < n:
+        raise ValueError(f"b={b} must be in 1..{n - 1}")
+    return float(ls[:b].mean() + tp[b:].mean() - tp[:b].mean() - ls[b:].mean())
+
+
+def grid_ratios(grid: Sequence[float]) -> list[float]:
+    """[start, stop, step] -> start, start+step, ..., stop (inclusive; rounded to 10 decimals)."""
+    start, stop, step = grid
+    n = int(math.floor((stop - start) / step + 1e-9))
+    return [round(start + k * step, 10) for k in range(n + 1)]
+
+
+def split_table(tp_norm: np.ndarray, ls_norm: np.ndarray, ratios: Iterable[float]) -> list[dict]:
+    """Table-9 rows: ratio, split layer b, S(b), and the four means that make it up."""
+    tp = np.asarray(tp_norm, dtype=np.float64)
+    ls = np.asarray(ls_norm, dtype=np.float64)
+    n = tp.shape[-1]
+    rows = []
+    for r in ratios:
+        b = check_split(r, n)
+        rows.append(dict(ratio=float(r), split_layer=b, shallow_layers=f"0-{b - 1}", deep_layers=f"{b}-{n - 1}",
+                         S=boundary_score(tp, ls, b), ls_shallow=float(ls[:b].mean()), tp_deep=float(tp[b:].mean()),
+                         tp_shallow=float(tp[:b].mean()), ls_deep=float(ls[b:].mean())))
+    return rows
+
+
+def recommend_split(tp_norm: np.ndarray, ls_norm: np.ndarray, grid: Sequence[float]) -> dict:
+    """The grid ratio with the largest S(b) (first one on ties); grid points whose b leaves a side
+    empty are skipped. Returns ``{"ratio", "split_layer", "S", "scores": [(ratio, b, S), ...]}``."""
+    n = np.asarray(tp_norm).shape[-1]
+    scores = []
+    for r in grid_ratios(grid):
+        b = split_layer(r, n)
+        if 0 < b < n:
+            scores.append((r, b, boundary_score(tp_norm, ls_norm, b)))
+    if not scores:
+        raise RaycptError(f"trace.grid {list(grid)} has no ratio with a non-empty shallow and deep side for a "
+                          f"{n}-layer model")
+    best = max(scores, key=lambda t: t[2])  # max keeps the first of equal scores
+    return dict(ratio=best[0], split_layer=best[1], S=best[2], scores=scores)

@@ -1,0 +1,374 @@
+"""``raycpt trace`` on Ray: prompts as a Ray Data dataset, an actor pool computes per-prompt rows,
+the driver aggregates, writes the artifacts and records one MLflow run.
+
+Placement only: every number comes from :func:`raycpt.diagnostics.tracer.trace_batch` (per batch)
+and :mod:`raycpt.diagnostics.scores` (profiles, S(b), recommended split).
+
+Order of work in :func:`run_trace`:
+
+1. check everything a user can get wrong (k < 0, splits outside (0, 1), splits that leave a side
+   empty for this model's depth, the prompt file) - *before* Ray or MLflow start;
+2. tokenise on the driver (offsets -> context / query positions), sort by length so batches pad
+   little, and ship token ids (not text) to the actors;
+3. ``map_batches`` with a class UDF on an actor pool: each actor loads the model once
+   (``trace.num_actors`` actors, ``trace.gpus_per_actor`` / ``trace.cpus_per_actor`` each,
+   ``trace.batch_size`` prompts per call); rows stream back to the driver behind a progress bar;
+4. profiles, S(b) table, recommended split; Parquet + PNG + CSV/MD artifacts; MLflow params,
+   per-layer metric series and artifacts.
+
+The same code runs on a laptop (local Ray) and on a cluster (``RAY_ADDRESS`` / ``ray job submit``:
+set ``trace.gpus_per_actor=1`` and ``trace.num_actors`` to the GPU count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from raycpt.config import ExperimentConfig
+from raycpt.errors import RaycptError
+
+
+# ------------------------------------------------------------------------------------------ result
+@dataclass
+class TraceResult:
+    """What one trace produced (numbers are also in ``summary.json`` in the run folder)."""
+
+    run_dir: Path
+    run_id: Optional[str]
+    model_ref: str
+    num_layers: int
+    num_prompts: int
+    top_k: int
+    tau: float
+    tp: np.ndarray
+    """Mean Ratio per decoder layer (the Task Particle profile), shape (N,)."""
+    ls: np.ndarray
+    """Mean dJS per decoder layer (the Layer-wise Sensitivity profile), shape (N,)."""
+    tp_norm: np.ndarray
+    ls_norm: np.ndarray
+    groups: dict[str, dict]
+    """Per group: {"tp": (N,), "ls": (N,), "n": prompts}."""
+    split_table: list[dict]
+    """Table-9 rows for the requested splits: ratio, split_layer, S, and the four means."""
+    recommended: dict
+    """{"ratio", "split_layer", "S"} of the best grid ratio."""
+    grid_scores: list[tuple]
+    """(ratio, b, S) for every feasible grid ratio."""
+    tp_layers: list[int]
+    """Layers whose mean Ratio exceeds tau (the overall Task Particle interval)."""
+    answer_hit_rate: Optional[float]
+    """Share of prompts with an expected answer whose top-1 token is the answer's first token."""
+    paths: dict[str, Path] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def recommended_split(self) -> float:
+        return float(self.recommended["ratio"])
+
+    @property
+    def table(self) -> list[dict]:
+        return self.split_table
+
+    @property
+    def artifacts(self) -> list[Path]:
+        return list(self.paths.values())
+
+
+# ------------------------------------------------------------------------------------------ actor
+class TraceActor:
+    """Ray Data class UDF: loads the model once, then turns batches of token ids into metric rows."""
+
+    def __init__(self, model_path: str, dtype: str = "auto", top_k: int = 10, eps: float = 1e-6,
+                 use_gpu: bool = False, num_threads: int = 0, schedule: str = "stacked", pad_id: int = 0):
+        import torch
+
+        from raycpt.models.sources import load_model
+        from raycpt.models.stack import LayerStack
+
+        if num_threads > 0:
+            torch.set_num_threads(num_threads)
+        device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
+        model, _tok = load_model(model_path, dtype=dtype, device=device)
+        self.stack = LayerStack(model)
+        self.top_k, self.eps, self.schedule, self.pad_id = top_k, eps, schedule, pad_id
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from raycpt.diagnostics.prompts import EncodedPrompt, collate
+        from raycpt.diagnostics.tracer import trace_batch
+
+        prompts = [EncodedPrompt(index=int(i), group="", input_ids=np.asarray(ids).tolist(),
+                                 context=np.asarray(ctx).tolist(), query=[], last=int(last))
+                   for i, ids, ctx, last in zip(batch["index"], batch["input_ids"], batch["context"], batch["last"])]
+        out = trace_batch(self.stack, collate(prompts, self.pad_id), top_k=self.top_k, eps=self.eps,
+                          schedule=self.schedule)
+        return {"index": np.asarray(batch["index"], dtype=np.int64), **out}
+
+
+# ------------------------------------------------------------------------------------------ driver
+@dataclass
+class _Prepared:
+    cfg: ExperimentConfig
+    model_path: str
+    num_layers: int
+    tokenizer: Any
+    records: list
+    encoded: list
+    splits: list[float]
+
+
+def _resolve_model(cfg: ExperimentConfig):
+    from raycpt.models.sources import resolve_model
+
+    info = resolve_model(cfg.model.ref, cache_dir=cfg.model.cache_dir, revision=cfg.model.revision)
+    return info
+
+
+def _num_layers(path: str, info) -> int:
+    n = getattr(info, "num_layers", None)
+    if n:
+        return int(n)
+    from transformers import AutoConfig
+
+    conf = AutoConfig.from_pretrained(path)
+    return int(getattr(conf, "num_hidden_layers"))
+
+
+def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, prompts: Optional[str] = None,
+                  top_k: Optional[int] = None) -> _Prepared:
+    """Every user-input check of a trace, with no Ray and no MLflow: returns the effective config,
+    the resolved model path and depth, and the encoded prompts. Raises RaycptError (one line)."""
+    from raycpt.diagnostics.prompts import encode_prompts, load_prompt_records
+    from raycpt.diagnostics.scores import check_split
+
+    t = cfg.trace
+    splits = list(t.splits if splits is None else splits)
+    top_k = t.top_k if top_k is None else top_k
+    prompts = t.prompts if prompts is None else prompts
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise RaycptError(f"top-k {top_k!r}: expected an integer >= 0 (0 = full vocabulary)")
+    if not splits:
+        raise RaycptError("splits: no split ratios given (expected e.g. 0.33,0.5,0.66)")
+    for r in splits:
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < 1:
+            raise RaycptError(f"split {r!r}: expected a ratio strictly between 0 and 1")
+    info = _resolve_model(cfg)
+    n = _num_layers(info.path, info)
+    for r in splits:
+        check_split(float(r), n)
+    records = load_prompt_records(prompts)
+    if t.max_prompts:
+        records = records[:t.max_prompts]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(info.path)
+    encoded = encode_prompts(records, tok)
+    eff = dataclasses.replace(cfg, trace=dataclasses.replace(t, splits=[float(r) for r in splits], top_k=int(top_k),
+                                                             prompts=prompts))
+    return _Prepared(cfg=eff, model_path=str(info.path), num_layers=n, tokenizer=tok, records=records,
+                     encoded=encoded, splits=[float(r) for r in splits])
+
+
+def _dataset_items(encoded) -> list[dict]:
+    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i].input_ids), i))
+    return [dict(index=encoded[i].index, input_ids=np.asarray(encoded[i].input_ids, dtype=np.int64),
+                 context=np.asarray(encoded[i].context, dtype=np.int64), last=encoded[i].last) for i in order]
+
+
+def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
+    """Run the actor pool over the prompts; return per-prompt arrays in prompt order."""
+    import ray
+
+    from raycpt.diagnostics.prompts import pad_id_of
+
+    t = prep.cfg.trace
+    items = _dataset_items(prep.encoded)
+    n_blocks = max(1, min(len(items), -(-len(items) // t.batch_size)))
+    ds = ray.data.from_items(items, override_num_blocks=n_blocks)
+    ds = ds.map_batches(
+        TraceActor,
+        fn_constructor_kwargs=dict(model_path=prep.model_path, dtype=prep.cfg.model.dtype, top_k=t.top_k, eps=t.eps,
+                                   use_gpu=t.gpus_per_actor > 0, num_threads=max(1, int(round(t.cpus_per_actor))),
+                                   pad_id=pad_id_of(prep.tokenizer)),
+        compute=ray.data.ActorPoolStrategy(size=t.num_actors),
+        batch_size=t.batch_size,
+        batch_format="numpy",
+        num_cpus=t.cpus_per_actor,
+        num_gpus=t.gpus_per_actor,
+    )
+    parts: list[dict[str, np.ndarray]] = []
+    with _progress(progress, len(items)) as advance:
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            parts.append({k: np.asarray(v) for k, v in batch.items()})
+            advance(len(batch["index"]))
+    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    order = np.argsort(rows["index"], kind="stable")
+    rows = {k: (np.stack(list(v[order])) if v.dtype == object else v[order]) for k, v in rows.items()}
+    if len(rows["index"]) != len(items) or not np.array_equal(rows["index"], np.arange(len(items))):
+        raise RuntimeError(f"trace returned {len(rows['index'])} rows for {len(items)} prompts")
+    return rows
+
+
+class _progress:
+    """A rich progress bar over prompts (a no-op when disabled)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda n: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("trace"), BarColumn(), MofNCompleteColumn(), TextColumn("prompts"),
+                            TimeElapsedColumn(), transient=False)
+        self.bar.start()
+        task = self.bar.add_task("trace", total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.stop()
+        return False
+
+
+def aggregate(prep: _Prepared, rows: dict[str, np.ndarray]) -> dict:
+    """Driver-side aggregation: per-prompt table, profiles, S(b) table, recommendation."""
+    import pandas as pd
+
+    from raycpt.diagnostics.scores import profiles, recommend_split, split_table, tp_interval
+
+    t = prep.cfg.trace
+    groups = [r.group for r in prep.records]
+    prof = profiles(rows["ratio"], rows["djs"], groups)
+    table = split_table(prof["tp_norm"], prof["ls_norm"], prep.splits)
+    rec = recommend_split(prof["tp_norm"], prof["ls_norm"], t.grid)
+    tok = prep.tokenizer
+    answer_ids = np.array([e.answer_id for e in prep.encoded])
+    has_answer = answer_ids >= 0
+    hit = (rows["t_star"] == answer_ids) & has_answer
+    intervals = [tp_interval(r, t.tau) for r in rows["ratio"]]
+    df = pd.DataFrame({
+        "index": np.arange(len(groups)),
+        "line": [r.line for r in prep.records],
+        "group": groups,
+        "s1": [r.s1 for r in prep.records],
+        "s2": [r.s2 for r in prep.records],
+        "answer": [r.answer for r in prep.records],
+        "num_tokens": [len(e.input_ids) for e in prep.encoded],
+        "num_context": [len(e.context) for e in prep.encoded],
+        "t_star": rows["t_star"],
+        "top1": [tok.decode([int(i)]) for i in rows["t_star"]],
+        "answer_hit": np.where(has_answer, hit, None),
+        "p_final": rows["p_final"],
+        "tp_first": [a for a, _, _ in intervals],
+        "tp_last": [b for _, b, _ in intervals],
+        "tp_count": [c for _, _, c in intervals],
+        "p_t": list(rows["p_t"]),
+        "js": list(rows["js"]),
+        "ratio": list(rows["ratio"]),
+        "djs": list(rows["djs"]),
+    })
+    tp_layers = [int(i) for i in np.flatnonzero(prof["tp"] > t.tau)]
+    hit_rate = float(hit[has_answer].mean()) if has_answer.any() else None
+    return dict(df=df, profiles=prof, table=table, recommended=rec, tp_layers=tp_layers, hit_rate=hit_rate)
+
+
+def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: float) -> None:
+    import mlflow
+    from mlflow.entities import Metric
+
+    from raycpt.tracking import log_config, log_metrics
+
+    log_config(prep.cfg)
+    mlflow.log_params({"trace.model_path": prep.model_path, "trace.num_layers": prep.num_layers,
+                       "trace.num_prompts": len(prep.records)})
+    prof = agg["profiles"]
+    now = int(time.time() * 1000)
+    series = []
+    for name, values in (("tp", prof["tp"]), ("ls", prof["ls"]), ("tp_norm", prof["tp_norm"]),
+                         ("ls_norm", prof["ls_norm"])):
+        series += [Metric(name, float(v), now, i) for i, v in enumerate(values) if np.isfinite(v)]
+    for g, gp in prof["groups"].items():
+        key = "".join(c if c.isalnum() or c in "_-." else "_" for c in g)
+        series += [Metric(f"tp/{key}", float(v), now, i) for i, v in enumerate(gp["tp"]) if np.isfinite(v)]
+        series += [Metric(f"ls/{key}", float(v), now, i) for i, v in enumerate(gp["ls"]) if np.isfinite(v)]
+    client = mlflow.tracking.MlflowClient()
+    run_id = mlflow.active_run().info.run_id
+    for s in range(0, len(series), 900):
+        client.log_batch(run_id, metrics=series[s:s + 900])
+    rec = agg["recommended"]
+    metrics = {f"S_b/{row['ratio']:g}": row["S"] for row in agg["table"]}
+    metrics.update({f"S_b_grid/{r:g}": s for r, _b, s in rec["scores"]})
+    metrics.update(recommended_split=rec["ratio"], recommended_split_layer=rec["split_layer"], recommended_S=rec["S"],
+                   wall_s=wall_s, prompts_per_s=len(prep.records) / max(wall_s, 1e-9))
+    if agg["hit_rate"] is not None:
+        metrics["answer_hit_rate"] = agg["hit_rate"]
+    log_metrics(metrics)
+    for p in paths.values():
+        mlflow.log_artifact(str(p), artifact_path="trace")
+
+
+def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Optional[list[float]] = None,
+              prompts: Optional[str] = None, top_k: Optional[int] = None, parent_run_id: Optional[str] = None,
+              progress: bool = True) -> TraceResult:
+    """Trace ``cfg.model`` over a prompt set and recommend a train-shallow / freeze-deep split.
+
+    ``splits``, ``prompts`` and ``top_k`` override ``cfg.trace``; ``run_dir`` defaults to a new
+    ``<run_root>/trace-<name>-<id>/``; with ``parent_run_id`` the MLflow run is nested under it.
+    Bad input raises :class:`RaycptError` before Ray or MLflow is touched.
+    """
+    from raycpt.report.trace import write_artifacts
+    from raycpt.runs import open_run_dir, write_state
+    from raycpt.runtime import ray_session
+    from raycpt.tracking import mlflow_run
+
+    prep = prepare_trace(cfg, splits=splits, prompts=prompts, top_k=top_k)
+    cfg = prep.cfg
+    if run_dir is None:
+        run_dir = open_run_dir(cfg, "trace")
+    else:
+        from raycpt.config import save_config
+
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    t0 = time.perf_counter()
+    with mlflow_run(cfg.tracking, run_name=f"trace-{cfg.name}", parent_run_id=parent_run_id,
+                    tags={"raycpt.command": "trace", "raycpt.run_dir": str(run_dir)}) as run:
+        write_state(run_dir, command="trace", status="running", mlflow_run_id=run.info.run_id)
+        try:
+            with ray_session(cfg.ray):
+                rows = _compute_rows(prep, progress)
+        except BaseException:
+            write_state(run_dir, status="failed")
+            raise
+        agg = aggregate(prep, rows)
+        wall_s = time.perf_counter() - t0
+        summary = dict(model_ref=cfg.model.ref, model_path=prep.model_path, num_layers=prep.num_layers,
+                       num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, eps=cfg.trace.eps,
+                       prompts=cfg.trace.prompts, wall_s=wall_s, mlflow_run_id=run.info.run_id,
+                       recommended=dict((k, agg["recommended"][k]) for k in ("ratio", "split_layer", "S")),
+                       split_table=agg["table"], grid_scores=agg["recommended"]["scores"],
+                       tp_layers=agg["tp_layers"], answer_hit_rate=agg["hit_rate"],
+                       tp=agg["profiles"]["tp"].tolist(), ls=agg["profiles"]["ls"].tolist(),
+                       tp_norm=agg["profiles"]["tp_norm"].tolist(), ls_norm=agg["profiles"]["ls_norm"].tolist(),
+                       groups={g: dict(tp=v["tp"].tolist(), ls=v["ls"].tolist(), n=v["n"])
+                               for g, v in agg["profiles"]["groups"].items()})
+        paths = write_artifacts(run_dir, agg["df"], agg["profiles"], agg["table"], agg["recommended"], summary,
+                                requested=prep.splits, title=f"{Path(cfg.model.ref).name}")
+        _log_mlflow(prep, agg, paths, wall_s)
+        write_state(run_dir, status="finished")
+    prof = agg["profiles"]
+    return TraceResult(run_dir=run_dir, run_id=run.info.run_id, model_ref=cfg.model.ref, num_layers=prep.num_layers,
+                       num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, tp=prof["tp"],
+                       ls=prof["ls"], tp_norm=prof["tp_norm"], ls_norm=prof["ls_norm"], groups=prof["groups"],
+                       split_table=agg["table"],
+                       recommended=dict((k, agg["recommended"][k]) for k in ("ratio", "split_layer", "S")),
+                       grid_scores=agg["recommended"]["scores"], tp_layers=agg["tp_layers"],
+                       answer_hit_rate=agg["hit_rate"], paths=paths, wall_s=wall_s)

@@ -1,0 +1,191 @@
+"""Trace artifacts: heatmaps (groups x layers, the paper's Fig. 4), the normalised TP / LS profile
+with the splits marked (Fig. 10), the S(b) table (Table 9), the per-prompt Parquet table.
+
+Every file is written aside and renamed into place. Plots use matplotlib's Agg backend.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+def _aside(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
+
+
+def _write_text(path: Path, text: str) -> Path:
+    tmp = _aside(path)
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    tmp = _aside(path)
+    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    _plt().close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ tables
+SHORT_COLUMNS = [("ratio", "shallow ratio r"), ("split_layer", "b"), ("shallow_layers", "train (shallow)"),
+                 ("deep_layers", "freeze (deep)"), ("S", "S(b)")]
+TABLE_COLUMNS = [("ratio", "Trainable shallow ratio"), ("split_layer", "Split layer b"),
+                 ("shallow_layers", "Shallow (train)"), ("deep_layers", "Deep (freeze)"), ("S", "S(b)"),
+                 ("ls_shallow", "LS^ shallow"), ("tp_deep", "TP^ deep"), ("tp_shallow", "TP^ shallow"),
+                 ("ls_deep", "LS^ deep")]
+
+
+def fmt_cell(key: str, v) -> str:
+    """One S(b)-table cell as text (ratios as percentages, floats to 3 decimals)."""
+    if key == "ratio":
+        return f"{v:.0%}" if abs(v * 100 - round(v * 100)) < 1e-9 else f"{v:.1%}"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def table_markdown(table: Sequence[dict], recommended: Optional[dict] = None) -> str:
+    """Table 9 as Markdown (plus a line for the recommended split)."""
+    lines = ["| " + " | ".join(h for _, h in TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    for row in table:
+        lines.append("| " + " | ".join(fmt_cell(k, row[k]) for k, _ in TABLE_COLUMNS) + " |")
+    if recommended:
+        lines.append("")
+        lines.append(f"Recommended split (max S(b) over the grid): r = {recommended['ratio']:g}, "
+                     f"b = {recommended['split_layer']}, S(b) = {recommended['S']:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def table_csv(table: Sequence[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([k for k, _ in TABLE_COLUMNS])
+    for row in table:
+        w.writerow([row[k] for k, _ in TABLE_COLUMNS])
+    return buf.getvalue()
+
+
+def profiles_csv(profiles: dict) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    groups = list(profiles.get("groups", {}))
+    w.writerow(["layer", "tp", "ls", "tp_norm", "ls_norm"] + [f"tp/{g}" for g in groups] + [f"ls/{g}" for g in groups])
+    for i in range(len(profiles["tp"])):
+        w.writerow([i, repr(float(profiles["tp"][i])), repr(float(profiles["ls"][i])),
+                    repr(float(profiles["tp_norm"][i])), repr(float(profiles["ls_norm"][i]))]
+                   + [repr(float(profiles["groups"][g]["tp"][i])) for g in groups]
+                   + [repr(float(profiles["groups"][g]["ls"][i])) for g in groups])
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------------------------------ plots
+def heatmap(matrix: np.ndarray, groups: Sequence[str], title: str, cmap: str, path: Path, label: str) -> Path:
+    """Groups x layers heatmap of a per-layer mean (the paper's Fig. 4 rows are task groups)."""
+    plt = _plt()
+    m = np.asarray(matrix, dtype=np.float64)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * m.shape[1] + 3), 0.42 * m.shape[0] + 1.6))
+    im = ax.imshow(m, aspect="auto", cmap=cmap, interpolation="nearest")
+    ax.set_yticks(range(len(groups)))
+    ax.set_yticklabels([f"{i + 1}: {g}" for i, g in enumerate(groups)], fontsize=8)
+    step = 1 if m.shape[1] <= 32 else 2
+    ax.set_xticks(range(0, m.shape[1], step))
+    ax.set_xticklabels([str(i) for i in range(0, m.shape[1], step)], fontsize=7)
+    ax.set_xlabel("decoder layer i (after block i)")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, label=label, fraction=0.03, pad=0.02)
+    return _save(fig, path)
+
+
+def profile_plot(profiles: dict, recommended: dict, requested: Sequence[float], path: Path, title: str = "") -> Path:
+    """Normalised TP and LS against layer; the recommended split solid, the requested splits dashed
+    (Fig. 10: shallow side shaded green, deep side red, for the recommended split)."""
+    from raycpt.diagnostics.scores import split_layer
+
+    plt = _plt()
+    tp, ls = np.asarray(profiles["tp_norm"]), np.asarray(profiles["ls_norm"])
+    n = len(tp)
+    x = np.arange(n)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    b = recommended["split_layer"]
+    ax.axvspan(-0.5, b - 0.5, color="tab:green", alpha=0.08, label=f"shallow [0, {b}) train")
+    ax.axvspan(b - 0.5, n - 0.5, color="tab:red", alpha=0.06, label=f"deep [{b}, {n}) freeze")
+    ax.plot(x, tp, "-o", color="tab:green", ms=3, label="TP^ (mean Ratio, normalised)")
+    ax.plot(x, ls, "-s", color="tab:red", ms=3, label="LS^ (mean dJS, normalised)")
+    ax.axvline(b - 0.5, color="black", lw=1.5, label=f"recommended r={recommended['ratio']:g} (b={b})")
+    for r in requested:
+        rb = split_layer(r, n)
+        ax.axvline(rb - 0.5, color="gray", lw=1, ls="--")
+        ax.text(rb - 0.5, 1.04, f"{r:g}", ha="center", va="bottom", fontsize=7, color="gray")
+    step = 1 if n <= 32 else 2
+    ax.set_xticks(range(0, n, step))
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylim(-0.05, 1.12)
+    ax.set_xlabel("decoder layer i")
+    ax.set_ylabel("min-max normalised")
+    ax.set_title(title or "LayerTracer profiles", fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------ all
+def _jsonable(o):
+    if isinstance(o, dict):
+        return {str(k): _jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_jsonable(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return _jsonable(o.tolist())
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    return o
+
+
+def write_artifacts(run_dir: Path, df, profiles: dict, table: Sequence[dict], recommended: dict, summary: dict,
+                    requested: Sequence[float], title: str = "") -> dict[str, Path]:
+    """Write every trace artifact into ``run_dir``; return ``{name: path}``."""
+    run_dir = Path(run_dir)
+    paths: dict[str, Path] = {}
+    tmp = _aside(run_dir / "per_prompt.parquet")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, run_dir / "per_prompt.parquet")
+    paths["per_prompt"] = run_dir / "per_prompt.parquet"
+    groups = list(profiles["groups"])
+    if groups:
+        ratio_m = np.stack([profiles["groups"][g]["tp"] for g in groups])
+        djs_m = np.stack([profiles["groups"][g]["ls"] for g in groups])
+        paths["heatmap_ratio"] = heatmap(ratio_m, groups, f"{title}: mean Ratio per group and layer (Task Particle)",
+                                         "Greens", run_dir / "heatmap_ratio.png", "mean Ratio")
+        paths["heatmap_djs"] = heatmap(djs_m, groups, f"{title}: mean dJS per group and layer (Layer-wise Sensitivity)",
+                                       "Reds", run_dir / "heatmap_djs.png", "mean dJS")
+    paths["profile"] = profile_plot(profiles, recommended, requested, run_dir / "profile.png",
+                                    f"{title}: normalised TP and LS")
+    paths["split_table_csv"] = _write_text(run_dir / "split_table.csv", table_csv(table))
+    paths["split_table_md"] = _write_text(run_dir / "split_table.md", table_markdown(table, recommended))
+    paths["profiles_csv"] = _write_text(run_dir / "profiles.csv", profiles_csv(profiles))
+    paths["summary"] = _write_text(run_dir / "summary.json", json.dumps(_jsonable(summary), indent=2))
+    return paths

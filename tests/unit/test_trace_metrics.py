@@ -1,0 +1,239 @@
+"""LayerTracer metrics against references written here: a naive per-prompt implementation (full
+forward with a zeroing hook, once per perturbation layer, no padding, no reuse), scipy's
+Jensen-Shannon distance, and hand-worked S(b) values."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import jensenshannon
+
+from raycpt.diagnostics.prompts import PromptRecord, collate, encode_prompts
+from raycpt.diagnostics.scores import (boundary_score, check_split, delta_js, grid_ratios, minmax, profiles, ratio,
+                                       recommend_split, split_table, topk_js, tp_interval)
+from raycpt.diagnostics.tracer import trace_batch
+from raycpt.errors import RaycptError
+from raycpt.models.stack import LayerStack
+from tiny import tiny_model, tiny_tokenizer
+
+EPS = 1e-6
+RECORDS = [
+    PromptRecord("Example: hot->Cold, big->Small;", " Query: fast->", "antonym"),
+    PromptRecord("Example: up->Down;", " Query: in->", "antonym"),
+    PromptRecord("Example: big->Large, quick->Fast, end->Finish;", " Query: begin->", "synonym"),
+    PromptRecord("Ex: a->B;", " Q: c->", "synonym"),
+    PromptRecord("Example: day->Night, wet->Dry;", " Query: good->", "antonym"),
+]
+# (arch, layers): llama (tied embeddings), qwen3 (q/k norms), gemma3 (sliding + global layers,
+# dual rotary tables, scaled embeddings; 6 layers so layer 5 is a global-attention layer)
+MODELS = [("llama", 4), ("qwen3", 4), ("gemma3", 6)]
+
+
+# ------------------------------------------------------------------------------------ references
+def naive_distributions(model, ids: list[int], context: list[int]):
+    """One prompt, no batching, no reuse: P and P_t from a plain forward with output_hidden_states,
+    then Q(i) for i = -1..N-1 from a full forward with a hook zeroing the context after block i."""
+    dec = model.get_decoder()
+    n = len(dec.layers)
+    x = torch.tensor([ids])
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    def head(h):
+        logits = model.lm_head(dec.norm(h)).double()
+        return torch.tanh(logits / softcap) * softcap if softcap else logits
+
+    with torch.no_grad():
+        out = model(input_ids=x, output_hidden_states=True, use_cache=False)
+        p_full = torch.softmax(out.logits[0, -1].double(), -1)
+        t = int(p_full.argmax())
+        # hidden_states[-1] already has the final norm applied: P itself gives P_t of the last layer
+        pt = [float(torch.softmax(head(out.hidden_states[j][0, -1]), -1)[t]) for j in range(n)] + [float(p_full[t])]
+        qs = []
+        for i in range(-1, n):
+            module = dec.embed_tokens if i < 0 else dec.layers[i]
+
+            def hook(mod, args, output):
+                h = output[0] if isinstance(output, tuple) else output
+                h = h.clone()
+                h[0, context] = 0.0
+                return (h, *output[1:]) if isinstance(output, tuple) else h
+
+            handle = module.register_forward_hook(hook)
+            try:
+                qs.append(torch.softmax(model(input_ids=x, use_cache=False).logits[0, -1].double(), -1))
+            finally:
+                handle.remove()
+    return dict(t_star=t, p_t=np.array(pt), p=p_full.numpy(), qs=[q.numpy() for q in qs])
+
+
+def naive_metrics(d: dict, top_k: int) -> dict:
+    """JS on P's top-k (renormalised) written out from the definition, then Ratio and dJS."""
+    p_full = d["p"]
+    idx = np.argsort(-p_full, kind="stable")[:top_k] if top_k else np.arange(p_full.size)
+    p = p_full[idx] / p_full[idx].sum()
+    js = []
+    for q_full in d["qs"]:
+        q = q_full[idx] / q_full[idx].sum()
+        m = 0.5 * (p + q)
+        kl = lambda a, b: float(sum(ai * np.log(ai / bi) for ai, bi in zip(a, b) if ai > 0))  # noqa: E731
+        js.append(0.5 * kl(p, m) + 0.5 * kl(q, m))
+    pt, js = d["p_t"], np.array(js)
+    n = len(pt) - 1
+    r = [abs(pt[i + 1] - pt[i]) / (pt[i + 1] + EPS) for i in range(n)]
+    dj = [abs(js[i + 1] - js[i]) / (js[i] + EPS) for i in range(n)]
+    return dict(t_star=d["t_star"], p_t=pt, js=js, ratio=np.array(r), djs=np.array(dj))
+
+
+@pytest.fixture(scope="module")
+def encoded():
+    return encode_prompts(RECORDS, tiny_tokenizer())
+
+
+@pytest.fixture(scope="module", params=MODELS, ids=[m[0] for m in MODELS])
+def model_and_ref(request, encoded):
+    arch, layers = request.param
+    model = tiny_model(arch, num_layers=layers, hidden=32, seed=1)
+    return model, [naive_distributions(model, e.input_ids, e.context) for e in encoded]
+
+
+@pytest.mark.parametrize("schedule,max_rows,top_k", [("stacked", None, 10), ("per_layer", None, 0),
+                                                     ("stacked", 12, 50)])
+def test_trace_batch_matches_naive_reference(model_and_ref, encoded, schedule, max_rows, top_k):
+    model, refs = model_and_ref
+    out = trace_batch(LayerStack(model), collate(encoded, pad_id=0), top_k=top_k, eps=EPS, schedule=schedule,
+                      max_rows=max_rows)
+    n = model.config.num_hidden_layers
+    assert out["p_t"].shape == (len(encoded), n + 1) and out["ratio"].shape == (len(encoded), n)
+    for b, d in enumerate(refs):
+        ref = naive_metrics(d, top_k)
+        assert out["t_star"][b] == ref["t_star"]
+        np.testing.assert_allclose(out["p_t"][b], ref["p_t"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out["p_final"][b], ref["p_t"][-1], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out["js"][b], ref["js"], rtol=1e-3, atol=1e-8)
+        np.testing.assert_allclose(out["ratio"][b], ref["ratio"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out["djs"][b], ref["djs"], rtol=1e-3, atol=1e-4)
+        assert abs(out["js"][b, -1]) < 1e-12  # after the last block only context positions change: Q = P
+
+
+def test_perturbation_changes_something(encoded):
+    # guard against a reference and an implementation that both perturb nothing
+    out = trace_batch(LayerStack(tiny_model("llama", 4, 32, seed=1)), collate(encoded), top_k=10)
+    assert (out["js"][:, :-1] > 1e-6).mean() > 0.5
+
+
+def test_repeat_run_identical(encoded):
+    stack = LayerStack(tiny_model("qwen3", 4, 32, seed=3))
+    batch = collate(encoded)
+    a = trace_batch(stack, batch, top_k=10)
+    b = trace_batch(stack, batch, top_k=10)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+# ------------------------------------------------------------------------------------ JS
+@pytest.mark.parametrize("k", [1, 3, 10, 0])
+def test_topk_js_equals_scipy_jensenshannon_squared(k):
+    g = torch.Generator().manual_seed(k)
+    p_logits = torch.randn(4, 40, generator=g) * 3
+    q_logits = p_logits + torch.randn(4, 40, generator=g)
+    got = topk_js(p_logits, q_logits, k).numpy()
+    for b in range(4):
+        p = torch.softmax(p_logits[b].double(), -1).numpy()
+        q = torch.softmax(q_logits[b].double(), -1).numpy()
+        idx = np.argsort(-p)[:k] if k else np.arange(p.size)
+        expect = jensenshannon(p[idx], q[idx]) ** 2  # scipy renormalises; natural log by default
+        assert got[b] == pytest.approx(expect, rel=1e-9, abs=1e-15)
+
+
+def test_topk_js_zero_for_equal_and_log2_bound():
+    x = torch.randn(3, 20)
+    assert np.allclose(topk_js(x, x.clone(), 5).numpy(), 0.0)
+    # disjoint mass within the support: JS -> ln 2
+    p = torch.tensor([[20.0, -20.0]])
+    q = torch.tensor([[-20.0, 20.0]])
+    assert topk_js(p, q, 0).item() == pytest.approx(np.log(2), rel=1e-6)
+
+
+def test_negative_k_is_a_user_error():
+    with pytest.raises(RaycptError, match="top_k=-1"):
+        topk_js(torch.zeros(1, 4), torch.zeros(1, 4), -1)
+
+
+# ------------------------------------------------------------------------------------ Ratio, dJS, TP
+def test_ratio_and_delta_js_by_hand():
+    p_t = np.array([0.1, 0.2, 0.05, 0.05])
+    np.testing.assert_allclose(ratio(p_t, EPS), [0.1 / (0.2 + EPS), 0.15 / (0.05 + EPS), 0.0])
+    js = np.array([0.0, 0.3, 0.1, 0.0])
+    np.testing.assert_allclose(delta_js(js, EPS), [0.3 / EPS, 0.2 / (0.3 + EPS), 0.1 / (0.1 + EPS)])
+
+
+def test_tp_interval():
+    assert tp_interval(np.array([0.0, 0.2, 0.0, 0.5, 0.0]), 0.0) == (1, 3, 2)
+    assert tp_interval(np.array([0.0, 0.2, 0.0, 0.5]), 0.3) == (3, 3, 1)
+    assert tp_interval(np.zeros(4), 0.0) == (-1, -1, 0)
+
+
+def test_profiles_overall_and_per_group():
+    r = np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [0.0, 0.0, 6.0]])
+    d = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    prof = profiles(r, d, ["a", "a", "b"])
+    np.testing.assert_allclose(prof["tp"], [4 / 3, 4 / 3, 10 / 3])
+    np.testing.assert_allclose(prof["tp_norm"], [0.0, 0.0, 1.0])
+    np.testing.assert_allclose(prof["ls_norm"], [0.0, 0.0, 0.0])  # flat profile -> zeros
+    assert list(prof["groups"]) == ["a", "b"]
+    np.testing.assert_allclose(prof["groups"]["a"]["tp"], [2.0, 2.0, 2.0])
+    assert prof["groups"]["b"]["n"] == 1
+
+
+def test_minmax():
+    np.testing.assert_allclose(minmax(np.array([2.0, 4.0, 3.0])), [0.0, 1.0, 0.5])
+
+
+# ------------------------------------------------------------------------------------ S(b)
+# Hand-worked: TP = [0, 0, 1, 4] -> TP^ = [0, 0, .25, 1]; LS = [5, 1, 1, 0] -> LS^ = [1, .2, .2, 0]
+#   S(1) = 1 + (0 + .25 + 1)/3 - 0 - (.2 + .2 + 0)/3              = 77/60
+#   S(2) = (1 + .2)/2 + (.25 + 1)/2 - 0 - (.2 + 0)/2                = 9/8
+#   S(3) = (1 + .2 + .2)/3 + 1 - (0 + 0 + .25)/3 - 0                = 83/60
+TP_HAND = minmax(np.array([0.0, 0.0, 1.0, 4.0]))
+LS_HAND = minmax(np.array([5.0, 1.0, 1.0, 0.0]))
+
+
+def test_boundary_score_hand_worked():
+    assert boundary_score(TP_HAND, LS_HAND, 1) == pytest.approx(77 / 60)
+    assert boundary_score(TP_HAND, LS_HAND, 2) == pytest.approx(9 / 8)
+    assert boundary_score(TP_HAND, LS_HAND, 3) == pytest.approx(83 / 60)
+
+
+def test_split_table_and_recommendation_hand_worked():
+    rows = split_table(TP_HAND, LS_HAND, [0.25, 0.5, 0.75])
+    assert [r["split_layer"] for r in rows] == [1, 2, 3]  # round(1.0), round(2.0), round(3.0)
+    assert [r["S"] for r in rows] == pytest.approx([77 / 60, 9 / 8, 83 / 60])
+    assert rows[1]["ls_shallow"] == pytest.approx(0.6) and rows[1]["tp_deep"] == pytest.approx(0.625)
+    rec = recommend_split(TP_HAND, LS_HAND, [0.2, 0.8, 0.05])
+    # b = round(4r): 0.2..0.35 -> 1, 0.4..0.6 -> 2, 0.65..0.8 -> 3; the first ratio reaching S(3) wins
+    assert rec["split_layer"] == 3 and rec["ratio"] == pytest.approx(0.65) and rec["S"] == pytest.approx(83 / 60)
+    assert len(rec["scores"]) == 13
+
+
+def test_reverse_pattern_gives_negative_scores():
+    # TP mass shallow and LS deep is the opposite of the paper's pattern: every S(b) < 0
+    rows = split_table(LS_HAND, TP_HAND, [0.25, 0.5, 0.75])
+    assert all(r["S"] < 0 for r in rows)
+
+
+def test_grid_ratios_inclusive():
+    assert grid_ratios([0.2, 0.8, 0.05]) == pytest.approx([0.2 + 0.05 * k for k in range(13)])
+    assert grid_ratios([0.5, 0.5, 0.1]) == [0.5]
+
+
+@pytest.mark.parametrize("r,n,msg", [(0.0, 30, "strictly between 0 and 1"), (1.0, 30, "strictly between 0 and 1"),
+                                     (1.5, 30, "strictly between 0 and 1"), (0.1, 4, "shallow side empty"),
+                                     (0.9, 4, "deep side empty")])
+def test_check_split_rejects(r, n, msg):
+    with pytest.raises(RaycptError, match=msg):
+        check_split(r, n)
+
+
+def test_check_split_accepts():
+    assert check_split(0.5, 30) == 15
+    assert check_split(0.33, 30) == 10
+    assert check_split(0.66, 30) == 20
