@@ -160,6 +160,196 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
                   f"MLflow parent run {res.parent_run_id} (raycpt ui to browse)")
 
 
+# ---- compare ----
+@app.command("compare")
+def compare_cmd(base: Optional[str] = typer.Argument(None, help="base model: reference, model folder or run folder"),
+                tuned: Optional[str] = typer.Argument(None, help="tuned model: reference, model folder or run folder"),
+                prompts: Optional[str] = typer.Option(None, help="prompt set: .jsonl of {text} or {s1, s2}, .txt (one "
+                                                                 "per line) or builtin:wordnet-lexical (default: WordNet glosses)"),
+                sweep: Optional[str] = typer.Option(None, help="sweep run folder: compare every trial with its base"),
+                config: Optional[List[str]] = typer.Option(None, "--config", "-c",
+                                                           help="CONFIG.yaml and/or key=value overrides (repeatable)"),
+                max_prompts: int = typer.Option(64, help="prompts used for the representation metrics"),
+                max_len: int = typer.Option(64, help="tokens per prompt (longer ones are cut)"),
+                swap_blocks: Optional[int] = typer.Option(
+                    None, help="layer swap: number of contiguous blocks (default min(5, layers); 0 = no swaps)"),
+                alpha: float = typer.Option(1.0, help="order of the matrix-based Renyi entropy (1 = von Neumann)"),
+                resume: bool = typer.Option(False, help="re-open the newest compare run folder; skip finished pairs")):
+    """Base vs tuned, per layer: CKA, cosine, mean shift, entropy, effective rank, weight change, probe, swaps."""
+    from raycpt.jobs.compare import run_compare
+
+    cfg = load(config)
+    res = run_compare(cfg, base, tuned, prompts=prompts, sweep=sweep, max_prompts=max_prompts, max_len=max_len,
+                      swap_blocks=swap_blocks, alpha=alpha, resume=resume, console=console)
+    from rich.table import Table
+
+    for child in res.children:
+        t = Table("layer", "CKA", "cos", "shift", "dW attn", "dW mlp", "H prompt b/t", "eff.rank b/t", "probe b/t",
+                  title=f"compare {child.run_dir.name}")
+        for r in child.rows:
+            t.add_row(str(r["layer"]), f"{r['cka']:.3f}", f"{r['cosine']:.3f}", f"{r['mean_shift']:.3g}",
+                      f"{r.get('wc_attn', float('nan')):.3g}", f"{r.get('wc_mlp', float('nan')):.3g}",
+                      f"{r['prompt_entropy_base']:.3f}/{r['prompt_entropy_tuned']:.3f}",
+                      f"{r['effective_rank_base']:.1f}/{r['effective_rank_tuned']:.1f}",
+                      f"{r['probe_accuracy_base']:.3f}/{r['probe_accuracy_tuned']:.3f}")
+        console.print(t)
+        if child.swaps:
+            line = "  ".join(f"{s['direction']}[{s['layers'][0]}-{s['layers'][-1]}] {s['score']:.2f}"
+                             for s in child.swaps)
+            console.print(f"swap ({child.swaps[0]['score_key']}): base {child.base_score:.2f}, tuned "
+                          f"{child.tuned_score:.2f}; {line}")
+    console.print(f"compare finished in {res.wall_s:.1f}s; run folder {res.run_dir}; MLflow run {res.mlflow_run_id}")
+
+
+# ---- eval ----
+@app.command("eval")
+def eval_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+             checkpoints: Optional[str] = typer.Option(
+                 None, help="comma-separated model folders or pypi:/hf: references (default: model.ref); "
+                            "several run as parallel Ray tasks"),
+             tasks: Optional[str] = typer.Option(
+                 None, help="comma-separated: wordnet_mc (offline), ceval, cmmlu (hub), FILE.jsonl; sets eval.tasks"),
+             modes: Optional[str] = typer.Option(None, help="logit,generate (either or both); sets eval.modes")):
+    """Evaluate models in logit and/or generate mode; print the Generate / Logit table per category."""
+    from raycpt.evaluate import render_table, run_eval
+
+    extra = ([f"eval.tasks={tasks}"] if tasks is not None else []) + ([f"eval.modes={modes}"] if modes is not None else [])
+    cfg = load(args, extra)
+    ckpts = [c.strip() for c in checkpoints.split(",") if c.strip()] if checkpoints is not None else None
+    if checkpoints is not None and not ckpts:
+        raise RaycptError("--checkpoints: no checkpoint given (expected A,B,C: model folders or pypi:/hf: references)")
+    results, run_dir, files = run_eval(cfg, ckpts)
+    for t in render_table(results):
+        console.print(t)
+    secs = ", ".join(f"{r.name}: " + " ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items()) for r in results)
+    console.print(f"times: {secs}")
+    console.print(f"run folder {run_dir}: {files['csv'].name}, {files['questions'].name}, {files['table'].name}")
+
+
+# ---- contribution ----
+@app.command("contribution")
+def contribution_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+                     layers: Optional[str] = typer.Option(None, help="layers to scan: all, every:K or 0,3,7 "
+                                                                     "(sets contribution.layers)"),
+                     against: Optional[str] = typer.Option(None, help="ranking file to correlate with (Spearman); "
+                                                                      "sets contribution.against"),
+                     spearman: Optional[str] = typer.Option(None, help="A.json,B.json: only the Spearman correlation "
+                                                                       "of two ranking files (no training)"),
+                     resume: bool = typer.Option(False, help="re-open the newest contribution run; finished trials "
+                                                             "are not redone")):
+    """Train each layer alone (+ full + the untrained base) as a Ray Tune grid; rank layers by contribution."""
+    if spearman is not None:
+        from raycpt.jobs.contribution import spearman_files
+
+        files = [f.strip() for f in spearman.split(",") if f.strip()]
+        if len(files) != 2:
+            raise RaycptError(f"--spearman {spearman!r}: give exactly two ranking files, A.json,B.json")
+        r = spearman_files(*files)
+        console.print(f"Spearman rho = {r['rho']:.3f}, p = {r['p_value']:.3g} over {r['layers']} layers")
+        return
+    from raycpt.jobs.contribution import run_contribution
+
+    extra = []
+    if layers is not None:
+        extra.append(f"contribution.layers={layers if layers == 'all' or layers.startswith('every:') else '[' + layers + ']'}")
+    if against is not None:
+        extra.append(f"contribution.against={against}")
+    cfg = load(args, extra)
+    res = run_contribution(cfg, resume=resume, console=console)
+    a = res.analysis
+    from rich.table import Table
+
+    t = Table("layer", "depth", "score", "contribution", "rank", "L2 alone", "L2 in full",
+              title=f"contribution ({res.trials['full']['score_key']}): base {a['base_score']:.2f}, "
+                    f"full {a['full_score']:.2f}")
+    rank_of = {l: i + 1 for i, l in enumerate(a["ranking"])}
+    for l in sorted(a["contribution"]):
+        t.add_row(str(l), f"{(l + 0.5) / res.num_layers:.2f}", f"{a['scores'][l]:.2f}", f"{a['contribution'][l]:.3f}",
+                  str(rank_of[l]), f"{a['l2_single'].get(l, float('nan')):.3g}",
+                  f"{a['l2_full'].get(l, float('nan')):.3g}")
+    console.print(t)
+    console.print(f"{a['num_above']} layer(s) above {a['threshold']:g}; mean contribution in the "
+                  f"{a['band'][0]:.0%}-{a['band'][1]:.0%} band {a['band_mean']:.3f}, outside {a['outside_mean']:.3f}")
+    if "vote" in a:
+        v = a["vote"]
+        console.print(f"majority vote of top-{v['k']} {v['models']}: {v['vote_acc']:.2f} vs best single (L{v['best_single_layer']}) "
+                      f"{v['best_single_acc']:.2f} vs full {v['full_acc']:.2f} vs base {v['base_acc']:.2f}")
+    if "jaccard" in a:
+        console.print(f"mean Jaccard of newly solved questions (top-{len(a['top_k'])}): {a['jaccard']['mean']:.3f}")
+    if "spearman" in a:
+        console.print(f"Spearman vs {cfg.contribution.get('against')}: rho {a['spearman']['rho']:.3f}, "
+                      f"p {a['spearman']['p_value']:.3g}")
+    console.print(f"ranking -> {res.ranking_file} (use with plan.name=elite plan.ranking_file=...); "
+                  f"finished in {res.wall_s:.1f}s; MLflow parent run {res.parent_run_id}")
+
+
+
+
+# ---- hybrid ----
+@hybrid_app.command("build")
+def hybrid_build(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+                 out: Optional[str] = typer.Option(None, help="folder to write the builds into (default: a new run "
+                                                              "folder <run_root>/hybrid-build-<name>-<id>)"),
+                 build: Optional[str] = typer.Option(None, help="only this build: new_shallow, new_deep or custom "
+                                                                "(default: every build in hybrid.builds)")):
+    """Assemble the hybrid(s) of the config's ``hybrid`` section, save each (safetensors) and print its segment map."""
+    from raycpt.jobs.hybrid import build_hybrids, counts_line, segment_table
+
+    cfg = load(args)
+    root, built = build_hybrids(cfg, builds=[build] if build else None, out=out, progress=True)
+    for b in built:
+        console.print(segment_table(b))
+        console.print(counts_line(b), markup=False, highlight=False)
+    console.print(f"wrote {len(built)} hybrid(s) under {root}; load with AutoModelForCausalLM.from_pretrained(folder) "
+                  "after import raycpt", markup=False, highlight=False)
+
+
+@hybrid_app.command("run")
+def hybrid_run(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+               resume: bool = typer.Option(False, help="continue the newest hybrid run of this config; finished "
+                                                       "builds are not redone")):
+    """Build every hybrid, train its trainable segments (Ray Train), evaluate and trace it; print Table 4."""
+    from raycpt.jobs.hybrid import run_hybrid
+
+    cfg = load(args)
+    res = run_hybrid(cfg, resume=resume, console=console)
+    for r in res.builds:
+        console.print(f"{r['name']}: trained layers {r['trainable_layers']}, final loss {r['final_loss']:.3f}, "
+                      f"{r['counts']['trainable_layers']:,} of {r['counts']['total']:,} parameters trained, "
+                      f"{r['wall_s']:.0f}s", markup=False, highlight=False)
+    console.print(f"hybrid run finished in {res.wall_s:.0f}s; run folder {res.run_dir}; table {res.paths['table']}; "
+                  f"profiles {res.paths['profiles']}; MLflow parent run {res.parent_run_id} (raycpt ui to browse)",
+                  markup=False, highlight=False)
+
+
+# ---- trace ----
+@app.command("trace")
+def trace_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+              prompts: Optional[str] = typer.Option(
+                  None, help="JSONL of {s1, s2, group} records (default trace.prompts = builtin:wordnet-lexical)"),
+              splits: Optional[str] = typer.Option(None, help="split ratios for the S(b) table, e.g. 0.33,0.5,0.66"),
+              top_k: Optional[int] = typer.Option(None, "--top-k", help="JS support: P's top-k tokens (0 = full vocab)")):
+    """LayerTracer: Task Particle and Layer-wise Sensitivity per layer, S(b) per split, recommended split."""
+    from rich.table import Table
+
+    from raycpt.jobs.trace import run_trace
+    from raycpt.report.trace import SHORT_COLUMNS, fmt_cell
+
+    cfg = load(args)
+    res = run_trace(cfg, splits=parse_floats(splits, "--splits"), prompts=prompts, top_k=top_k)
+    table = Table(*(h for _, h in SHORT_COLUMNS), title=f"S(b) on {res.num_prompts} prompts, {res.num_layers} layers, "
+                                                        f"top-k {res.top_k}")
+    for row in res.split_table:
+        table.add_row(*(fmt_cell(k, row[k]) for k, _ in SHORT_COLUMNS))
+    console.print(table)
+    rec = res.recommended
+    console.print(f"recommended split: r = {rec['ratio']:g} (train layers 0-{rec['split_layer'] - 1}, freeze "
+                  f"{rec['split_layer']}-{res.num_layers - 1}), S(b) = {rec['S']:.3f}")
+    if res.answer_hit_rate is not None:
+        console.print(f"top-1 = expected answer's first token on {res.answer_hit_rate:.1%} of prompts")
+    console.print(f"trace finished in {res.wall_s:.1f}s; run folder {res.run_dir}; MLflow run {res.run_id}")
+
+
 # ---------------------------------------------------------------------------------------- entry
 def main(argv: Optional[list[str]] = None) -> int:
     """Console entry point: one line and exit 2 for user errors, never a traceback for them."""
