@@ -161,7 +161,7 @@ def _split(pcfg, n: int) -> int:
         side = "shallow" if b <= 0 else "deep"
         raise RaycptError(f"plan.split={pcfg.split} gives b = round({pcfg.split}*{n}) = {b}, which leaves the "
                           f"{side} side empty for this {n}-layer model; use a split in "
-                          f"[{0.5 / n:.3g}, {1 - 0.5 / n:.3g}]")
+                          f"({0.5 / n:.3g}, {1 - 0.5 / n:.3g})")
     return b
 
 

@@ -318,8 +318,11 @@ def _pack_batch(batch: dict, tokenizer_path: str, seq_len: int, seed: int) -> di
 
 def build_dataset(data_cfg, tokenizer_path: str, seed: int):
     """The lazy Ray Dataset of packed, seeded-shuffled blocks: rows ``{"input_ids": int32[seq_len]}``."""
+    import logging
+
     from ray.data import DataContext
 
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
     ctx = DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
