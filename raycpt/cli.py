@@ -350,6 +350,55 @@ def trace_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     console.print(f"trace finished in {res.wall_s:.1f}s; run folder {res.run_dir}; MLflow run {res.run_id}")
 
 
+# ---- plan ----
+@plan_app.command("show")
+def plan_show(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)):
+    """Print the layer map of cfg.plan for cfg.model (which layers train, trainable/frozen counts) without training."""
+    from rich.table import Table
+
+    from raycpt.strategies import plan_table
+    from raycpt.train.launch import prepare_plan, resolve_model_path
+
+    cfg = load(args)
+    path = resolve_model_path(cfg)
+    plan, counts, skeleton = prepare_plan(cfg, path)
+    tab = plan_table(skeleton, plan)
+    table = Table("part", "trains", "lr scale", "params", title=f"plan {plan.name} on {cfg.model.ref}")
+    for r in tab["rows"]:
+        mark = "[green]train[/green]" if r["trainable"] else "[dim]frozen[/dim]"
+        note = " (tied to embed)" if r["tied"] else ""
+        table.add_row(r["part"], mark, "" if r["lr_scale"] is None else f"x{r['lr_scale']:g}", f"{r['params']:,}{note}")
+    console.print(table)
+    console.print(f"layer map (layer 0 first, T = trains): {tab['layer_map']}", markup=False, highlight=False, soft_wrap=True)
+    share = tab["trainable"] / max(1, tab["total"])
+    console.print(f"trainable {tab['trainable']:,} / frozen {tab['frozen']:,} of {tab['total']:,} parameters "
+                  f"({100 * share:.1f}% train)", markup=False, highlight=False, soft_wrap=True)
+    for n in tab["notes"]:
+        console.print(f"note: {n}", markup=False, highlight=False, soft_wrap=True)
+
+
+# ---- train ----
+@app.command("train")
+def train_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+              resume: bool = typer.Option(False, help="continue the newest train run of this config from its last "
+                                                      "checkpoint")):
+    """Continued pre-training of cfg.model with layer plan cfg.plan on cfg.data under a Ray TorchTrainer."""
+    from raycpt.runtime import ray_session
+    from raycpt.train.launch import run_training
+
+    cfg = load(args)
+    with ray_session(cfg.ray):
+        res = run_training(cfg, resume=resume, progress=True)
+    first = f"{res.losses[0]:.4f}" if res.losses else "n/a"
+    last = f"{res.losses[-1]:.4f}" if res.losses else "n/a"
+    resumed = f" (resumed at step {res.resumed_from_step})" if res.resumed_from_step else ""
+    console.print(f"plan {res.plan['name']}: {res.trainable_params:,} trainable / {res.frozen_params:,} frozen "
+                  f"parameters; {len(res.steps)} steps{resumed}; loss {first} -> {last}; "
+                  f"{res.tokens_per_s:,.0f} tokens/s (median); wall {res.wall_s:.1f}s", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"final model {res.final_model_dir}; run folder {res.run_dir}; MLflow run {res.mlflow_run_id}",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
 # ---------------------------------------------------------------------------------------- entry
 def main(argv: Optional[list[str]] = None) -> int:
     """Console entry point: one line and exit 2 for user errors, never a traceback for them."""
