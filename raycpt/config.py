@@ -243,6 +243,9 @@ class SweepConfig:
     recipes: dict[str, dict] = field(default_factory=dict)
     """Named trials usable in ``strategies``: {name: {dotted.key: value}}, e.g.
     ``{middle5: {plan.name: middle, plan.k: 5}}`` (see ``configs/recipes.yaml``)."""
+    data_cpus_per_trial: float = 1.0
+    """CPUs of a second bundle in each trial's placement group for the Ray Data tasks the trial
+    launches (corpus tokenising); Tune captures a trial's child tasks into its placement group."""
 
     def __post_init__(self):
         for r in self.splits:

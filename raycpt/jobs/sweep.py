@@ -290,7 +290,11 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
             trace = None
             if cfg.sweep.trace_first:
                 trace = _trace_once(cfg, run_dir, uniq_splits, parent_id, state, console)
-            trainable = tune.with_resources(_tune_trainable, {"CPU": cfg.sweep.cpus_per_trial})
+            bundles = [{"CPU": cfg.sweep.cpus_per_trial}]
+            if cfg.sweep.data_cpus_per_trial > 0:
+                # Ray Data tasks also ask for a little "memory": the bundle must hold some or nothing fits
+                bundles.append({"CPU": cfg.sweep.data_cpus_per_trial, "memory": 1 << 30})
+            trainable = tune.with_resources(_tune_trainable, tune.PlacementGroupFactory(bundles))
             tune_path = run_dir / "tune"
             if resume and tune_path.exists() and tune.Tuner.can_restore(str(tune_path)):
                 tuner = tune.Tuner.restore(str(tune_path), trainable=trainable, resume_unfinished=True,

@@ -1,0 +1,78 @@
+"""The main job end to end on a tiny model: Tune results, one MLflow child run per trial under the
+parent, the summary's deltas recomputed from the child runs' metrics, artifacts present."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from raycpt.config import load_config
+
+
+def tiny_sweep_config(tmp_path: Path, model_dir: Path, extra: list[str] | None = None):
+    corpus = tmp_path / "corpus.jsonl"
+    with corpus.open("w") as f:
+        for i in range(60):
+            f.write(json.dumps({"text": f"word {i}: a short definition of thing number {i}; example {i}."}) + "\n")
+    over = [
+        "name=tiny", f"model.ref={model_dir}", f"data.corpus=[{corpus}]", "data.seq_len=32",
+        "train.max_steps=3", "train.micro_batch_size=2", "train.checkpoint_every=2", "train.cpus_per_worker=0.5",
+        "train.max_failures=0", "eval.limit=4", "eval.max_gen_toks=4", "eval.batch_size=4",
+        "trace.max_prompts=8", "trace.batch_size=8", "trace.cpus_per_actor=0.5",
+        f"tracking.run_root={tmp_path / 'runs'}", "sweep.cpus_per_trial=0.5",
+    ]
+    return load_config(None, over + list(extra or []))
+
+
+def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
+    import mlflow
+
+    from raycpt.jobs.sweep import run_sweep
+    from raycpt.report.sweep import summary_table
+
+    cfg = tiny_sweep_config(tmp_path, tiny_dir)
+    res = run_sweep(cfg, splits=[0.25, 0.5], strategies=["train_shallow", "train_deep"])
+    names = {t["name"] for t in res.trials}
+    assert names == {"full", "train_shallow-r0.25", "train_shallow-r0.5", "train_deep-r0.25", "train_deep-r0.5"}
+
+    # Tune saw every trial finish
+    from ray import tune
+
+    from raycpt.jobs.sweep import _tune_trainable
+
+    grid = tune.Tuner.restore(str(res.run_dir / "tune"), trainable=_tune_trainable).get_results()
+    assert len(grid) == 5 and not grid.errors
+
+    # MLflow: one parent FINISHED, one child per trial under it, all FINISHED
+    client = mlflow.tracking.MlflowClient(cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    runs = client.search_runs([exp.experiment_id])
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == res.parent_run_id
+                and r.data.tags.get("raycpt.trial")]
+    assert sorted(r.data.tags["raycpt.trial"] for r in children) == sorted(names)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    parent = client.get_run(res.parent_run_id)
+    assert parent.info.status == "FINISHED"
+
+    # the summary's deltas, recomputed from the child runs' own metrics
+    by_name = {r.data.tags["raycpt.trial"]: r.data.metrics for r in children}
+    for task, rows in res.summary["tables"].items():
+        for row in rows:
+            for cat, modes in row["cells"].items():
+                for mode, cell in modes.items():
+                    key = f"{task}/{cat}/{mode}"
+                    assert cell["value"] == pytest.approx(by_name[row["name"]][key])
+                    if row["name"] != "full":
+                        assert cell["delta"] == pytest.approx(by_name[row["name"]][key] - by_name["full"][key])
+    # S(b) from the trace for each split
+    assert set(res.trace["split_scores"]) == {"0.25", "0.5"}
+
+    # artifacts in the run folder and on the parent run
+    summary = res.run_dir / "summary"
+    for f in ("summary.md", "summary.json", "loss_curves.png"):
+        assert (summary / f).is_file()
+    logged = {a.path for a in client.list_artifacts(res.parent_run_id, "summary")}
+    assert "summary/summary.md" in logged and "summary/loss_curves.png" in logged
+    assert any(a.path.startswith("trace/") for a in client.list_artifacts(res.parent_run_id, "trace"))
