@@ -186,6 +186,9 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
 
     from raycpt.diagnostics.prompts import pad_id_of
 
+    import logging
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # the progress bar below says what runs
     t = prep.cfg.trace
     items = _dataset_items(prep.encoded)
     n_blocks = max(1, min(len(items), -(-len(items) // t.batch_size)))
