@@ -306,7 +306,9 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
                 }
                 tuner = tune.Tuner(
                     trainable, param_space=param_space,
+                    # reuse_actors: later trials skip the imports and keep the lm-eval task manager
                     tune_config=tune.TuneConfig(max_concurrent_trials=cfg.sweep.max_concurrent_trials,
+                                                reuse_actors=True,
                                                 trial_dirname_creator=lambda t: t.config["spec"]["name"],
                                                 trial_name_creator=lambda t: t.config["spec"]["name"]),
                     run_config=tune.RunConfig(name="tune", storage_path=str(run_dir), verbose=0,

@@ -1,0 +1,79 @@
+"""The cluster path on loopback: `ray start --head` on 127.0.0.1, `ray job submit` a tiny sweep, wait
+for SUCCEEDED, check the MLflow store; `ray stop` always runs.
+
+Named ``test_zz_*`` so it runs last: `ray stop` ends every Ray on the machine, so the session's
+in-process Ray (the ``ray_local`` fixture) is shut down first."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+from test_sweep import tiny_sweep_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_job_submit_tiny_sweep(tmp_path, tiny_dir):
+    import mlflow
+
+    from raycpt.config import save_config
+
+    cfg = tiny_sweep_config(tmp_path, tiny_dir, ["sweep.trace_first=false", "sweep.include_full=false",
+                                                 "train.max_steps=2", "eval.modes=[logit]"])
+    work = tmp_path / "job"
+    work.mkdir()
+    save_config(cfg, work / "sweep.yaml")
+
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    gcs_port, dash_port = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    address = f"http://127.0.0.1:{dash_port}"
+    temp_dir = tmp_path / "ray"
+    try:
+        start = subprocess.run(
+            ["ray", "start", "--head", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
+             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
+             "--num-cpus=4", "--object-store-memory=1000000000", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+            env=env, capture_output=True, text=True, timeout=180)
+        assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-2000:]
+        sub = subprocess.run(
+            ["ray", "job", "submit", "--address", address, "--working-dir", str(work), "--no-wait", "--",
+             "python", "-m", "raycpt", "sweep", "sweep.yaml", "--splits", "0.5", "--strategies", "train_shallow"],
+            env=env, capture_output=True, text=True, timeout=180)
+        assert sub.returncode == 0, sub.stdout[-2000:] + sub.stderr[-2000:]
+        job_id = next(w.strip("'\"") for line in sub.stdout.splitlines() if "submitted successfully" in line
+                      for w in line.split() if w.strip("'\"").startswith("raysubmit_"))
+        status = ""
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            st = subprocess.run(["ray", "job", "status", "--address", address, job_id], env=env,
+                                capture_output=True, text=True, timeout=60)
+            status = st.stdout + st.stderr
+            if any(s in status for s in ("SUCCEEDED", "FAILED", "STOPPED")):
+                break
+            time.sleep(3)
+        logs = subprocess.run(["ray", "job", "logs", "--address", address, job_id], env=env,
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "SUCCEEDED" in status, status[-1000:] + logs[-4000:]
+        assert "sweep finished" in logs
+    finally:
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+    client = mlflow.tracking.MlflowClient(cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    runs = client.search_runs([exp.experiment_id])
+    trials = [r for r in runs if r.data.tags.get("raycpt.trial")]
+    assert [r.data.tags["raycpt.trial"] for r in trials] == ["train_shallow-r0.5"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert any(k.endswith("/logit") for k in trials[0].data.metrics)
