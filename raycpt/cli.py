@@ -260,7 +260,7 @@ def contribution_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_
     from rich.table import Table
 
     t = Table("layer", "depth", "score", "contribution", "rank", "L2 alone", "L2 in full",
-              title=f"contribution ({res.trials['full']['score_key']}): base {a['base_score']:.2f}, "
+              title=f"contribution ({a['score_key']}): base {a['base_score']:.2f}, "
                     f"full {a['full_score']:.2f}")
     rank_of = {l: i + 1 for i, l in enumerate(a["ranking"])}
     for l in sorted(a["contribution"]):
@@ -272,7 +272,7 @@ def contribution_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_
                   f"{a['band'][0]:.0%}-{a['band'][1]:.0%} band {a['band_mean']:.3f}, outside {a['outside_mean']:.3f}")
     if "vote" in a:
         v = a["vote"]
-        console.print(f"majority vote of top-{v['k']} {v['models']}: {v['vote_acc']:.2f} vs best single (L{v['best_single_layer']}) "
+        console.print(f"majority vote (accuracy %) of top-{v['k']} {v['models']}: {v['vote_acc']:.2f} vs best single (L{v['best_single_layer']}) "
                       f"{v['best_single_acc']:.2f} vs full {v['full_acc']:.2f} vs base {v['base_acc']:.2f}")
     if "jaccard" in a:
         console.print(f"mean Jaccard of newly solved questions (top-{len(a['top_k'])}): {a['jaccard']['mean']:.3f}")
@@ -281,8 +281,6 @@ def contribution_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_
                       f"p {a['spearman']['p_value']:.3g}")
     console.print(f"ranking -> {res.ranking_file} (use with plan.name=elite plan.ranking_file=...); "
                   f"finished in {res.wall_s:.1f}s; MLflow parent run {res.parent_run_id}")
-
-
 
 
 # ---- hybrid ----

@@ -117,6 +117,13 @@ def majority_vote(answers: Sequence[Mapping[Hashable, Any]]) -> dict[Hashable, A
     return out
 
 
+def gold_probability(logprobs: Sequence[float], gold_index: int) -> float:
+    """Probability of the gold choice among the choices: ``softmax(logprobs)[gold_index]``."""
+    m = max(logprobs)
+    exps = [math.exp(v - m) for v in logprobs]
+    return exps[gold_index] / sum(exps)
+
+
 def accuracy(pred: Mapping[Hashable, Any], gold: Mapping[Hashable, Any]) -> float:
     """Share of the questions in ``gold`` whose prediction equals the gold answer."""
     if not gold:

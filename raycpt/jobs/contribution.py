@@ -42,12 +42,21 @@ DEFAULTS: dict[str, Any] = {
     "top_k": 7,
     "against": None,
     "keep_models": True,
+    "score": "accuracy",
+    "heldout_docs": 64,
 }
 """``contribution`` section keys: ``layers`` (``all``, a list, or ``every:K`` = every K-th layer),
 ``band`` (relative-depth band marked in the plot), ``threshold`` (count layers above it), ``top_k``
 (majority vote / Jaccard over the top-k single-layer models), ``against`` (a ranking file for the
 Spearman correlation), ``keep_models`` (false = delete each trial's trained weights after it is
-measured)."""
+measured), ``score`` (``accuracy`` = the benchmark's overall accuracy in the first mode;
+``gold_prob`` = the mean probability of the gold letter among A-D in logit mode, a continuous score
+that moves with short training runs where accuracy on a few dozen questions does not;
+``heldout_loss`` = minus the language-model loss on ``heldout_docs`` documents of ``data.corpus`` that
+follow the first ``data.max_documents`` (never trained on): the continued pre-training objective
+itself), ``heldout_docs`` (64)."""
+
+SCORES = ("accuracy", "gold_prob", "heldout_loss")
 
 
 @dataclass
@@ -58,6 +67,8 @@ class ScanSettings:
     top_k: int
     against: Optional[str]
     keep_models: bool
+    score: str = "accuracy"
+    heldout_docs: int = 64
 
 
 def scan_settings(cfg: ExperimentConfig, num_layers: int) -> ScanSettings:
@@ -96,13 +107,24 @@ def scan_settings(cfg: ExperimentConfig, num_layers: int) -> ScanSettings:
     thr = s["threshold"]
     if isinstance(thr, bool) or not isinstance(thr, (int, float)):
         raise RaycptError(f"contribution.threshold={thr!r}: a number (1.0 = as good as full training)")
+    if s["score"] not in SCORES:
+        raise RaycptError(f"contribution.score={s['score']!r}: one of {', '.join(SCORES)}")
+    if s["score"] == "gold_prob" and "logit" not in cfg.eval.modes:
+        raise RaycptError("contribution.score=gold_prob needs the logit mode: add logit to eval.modes")
+    hd = s["heldout_docs"]
+    if isinstance(hd, bool) or not isinstance(hd, int) or hd < 1:
+        raise RaycptError(f"contribution.heldout_docs={hd!r}: an integer >= 1")
+    if s["score"] == "heldout_loss" and cfg.data.max_documents is None:
+        raise RaycptError("contribution.score=heldout_loss needs data.max_documents: the held-out documents are "
+                          "the ones after the first data.max_documents, which training never reads")
     against = s["against"]
     if against is not None:
         from raycpt.strategies import read_ranking
 
         read_ranking(against, num_layers=num_layers)  # a ranking that does not fit the model: one line, now
     return ScanSettings(layers=sorted(set(layers)), band=(float(band[0]), float(band[1])), threshold=float(thr),
-                        top_k=top_k, against=against, keep_models=bool(s["keep_models"]))
+                        top_k=top_k, against=against, keep_models=bool(s["keep_models"]),
+                        score=s["score"], heldout_docs=hd)
 
 
 def trial_names(settings: ScanSettings) -> list[dict]:
@@ -134,6 +156,72 @@ def answers_of(ev, eval_cfg) -> dict[str, dict]:
         pred = rec.get("prediction") if mode == "logit" else rec.get("extracted")
         out[str(q["id"])] = {"pred": pred, "gold": q.get("gold"), "correct": bool(rec.get("correct"))}
     return out
+
+
+def gold_prob_of(questions: list[dict]) -> Optional[float]:
+    """Mean probability (percent) of the gold letter among A-D in logit mode; None without logit records."""
+    from raycpt.diagnostics.contribution import gold_probability
+
+    letters = "ABCD"
+    vals = [gold_probability(q["logit"]["logprobs"], letters.index(q["gold"])) for q in questions
+            if q.get("logit") and q["logit"].get("logprobs") and q.get("gold") in letters]
+    return 100.0 * sum(vals) / len(vals) if vals else None
+
+
+def trial_score(trial: dict, metric: str, run_dir: Path, task: str) -> float:
+    """The number a trial is judged by: its benchmark accuracy, or its gold probability (read back from
+    the trial's saved questions when the result predates the field)."""
+    if metric == "accuracy":
+        return float(trial["score"])
+    if metric == "heldout_loss":
+        if trial.get("heldout_loss") is None:
+            raise RaycptError(f"trial {trial['name']}: no held-out loss (the scan ran with another contribution.score)")
+        return -float(trial["heldout_loss"])
+    if trial.get("gold_prob") is not None:
+        return float(trial["gold_prob"])
+    path = run_dir / "trials" / trial["name"] / "eval" / f"eval-{trial['name']}_questions.json"
+    if path.is_file():
+        for res in json.loads(path.read_text()):
+            g = gold_prob_of(res.get("questions", {}).get(task, []))
+            if g is not None:
+                return g
+    raise RaycptError(f"trial {trial['name']}: no logit-mode records to compute contribution.score=gold_prob")
+
+
+def heldout_blocks(cfg: ExperimentConfig, model_path: str, num_docs: int) -> list[list[int]]:
+    """The held-out documents (after the first ``data.max_documents``), packed like the training data."""
+    from transformers import AutoTokenizer
+
+    from raycpt.data.corpus import iter_documents, pack_token_lists, eos_id_of
+
+    start = int(cfg.data.max_documents or 0)
+    docs = list(iter_documents(cfg.data.corpus, cfg.data.text_field, max_documents=start + num_docs))[start:]
+    if not docs:
+        raise RaycptError(f"contribution.score=heldout_loss: data.corpus has no documents after the first "
+                          f"{start} (data.max_documents); lower data.max_documents")
+    tok = AutoTokenizer.from_pretrained(model_path)
+    ids = tok(docs, add_special_tokens=False)["input_ids"]
+    blocks = pack_token_lists(ids, cfg.data.seq_len, eos_id_of(tok))
+    if len(blocks) == 0:
+        raise RaycptError(f"contribution.score=heldout_loss: {len(docs)} held-out documents give no full block of "
+                          f"data.seq_len={cfg.data.seq_len} tokens; raise contribution.heldout_docs")
+    return [list(map(int, b)) for b in blocks]
+
+
+def lm_loss(model, blocks: list[list[int]], batch_size: int = 8) -> float:
+    """Mean next-token cross-entropy (nats) over packed blocks, as the training loop computes it."""
+    import torch
+
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(blocks), batch_size):
+            ids = torch.tensor(blocks[i:i + batch_size], dtype=torch.long)
+            out = model(input_ids=ids, labels=ids, use_cache=False)
+            n = ids.shape[0] * (ids.shape[1] - 1)
+            total += float(out.loss) * n
+            count += n
+    return total / count
 
 
 def layer_l2(base_path: str, model_path: str) -> list[float]:
@@ -198,7 +286,16 @@ def run_scan_trial(config: dict) -> dict:
         cells = ev.metrics()
         key, score = primary_score(cells, tcfg.eval)
         l2 = layer_l2(base_path, model_dir) if spec["kind"] != "base" else None
-        result = {**spec, "score": score, "score_key": key, "cells": cells, "answers": answers_of(ev, tcfg.eval),
+        heldout = None
+        if config.get("heldout_blocks"):
+            from raycpt.models.sources import load_model
+
+            m, _ = load_model(model_dir, dtype="float32", device="cpu")
+            heldout = lm_loss(m, config["heldout_blocks"])
+            del m
+        gp = gold_prob_of(ev.questions.get(tcfg.eval.tasks[0], []))
+        result = {**spec, "score": score, "score_key": key, "gold_prob": gp, "heldout_loss": heldout, "cells": cells,
+                  "answers": answers_of(ev, tcfg.eval),
                   "l2": l2, "model_dir": model_dir, "wall_s": time.time() - t0 + float(meta.get("elapsed", 0.0)),
                   "mlflow_run_id": run_id, **train_info}
         from raycpt.tracking import log_metrics
@@ -207,7 +304,8 @@ def run_scan_trial(config: dict) -> dict:
 
         mlflow.set_tracking_uri(cfg.tracking.uri)
         with mlflow.start_run(run_id=run_id):
-            log_metrics({**cells, "score": score, "wall_time_s": result["wall_s"]})
+            log_metrics({**cells, "score": score, "wall_time_s": result["wall_s"], "gold_prob": gp or float("nan"),
+                         "heldout_loss": heldout if heldout is not None else float("nan")})
             if l2:
                 for i, v in enumerate(l2):
                     log_metrics({"l2_change": v}, step=i)
@@ -301,6 +399,7 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
         doc = read_ranking(settings.against, num_layers=n)
         against = {r["layer"]: r["score"] for r in doc["ranking"] if r["score"] is not None}
     specs = trial_names(settings)
+    blocks = heldout_blocks(cfg, model_path, settings.heldout_docs) if settings.score == "heldout_loss" else None
     run_dir = open_run_dir(cfg, "contribution", resume=resume)
     state = read_state(run_dir)
     exp_id = ensure_store(cfg.tracking)
@@ -332,7 +431,7 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
             else:
                 space = {"spec": tune.grid_search(specs), "cfg": config_to_dict(cfg), "run_dir": str(run_dir),
                          "parent_run_id": parent_id, "model_path": model_path,
-                         "keep_models": settings.keep_models}
+                         "keep_models": settings.keep_models, "heldout_blocks": blocks}
                 tuner = tune.Tuner(
                     trainable, param_space=space,
                     tune_config=tune.TuneConfig(max_concurrent_trials=cfg.sweep.max_concurrent_trials,
@@ -359,13 +458,18 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
             parent_status = "FAILED" if errs else "KILLED"  # no trial error: Tune was interrupted
             raise RaycptError(f"contribution scan incomplete: {', '.join(missing)} did not finish"
                               + (f" ({errs})" if errs else "") + f"; continue with --resume ({run_dir})")
-        base = trials["base"]
-        singles = {t["layer"]: t for t in trials.values() if t["kind"] == "single"}
-        analysis = analyze_scan(base, trials["full"], singles, n, settings.band, settings.threshold,
+        task = cfg.eval.tasks[0]
+        scored = {k: {**t, "score": trial_score(t, settings.score, run_dir, task)} for k, t in trials.items()}
+        singles = {t["layer"]: t for t in scored.values() if t["kind"] == "single"}
+        analysis = analyze_scan(scored["base"], scored["full"], singles, n, settings.band, settings.threshold,
                                 settings.top_k, against)
+        score_key = {"accuracy": trials["full"]["score_key"], "gold_prob": f"{task}/gold_prob/logit",
+                     "heldout_loss": "-heldout_loss"}[settings.score]
+        analysis["score_key"] = score_key
+        trials = scored
         ranking_file = write_ranking(run_dir / "ranking.json", model=cfg.model.ref, num_layers=n,
                                      scores=analysis["contribution"], metric="contribution",
-                                     extra={"score_key": trials["full"]["score_key"],
+                                     extra={"score_key": score_key,
                                             "base_score": analysis["base_score"],
                                             "full_score": analysis["full_score"],
                                             "scores": {str(k): v for k, v in analysis["scores"].items()},
@@ -456,7 +560,7 @@ def write_outputs(run_dir: Path, a: dict, trials: dict[str, dict], n: int, s: Sc
                      "l2_single": a["l2_single"].get(l, float("nan")), "l2_full": a["l2_full"].get(l, float("nan")),
                      "final_loss": t.get("final_loss", float("nan")), "wall_s": round(t.get("wall_s", 0.0), 1)})
     files = [write_csv(rows, run_dir / "contribution.csv")]
-    key = trials["full"]["score_key"]
+    key = a.get("score_key", trials["full"]["score_key"])
     lines = [f"# Layer contribution ({key})", "",
              f"base {a['base_score']:.2f}, full {a['full_score']:.2f}; {a['num_above']} of {len(rows)} scanned "
              f"layers above {s.threshold:g}; mean contribution in the {s.band[0]:.0%}-{s.band[1]:.0%} band "

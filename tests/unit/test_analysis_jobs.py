@@ -70,3 +70,49 @@ def test_find_model_in_run_and_prompts(tmp_path):
         load_prompt_texts(str(tmp_path / "missing.jsonl"), 10)
     texts = load_prompt_texts(None, 12)
     assert len(texts) == 12 and len(set(texts)) == 12
+
+
+def test_trial_score_gold_prob_from_saved_questions(tmp_path):
+    import math
+
+    from raycpt.jobs.contribution import gold_prob_of, scan_settings, trial_score
+
+    qs = [{"gold": "B", "logit": {"logprobs": [math.log(0.2), math.log(0.6), math.log(0.1), math.log(0.1)]}},
+          {"gold": "A", "logit": {"logprobs": [0.0, 0.0, 0.0, 0.0]}}]
+    assert gold_prob_of(qs) == pytest.approx(100 * (0.6 + 0.25) / 2)
+    d = tmp_path / "trials" / "full" / "eval"
+    d.mkdir(parents=True)
+    (d / "eval-full_questions.json").write_text(json.dumps([{"questions": {"wordnet_mc": qs}}]))
+    t = {"name": "full", "score": 31.25}
+    assert trial_score(t, "accuracy", tmp_path, "wordnet_mc") == 31.25
+    assert trial_score(t, "gold_prob", tmp_path, "wordnet_mc") == pytest.approx(42.5)
+    with pytest.raises(RaycptError, match="one of accuracy, gold_prob"):
+        scan_settings(cfg_with({"score": "loss"}), 4)
+    c = ExperimentConfig(contribution={"score": "gold_prob"}, eval=EvalConfig(modes=["generate"]))
+    with pytest.raises(RaycptError, match="needs the logit mode"):
+        scan_settings(c, 4)
+
+
+def test_heldout_blocks_and_lm_loss(tiny_dir, tmp_path):
+    import torch
+
+    from tiny import tiny_model
+
+    from raycpt.config import DataConfig
+    from raycpt.jobs.contribution import heldout_blocks, lm_loss
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document number {i} " * 3}) + "\n" for i in range(10)))
+    cfg = ExperimentConfig(data=DataConfig(corpus=[str(corpus)], seq_len=16, max_documents=8))
+    blocks = heldout_blocks(cfg, str(tiny_dir), 5)  # only documents 8 and 9 exist after the first 8
+    text = "".join(f"document number {i} " * 3 + "</s>" for i in (8, 9))
+    assert len(blocks) == (len(text) - 2 * len("</s>") + 2) // 16 and all(len(b) == 16 for b in blocks)
+    model = tiny_model("llama", 2)
+    ids = torch.tensor(blocks)
+    with torch.no_grad():
+        logits = model(ids).logits[:, :-1]
+    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    assert lm_loss(model, blocks, batch_size=1) == pytest.approx(float(ref), rel=1e-5)
+    cfg.data.max_documents = 10
+    with pytest.raises(RaycptError, match="no documents after the first 10"):
+        heldout_blocks(cfg, str(tiny_dir), 5)

@@ -114,3 +114,9 @@ def test_analyze_scan_hand_example():
     # Spearman of (0, 2, 1, 1) vs (0.1, 0.9, 0.5, 0.3)
     ref = spearmanr([0.0, 2.0, 1.0, 1.0], [0.1, 0.9, 0.5, 0.3])
     assert out["spearman"]["rho"] == pytest.approx(ref.statistic)
+
+
+def test_gold_probability():
+    lp = [math.log(0.5), math.log(0.25), math.log(0.125), math.log(0.125)]
+    assert C.gold_probability(lp, 0) == pytest.approx(0.5)
+    assert C.gold_probability([v - 7.0 for v in lp], 2) == pytest.approx(0.125)  # shift-invariant
