@@ -236,6 +236,8 @@ class SweepConfig:
     """Run the ``full`` baseline."""
     trace_first: bool = True
     """Run ``trace`` first and report S(b) next to each split's realised gain."""
+    trace_max_prompts: Optional[int] = None
+    """Prompts used by the sweep's trace (None = ``trace.max_prompts``); keeps the sweep short on a CPU."""
     max_concurrent_trials: int = 1
     """Tune trials running at once."""
     cpus_per_trial: float = 1.0

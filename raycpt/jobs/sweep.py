@@ -360,6 +360,9 @@ def _trace_once(cfg, run_dir: Path, splits: list[float], parent_id: str, state: 
     done = trace_dir / "trace_result.json"
     if done.is_file():
         return json.loads(done.read_text())
+    if cfg.sweep.trace_max_prompts is not None:
+        cfg = config_from_dict({**config_to_dict(cfg), "trace": {**config_to_dict(cfg)["trace"],
+                                                                 "max_prompts": cfg.sweep.trace_max_prompts}})
     res = run_trace(cfg, run_dir=trace_dir, splits=splits, parent_run_id=parent_id)
     out = {
         "recommended_split": getattr(res, "recommended_split", None),

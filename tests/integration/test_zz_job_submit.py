@@ -70,7 +70,9 @@ def test_ray_job_submit_tiny_sweep(tmp_path, tiny_dir):
     finally:
         subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True, timeout=120)
 
-    client = mlflow.tracking.MlflowClient(cfg.tracking.uri)
+    from raycpt.tracking import tracking_uri
+
+    client = mlflow.tracking.MlflowClient(tracking_uri(cfg.tracking))
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     runs = client.search_runs([exp.experiment_id])
     trials = [r for r in runs if r.data.tags.get("raycpt.trial")]
