@@ -317,9 +317,14 @@ class RaycptHybridForCausalLM(RaycptHybridPreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
-        """No cache: every step sees the whole sequence (positions are rebuilt from the mask)."""
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, logits_to_keep=None,
+                                      **kwargs):
+        """No cache: every step sees the whole sequence (positions are rebuilt from the mask); only the
+        last position goes through the head (``logits_to_keep=1`` from ``generate``)."""
+        out = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if logits_to_keep is not None:
+            out["logits_to_keep"] = logits_to_keep
+        return out
 
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.LongTensor] = None, inputs_embeds: Optional[torch.Tensor] = None,

@@ -238,8 +238,12 @@ def test_generate_matches_naive_greedy_loop(donors, kind):
         for _ in range(6):  # naive greedy loop: full forward, argmax of the last position
             nxt = model(input_ids=ref).logits[:, -1].argmax(-1, keepdim=True)
             ref = torch.cat([ref, nxt], dim=1)
+        seen = []
+        h = model.register_forward_pre_hook(lambda m, a, k: seen.append(k.get("logits_to_keep")), with_kwargs=True)
         got = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+        h.remove()
         assert torch.equal(got, ref)
+        assert seen == [1] * 6  # no cache: 6 full-prefix forwards, the head on the last position only
         # the same prompt left-padded inside a batch generates the same tokens
         short = prompt[:, 3:]
         single = model.generate(short, max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -299,3 +303,52 @@ def test_bad_specs_raise_one_clear_error(donors):
         plan_hybrid([{"new": "mamba2", "count": 2, "config": {"hidden_size": 48}}], donors["llama"])
     with pytest.raises(RaycptError, match=r"not a valid mamba2 config: .*num_heads \* head_dim"):
         plan_hybrid([{"new": "mamba2", "count": 2, "config": {"num_heads": 7}}], donors["llama"])
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+def _yaml(tmp_path, donors, hybrid: dict, name="h.yaml") -> str:
+    import yaml
+
+    data = {"name": "t", "model": {"ref": donors["llama"]}, "tracking": {"run_root": str(tmp_path / "runs")},
+            "hybrid": hybrid}
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return str(p)
+
+
+def test_cli_hybrid_build_prints_segment_map(donors, tmp_path, capsys):
+    from raycpt.cli import main
+
+    cfg = _yaml(tmp_path, donors, {"depth": 4, "new_kind": "qwen3"})
+    assert main(["hybrid", "build", cfg, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    donor = load_donor(donors["llama"])
+    layer_params = sum(p.numel() for p in donor.model.layers[0].parameters())
+    assert "qwen3-llama (new_shallow)" in out and "llama-qwen3 (new_deep)" in out
+    assert f"{2 * layer_params:,}" in out  # two copied donor layers (a qwen3 layer differs: q/k norms)
+    for b in ("new_shallow", "new_deep"):
+        assert (tmp_path / "out" / b / "model.safetensors").is_file()
+        assert (tmp_path / "out" / b / "segment_map.json").is_file()
+
+
+@pytest.mark.parametrize("hybrid, overrides, expected", [
+    ({"builds": ["custom"], "segments": [{"donor": "WIDE", "layers": [0, 2]}]}, [],
+     "hidden size 64 but the head donor"),
+    ({"new_kind": "mamba7"}, [], "unknown layer kind; known kinds:"),
+    ({"builds": ["custom"], "segments": [{"donor": None, "layers": [2, 9], "trainable": False}]}, [],
+     "outside donor"),
+    ({"builds": ["custom"]}, [], "hybrid.segments=[]"),
+    ({}, ["hybrid.depth=12"], "needs 6 donor layers but the donor has 4"),
+])
+@pytest.mark.parametrize("command", ["build", "run"])
+def test_cli_bad_hybrid_specs_exit_2_with_one_line(donors, tmp_path, capsys, hybrid, overrides, expected, command):
+    from raycpt.cli import main
+
+    segs = [dict(s, donor=donors["wide"] if s.get("donor") == "WIDE" else s.get("donor"))
+            for s in hybrid.get("segments", [])]
+    cfg = _yaml(tmp_path, donors, {**hybrid, "segments": segs})
+    assert main(["hybrid", command, cfg, *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and expected in err, err
+    assert not (tmp_path / "runs" / "mlflow.db").exists()  # nothing started: no MLflow store, no run
