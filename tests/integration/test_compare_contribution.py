@@ -53,6 +53,7 @@ def test_compare_bad_inputs_one_line(pair, tmp_path, capsys):
     base, _, _ = pair
     three = save_tiny(tmp_path / "three", "llama", 3)
     qwen = save_tiny(tmp_path / "qwen", "qwen3", 4)
+    capsys.readouterr()  # drop the progress bars of writing the fixtures
     for other, msg in ((three, "different layer counts: 4 vs 3"), (qwen, "different architectures")):
         rc = main(["compare", str(base), str(other), "-c", f"tracking.run_root={tmp_path / 'r'}"])
         err = capsys.readouterr().err.strip()

@@ -116,3 +116,27 @@ def test_heldout_blocks_and_lm_loss(tiny_dir, tmp_path):
     cfg.data.max_documents = 10
     with pytest.raises(RaycptError, match="no documents after the first 10"):
         heldout_blocks(cfg, str(tiny_dir), 5)
+
+
+def test_sweep_pairs_reads_finished_trials(tmp_path):
+    from tiny import save_tiny
+
+    from raycpt.config import save_config
+    from raycpt.jobs.compare import _sweep_pairs
+
+    sweep = tmp_path / "sweep-x"
+    base = save_tiny(tmp_path / "base")
+    save_config(_cfg_ref(str(base)), sweep / "config.yaml")
+    m = save_tiny(sweep / "trials" / "full" / "train" / "final_model")
+    (sweep / "trials" / "full" / "result.json").write_text(json.dumps({"final_model_dir": str(m)}))
+    (sweep / "trials" / "train_shallow-r0.5").mkdir(parents=True)  # unfinished: skipped
+    ref, pairs = _sweep_pairs(sweep, ExperimentConfig())
+    assert ref == str(base) and pairs == [("full", str(m))]
+    with pytest.raises(RaycptError, match="not a sweep run folder"):
+        _sweep_pairs(tmp_path, ExperimentConfig())
+
+
+def _cfg_ref(ref):
+    from raycpt.config import load_config
+
+    return load_config(None, [f"model.ref={ref}"])
