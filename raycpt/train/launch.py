@@ -278,6 +278,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     ray_name = f"{name or 'train'}-{run_dir.name}-a{attempt}-{uuid.uuid4().hex[:6]}"
     run_id = mlflow_run_id or (state.get("mlflow_run_id") if resume else None)
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # no "creating tables" chatter around our one line
     with mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
                     parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
         import mlflow

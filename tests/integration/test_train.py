@@ -1,0 +1,131 @@
+"""raycpt train on Ray with a tiny model: a SIGKILLed worker resumes exactly, a killed driver resumes
+with --resume, bad inputs end with one line and no MLflow run left RUNNING."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raycpt.config import load_config
+from raycpt.report.train import read_events
+
+
+def _corpus(path: Path, n: int = 200) -> Path:
+    from raycpt.data.corpus import iter_documents
+
+    with open(path, "w") as f:
+        for d in iter_documents(["builtin:wordnet-glosses"], max_documents=n):
+            f.write(json.dumps({"text": d}) + "\n")
+    return path
+
+
+def _base(tmp_path, tiny_dir, **train):
+    corpus = _corpus(tmp_path / "corpus.jsonl")
+    t = dict(max_steps=6, checkpoint_every=2, num_workers=2, cpus_per_worker=0.5, lr=1e-3, micro_batch_size=2)
+    t.update(train)
+    return [f"model.ref={tiny_dir}", f"data.corpus=[{corpus}]", "data.seq_len=32", "plan.name=train_deep",
+            f"tracking.run_root={tmp_path / 'runs'}"] + [f"train.{k}={v}" for k, v in t.items()]
+
+
+def _statuses(run_root: Path) -> list[str]:
+    from mlflow.tracking import MlflowClient
+
+    db = run_root / "mlflow.db"
+    if not db.exists():
+        return []
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    return [r.info.status for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+
+
+def test_worker_sigkill_resumes_with_identical_losses(ray_local, tmp_path, tiny_dir):
+    from raycpt.train.launch import run_training
+
+    base = _base(tmp_path, tiny_dir)
+    clean = run_training(load_config(None, base + ["name=clean"]))
+    killed = run_training(load_config(None, base + ["name=killed"]), faults={"sigkill_rank": 1, "sigkill_step": 5})
+    assert clean.steps == killed.steps == [1, 2, 3, 4, 5, 6]
+    a, b = np.array(clean.losses), np.array(killed.losses)
+    assert np.max(np.abs(a - b) / np.abs(a)) <= 1e-5
+    events = read_events(killed.run_dir / "train_metrics.jsonl")
+    # the worker died at the start of step 5; the group restarted from the step-4 checkpoint
+    assert [(e["event"], e["step"]) for e in events] == [("start", 0), ("resume", 4), ("finished", 6)]
+    assert (killed.run_dir / ".fault_sigkill_5").is_file()
+    assert events[0]["pid"] != events[1]["pid"]
+    assert (killed.final_model_dir / "config.json").is_file()
+    kept = sorted(p.name for p in (killed.run_dir / "ray").glob("*/checkpoint_*") if p.is_dir())
+    assert kept == ["checkpoint_000004", "checkpoint_000006"]  # keep_checkpoints=2
+    assert set(_statuses(tmp_path / "runs")) == {"FINISHED"}
+
+
+def test_cli_resume_after_driver_sigkill(ray_local, tmp_path, tiny_dir):
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    args = [sys.executable, "-m", "raycpt.cli", "train"] + _base(tmp_path, tiny_dir, max_steps=8) + \
+        [f"ray.address={address}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAYCPT_FAULTS": json.dumps({"step_sleep": 0.6})}
+    log = open(tmp_path / "first.log", "w")
+    p = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    runs = tmp_path / "runs"
+    try:
+        deadline = time.time() + 240
+        from raycpt.train.loop import find_checkpoints
+
+        while time.time() < deadline and p.poll() is None:
+            if any(find_checkpoints(d / "ray") for d in runs.glob("train-default-*")):
+                break
+            time.sleep(0.5)
+        assert p.poll() is None, (tmp_path / "first.log").read_text()[-2000:]
+        os.killpg(p.pid, signal.SIGKILL)  # the driver (and nothing else: Ray runs on the test's cluster)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        log.close()
+    (run_dir,) = list(runs.glob("train-default-*"))
+    assert not (run_dir / "final_model").exists()
+    first_run_id = json.loads((run_dir / "state.json").read_text())["mlflow_run_id"]
+    done = subprocess.run(args + ["--resume"], env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    res = json.loads((run_dir / "train_result.json").read_text())
+    assert res["steps"] == list(range(1, 9)) and res["resumed_from_step"] >= 2
+    assert res["mlflow_run_id"] == first_run_id
+    events = [(e["event"], e["step"]) for e in read_events(run_dir / "train_metrics.jsonl")]
+    assert events[0] == ("start", 0) and ("resume", res["resumed_from_step"]) in events and events[-1] == ("finished", 8)
+    assert (run_dir / "final_model" / "model.safetensors").is_file() and (run_dir / "loss_curve.png").is_file()
+    assert "RUNNING" not in _statuses(runs)
+
+
+def test_bad_inputs_are_one_line_and_leave_no_running_run(ray_local, tmp_path, tiny_dir, capsys, monkeypatch):
+    from raycpt.cli import main
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    base = _base(tmp_path, tiny_dir, num_workers=1, max_steps=3, checkpoint_every=1)
+    cases = {
+        "empty corpus": ([f"data.corpus=[{empty}]"], "gives no full 32-token blocks"),
+        "seq_len": (["data.seq_len=4096"], "beyond this model's limit of 256"),
+        "layers out of range": (["plan.name=layers", "plan.layers=[1,9]"], "plan.layers=9 is out of range"),
+        "nothing trains": (["plan.name=blocks", "plan.pattern=00"], "trains nothing"),
+        "empty side": (["plan.split=0.9"], "leaves the deep side empty"),
+    }
+    for name, (over, msg) in cases.items():
+        rc = main(["train"] + base + over)
+        err = capsys.readouterr().err.strip()
+        assert rc == 2, name
+        assert msg in err and len(err.splitlines()) == 1, (name, err)
+    assert "RUNNING" not in _statuses(tmp_path / "runs")
+    # a NaN loss at step 2: one line naming the step and the last good checkpoint; the run ends FAILED
+    monkeypatch.setenv("RAYCPT_FAULTS", json.dumps({"nan_step": 2}))
+    rc = main(["train"] + base)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "training stopped at step 2: the loss is nan; the last good checkpoint is step 1" in err
+    assert _statuses(tmp_path / "runs") == ["FAILED"]
