@@ -635,6 +635,7 @@ def run_loop(config: dict, session: _Session) -> dict:
     status = {"status": "finished"}
     epoch = 0
     step_times: list[float] = []
+    step_cpu: list[float] = []  # this process's CPU seconds per step (all its threads): work, not waiting
     for step in range(start_step + 1, tcfg.max_steps + 1):
         if faults.get("sigkill_step") == step and faults.get("sigkill_rank", 0) == rank and run_dir is not None:
             marker = run_dir / f".fault_sigkill_{step}"
@@ -643,7 +644,7 @@ def run_loop(config: dict, session: _Session) -> dict:
                 os.kill(os.getpid(), signal.SIGKILL)
         if faults.get("step_sleep"):
             time.sleep(float(faults["step_sleep"]))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         batch = []
         for _ in range(ga):
             epoch, ids = next(data)
@@ -665,10 +666,11 @@ def run_loop(config: dict, session: _Session) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         step_times.append(dt)
+        step_cpu.append(cpu)
         history.append(loss)
-        metrics = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": dt,
+        metrics = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": dt, "step_cpu_s": cpu,
                    "tokens_per_s": tokens_per_step / dt, "epoch": epoch}
         loop_state.step, loop_state.metrics = step, metrics
         for cb in callbacks:
@@ -695,7 +697,7 @@ def run_loop(config: dict, session: _Session) -> dict:
         atomic_write_json(run_dir / STATUS_FILE, status)
         logger.event({"event": status["status"], "step": loop_state.step, "time": time.time()})
     session.barrier()
-    return {"status": status, "losses": history, "step_times": step_times, "counts": counts,
+    return {"status": status, "losses": history, "step_times": step_times, "step_cpu": step_cpu, "counts": counts,
             "tokens_per_step": tokens_per_step}
 
 
