@@ -174,13 +174,16 @@ def compare_cmd(base: Optional[str] = typer.Argument(None, help="base model: ref
                 swap_blocks: Optional[int] = typer.Option(
                     None, help="layer swap: number of contiguous blocks (default min(5, layers); 0 = no swaps)"),
                 alpha: float = typer.Option(1.0, help="order of the matrix-based Renyi entropy (1 = von Neumann)"),
+                outlier_factor: float = typer.Option(
+                    10.0, help="leave out massive-activation tokens (norm > factor x median; 0 = keep all)"),
                 resume: bool = typer.Option(False, help="re-open the newest compare run folder; skip finished pairs")):
     """Base vs tuned, per layer: CKA, cosine, mean shift, entropy, effective rank, weight change, probe, swaps."""
     from raycpt.jobs.compare import run_compare
 
     cfg = load(config)
     res = run_compare(cfg, base, tuned, prompts=prompts, sweep=sweep, max_prompts=max_prompts, max_len=max_len,
-                      swap_blocks=swap_blocks, alpha=alpha, resume=resume, console=console)
+                      swap_blocks=swap_blocks, alpha=alpha, resume=resume, console=console,
+                      outlier_factor=outlier_factor)
     from rich.table import Table
 
     for child in res.children:

@@ -6,7 +6,8 @@ run began from, also after a resume):
 * ``drift.dW.L{i}`` - ``||W_i(now) - W_i(start)||_F`` over all parameters of layer i;
 * ``drift.rel_dW.L{i}`` - the same divided by ``||W_i(start)||_F``;
 * ``drift.cka.L{i}`` - linear CKA between the layer's residual stream now and at the start, on a
-  fixed probe batch (WordNet glosses, the same tokens every time);
+  fixed probe batch (WordNet glosses, the same tokens every time; massive-activation tokens, norm
+  > 10x the median, left out as in ``raycpt compare``);
 
 as MLflow metric series (step = training step), plus ``drift.dW.mean`` / ``drift.cka.min``. At the
 end of training it writes ``drift.json`` and ``drift.png`` (two layer x step heatmaps) into the run
@@ -28,7 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from raycpt.diagnostics.similarity import layer_l2_change, linear_cka
+from raycpt.diagnostics.similarity import layer_l2_change, linear_cka, massive_rows
 from raycpt.train.loop import LoopState, StepCallback, register_step_callback
 
 PROBE_PROMPTS = 8
@@ -83,7 +84,8 @@ def drift_metrics(start_params, start_states, model, ids: torch.Tensor) -> dict[
         out[f"drift.rel_dW.L{i:02d}"] = dw / ref if ref > 0 else float("nan")
         dws.append(dw)
         if start_states:
-            c = linear_cka(start_states[i], now[i])
+            keep = ~(massive_rows(start_states[i].numpy()) | massive_rows(now[i].numpy()))
+            c = linear_cka(start_states[i][keep], now[i][keep])
             out[f"drift.cka.L{i:02d}"] = c
             ckas.append(c)
     out["drift.dW.mean"] = float(np.mean(dws)) if dws else float("nan")

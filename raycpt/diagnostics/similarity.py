@@ -344,22 +344,54 @@ def collect_states(model: nn.Module, sequences: Sequence[Sequence[int]], batch_s
                        num_tokens=ntok)
 
 
-def model_metrics(states: ModelStates, alpha: float = 1.0) -> list[dict[str, float]]:
-    """Per layer, one model: prompt / dataset entropy, effective rank of the token matrix, probe accuracy."""
+def massive_rows(x, factor: float = 10.0) -> np.ndarray:
+    """Rows whose L2 norm exceeds ``factor`` x the median row norm (massive activations; 0 = none).
+
+    LLMs put a few tokens (the attention sink and some delimiters) at norms 10-100x the others in
+    their middle layers; left in, one such token decides linear CKA (~1.0 whatever the rest does)
+    and the spectra behind entropy and effective rank."""
+    x = np.asarray(x)
+    if not factor or x.shape[0] == 0:
+        return np.zeros(x.shape[0], dtype=bool)
+    n = np.linalg.norm(x.astype(np.float64), axis=1)
+    return n > factor * np.median(n)
+
+
+def _split(mask: np.ndarray, prompts: Sequence[np.ndarray]) -> list[np.ndarray]:
+    out, i = [], 0
+    for p in prompts:
+        out.append(mask[i:i + len(p)])
+        i += len(p)
+    return out
+
+
+def model_metrics(states: ModelStates, alpha: float = 1.0, outlier_factor: float = 10.0) -> list[dict[str, float]]:
+    """Per layer, one model: prompt / dataset entropy, effective rank of the token matrix, probe accuracy.
+
+    Tokens flagged by :func:`massive_rows` (``outlier_factor``) are left out of the entropies and the
+    effective rank; ``massive_tokens`` says how many."""
     out = []
     acc = states.probe_accuracy
     for l, prompts in enumerate(states.layers):
+        allx = np.concatenate(prompts, axis=0)
+        bad = massive_rows(allx, outlier_factor)
+        kept = [p[~m] for p, m in zip(prompts, _split(bad, prompts))]
+        kept_nonempty = [p for p in kept if len(p) > 0]
         out.append(dict(
-            prompt_entropy=prompt_entropy(prompts, alpha),
-            dataset_entropy=dataset_entropy(prompts, alpha),
-            effective_rank=effective_rank(np.concatenate(prompts, axis=0)),
+            prompt_entropy=prompt_entropy(kept, alpha),
+            dataset_entropy=dataset_entropy(kept_nonempty, alpha) if len(kept_nonempty) > 1 else float("nan"),
+            effective_rank=effective_rank(allx[~bad]),
             probe_accuracy=float(acc[l]),
+            massive_tokens=int(bad.sum()),
         ))
     return out
 
 
-def pair_metrics(a: ModelStates, b: ModelStates) -> list[dict[str, float]]:
-    """Per layer, base ``a`` vs tuned ``b`` on the same tokens: linear CKA, mean cosine, mean shift."""
+def pair_metrics(a: ModelStates, b: ModelStates, outlier_factor: float = 10.0) -> list[dict[str, float]]:
+    """Per layer, base ``a`` vs tuned ``b`` on the same tokens: linear CKA, mean cosine, mean shift.
+
+    Tokens that are massive activations (:func:`massive_rows`) in either model are left out on both
+    sides; ``massive_tokens`` says how many."""
     if len(a.layers) != len(b.layers):
         raise RaycptError(f"models have different layer counts: {len(a.layers)} vs {len(b.layers)}")
     out = []
@@ -368,5 +400,8 @@ def pair_metrics(a: ModelStates, b: ModelStates) -> list[dict[str, float]]:
         if xa.shape[0] != xb.shape[0]:
             raise RaycptError(f"layer {l}: the two models saw different token counts ({xa.shape[0]} vs "
                               f"{xb.shape[0]}); they must share one tokenizer")
-        out.append(dict(cka=linear_cka(xa, xb), cosine=mean_cosine(xa, xb), mean_shift=mean_shift(xa, xb)))
+        keep = ~(massive_rows(xa, outlier_factor) | massive_rows(xb, outlier_factor))
+        xa, xb = xa[keep], xb[keep]
+        out.append(dict(cka=linear_cka(xa, xb), cosine=mean_cosine(xa, xb), mean_shift=mean_shift(xa, xb),
+                        massive_tokens_pair=int((~keep).sum())))
     return out

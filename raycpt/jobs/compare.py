@@ -207,7 +207,8 @@ def _torch_threads(n: Optional[int] = None) -> None:
     torch.set_num_threads(max(1, int(n or os.environ.get("OMP_NUM_THREADS", 1) or 1)))
 
 
-def states_task(path: str, seqs: list[list[int]], batch_size: int, alpha: float, dtype: str = "float32"):
+def states_task(path: str, seqs: list[list[int]], batch_size: int, alpha: float, outlier_factor: float = 10.0,
+                dtype: str = "float32"):
     """Load one model, record per-layer states and the probe; return (states, per-model metrics)."""
     from raycpt.diagnostics.similarity import collect_states, model_metrics
     from raycpt.models.sources import load_model
@@ -215,14 +216,14 @@ def states_task(path: str, seqs: list[list[int]], batch_size: int, alpha: float,
     _torch_threads()
     model, _ = load_model(path, dtype=dtype, device="cpu")
     st = collect_states(model, seqs, batch_size=batch_size, drop_first=True)
-    return st, model_metrics(st, alpha)
+    return st, model_metrics(st, alpha, outlier_factor)
 
 
-def pair_task(a, b):
+def pair_task(a, b, outlier_factor: float = 10.0):
     from raycpt.diagnostics.similarity import pair_metrics
 
     _torch_threads()
-    return pair_metrics(a, b)
+    return pair_metrics(a, b, outlier_factor)
 
 
 def weights_task(base_path: str, tuned_path: str):
@@ -299,7 +300,7 @@ def build_rows(pair: list[dict], base_m: list[dict], tuned_m: list[dict], wc: li
     for l in range(n):
         r: dict[str, Any] = {"layer": l, "depth": round((l + 0.5) / n, 4)}
         r.update(pair[l])
-        for k in ("prompt_entropy", "dataset_entropy", "effective_rank", "probe_accuracy"):
+        for k in ("prompt_entropy", "dataset_entropy", "effective_rank", "probe_accuracy", "massive_tokens"):
             r[f"{k}_base"] = base_m[l][k]
             r[f"{k}_tuned"] = tuned_m[l][k]
         for k in ("q", "k", "v", "o", "attn", "mlp", "ssm", "total", "rel_attn", "rel_mlp", "rel_total"):
@@ -310,7 +311,7 @@ def build_rows(pair: list[dict], base_m: list[dict], tuned_m: list[dict], wc: li
 
 
 def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: list[list[int]], out_dir: Path,
-                 swap_blocks: int, alpha: float, batch_size: int, progress=None) -> dict:
+                 swap_blocks: int, alpha: float, batch_size: int, progress=None, outlier_factor: float = 10.0) -> dict:
     """Place the Ray tasks for one base/tuned pair and gather their results (Ray must be up)."""
     import ray
 
@@ -321,9 +322,9 @@ def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: l
     cpu = max(cfg.eval.cpus_per_task, 0.5)
     st = ray.remote(num_cpus=cpu, num_returns=2)(states_task)
     seqs_ref = ray.put(seqs)
-    a, am = st.remote(base_path, seqs_ref, batch_size, alpha)
-    b, bm = st.remote(tuned_path, seqs_ref, batch_size, alpha)
-    pr = ray.remote(num_cpus=0.5)(pair_task).remote(a, b)
+    a, am = st.remote(base_path, seqs_ref, batch_size, alpha, outlier_factor)
+    b, bm = st.remote(tuned_path, seqs_ref, batch_size, alpha, outlier_factor)
+    pr = ray.remote(num_cpus=0.5)(pair_task).remote(a, b, outlier_factor)
     wr = ray.remote(num_cpus=cpu)(weights_task).remote(base_path, tuned_path)
     swap_refs = []
     if swap_blocks > 0:
@@ -429,7 +430,8 @@ def _sweep_pairs(sweep_dir: Path, cfg: ExperimentConfig) -> tuple[str, list[tupl
 def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], prompts: Optional[str] = None,
                 sweep: Optional[str] = None, max_prompts: int = 64, max_len: int = 64,
                 swap_blocks: Optional[int] = None,
-                alpha: float = 1.0, batch_size: int = 8, resume: bool = False, console=None) -> CompareResult:
+                alpha: float = 1.0, batch_size: int = 8, resume: bool = False, console=None,
+                outlier_factor: float = 10.0) -> CompareResult:
     """The ``raycpt compare`` command (see the module docstring)."""
     from rich.progress import Progress
 
@@ -440,6 +442,9 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
     t0 = time.time()
     if alpha <= 0:
         raise RaycptError(f"--alpha={alpha}: the Renyi order must be > 0 (1 = von Neumann)")
+    if outlier_factor < 0 or (0 < outlier_factor <= 1):
+        raise RaycptError(f"--outlier-factor={outlier_factor}: 0 (keep every token) or a factor > 1 of the median "
+                          "token norm")
     if swap_blocks is not None and swap_blocks < 0:
         raise RaycptError(f"--swap-blocks={swap_blocks}: must be >= 0 (0 = no swaps)")
     if sweep:
@@ -477,6 +482,7 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
 
         mlflow.log_params({"compare.base": base_label[:250], "compare.num_prompts": len(seqs),
                            "compare.swap_blocks": swap_blocks, "compare.alpha": alpha,
+                           "compare.outlier_factor": outlier_factor,
                            "compare.pairs": ",".join(p[0] for p in pairs)[:250]})
         with ray_session(cfg.ray):
             per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
@@ -492,10 +498,10 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
                         bar.advance(task, per_pair)
                     else:
                         res = compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, alpha, batch_size,
-                                           progress=lambda k: bar.advance(task, k))
+                                           progress=lambda k: bar.advance(task, k), outlier_factor=outlier_factor)
                     meta = dict(base=base_label, base_path=bp, tuned=tp if sweep else tuned, tuned_path=tp,
                                 trial=name, num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs),
-                                alpha=alpha, swap_blocks=swap_blocks, eval_tasks=cfg.eval.tasks,
+                                alpha=alpha, swap_blocks=swap_blocks, outlier_factor=outlier_factor, eval_tasks=cfg.eval.tasks,
                                 eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
                     files = write_outputs(out_dir, res, base_label, tp if sweep else tuned, meta)
                     if sweep:

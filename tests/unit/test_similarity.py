@@ -190,3 +190,26 @@ def test_collect_states_probe_matches_naive():
     assert all(r["cka"] == pytest.approx(1.0) and r["mean_shift"] == pytest.approx(0.0) for r in pm)
     mm = S.model_metrics(st)
     assert len(mm) == 3 and all(0 <= r["prompt_entropy"] <= 1 for r in mm)
+
+
+def test_massive_tokens_left_out(rng):
+    """One token at 1000x norm decides raw CKA; pair_metrics leaves it out and matches CKA on the rest."""
+    x = rng.normal(size=(40, 6))
+    y = x @ rng.normal(size=(6, 6)) + rng.normal(size=(40, 6))
+    x[7] *= 1000.0
+    y[7] = x[7] * 3.0
+    assert S.massive_rows(x).tolist() == [i == 7 for i in range(40)]
+    assert S.massive_rows(x, 0).sum() == 0
+    raw = S.linear_cka(x, y)
+    rest = np.delete(np.arange(40), 7)
+    st_a = S.ModelStates(layers=[[x[:20].astype(np.float32), x[20:].astype(np.float32)]],
+                         probe_correct=np.zeros(1), probe_total=1)
+    st_b = S.ModelStates(layers=[[y[:20].astype(np.float32), y[20:].astype(np.float32)]],
+                         probe_correct=np.zeros(1), probe_total=1)
+    pm = S.pair_metrics(st_a, st_b)[0]
+    assert raw > 0.999 and pm["massive_tokens_pair"] == 1
+    assert pm["cka"] == pytest.approx(naive_cka(x[rest], y[rest]), rel=1e-5) and pm["cka"] < 0.99
+    assert S.pair_metrics(st_a, st_b, outlier_factor=0)[0]["cka"] == pytest.approx(raw, rel=1e-5)
+    mm = S.model_metrics(st_a)[0]
+    assert mm["massive_tokens"] == 1
+    assert mm["effective_rank"] == pytest.approx(S.effective_rank(x[rest].astype(np.float32)), rel=1e-5)
