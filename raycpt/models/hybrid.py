@@ -584,6 +584,7 @@ def plan_from_config(hcfg, build: str, model_ref: str, cache_dir: Optional[str] 
     if build == "custom":
         segs = [{k: v for k, v in vars(s).items()} for s in hcfg.segments]
         return plan_hybrid(segs, head, name="custom", cache_dir=cache_dir)
+    layer_kind(hcfg.new_kind, "hybrid.new_kind")
     path = resolve_donor(donor, cache_dir)
     n = _donor_config(path).num_hidden_layers
     segs = shorthand_segments(build, donor, n, hcfg.depth, hcfg.new_kind, hcfg.new_config, hcfg.init_seed)
