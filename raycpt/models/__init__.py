@@ -14,7 +14,7 @@ in the driver, in Ray workers and inside lm-eval - while keeping the import chea
 from __future__ import annotations
 
 import importlib.abc
-import importlib.util
+import importlib.machinery
 import sys
 
 _AUTO = "transformers.models.auto.configuration_auto"
@@ -27,19 +27,23 @@ def _register_config() -> None:
 
 
 class _AfterAutoConfig(importlib.abc.MetaPathFinder):
-    """Registers the hybrid config right after ``configuration_auto`` has been executed."""
+    """Registers the hybrid config right after ``configuration_auto`` has been executed.
+
+    Stays on ``sys.meta_path`` until that happened (a bare ``find_spec`` probe does not use it up)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != _AUTO:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         original = spec.loader.exec_module
+        finder = self
 
         def exec_module(module):
             original(module)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
             try:
                 _register_config()
             except Exception as e:  # pragma: no cover - never break the user's transformers import

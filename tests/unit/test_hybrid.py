@@ -198,7 +198,9 @@ def test_fresh_process_loads_hybrid_without_remote_code(donors, tmp_path):
 
     model, tok = shorthand(donors["llama"], "new_shallow", "mamba2")
     folder = save_hybrid(model, tok, tmp_path / "hyb")
-    code = ("import sys, raycpt.models.sources as s; cheap = 'transformers.modeling_utils' not in sys.modules; "
+    code = ("import sys, importlib.util, raycpt.models.sources as s; "
+            "cheap = 'transformers.modeling_utils' not in sys.modules; "
+            "importlib.util.find_spec('transformers.models.auto.configuration_auto'); "  # a probe must not use it up
             "from transformers import AutoModelForCausalLM; "
             f"m = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=False); "
             "print(type(m).__name__, cheap)")
