@@ -15,6 +15,7 @@ plain Python; lm-eval is imported only when a model is evaluated.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -613,7 +614,8 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
     names = _unique_names(paths)
     run_dir = open_run_dir(cfg, "eval")
     write_state(run_dir, status="running", models=dict(zip(names, paths)))
-    with mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "eval"}) as run:
+    with _sigterm_as_interrupt(), _state_on_interrupt(run_dir), \
+            mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "eval"}) as run:
         log_config(cfg)
         t0 = time.perf_counter()
         results = evaluate_checkpoints(cfg, paths, names=names, progress=progress)
@@ -632,6 +634,40 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
         write_state(run_dir, status="finished", mlflow_run_id=run.info.run_id,
                     seconds=time.perf_counter() - t0, files={k: str(v) for k, v in files.items()})
     return results, run_dir, files
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Turn SIGTERM (``timeout``, a scheduler) into KeyboardInterrupt so the MLflow run ends KILLED."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def _state_on_interrupt(run_dir: Path):
+    from raycpt.runs import write_state
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        write_state(run_dir, status="interrupted")
+        raise
+    except Exception as e:
+        write_state(run_dir, status="failed", error=f"{type(e).__name__}: {e}"[:500])
+        raise
 
 
 class _Bar:

@@ -17,16 +17,20 @@ noun -> STEM, verb -> Social Science, adjective -> Humanities, adverb -> Other.
 Questions are interleaved by category (noun, verb, adj, adv, noun, ...) so that the first N
 questions (``eval.limit=N``) are balanced; answer letters are balanced within each category.
 
-The definitions are WordNet glosses, i.e. exactly the text of the default training corpus
-(``builtin:wordnet-glosses``), so continued pre-training on it should move this benchmark.
+The definitions are WordNet glosses, the text of the default training corpus
+(``builtin:wordnet-glosses``, ``raycpt/assets/wordnet_glosses.jsonl.gz``, records
+``"lemma, lemma (pos): definition; examples"``). That corpus is a capped subset of the synsets, so
+when its file is present only synsets whose record (same part of speech, same definition, the answer
+among its lemmas) is in it are asked about; without it, all synsets qualify (and the script says so).
 
-Usage: ``python scripts/make_wordnet_benchmark.py [--wordnet /usr/share/wordnet] [--out PATH] [--per-category 100]``
+Usage: ``python scripts/make_wordnet_benchmark.py [--wordnet /usr/share/wordnet] [--corpus GZ] [--out PATH] [--per-category 100]``
 Deterministic: the same WordNet files give the same file byte for byte.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import re
@@ -38,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "raycpt" / "assets" / "wordnet_mc.jsonl"
 LICENSE_OUT = ROOT / "raycpt" / "assets" / "WORDNET_LICENSE.txt"
 LICENSE_SRC = Path("/usr/share/doc/wordnet-base/copyright")
+DEFAULT_CORPUS = ROOT / "raycpt" / "assets" / "wordnet_glosses.jsonl.gz"
+CORPUS_POS = {"noun": "n", "verb": "v", "adjective": "a", "adverb": "r"}
 
 SEED = 20240531
 MIN_COUNT = 10
@@ -102,6 +108,23 @@ def definition_of(gloss: str) -> str:
     return text.strip().strip(";").strip()
 
 
+def read_corpus(path: Path | None) -> set[tuple[str, str, str]] | None:
+    """(pos, definition, lemma) triples of the training-corpus records, or None without a corpus file."""
+    if path is None or not Path(path).is_file():
+        return None
+    out = set()
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            text = json.loads(line)["text"]
+            m = re.match(r"(.*?) \((noun|verb|adjective|adverb)\): (.*)$", text, re.S)
+            if not m:
+                continue
+            definition = definition_of(m.group(3))
+            for lemma in m.group(1).split(", "):
+                out.add((CORPUS_POS[m.group(2)], definition, lemma.replace(" ", "_").lower()))
+    return out
+
+
 def _tokens(text: str) -> set[str]:
     return set(re.findall(r"[a-z]+", text.lower()))
 
@@ -112,8 +135,10 @@ def _related(a: str, b: str) -> bool:
     return a[:n] == b[:n]
 
 
-def build_questions(wn: Path = Path("/usr/share/wordnet"), per_category: int = 100, seed: int = SEED) -> list[dict]:
+def build_questions(wn: Path = Path("/usr/share/wordnet"), per_category: int = 100, seed: int = SEED,
+                    corpus: Path | None = DEFAULT_CORPUS) -> list[dict]:
     counts = read_counts(wn)
+    in_corpus = read_corpus(corpus)
     by_pos: dict[str, list[dict]] = {}
     for pos in "nvar":
         synsets = read_synsets(wn, pos)
@@ -135,6 +160,8 @@ def build_questions(wn: Path = Path("/usr/share/wordnet"), per_category: int = 1
             words_in_def = _tokens(definition)
             n_words = len(definition.split())
             if offset in used_synsets or not (3 <= n_words <= 25):
+                continue
+            if in_corpus is not None and (pos, definition, lemma) not in in_corpus:
                 continue
             if any(_related(lemma, w) for w in words_in_def if len(w) >= 3) or lemma in words_in_def:
                 continue
@@ -186,11 +213,17 @@ def build_questions(wn: Path = Path("/usr/share/wordnet"), per_category: int = 1
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wordnet", default="/usr/share/wordnet", help="folder holding data.noun, index.noun, cntlist.rev")
+    ap.add_argument("--corpus", default=str(DEFAULT_CORPUS),
+                    help="training corpus (gzip JSONL); only its synsets are asked about ('' = all synsets)")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--per-category", type=int, default=100)
     ap.add_argument("--seed", type=int, default=SEED)
     args = ap.parse_args()
-    rows = build_questions(Path(args.wordnet), args.per_category, args.seed)
+    corpus = Path(args.corpus) if args.corpus else None
+    if corpus is not None and not corpus.is_file():
+        print(f"note: corpus {corpus} not found; questions may use synsets outside the training corpus")
+        corpus = None
+    rows = build_questions(Path(args.wordnet), args.per_category, args.seed, corpus)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

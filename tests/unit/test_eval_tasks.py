@@ -75,3 +75,27 @@ def test_category_maps():
     assert subject_category("ceval-valid_law") == "Humanities" == subject_category("ceval_gen_law")
     assert subject_category("cmmlu_arts") == "Humanities" == subject_category("cmmlu_gen_arts")
     assert subject_category("wordnet_mc") is None
+
+
+@pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(), reason="WordNet (wordnet-base) not installed")
+@pytest.mark.skipif(not (TASKS_DIR.parent / "assets" / "wordnet_glosses.jsonl.gz").is_file(),
+                    reason="training corpus asset not present")
+def test_wordnet_benchmark_regenerates_identically():
+    """The shipped file is what the generator writes, and every question's definition is a record
+    of the shipped training corpus (``word, ... (pos): definition; ...``)."""
+    import gzip
+    import json
+    import runpy
+
+    from raycpt.evaluate import WORDNET_MC_FILE
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_wordnet_benchmark.py"
+    build = runpy.run_path(str(script))["build_questions"]
+    rows = build()
+    shipped = [json.loads(line) for line in WORDNET_MC_FILE.read_text(encoding="utf-8").splitlines()]
+    assert rows == shipped
+    corpus = gzip.open(TASKS_DIR.parent / "assets" / "wordnet_glosses.jsonl.gz", "rt", encoding="utf-8").read()
+    pos_name = {"noun": "noun", "verb": "verb", "adj": "adjective", "adv": "adverb"}
+    for q in shipped:
+        definition = q["question"].split('"', 1)[1].rsplit('"', 1)[0]
+        assert f"({pos_name[q['pos']]}): {definition}" in corpus, q["id"]
