@@ -278,6 +278,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     ray_name = f"{name or 'train'}-{run_dir.name}-a{attempt}-{uuid.uuid4().hex[:6]}"
     run_id = mlflow_run_id or (state.get("mlflow_run_id") if resume else None)
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
+    import mlflow  # noqa: F401 - import first: MLflow sets its logger's level when imported
+
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # no "creating tables" chatter around our one line
     with mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
                     parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
@@ -346,7 +348,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         mlflow.log_artifact(str(png))
         mlflow.log_param("final_model_dir", str(final_dir))
         mlflow.set_tag("raycpt.final_model_dir", str(final_dir))
-        wall = time.time() - t_start + float(state.get("wall_s", 0.0) if resume else 0.0)
+        wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
         mlflow.log_metrics({"final_loss": losses[-1] if losses else float("nan"), "wall_time_s": wall,
                             "mean_tokens_per_s": tok_s})
         res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,

@@ -202,3 +202,18 @@ def test_meta_device_counts_match_real_model():
     a = plan_table(real, plan_for_model(pc, real))
     b = plan_table(meta, plan_for_model(pc, meta))
     assert (a["trainable"], a["frozen"]) == (b["trainable"], b["frozen"])
+
+
+def test_plan_show_cli(tiny_dir, capsys):
+    from raycpt.cli import main
+
+    rc = main(["plan", "show", f"model.ref={tiny_dir}", "plan.name=train_deep", "plan.split=0.5"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "layer map (layer 0 first, T = trains): ..TT" in out
+    model = tiny_model("llama", num_layers=4)  # save_tiny's model: the same config and seed
+    deep = sum(p.numel() for n, p in model.named_parameters() if layer_of(n) in (2, 3))
+    assert f"trainable {deep:,} / frozen {sum(p.numel() for p in model.parameters()) - deep:,}" in out
+    rc = main(["plan", "show", f"model.ref={tiny_dir}", "plan.name=single", "plan.layer=4"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == "error: plan.layer=4 is out of range: this model has layers 0..3"
