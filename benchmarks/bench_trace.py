@@ -2,9 +2,9 @@
 """LayerTracer speed: ours (``trace_batch``) vs the plain way, on the default model, in one process.
 
 * **naive** (the obvious implementation): per batch, one full forward with ``output_hidden_states``
-  for P, t* and the logit lens, then for every perturbation layer i = -1..N-1 a full forward of the
-  whole model with a forward hook that zeroes the context positions of block i's output, logits
-  over every position, the last one taken.
+  for P, t* and the logit lens (at the last position), then for every perturbation layer
+  i = -1..N-1 a full forward of the whole model with a forward hook that zeroes the context
+  positions of block i's output, logits over every position, the last one taken.
 * **ours**: :func:`raycpt.diagnostics.tracer.trace_batch` - one clean pass kept, each perturbation
   runs only the blocks after i, all perturbations stacked into large calls, the head only at the
   traced position, under ``torch.inference_mode``.
@@ -49,7 +49,7 @@ def naive_trace(model, batch, top_k: int = 10, eps: float = 1e-6) -> dict[str, n
         p_logits = out.logits[rows, last].float()
         t_star = p_logits.argmax(-1)
         hs = out.hidden_states  # [emb, block 0 .. block N-2 (pre-norm), final (normed)]
-        p_t = [torch.softmax(lens(hs[j])[rows, last].double(), -1)[rows, t_star] for j in range(n)]
+        p_t = [torch.softmax(lens(hs[j][rows, last]).double(), -1)[rows, t_star] for j in range(n)]
         p_t.append(torch.softmax(p_logits.double(), -1)[rows, t_star])
         p_t = torch.stack(p_t, 1).numpy()
         idx = torch.topk(p_logits, top_k, -1).indices
@@ -91,7 +91,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=10)
     ap.add_argument("--schedule", default="stacked", choices=["stacked", "per_layer"])
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for both sides (0 = torch default). 1 by default: on a shared, "
+                         "oversubscribed machine OpenMP's spin-waits make small multi-threaded calls erratic, "
+                         "which distorts the comparison (in ours' favour)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

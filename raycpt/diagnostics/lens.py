@@ -26,17 +26,21 @@ def final_logits(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor) -> t
 
 
 def target_probs(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor, target: torch.Tensor,
-                 chunk_rows: int = 256) -> torch.Tensor:
+                 chunk_rows: int | None = None) -> torch.Tensor:
     """P_t for every state: (batch, len(hidden)) float64, ``[b, j] = softmax(lens(hidden[j][b, last]))[target[b]]``
     (softmax taken in float64 over the model's logits).
 
     The head runs only on the traced position, several states per call (``chunk_rows`` rows at a
-    time bounds the (rows, vocab) logits buffer for large vocabularies).
+    time bounds the (rows, vocab) logits buffer; None = about 16M logits per call, e.g. 325 rows for
+    SmolLM2's 49k vocabulary, 64 for Gemma 3's 262k).
     """
     states = torch.stack([gather_last(h, last) for h in hidden], dim=1)  # (batch, L, d)
     b, n_states, d = states.shape
     flat = states.reshape(b * n_states, d)
     tgt = target.to(flat.device).repeat_interleave(n_states)
+    if chunk_rows is None:
+        vocab = getattr(stack.head, "out_features", None) or getattr(stack.config, "vocab_size", 65536)
+        chunk_rows = max(1, (1 << 24) // int(vocab))
     out = torch.empty(b * n_states, dtype=torch.float64, device=flat.device)
     for s in range(0, flat.shape[0], chunk_rows):
         logp = torch.log_softmax(stack.lens(flat[s:s + chunk_rows]).double(), dim=-1)

@@ -71,10 +71,9 @@ def _stacked(stack, trace, context_mask, last, starts: list[int]) -> Iterator[tu
         kwargs = {k: _repeat(v, reps, batch) for k, v in trace.layer_kwargs[j].items()}
         out = stack.layers[j](h, *args, **kwargs)
         h = out[0] if isinstance(out, (tuple, list)) else out
-    rows_last = last.to(h.device).repeat(len(active))
-    logits = stack.lens(gather_last(h, rows_last)).float()
-    for k, i in enumerate(active):
-        yield i, logits[k * batch:(k + 1) * batch]
+    h_last = gather_last(h, last.to(h.device).repeat(len(active)))
+    for k, i in enumerate(active):  # one head call per perturbation bounds the (rows, vocab) buffer
+        yield i, stack.lens(h_last[k * batch:(k + 1) * batch]).float()
 
 
 def _repeat(x: Any, reps: int, batch: int) -> Any:
