@@ -23,6 +23,10 @@ def quiet_environment() -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    # MLflow's "creating tables" / "experiment does not exist" INFO lines are noise around our output
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def cluster_address(cfg: RayConfig) -> str | None:
