@@ -421,8 +421,8 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
             # like the sweep: one bundle for the trial driver, one for the Ray Data tasks it launches
             bundles = [{"CPU": cfg.sweep.cpus_per_trial}]
             data_cpus = float(getattr(cfg.sweep, "data_cpus_per_trial", 0.0) or 0.0)
-            if data_cpus > 0:
-                bundles.append({"CPU": data_cpus})
+            if data_cpus > 0:  # Ray Data tasks also ask for a little memory: the bundle must hold some
+                bundles.append({"CPU": data_cpus, "memory": 1 << 30})
             trainable = tune.with_resources(_tune_trainable, tune.PlacementGroupFactory(bundles))
             tune_path = run_dir / "tune"
             if resume and tune_path.exists() and tune.Tuner.can_restore(str(tune_path)):
