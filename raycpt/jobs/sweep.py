@@ -327,6 +327,9 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
                 missing.append(s.name)
         if missing:
             errors = _trial_errors(run_dir)
+            status = "FAILED" if errors else "KILLED"  # no error file: Tune stopped on Ctrl-C
+            _end_children(run_dir, client, status)
+            client.set_terminated(parent_id, status=status)
             raise RaycptError(f"sweep incomplete: trials {', '.join(missing)} did not finish"
                               + (f" ({errors})" if errors else "") + f"; continue with --resume ({run_dir})")
         summary = write_summary(run_dir, trials, trace=trace, num_layers=num_layers, parent_run_id=parent_id,
@@ -335,11 +338,27 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
         client.set_terminated(parent_id, status="FINISHED")
         return SweepResult(run_dir=run_dir, parent_run_id=parent_id, trials=trials, summary=summary, trace=trace)
     except KeyboardInterrupt:
+        _end_children(run_dir, client, "KILLED")
         client.set_terminated(parent_id, status="KILLED")
         raise
     except BaseException:
-        client.set_terminated(parent_id, status="FAILED")
+        _end_children(run_dir, client, "FAILED")
+        if client.get_run(parent_id).info.status == "RUNNING":
+            client.set_terminated(parent_id, status="FAILED")
         raise
+
+
+def _end_children(run_dir: Path, client, status: str) -> None:
+    """End every trial run still RUNNING (a trial actor killed by Tune never reaches its handlers).
+
+    ``--resume`` sets them RUNNING again and continues them, so no run is duplicated."""
+    for meta in Path(run_dir).glob("trials/*/trial.json"):
+        try:
+            run_id = json.loads(meta.read_text())["mlflow_run_id"]
+            if client.get_run(run_id).info.status == "RUNNING":
+                client.set_terminated(run_id, status=status)
+        except Exception:  # noqa: BLE001 - best effort while already failing
+            continue
 
 
 def _trial_errors(run_dir: Path) -> str:
