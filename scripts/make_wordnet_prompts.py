@@ -44,7 +44,6 @@ import json
 import os
 import random
 import re
-import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
