@@ -39,3 +39,26 @@ def test_trial_config_applies_the_plan():
     t = trial_config(cfg, TrialSpec(name="train_deep-r0.66", strategy="train_deep", split=0.66, b=20))
     assert (t.plan.name, t.plan.split) == ("train_deep", 0.66)
     assert cfg.plan.name == "train_shallow"  # the sweep config itself is untouched
+
+
+def test_recipes_config_runs_through_the_sweep_grid(tmp_path):
+    """configs/recipes.yaml: every recipe becomes one trial against full, and its plan resolves to the
+    layers the papers name (hand-checked for a 30-layer model)."""
+    from pathlib import Path
+
+    from raycpt.config import load_config
+    from raycpt.strategies import build_plan, write_ranking
+
+    root = Path(__file__).resolve().parents[2]
+    ranking = write_ranking(tmp_path / "ranking.json", "m", 30, {i: float(i % 7) + i / 100 for i in range(30)})
+    cfg = load_config(root / "configs" / "recipes.yaml", [f"plan.ranking_file={ranking}"])
+    specs = plan_grid(cfg.sweep.splits, cfg.sweep.strategies, 30, cfg.sweep.include_full, cfg.sweep.recipes)
+    assert specs[0].name == "full" and [s.name for s in specs[1:]] == cfg.sweep.strategies
+    plans = {s.name: build_plan(trial_config(cfg, s).plan, 30) for s in specs}
+    trainable = {n: sorted(p.trainable_layers) for n, p in plans.items()}
+    assert trainable["full"] == list(range(30))
+    assert trainable["middle5"] == [12, 13, 14, 15, 16]  # the middle 5 of 30
+    assert trainable["mid_01100"] == list(range(6, 18))  # blocks 2-3 of 5 equal blocks of 6
+    # elite top-5 by score i % 7 + i/100: layers 27, 20, 13, 6 (score 6.x) then 26
+    assert trainable["elite_top5"] == sorted([27, 20, 13, 6, 26])
+    assert plans["elite_lr2_top5"].lr_scales.get(27) == 2.0 and trainable["elite_lr2_top5"] == list(range(30))
