@@ -12,10 +12,13 @@ config, model, plan and blocks:
   ``ray.train.get_dataset_shard``, reporting checkpoints to Ray storage.
 
 Runs go plain, ray, plain (``--reps`` times ray): the plain figure is the mean of the runs around
-each ray run. Each run's throughput is the median over its steps after the first of
+each ray run. Each run's throughput is the median over its steps after the first three (warm-up:
+a fresh worker's data iterator and Ray threads start then; a one-off cost, not throughput) of
 ``tokens per step / step time``, read from the loop's own per-step records. Reported on this
 process's CPU time per step (the loop records ``time.process_time`` per step; on the shared 2-core
-machine the wall clock mostly measures the other users) and, for reference, on wall time.
+machine the wall clock mostly measures the other users) with one torch thread on both sides
+(``--threads 1``: with two, a descheduled thread leaves the other spinning and CPU time swings too)
+and, for reference, on wall time.
 Start-up costs (``ray.init``, worker start, model load) are not in tokens/s; their wall seconds
 are printed.
 
@@ -23,8 +26,8 @@ Prints::
 
     RESULT ray_overhead <ray tokens/s / plain tokens/s> target >= 0.95 PASS|FAIL
 
-Run: ``python benchmarks/bench_ray_overhead.py [--model REF] [--steps 6] [--batch 2] [--seq-len 128]
-[--plan train_shallow] [--reps 1]``.
+Run: ``python benchmarks/bench_ray_overhead.py [--model REF] [--steps 12] [--batch 2] [--seq-len 128]
+[--plan train_shallow] [--reps 1] [--threads 1]``.
 """
 
 from __future__ import annotations
@@ -32,14 +35,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 
+WARMUP = 3
+
+
 def throughput(records: list[dict], tokens_per_step: int) -> tuple[float, float]:
-    recs = [r for r in records if "loss" in r][1:]  # skip the first step (warm-up)
+    recs = [r for r in records if "loss" in r][WARMUP:]  # steady state: skip the warm-up steps
     cpu = statistics.median(tokens_per_step / r["step_cpu_s"] for r in recs)
     wall = statistics.median(tokens_per_step / r["step_time_s"] for r in recs)
     return cpu, wall
@@ -48,11 +55,13 @@ def throughput(records: list[dict], tokens_per_step: int) -> tuple[float, float]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model reference or folder (default: the embedded SmolLM2)")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--plan", default="train_shallow")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads in both loops (1: CPU time is robust "
+                                                         "to other users of a shared machine)")
     args = ap.parse_args()
 
     import numpy as np
@@ -82,7 +91,7 @@ def main() -> None:
 
     def config(run_dir: Path) -> dict:
         return {"cfg": config_to_dict(cfg), "model_path": model_path, "plan": plan.to_dict(), "run_dir": str(run_dir),
-                "mlflow": None, "resume_from": None, "shard_rows": int(n)}
+                "mlflow": None, "resume_from": None, "shard_rows": int(n), "torch_threads": args.threads}
 
     def plain(i: int) -> tuple[float, float, float]:
         d = work / f"plain{i}"
@@ -122,6 +131,7 @@ def main() -> None:
     v = statistics.mean(ratios_cpu)
     print(f"ray / plain tokens/s: cpu-time {v:.3f}, wall-clock {statistics.mean(ratios_wall):.3f}")
     ray.shutdown()
+    shutil.rmtree(work, ignore_errors=True)
     print(f"RESULT ray_overhead {v:.3f} target >= 0.95 {'PASS' if v >= 0.95 else 'FAIL'}")
 
 

@@ -23,13 +23,15 @@ causal attention):
 delivers the saving the arithmetic promises). The paper (seeds/004, appendix A, Table 7) reports
 112 h and 107 h against 141 h for full: 0.79 and 0.76.
 
-Timing uses this process's CPU time per step (``time.process_time``, all threads): on the shared
-2-core machine the wall clock mostly measures the other users (load average often above 10),
-CPU time counts the work done. Wall-clock ratios are printed next to it. On a GPU, wall time with
-``torch.cuda.synchronize`` is used instead.
+Timing uses this process's CPU time per step (``time.process_time``) with one torch thread
+(``--threads 1``): on the shared 2-core machine the wall clock mostly measures the other users (load
+average often above 10), and with two threads a descheduled thread leaves the other spinning, so
+CPU time then swings too; one thread's CPU time counts the work done. Wall-clock ratios are printed
+next to it. On a GPU, wall time with ``torch.cuda.synchronize`` is used instead.
 
 Peak memory: each plan runs in a fresh subprocess (``--memory``, default on) that loads the model,
-runs 2 steps and reports the growth of its peak RSS over the RSS after loading (CPU) or
+resets the kernel's peak-RSS mark (``/proc/self/clear_refs``), runs 2 steps and reports the growth
+of its peak RSS over the RSS after loading (CPU) or
 ``torch.cuda.max_memory_allocated`` (GPU): gradients, optimizer state and activations kept for
 backward. Printed as MB and as a ratio to full.
 
@@ -39,7 +41,7 @@ Prints::
     RESULT strategy_time_train_deep <measured/predicted> target <= 1.10 PASS|FAIL
 
 Run: ``python benchmarks/bench_strategies.py [--model REF] [--rounds 3] [--steps 2] [--batch 2] [--seq-len 128]
-[--no-memory]``.
+[--threads 1] [--no-memory]``.
 """
 
 from __future__ import annotations
@@ -142,20 +144,37 @@ def memory_child(args) -> None:
     model, tok, device = load(args)
     batches = make_batches(tok, args, 3)
     plan = plan_for_model(PlanConfig(**PLANS[args.memory_child]), model)
+    import gc
+
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_now()
+        _reset_peak_rss()  # loading the model peaked higher than training may; measure the steps only
     run_steps(model, plan, TrainConfig(max_steps=100), batches, 2, device)
-    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss()
     print(json.dumps({"plan": args.memory_child, "peak_growth_bytes": peak - base}))
 
 
 def _rss_now() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak_rss() -> None:
+    """Linux: writing 5 to /proc/self/clear_refs resets the peak RSS (VmHWM) to the current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main() -> None:
@@ -166,8 +185,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads on CPU (1: CPU time is then robust to other users; 0 = torch's default)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if args.memory_child:
         return memory_child(args)
 

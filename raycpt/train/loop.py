@@ -595,7 +595,7 @@ def run_loop(config: dict, session: _Session) -> dict:
         if ckpt is not None:
             model_path = str(Path(ckpt) / "model")
             state = torch.load(Path(ckpt) / "train_state.pt", map_location="cpu", weights_only=False)
-        model, tokenizer = load_model(model_path, dtype="float32", device=str(device) if device.type == "cpu" else "cpu")
+        model, tokenizer = load_model(model_path, dtype="float32", device="cpu")  # wrap() moves it to the device
     model.train()
     model.config.use_cache = False
     counts = apply_plan(model, plan)
