@@ -94,19 +94,25 @@ def minmax(x: np.ndarray) -> np.ndarray:
     return np.where(span > 0, (x - lo) / np.where(span > 0, span, 1.0), 0.0)
 
 
-def profiles(ratio_rows: np.ndarray, djs_rows: np.ndarray, groups: Optional[Sequence[str]] = None) -> dict:
+def profiles(ratio_rows: np.ndarray, djs_rows: np.ndarray, groups: Optional[Sequence[str]] = None,
+             aggregate: str = "mean") -> dict:
     """Mean Ratio (TP) and mean dJS (LS) per layer, overall and per group (first-seen group order).
 
+    ``aggregate="median"`` takes the per-layer median instead (not the paper's; robust to the few
+    prompts whose Ratio or dJS explodes when a probability or JS value is near 0).
     Returns ``{"tp", "ls", "tp_norm", "ls_norm", "groups": {g: {"tp", "ls", "n"}}}``."""
+    if aggregate not in ("mean", "median"):
+        raise ValueError(f"aggregate={aggregate!r}: mean or median")
+    f = np.mean if aggregate == "mean" else np.median
     r = np.asarray(ratio_rows, dtype=np.float64)
     d = np.asarray(djs_rows, dtype=np.float64)
-    tp, ls = r.mean(axis=0), d.mean(axis=0)
+    tp, ls = f(r, axis=0), f(d, axis=0)
     out = dict(tp=tp, ls=ls, tp_norm=minmax(tp), ls_norm=minmax(ls), groups={})
     if groups is not None:
         g_arr = np.asarray(list(groups), dtype=object)
         for g in dict.fromkeys(g_arr.tolist()):
             sel = g_arr == g
-            out["groups"][g] = dict(tp=r[sel].mean(axis=0), ls=d[sel].mean(axis=0), n=int(sel.sum()))
+            out["groups"][g] = dict(tp=f(r[sel], axis=0), ls=f(d[sel], axis=0), n=int(sel.sum()))
     return out
 
 

@@ -55,7 +55,8 @@ class TraceResult:
     groups: dict[str, dict]
     """Per group: {"tp": (N,), "ls": (N,), "n": prompts}."""
     split_table: list[dict]
-    """Table-9 rows for the requested splits: ratio, split_layer, S, and the four means."""
+    """Table-9 rows for the requested splits: ratio, split_layer, S, the four means that make it up,
+    and S_median (the same score on per-layer medians instead of means)."""
     recommended: dict
     """{"ratio", "split_layer", "S"} of the best grid ratio."""
     grid_scores: list[tuple]
@@ -66,6 +67,8 @@ class TraceResult:
     """Share of prompts with an expected answer whose top-1 token is the answer's first token."""
     paths: dict[str, Path] = field(default_factory=dict)
     wall_s: float = 0.0
+    median: dict = field(default_factory=dict)
+    """Median profiles {"tp", "ls", "tp_norm", "ls_norm", "recommended"} (robustness check)."""
 
     @property
     def recommended_split(self) -> float:
@@ -244,13 +247,19 @@ def aggregate(prep: _Prepared, rows: dict[str, np.ndarray]) -> dict:
     """Driver-side aggregation: per-prompt table, profiles, S(b) table, recommendation."""
     import pandas as pd
 
-    from raycpt.diagnostics.scores import profiles, recommend_split, split_table, tp_interval
+    from raycpt.diagnostics.scores import boundary_score, profiles, recommend_split, split_table, tp_interval
 
     t = prep.cfg.trace
     groups = [r.group for r in prep.records]
     prof = profiles(rows["ratio"], rows["djs"], groups)
+    med = profiles(rows["ratio"], rows["djs"], aggregate="median")
     table = split_table(prof["tp_norm"], prof["ls_norm"], prep.splits)
+    for row in table:  # the same S(b) on median profiles, as a robustness check next to the paper's mean
+        row["S_median"] = boundary_score(med["tp_norm"], med["ls_norm"], row["split_layer"])
     rec = recommend_split(prof["tp_norm"], prof["ls_norm"], t.grid)
+    rec_med = recommend_split(med["tp_norm"], med["ls_norm"], t.grid)
+    prof["median"] = dict((k, med[k]) for k in ("tp", "ls", "tp_norm", "ls_norm"))
+    prof["median"]["recommended"] = dict((k, rec_med[k]) for k in ("ratio", "split_layer", "S"))
     tok = prep.tokenizer
     answer_ids = np.array([e.answer_id for e in prep.encoded])
     has_answer = answer_ids >= 0
@@ -295,7 +304,8 @@ def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: floa
     now = int(time.time() * 1000)
     series = []
     for name, values in (("tp", prof["tp"]), ("ls", prof["ls"]), ("tp_norm", prof["tp_norm"]),
-                         ("ls_norm", prof["ls_norm"])):
+                         ("ls_norm", prof["ls_norm"]), ("tp_median", prof["median"]["tp"]),
+                         ("ls_median", prof["median"]["ls"])):
         series += [Metric(name, float(v), now, i) for i, v in enumerate(values) if np.isfinite(v)]
     for g, gp in prof["groups"].items():
         key = "".join(c if c.isalnum() or c in "_-." else "_" for c in g)
@@ -307,6 +317,8 @@ def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: floa
         client.log_batch(run_id, metrics=series[s:s + 900])
     rec = agg["recommended"]
     metrics = {f"S_b/{row['ratio']:g}": row["S"] for row in agg["table"]}
+    metrics.update({f"S_b_median/{row['ratio']:g}": row["S_median"] for row in agg["table"]})
+    metrics["recommended_split_median"] = prof["median"]["recommended"]["ratio"]
     metrics.update({f"S_b_grid/{r:g}": s for r, _b, s in rec["scores"]})
     metrics.update(recommended_split=rec["ratio"], recommended_split_layer=rec["split_layer"], recommended_S=rec["S"],
                    wall_s=wall_s, prompts_per_s=len(prep.records) / max(wall_s, 1e-9))
@@ -362,7 +374,8 @@ def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Opt
                        tp=agg["profiles"]["tp"].tolist(), ls=agg["profiles"]["ls"].tolist(),
                        tp_norm=agg["profiles"]["tp_norm"].tolist(), ls_norm=agg["profiles"]["ls_norm"].tolist(),
                        groups={g: dict(tp=v["tp"].tolist(), ls=v["ls"].tolist(), n=v["n"])
-                               for g, v in agg["profiles"]["groups"].items()})
+                               for g, v in agg["profiles"]["groups"].items()},
+                       median=agg["profiles"]["median"])
         paths = write_artifacts(run_dir, agg["df"], agg["profiles"], agg["table"], agg["recommended"], summary,
                                 requested=prep.splits, title=f"{Path(cfg.model.ref).name}")
         _log_mlflow(prep, agg, paths, wall_s)
@@ -371,6 +384,7 @@ def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Opt
     return TraceResult(run_dir=run_dir, run_id=run.info.run_id, model_ref=cfg.model.ref, num_layers=prep.num_layers,
                        num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, tp=prof["tp"],
                        ls=prof["ls"], tp_norm=prof["tp_norm"], ls_norm=prof["ls_norm"], groups=prof["groups"],
+                       median=prof["median"],
                        split_table=agg["table"],
                        recommended=dict((k, agg["recommended"][k]) for k in ("ratio", "split_layer", "S")),
                        grid_scores=agg["recommended"]["scores"], tp_layers=agg["tp_layers"],

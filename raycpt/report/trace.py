@@ -48,11 +48,11 @@ def _save(fig, path: Path) -> Path:
 
 # ------------------------------------------------------------------------------------------ tables
 SHORT_COLUMNS = [("ratio", "shallow ratio r"), ("split_layer", "b"), ("shallow_layers", "train (shallow)"),
-                 ("deep_layers", "freeze (deep)"), ("S", "S(b)")]
+                 ("deep_layers", "freeze (deep)"), ("S", "S(b)"), ("S_median", "S(b) on medians")]
 TABLE_COLUMNS = [("ratio", "Trainable shallow ratio"), ("split_layer", "Split layer b"),
                  ("shallow_layers", "Shallow (train)"), ("deep_layers", "Deep (freeze)"), ("S", "S(b)"),
                  ("ls_shallow", "LS^ shallow"), ("tp_deep", "TP^ deep"), ("tp_shallow", "TP^ shallow"),
-                 ("ls_deep", "LS^ deep")]
+                 ("ls_deep", "LS^ deep"), ("S_median", "S(b) on medians")]
 
 
 def fmt_cell(key: str, v) -> str:
@@ -73,6 +73,9 @@ def table_markdown(table: Sequence[dict], recommended: Optional[dict] = None) ->
         lines.append("")
         lines.append(f"Recommended split (max S(b) over the grid): r = {recommended['ratio']:g}, "
                      f"b = {recommended['split_layer']}, S(b) = {recommended['S']:.3f}")
+    lines.append("")
+    lines.append("S(b) uses the paper's per-layer means of Ratio (TP) and dJS (LS), min-max normalised; "
+                 "'S(b) on medians' is the same score on per-layer medians (a robustness check).")
     return "\n".join(lines) + "\n"
 
 
@@ -89,10 +92,13 @@ def profiles_csv(profiles: dict) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     groups = list(profiles.get("groups", {}))
-    w.writerow(["layer", "tp", "ls", "tp_norm", "ls_norm"] + [f"tp/{g}" for g in groups] + [f"ls/{g}" for g in groups])
+    med = profiles.get("median")
+    w.writerow(["layer", "tp", "ls", "tp_norm", "ls_norm"] + (["tp_median", "ls_median"] if med else [])
+               + [f"tp/{g}" for g in groups] + [f"ls/{g}" for g in groups])
     for i in range(len(profiles["tp"])):
         w.writerow([i, repr(float(profiles["tp"][i])), repr(float(profiles["ls"][i])),
                     repr(float(profiles["tp_norm"][i])), repr(float(profiles["ls_norm"][i]))]
+                   + ([repr(float(med["tp"][i])), repr(float(med["ls"][i]))] if med else [])
                    + [repr(float(profiles["groups"][g]["tp"][i])) for g in groups]
                    + [repr(float(profiles["groups"][g]["ls"][i])) for g in groups])
     return buf.getvalue()

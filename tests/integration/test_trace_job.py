@@ -77,9 +77,11 @@ def test_trace_job_end_to_end(ray_local, tiny_dir, tmp_path, monkeypatch):
     tp, ls = np.stack(df["ratio"].to_numpy()).mean(0), np.stack(df["djs"].to_numpy()).mean(0)
     np.testing.assert_allclose(res.tp, tp)
     np.testing.assert_allclose(res.groups["synonym"]["ls"], np.stack(df["djs"].to_numpy())[3:].mean(0))
+    tp_med, ls_med = np.median(np.stack(df["ratio"].to_numpy()), 0), np.median(np.stack(df["djs"].to_numpy()), 0)
     for row, b in zip(res.split_table, [1, 2, 3]):
         assert row["split_layer"] == b
         assert row["S"] == pytest.approx(boundary_score(minmax(tp), minmax(ls), b))
+        assert row["S_median"] == pytest.approx(boundary_score(minmax(tp_med), minmax(ls_med), b))
     assert res.recommended["S"] == pytest.approx(max(r["S"] for r in res.split_table))  # grid covers b = 1..3
 
     # files and the MLflow run

@@ -184,6 +184,13 @@ def test_profiles_overall_and_per_group():
     assert prof["groups"]["b"]["n"] == 1
 
 
+def test_profiles_median():
+    r = np.array([[1.0, 0.0], [2.0, 5.0], [100.0, 1.0]])
+    prof = profiles(r, r, aggregate="median")
+    np.testing.assert_allclose(prof["tp"], [2.0, 1.0])
+    np.testing.assert_allclose(prof["tp_norm"], [1.0, 0.0])
+
+
 def test_minmax():
     np.testing.assert_allclose(minmax(np.array([2.0, 4.0, 3.0])), [0.0, 1.0, 0.5])
 
