@@ -346,6 +346,9 @@ def trace_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     rec = res.recommended
     console.print(f"recommended split: r = {rec['ratio']:g} (train layers 0-{rec['split_layer'] - 1}, freeze "
                   f"{rec['split_layer']}-{res.num_layers - 1}), S(b) = {rec['S']:.3f}")
+    if res.median:
+        med = res.median["recommended"]
+        console.print(f"(on per-layer medians instead of means: r = {med['ratio']:g}, S(b) = {med['S']:.3f})")
     if res.answer_hit_rate is not None:
         console.print(f"top-1 = expected answer's first token on {res.answer_hit_rate:.1%} of prompts")
     console.print(f"trace finished in {res.wall_s:.1f}s; run folder {res.run_dir}; MLflow run {res.run_id}")
