@@ -39,6 +39,14 @@ def ensure_store(cfg: TrackingConfig) -> str:
     uri = tracking_uri(cfg)
     os.environ["MLFLOW_TRACKING_URI"] = uri
     mlflow.set_tracking_uri(uri)
+    client = mlflow.tracking.MlflowClient(uri)
+    if client.get_experiment_by_name(cfg.experiment) is None and uri.startswith("sqlite:"):
+        # artifacts next to the store, not in ./mlruns of whatever folder the command runs from
+        art = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+        try:
+            client.create_experiment(cfg.experiment, artifact_location=art)
+        except Exception:  # noqa: BLE001 - another process created it first
+            pass
     exp = mlflow.set_experiment(cfg.experiment)
     return exp.experiment_id
 
