@@ -246,20 +246,18 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     if not ray.is_initialized():
         raise RuntimeError("run_training needs Ray: call it inside raycpt.runtime.ray_session(cfg.ray)")
     t_start = time.time()
-    if run_dir is None:
-        run_dir = open_run_dir(cfg, "train", resume=resume)
-    else:
+    if run_dir is None and resume:
+        run_dir = open_run_dir(cfg, "train", resume=True)
+    elif run_dir is not None:
         run_dir = Path(run_dir).resolve()
         _make_absolute(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    state = read_state(run_dir)
-    final_dir = run_dir / FINAL_MODEL
-    metrics_path = run_dir / METRICS_FILE
-    if resume and state.get("status") == "finished" and (final_dir / "config.json").is_file():
+    state = read_state(run_dir) if run_dir is not None else {}
+    if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
         return _result_from_files(run_dir, state)
 
-    # ---- validate everything before any MLflow run exists
+    # ---- validate everything before any MLflow run (or new run folder) exists
     check_train_config(cfg)
     model_path = resolve_model_path(cfg)
     plan, counts, _ = prepare_plan(cfg, model_path)
@@ -273,6 +271,10 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
                                         is not None else cfg.train.seed, cfg.train.num_workers,
                                         cfg.train.micro_batch_size)
     shard_rows = n_blocks // cfg.train.num_workers if cfg.train.num_workers > 1 else n_blocks
+    if run_dir is None:
+        run_dir = open_run_dir(cfg, "train")
+    final_dir = run_dir / FINAL_MODEL
+    metrics_path = run_dir / METRICS_FILE
 
     attempt = int(state.get("attempts", 0)) + 1
     ray_name = f"{name or 'train'}-{run_dir.name}-a{attempt}-{uuid.uuid4().hex[:6]}"
