@@ -352,7 +352,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         mlflow.set_tag("raycpt.final_model_dir", str(final_dir))
         wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
         mlflow.log_metrics({"final_loss": losses[-1] if losses else float("nan"), "wall_time_s": wall,
-                            "mean_tokens_per_s": tok_s})
+                            "median_tokens_per_s": tok_s})
         res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
                           wall_s=wall, trainable_params=counts["trainable"], frozen_params=counts["frozen"],
                           mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
