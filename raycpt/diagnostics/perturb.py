@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from raycpt.diagnostics.lens import gather_last
+from raycpt.models.stack import repeat_batch
 
 
 def zero_context(hidden: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:
@@ -67,25 +68,10 @@ def _stacked(stack, trace, context_mask, last, starts: list[int]) -> Iterator[tu
         if j == n:
             break
         reps = len(active)
-        args = tuple(_repeat(a, reps, batch) for a in trace.layer_args[j])
-        kwargs = {k: _repeat(v, reps, batch) for k, v in trace.layer_kwargs[j].items()}
+        args = tuple(repeat_batch(a, reps, batch) for a in trace.layer_args[j])
+        kwargs = {k: repeat_batch(v, reps, batch) for k, v in trace.layer_kwargs[j].items()}
         out = stack.layers[j](h, *args, **kwargs)
         h = out[0] if isinstance(out, (tuple, list)) else out
     h_last = gather_last(h, last.to(h.device).repeat(len(active)))
     for k, i in enumerate(active):  # one head call per perturbation bounds the (rows, vocab) buffer
         yield i, stack.lens(h_last[k * batch:(k + 1) * batch]).float()
-
-
-def _repeat(x: Any, reps: int, batch: int) -> Any:
-    """Repeat batch-shaped tensors (leading dim = batch, dim >= 2) ``reps`` times along dim 0."""
-    if reps == 1:
-        return x
-    if isinstance(x, torch.Tensor):
-        if x.dim() >= 2 and x.shape[0] == batch:
-            return x.repeat(reps, *([1] * (x.dim() - 1)))
-        return x
-    if isinstance(x, (tuple, list)):
-        return type(x)(_repeat(v, reps, batch) for v in x)
-    if isinstance(x, dict):
-        return {k: _repeat(v, reps, batch) for k, v in x.items()}
-    return x

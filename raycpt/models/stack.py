@@ -196,8 +196,8 @@ class LayerStack:
             if reps == 1:
                 h = self.run_layer(j, h, trace)
             else:
-                args = tuple(_repeat(a, reps, batch) for a in trace.layer_args[j])
-                kwargs = {k: _repeat(v, reps, batch) for k, v in trace.layer_kwargs[j].items()}
+                args = tuple(repeat_batch(a, reps, batch) for a in trace.layer_args[j])
+                kwargs = {k: repeat_batch(v, reps, batch) for k, v in trace.layer_kwargs[j].items()}
                 h = _first_tensor(self.layers[j](h, *args, **kwargs))
         if positions is not None:
             h = h[torch.arange(h.shape[0], device=h.device), positions]
@@ -227,16 +227,19 @@ class LayerStack:
                 h.remove()
 
 
-def _repeat(x: Any, reps: int, batch: int) -> Any:
+def repeat_batch(x: Any, reps: int, batch: int) -> Any:
     """Repeat batch-shaped tensors (dim >= 2, leading dim = batch) ``reps`` times along dim 0.
 
-    1-D tensors such as ``cache_position`` are per-position, not per-row, and stay as they are."""
+    1-D tensors such as ``cache_position`` are per-position, not per-row, and stay as they are.
+    Used to replay a trace's recorded layer arguments for several stacked perturbations."""
+    if reps == 1:
+        return x
     if isinstance(x, torch.Tensor):
         if x.dim() >= 2 and x.shape[0] == batch:
             return x.repeat(reps, *([1] * (x.dim() - 1)))
         return x
     if isinstance(x, (tuple, list)):
-        return type(x)(_repeat(v, reps, batch) for v in x)
+        return type(x)(repeat_batch(v, reps, batch) for v in x)
     if isinstance(x, dict):
-        return {k: _repeat(v, reps, batch) for k, v in x.items()}
+        return {k: repeat_batch(v, reps, batch) for k, v in x.items()}
     return x
