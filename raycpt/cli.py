@@ -144,7 +144,7 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     import time
 
     from raycpt.jobs.sweep import run_sweep
-    from raycpt.report.sweep import rich_table
+    from raycpt.report.sweep import rich_gains_table, rich_table
 
     cfg = load(args)
     split_list = parse_floats(splits, "--splits")
@@ -152,10 +152,14 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     t0 = time.time()
     res = run_sweep(cfg, splits=split_list, strategies=strat_list, resume=resume, console=console)
     for task, rows in res.summary["tables"].items():
-        console.print(rich_table(task, rows))
+        for mode in ("generate", "logit"):
+            if any(mode in c for r in rows for c in r["cells"].values()):
+                console.print(rich_table(task, rows, mode))
+        if res.summary.get("split_gains", {}).get(task):
+            console.print(rich_gains_table(task, res.summary["split_gains"][task]))
     if res.summary.get("recommended_split") is not None:
         console.print(f"trace: recommended split r = {res.summary['recommended_split']}")
-    console.print((res.run_dir / "summary" / "summary.md").read_text(), markup=False)
+    console.print(f"summary: {res.run_dir / 'summary'} (summary.md, table_*.csv, scores_*.png, loss_curves.png)")
     console.print(f"sweep finished in {time.time() - t0:.0f}s; run folder {res.run_dir}; "
                   f"MLflow parent run {res.parent_run_id} (raycpt ui to browse)")
 

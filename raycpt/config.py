@@ -248,12 +248,18 @@ class SweepConfig:
     data_cpus_per_trial: float = 1.0
     """CPUs of a second bundle in each trial's placement group for the Ray Data tasks the trial
     launches (corpus tokenising); Tune captures a trial's child tasks into its placement group."""
+    heldout_docs: int = 0
+    """Documents of ``data.corpus`` after the first ``data.max_documents`` (never trained on) on which
+    every trial's final model gets a held-out LM loss, shown next to its scores; 0 = off. Needs
+    ``data.max_documents``."""
 
     def __post_init__(self):
         for r in self.splits:
             _check(isinstance(r, (int, float)) and 0 < r < 1, "sweep.splits", r, "ratios strictly between 0 and 1")
         _check(self.max_concurrent_trials >= 1, "sweep.max_concurrent_trials", self.max_concurrent_trials,
                "an integer >= 1")
+        _check(isinstance(self.heldout_docs, int) and not isinstance(self.heldout_docs, bool)
+               and self.heldout_docs >= 0, "sweep.heldout_docs", self.heldout_docs, "an integer >= 0 (0 = off)")
         for name, over in self.recipes.items():
             _check(isinstance(over, dict) and all(isinstance(k, str) and "." in k for k in over),
                    f"sweep.recipes.{name}", over, "a mapping of dotted config keys to values, e.g. {plan.name: middle}")

@@ -688,3 +688,28 @@ class _Bar:
     def close(self) -> None:
         if self.progress:
             self.progress.stop()
+
+
+# ---------------------------------------------------------------------------------------- held-out loss
+def lm_loss(model, blocks: list[list[int]], batch_size: int = 8) -> float:
+    """Mean next-token cross-entropy (nats) over packed blocks, as the training loop computes it.
+
+    The model is evaluated in eval mode without the KV cache and left in the mode it was in."""
+    import torch
+
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            for i in range(0, len(blocks), batch_size):
+                ids = torch.tensor(blocks[i:i + batch_size], dtype=torch.long, device=device)
+                out = model(input_ids=ids, labels=ids, use_cache=False)
+                n = ids.shape[0] * (ids.shape[1] - 1)
+                total += float(out.loss) * n
+                count += n
+    finally:
+        if was_training:
+            model.train()
+    return total / count

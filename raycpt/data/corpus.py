@@ -350,3 +350,24 @@ def prepare_shards(data_cfg, tokenizer_path: str, seed: int, num_workers: int, m
                           "(add documents or lower data.seq_len)")
     shards = ds.split(num_workers, equal=True) if num_workers > 1 else [ds]
     return {f"{SHARD_PREFIX}{r}": s for r, s in enumerate(shards)}, n
+
+
+def heldout_blocks(data_cfg, tokenizer_path: str, num_docs: int, setting: str = "held-out loss",
+                   raise_key: str = "the held-out document count") -> list[list[int]]:
+    """``num_docs`` documents of ``data.corpus`` that follow the first ``data.max_documents`` (which the
+    training reads, so these are never trained on), packed into ``data.seq_len`` blocks the way the
+    training data is. Raises RaycptError (naming ``setting``) when there are none or too few tokens."""
+    from transformers import AutoTokenizer
+
+    start = int(data_cfg.max_documents or 0)
+    docs = list(iter_documents(data_cfg.corpus, data_cfg.text_field, max_documents=start + num_docs))[start:]
+    if not docs:
+        raise RaycptError(f"{setting}: data.corpus has no documents after the first {start} (data.max_documents); "
+                          "lower data.max_documents")
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    ids = tok(docs, add_special_tokens=False)["input_ids"]
+    blocks = pack_token_lists(ids, data_cfg.seq_len, eos_id_of(tok))
+    if len(blocks) == 0:
+        raise RaycptError(f"{setting}: {len(docs)} held-out documents give no full block of "
+                          f"data.seq_len={data_cfg.seq_len} tokens; raise {raise_key}")
+    return [list(map(int, b)) for b in blocks]

@@ -33,6 +33,7 @@ from typing import Any, Optional
 
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
+from raycpt.evaluate import lm_loss  # noqa: F401 - used by trials, re-exported
 from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir, read_state, write_state
 
 DEFAULTS: dict[str, Any] = {
@@ -190,38 +191,10 @@ def trial_score(trial: dict, metric: str, run_dir: Path, task: str) -> float:
 
 def heldout_blocks(cfg: ExperimentConfig, model_path: str, num_docs: int) -> list[list[int]]:
     """The held-out documents (after the first ``data.max_documents``), packed like the training data."""
-    from transformers import AutoTokenizer
+    from raycpt.data.corpus import heldout_blocks as _heldout
 
-    from raycpt.data.corpus import iter_documents, pack_token_lists, eos_id_of
-
-    start = int(cfg.data.max_documents or 0)
-    docs = list(iter_documents(cfg.data.corpus, cfg.data.text_field, max_documents=start + num_docs))[start:]
-    if not docs:
-        raise RaycptError(f"contribution.score=heldout_loss: data.corpus has no documents after the first "
-                          f"{start} (data.max_documents); lower data.max_documents")
-    tok = AutoTokenizer.from_pretrained(model_path)
-    ids = tok(docs, add_special_tokens=False)["input_ids"]
-    blocks = pack_token_lists(ids, cfg.data.seq_len, eos_id_of(tok))
-    if len(blocks) == 0:
-        raise RaycptError(f"contribution.score=heldout_loss: {len(docs)} held-out documents give no full block of "
-                          f"data.seq_len={cfg.data.seq_len} tokens; raise contribution.heldout_docs")
-    return [list(map(int, b)) for b in blocks]
-
-
-def lm_loss(model, blocks: list[list[int]], batch_size: int = 8) -> float:
-    """Mean next-token cross-entropy (nats) over packed blocks, as the training loop computes it."""
-    import torch
-
-    total, count = 0.0, 0
-    model.eval()
-    with torch.no_grad():
-        for i in range(0, len(blocks), batch_size):
-            ids = torch.tensor(blocks[i:i + batch_size], dtype=torch.long)
-            out = model(input_ids=ids, labels=ids, use_cache=False)
-            n = ids.shape[0] * (ids.shape[1] - 1)
-            total += float(out.loss) * n
-            count += n
-    return total / count
+    return _heldout(cfg.data, model_path, num_docs, setting="contribution.score=heldout_loss",
+                    raise_key="contribution.heldout_docs")
 
 
 def layer_l2(base_path: str, model_path: str) -> list[float]:

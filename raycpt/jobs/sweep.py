@@ -18,8 +18,10 @@ redone; an interrupted trial's TorchTrainer restarts from its last checkpoint (s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import Any, Optional
 
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
+from raycpt.report.progress import TrialsProgress
 from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
 
 SPLIT_STRATEGIES = ("train_shallow", "train_deep")
@@ -142,7 +145,6 @@ def run_trial(config: dict) -> dict:
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from raycpt.evaluate import evaluate_model
     from raycpt.tracking import ensure_store, log_metrics
     from raycpt.train.launch import run_training
 
@@ -179,9 +181,14 @@ def run_trial(config: dict) -> dict:
         train_dir = tdir / "train"
         train = run_training(tcfg, run_dir=train_dir, resume=(train_dir / "state.json").exists() or
                              (train_dir / "ray").exists(), parent_run_id=config["parent_run_id"],
-                             mlflow_run_id=run_id, name=spec.name)
-        ev = evaluate_model(str(train.final_model_dir), tcfg.eval, out_dir=tdir / "eval", name=spec.name)
-        cells = eval_cells(ev)
+                             mlflow_run_id=run_id, name=spec.name,
+                             evaluate={"eval": dataclasses.asdict(tcfg.eval), "out_dir": str(tdir / "eval"),
+                                       "name": spec.name, "heldout_path": config.get("heldout_path")})
+        if train.eval_metrics is not None:  # evaluated by the training worker, on its device
+            cells, heldout = dict(train.eval_metrics), train.heldout_loss
+        else:  # FSDP, or a resumed trial whose training had finished before its evaluation
+            cells, heldout = _evaluate_here(str(train.final_model_dir), tcfg, tdir / "eval", spec.name,
+                                            config.get("heldout_path"))
         wall = time.time() - t0 + float(meta.get("elapsed_before", 0.0))
         result = {
             "name": spec.name, "strategy": spec.strategy, "split": spec.split, "b": spec.b,
@@ -189,11 +196,13 @@ def run_trial(config: dict) -> dict:
             "tokens_per_s": float(train.tokens_per_s), "wall_s": wall, "losses": list(map(float, train.losses)),
             "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
             "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run_id,
+            "heldout_loss": heldout,
         }
         mlflow.set_tracking_uri(cfg.tracking.uri)
         with mlflow.start_run(run_id=run_id):
             log_metrics({**cells, "wall_time_s": wall, "tokens_per_s": result["tokens_per_s"],
-                         "trainable_params": result["trainable_params"]})
+                         "trainable_params": result["trainable_params"],
+                         **({"heldout_loss": heldout} if heldout is not None else {})})
             mlflow.log_param("trainable_params", result["trainable_params"])
         atomic_write_json(result_path, result)
         client.set_terminated(run_id, status="FINISHED")
@@ -206,6 +215,24 @@ def run_trial(config: dict) -> dict:
     except BaseException:
         client.set_terminated(run_id, status="FAILED")
         raise
+
+
+def _evaluate_here(model_dir: str, cfg: ExperimentConfig, out_dir: Path, name: str,
+                   heldout_path: Optional[str] = None) -> tuple[dict[str, float], Optional[float]]:
+    """Evaluate a trial's final model in the trial process, with every CPU the trial reserved:
+    ``(scores, held-out loss or None)``."""
+    import torch
+
+    from raycpt.evaluate import evaluate_model, lm_loss
+    from raycpt.models.sources import load_model
+
+    torch.set_num_threads(max(1, int(cfg.sweep.cpus_per_trial + cfg.sweep.data_cpus_per_trial)))
+    model, tok = load_model(model_dir, dtype=cfg.model.dtype)
+    cells = eval_cells(evaluate_model(model, cfg.eval, tokenizer=tok, out_dir=out_dir, name=name))
+    heldout = None
+    if heldout_path:
+        heldout = lm_loss(model, json.loads(Path(heldout_path).read_text()), batch_size=cfg.eval.batch_size)
+    return cells, heldout
 
 
 def _tune_trainable(config: dict) -> None:
@@ -263,9 +290,22 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
     specs = plan_grid(cfg.sweep.splits, cfg.sweep.strategies, num_layers, cfg.sweep.include_full,
                       getattr(cfg.sweep, "recipes", None))
     uniq_splits = sorted({s.split for s in specs if s.split is not None})
+    heldout = None
+    if cfg.sweep.heldout_docs:
+        if cfg.data.max_documents is None:
+            raise RaycptError("sweep.heldout_docs needs data.max_documents: the held-out documents are the ones after "
+                              "the first data.max_documents, which training never reads")
+        from raycpt.data.corpus import heldout_blocks
+        from raycpt.train.launch import resolve_model_path
+
+        heldout = heldout_blocks(cfg.data, resolve_model_path(cfg), cfg.sweep.heldout_docs,
+                                 setting="sweep.heldout_docs", raise_key="sweep.heldout_docs")
 
     run_dir = open_run_dir(cfg, "sweep", resume=resume)
     state = read_state(run_dir)
+    heldout_path = None
+    if heldout is not None:
+        heldout_path = str(atomic_write_json(run_dir / "heldout_blocks.json", heldout))
     exp_id = ensure_store(cfg.tracking)
     client = MlflowClient()
     if state.get("parent_run_id"):
@@ -303,6 +343,7 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
                 param_space = {
                     "spec": tune.grid_search([dataclasses.asdict(s) for s in specs]),
                     "cfg": config_to_dict(cfg), "run_dir": str(run_dir), "parent_run_id": parent_id,
+                    "heldout_path": heldout_path,
                 }
                 tuner = tune.Tuner(
                     trainable, param_space=param_space,
@@ -316,7 +357,9 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
                 )
             if console is not None:
                 console.print(f"sweep: {len(specs)} trials ({', '.join(s.name for s in specs)}) -> {run_dir}")
-            tuner.fit()
+            with _quiet_tune_output(), TrialsProgress(run_dir / "trials", [s.name for s in specs],
+                                                      cfg.train.max_steps, console):
+                tuner.fit()
         trials = []
         missing = []
         for s in specs:
@@ -346,6 +389,21 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
         if client.get_run(parent_id).info.status == "RUNNING":
             client.set_terminated(parent_id, status="FAILED")
         raise
+
+
+@contextlib.contextmanager
+def _quiet_tune_output():
+    """Tune's console reporter off (``verbose=0`` alone still prints its experiment box and paths):
+    the sweep shows its own per-trial progress, and the Tune results stay under ``<run>/tune``."""
+    old = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = old
 
 
 def _end_children(run_dir: Path, client, status: str) -> None:

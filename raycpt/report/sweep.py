@@ -71,7 +71,8 @@ def summary_table(trials: list[dict], baseline: str = "full") -> dict[str, list[
                     if base is not None and t["name"] != baseline and m in base.get(c, {}):
                         d = v - base[c][m]
                     row_cells.setdefault(c, {})[m] = {"value": v, "delta": d, "best": v >= best[(c, m)] - 1e-12}
-            rows.append({"name": t["name"], "strategy": t.get("strategy"), "split": t.get("split"), "cells": row_cells})
+            rows.append({"name": t["name"], "strategy": t.get("strategy"), "split": t.get("split"), "cells": row_cells,
+                         "final_loss": t.get("final_loss"), "heldout_loss": t.get("heldout_loss")})
         tables[task] = rows
     return tables
 
@@ -122,9 +123,11 @@ def table_markdown(task: str, rows: list[dict]) -> str:
         for c in r["cells"]:
             if c not in cats:
                 cats.append(c)
-    head = "| model | " + " | ".join(CATEGORY_LABEL.get(c, c) for c in cats) + " |"
+    losses = _loss_columns(rows)
+    head = ("| model | " + " | ".join(CATEGORY_LABEL.get(c, c) for c in cats) + " |"
+            + "".join(f" {label} |" for _, label in losses))
     lines = [f"**{task}** — Generate / Logit accuracy (%), Δ against full in brackets, * = best", "", head,
-             "|" + "---|" * (len(cats) + 1)]
+             "|" + "---|" * (len(cats) + 1 + len(losses))]
     for r in rows:
         cells = []
         for c in cats:
@@ -135,40 +138,73 @@ def table_markdown(task: str, rows: list[dict]) -> str:
             if deltas:
                 txt += " (" + " / ".join(_fmt(d, sign=True) for d in deltas) + ")"
             cells.append(txt or "-")
+        cells += [_fmt_s(r.get(key)) for key, _ in losses]
         lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def rich_table(task: str, rows: list[dict]):
+def _loss_columns(rows: list[dict], short: bool = False) -> list[tuple[str, str]]:
+    """The loss columns present: the last training step's loss and the held-out loss."""
+    cols = [("final_loss", "loss" if short else "final loss"), ("heldout_loss", "held-out" if short else "held-out loss")]
+    return [(k, label) for k, label in cols if any(r.get(k) is not None for r in rows)]
+
+
+SHORT_LABEL = {"stem": "STEM", "social_science": "Soc.Sci.", "humanities": "Human.", "other": "Other",
+               "average": "Average", "overall": "All"}
+
+
+def rich_table(task: str, rows: list[dict], mode: str):
+    """Table 1 for one mode, narrow enough for an 80-column terminal: per cell the accuracy (%, best
+    marked ``*`` and bold) over its delta against ``full`` (green up, red down), then the trial's
+    final training loss and held-out loss when present. The CLI prints one table per mode; Markdown/CSV hold both side by side."""
+    from rich import box
     from rich.table import Table
 
     cats: list[str] = []
     for r in rows:
         for c in r["cells"]:
-            if c not in cats:
+            if c not in cats and c != "overall" and mode in r["cells"][c]:
                 cats.append(c)
-    table = Table(title=f"{task}: Generate / Logit (%), Δ vs full", show_lines=False)
-    table.add_column("model")
+    table = Table(title=f"{task}, {mode} mode: accuracy (%), Δ vs full below", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    table.add_column("trial", no_wrap=True)
     for c in cats:
-        table.add_column(CATEGORY_LABEL.get(c, c), justify="right")
+        table.add_column(SHORT_LABEL.get(c, c), justify="right", no_wrap=True)
+    losses = _loss_columns(rows, short=True)
+    for _, label in losses:
+        table.add_column(label, justify="right", no_wrap=True)
     for r in rows:
         cells = []
         for c in cats:
-            cc = r["cells"].get(c, {})
-            parts = []
-            for m in MODES:
-                x = cc.get(m)
-                if x is None:
-                    continue
-                s = _fmt(x["value"])
-                parts.append(f"[bold]{s}[/bold]" if x["best"] else s)
-            txt = " / ".join(parts)
-            deltas = [cc[m]["delta"] for m in MODES if m in cc and cc[m]["delta"] is not None]
-            if deltas:
-                colour = "green" if sum(deltas) > 0 else ("red" if sum(deltas) < 0 else "white")
-                txt += f"\n[{colour}]" + " / ".join(_fmt(d, sign=True) for d in deltas) + f"[/{colour}]"
+            x = r["cells"].get(c, {}).get(mode)
+            if x is None:
+                cells.append("-")
+                continue
+            txt = _fmt(x["value"]) + ("*" if x["best"] else " ")
+            txt = f"[bold]{txt}[/bold]" if x["best"] else txt
+            d = x["delta"]
+            if d is not None:
+                colour = "green" if d > 0 else ("red" if d < 0 else "dim")
+                txt += f"\n[{colour}]{_fmt(d, sign=True)} [/{colour}]"
             cells.append(txt)
+        cells += [_fmt_s(r.get(key)) for key, _ in losses]
         table.add_row(r["name"], *cells)
+    return table
+
+
+def rich_gains_table(task: str, gains: list[dict]):
+    """S(b) from the trace next to the realised gain of each split (average score, both modes)."""
+    from rich.table import Table
+
+    from rich import box
+
+    table = Table(title=f"{task}: S(b) vs realised gain (avg points, G / L)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("split", "b", "S(b)", "shallow − full", "shallow − deep"):
+        table.add_column(col, justify="right")
+    for g in gains:
+        table.add_row(f"{g['split']:g}", str(g["b"]), _fmt_s(g["S_b"]),
+                      f"{_fmt(g['shallow_vs_full_generate'], sign=True)} / {_fmt(g['shallow_vs_full_logit'], sign=True)}",
+                      f"{_fmt(g['shallow_vs_deep_generate'], sign=True)} / {_fmt(g['shallow_vs_deep_logit'], sign=True)}")
     return table
 
 

@@ -56,6 +56,10 @@ class TrainResult:
     last_checkpoint: Optional[Path] = None
     resumed_from_step: Optional[int] = None
     step_times: list[float] = field(default_factory=list)
+    eval_metrics: Optional[dict] = None
+    """Scores ``{task/category/mode: %}`` when ``run_training(evaluate=...)`` evaluated in the worker."""
+    eval_seconds: Optional[dict] = None
+    heldout_loss: Optional[float] = None
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -227,12 +231,14 @@ def _faults_from_env() -> dict:
 def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
                  parent_run_id: Optional[str] = None, mlflow_run_id: Optional[str] = None,
                  name: Optional[str] = None, progress: bool = False, faults: Optional[dict] = None,
-                 callbacks: Optional[list] = None) -> TrainResult:
+                 callbacks: Optional[list] = None, evaluate: Optional[dict] = None) -> TrainResult:
     """Train ``cfg.model`` with ``cfg.plan`` on ``cfg.data`` under a Ray ``TorchTrainer``.
 
     ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
     sweep trial's folder) = use it. ``mlflow_run_id`` continues an existing run (a sweep's child
-    run); else ``parent_run_id`` nests a new run under it. Needs Ray to be initialised."""
+    run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (``{"eval": EvalConfig dict,
+    "out_dir": ..., "name": ...}``) makes rank 0 evaluate the final weights in the worker, right after
+    training (not with FSDP; the result's ``eval_metrics`` stays None when it did not run). Needs Ray."""
     import ray
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -241,7 +247,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     from raycpt.report.train import plot_loss_curve, read_events, read_step_records
     from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
     from raycpt.tracking import log_config, mlflow_run
-    from raycpt.train.loop import METRICS_FILE, STATUS_FILE, callbacks_for, train_loop_per_worker
+    from raycpt.train.loop import EVAL_RESULT_FILE, METRICS_FILE, STATUS_FILE, callbacks_for, train_loop_per_worker
 
     if not ray.is_initialized():
         raise RuntimeError("run_training needs Ray: call it inside raycpt.runtime.ray_session(cfg.ray)")
@@ -302,8 +308,10 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
             "cfg": config_to_dict(cfg), "model_path": model_path, "plan": plan.to_dict(), "run_dir": str(run_dir),
             "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": resume_from,
             "shard_rows": shard_rows, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
-            "callbacks": list(callbacks or []) + callbacks_for(cfg),
+            "callbacks": list(callbacks or []) + callbacks_for(cfg), "evaluate": evaluate,
         }
+        if evaluate:
+            (Path(evaluate["out_dir"]) / EVAL_RESULT_FILE).unlink(missing_ok=True)
         t = cfg.train
         resources = {"CPU": t.cpus_per_worker}
         if t.use_gpu:
@@ -353,10 +361,12 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
         mlflow.log_metrics({"final_loss": losses[-1] if losses else float("nan"), "wall_time_s": wall,
                             "median_tokens_per_s": tok_s})
+        ev = _read_json(Path(evaluate["out_dir"]) / EVAL_RESULT_FILE) if evaluate else {}
         res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
                           wall_s=wall, trainable_params=counts["trainable"], frozen_params=counts["frozen"],
                           mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
-                          resumed_from_step=resumed_step, step_times=times)
+                          resumed_from_step=resumed_step, step_times=times, eval_metrics=ev.get("metrics"),
+                          eval_seconds=ev.get("seconds"), heldout_loss=ev.get("heldout_loss"))
         atomic_write_json(run_dir / "train_result.json", res.to_dict())
         write_state(run_dir, status="finished", wall_s=wall, events=len(read_events(metrics_path)))
     return res
@@ -377,8 +387,15 @@ def _read_json(path: Path) -> dict:
 
 
 def _publish_model(src: Path, dest: Path) -> None:
+    """Publish the last checkpoint's model folder as ``dest``, atomically. Files are hard-linked
+    (a checkpoint is never modified in place, and pruning it later leaves the links intact), so a
+    sweep does not hold every trial's weights twice; a copy where links are impossible."""
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-    shutil.copytree(src, tmp)
+    try:
+        shutil.copytree(src, tmp, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)
@@ -391,7 +408,9 @@ def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
                        trainable_params=d["trainable_params"], frozen_params=d["frozen_params"],
                        mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
                        last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,
-                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []))
+                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []),
+                       eval_metrics=d.get("eval_metrics"), eval_seconds=d.get("eval_seconds"),
+                       heldout_loss=d.get("heldout_loss"))
 
 
 def _training_error(e: Exception) -> Exception:

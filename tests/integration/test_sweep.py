@@ -32,7 +32,8 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     from raycpt.jobs.sweep import run_sweep
     from raycpt.report.sweep import summary_table
 
-    cfg = tiny_sweep_config(tmp_path, tiny_dir)
+    # the first 50 documents train; 10 after them give every trial's held-out loss
+    cfg = tiny_sweep_config(tmp_path, tiny_dir, ["data.max_documents=50", "sweep.heldout_docs=10"])
     res = run_sweep(cfg, splits=[0.25, 0.5], strategies=["train_shallow", "train_deep"])
     names = {t["name"] for t in res.trials}
     assert names == {"full", "train_shallow-r0.25", "train_shallow-r0.5", "train_deep-r0.25", "train_deep-r0.5"}
@@ -76,3 +77,28 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     logged = {a.path for a in client.list_artifacts(res.parent_run_id, "summary")}
     assert "summary/summary.md" in logged and "summary/loss_curves.png" in logged
     assert any(a.path.startswith("trace/") for a in client.list_artifacts(res.parent_run_id, "trace"))
+
+    # the evaluation ran inside each training worker on the in-memory weights: the same scores come
+    # back from a fresh evaluation of the published final model folder
+    from raycpt.evaluate import evaluate_model
+
+    full = next(t for t in res.trials if t["name"] == "full")
+    again = evaluate_model(full["final_model_dir"], cfg.eval).metrics()
+    assert again == pytest.approx(full["scores"])
+
+    # held-out loss: documents 50..59, packed by hand, cross-entropy computed here with torch
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(full["final_model_dir"])
+    docs = [json.loads(line)["text"] for line in (tmp_path / "corpus.jsonl").read_text().splitlines()[50:60]]
+    flat = [t for d in docs for t in tok(d, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
+    blocks = torch.tensor([flat[i:i + 32] for i in range(0, len(flat) - 31, 32)])
+    for t in res.trials:
+        model = AutoModelForCausalLM.from_pretrained(t["final_model_dir"], torch_dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits = model(blocks).logits[:, :-1]
+        ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
+        assert t["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
+        assert by_name[t["name"]]["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
+    assert "held-out loss" in (summary / "summary.md").read_text()

@@ -47,3 +47,22 @@ def test_markdown_has_one_row_per_trial_and_percentages():
     md = table_markdown("wn", summary_table(TRIALS)["wn"])
     assert md.count("\n| train_") == 2
     assert "45.00*" in md and "(+5.00" in md
+
+
+def test_markdown_and_terminal_tables_carry_each_trials_final_loss():
+    from rich.console import Console
+
+    from raycpt.report.sweep import rich_table
+
+    trials = [dict(t, final_loss=loss) for t, loss in zip(TRIALS, (3.4851, 3.7492, 3.7603))]
+    rows = summary_table(trials)["wn"]
+    md = table_markdown("wn", rows)
+    assert "final loss" in md.splitlines()[2]
+    assert "| 3.749 |" in md and "| 3.760 |" in md and "| 3.485 |" in md
+    console = Console(width=80, record=True)
+    console.print(rich_table("wn", rows, "logit"))
+    text = console.export_text()
+    # full names (never truncated at 80 columns), deltas against full by hand: 35-30, 45-40, 38-40
+    assert "train_shallow-r0.5" in text and "+5.00" in text and "-2.00" in text and "3.749" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "45.00*" in text and "40.00*" not in text  # best logit average: shallow's 45

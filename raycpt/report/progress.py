@@ -1,0 +1,154 @@
+"""Live progress of a multi-trial job (sweep), read from the trial folders the trials write anyway.
+
+The driver does not see the trials' stdout (they run in Ray actors, possibly on other nodes), but
+every trial writes ``<trial>/train/train_metrics.jsonl`` (rank 0, one line per step and lifecycle
+events) and ``<trial>/result.json`` when done. :func:`trial_state` turns those files into one line;
+:class:`TrialsProgress` shows a bar over trials with the running trial's step, and prints one line
+per finished trial. Works the same on a cluster whose run folder is on shared storage.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+METRICS = Path("train") / "train_metrics.jsonl"
+RESULT = "result.json"
+
+
+@dataclass(frozen=True)
+class TrialState:
+    """``phase``: pending, starting, training, evaluating, done; ``step``/``loss`` while training."""
+
+    name: str
+    phase: str
+    step: int = 0
+    loss: Optional[float] = None
+
+
+def _tail_records(path: Path, nbytes: int = 8192) -> list[dict]:
+    """The JSON records in the last ``nbytes`` of a JSONL file (a partial first/last line is skipped)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - nbytes))
+            chunk = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in chunk.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def trial_state(trial_dir: Path, name: Optional[str] = None) -> TrialState:
+    """Where one trial is, from its files alone."""
+    trial_dir = Path(trial_dir)
+    name = name or trial_dir.name
+    if (trial_dir / RESULT).is_file():
+        return TrialState(name, "done")
+    if not trial_dir.is_dir():
+        return TrialState(name, "pending")
+    step, loss, phase = 0, None, "starting"
+    for rec in _tail_records(trial_dir / METRICS):
+        if "loss" in rec and "step" in rec:
+            step, loss, phase = int(rec["step"]), float(rec["loss"]), "training"
+        elif rec.get("event") in ("start", "resume"):
+            step, phase = int(rec.get("step", 0)), "training"
+        elif rec.get("event") in ("evaluate", "finished"):
+            phase = "evaluating"
+    return TrialState(name, phase, step, loss)
+
+
+def describe(state: TrialState, max_steps: int) -> str:
+    """One short line for the running trial, e.g. ``train_deep-r0.5: step 5/8, loss 3.912``."""
+    if state.phase == "training":
+        loss = "" if state.loss is None else f", loss {state.loss:.3f}"
+        return f"{state.name}: step {state.step}/{max_steps}{loss}"
+    if state.phase == "starting":
+        return f"{state.name}: starting workers"
+    return f"{state.name}: {state.phase}"
+
+
+def finished_line(result: dict) -> str:
+    """One line per finished trial: loss first -> last, average scores per task and mode, wall time."""
+    losses = result.get("losses") or []
+    parts = [result.get("name", "?")]
+    if losses:
+        parts.append(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    if result.get("heldout_loss") is not None:
+        parts.append(f"held-out {result['heldout_loss']:.3f}")
+    avgs: dict[str, dict[str, float]] = {}
+    for key, v in (result.get("scores") or {}).items():
+        task, cat, mode = (key.split("/") + ["", ""])[:3]
+        if cat == "average":
+            avgs.setdefault(task, {})[mode] = v
+    for task, modes in avgs.items():
+        parts.append(f"{task} " + " / ".join(f"{m} {modes[m]:.2f}" for m in sorted(modes)))
+    if result.get("wall_s") is not None:
+        parts.append(f"{result['wall_s']:.0f}s")
+    return "  ".join(parts)
+
+
+class TrialsProgress:
+    """A progress bar over trials, fed by polling the trial folders from a driver thread."""
+
+    def __init__(self, trials_root: Path, names: Sequence[str], max_steps: int, console=None, interval: float = 0.5):
+        self.root, self.names, self.max_steps = Path(trials_root), list(names), max_steps
+        self.console, self.interval = console, interval
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._reported: set[str] = set()
+
+    def __enter__(self):
+        if self.console is not None:
+            # finished before (a resumed sweep): counted, not announced again
+            self._reported = {n for n in self.names if trial_state(self.root / n, n).phase == "done"}
+            self._thread = threading.Thread(target=self._run, name="raycpt-sweep-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[info]}"), console=self.console, transient=False) as bar:
+            task = bar.add_task("trials", total=len(self.names), completed=len(self._reported), info="")
+            while True:
+                stopping = self._stop.is_set()
+                self._poll(bar, task)
+                if stopping:
+                    break
+                self._stop.wait(self.interval)
+
+    def _poll(self, bar, task) -> None:
+        running, done = [], 0
+        for n in self.names:
+            st = trial_state(self.root / n, n)
+            if st.phase == "done":
+                done += 1
+                if n not in self._reported:
+                    self._reported.add(n)
+                    try:
+                        res = json.loads((self.root / n / RESULT).read_text())
+                        bar.console.print(f"[green]done[/green] {finished_line(res)}", highlight=False)
+                    except (OSError, ValueError):
+                        pass
+            elif st.phase != "pending":
+                running.append(describe(st, self.max_steps))
+        bar.update(task, completed=done, info="; ".join(running))
+

@@ -1,0 +1,61 @@
+"""Sweep progress read from trial folders: states and lines checked against hand-written files."""
+
+import io
+import json
+
+from raycpt.report.progress import TrialsProgress, describe, finished_line, trial_state
+
+
+def _write_metrics(d, records):
+    (d / "train").mkdir(parents=True, exist_ok=True)
+    with open(d / "train" / "train_metrics.jsonl", "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_trial_state_follows_the_files(tmp_path):
+    t = tmp_path / "train_deep-r0.5"
+    assert trial_state(t).phase == "pending"
+    t.mkdir()
+    assert trial_state(t).phase == "starting"
+    _write_metrics(t, [{"event": "start", "step": 0}, {"step": 1, "loss": 4.75}, {"step": 2, "loss": 4.5}])
+    # a line cut by a kill at the end is ignored
+    with open(t / "train" / "train_metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "lo')
+    st = trial_state(t)
+    assert (st.phase, st.step, st.loss) == ("training", 2, 4.5)
+    assert describe(st, 8) == "train_deep-r0.5: step 2/8, loss 4.500"
+    _write_metrics(t, [{"event": "start", "step": 0}, {"step": 8, "loss": 3.7}, {"event": "evaluate", "step": 8}])
+    assert trial_state(t).phase == "evaluating"
+    (t / "result.json").write_text("{}")
+    assert trial_state(t).phase == "done"
+
+
+def test_trial_state_reads_only_the_tail_of_a_long_log(tmp_path):
+    t = tmp_path / "full"
+    _write_metrics(t, [{"event": "start", "step": 0}] + [{"step": i, "loss": 10.0 / i} for i in range(1, 3001)])
+    st = trial_state(t)
+    assert st.step == 3000 and abs(st.loss - 10.0 / 3000) < 1e-12
+
+
+def test_finished_line_has_losses_averages_and_time():
+    res = {"name": "full", "losses": [4.75, 4.1, 3.485], "wall_s": 59.4,
+           "scores": {"wn/average/logit": 21.875, "wn/average/generate": 0.0, "wn/stem/logit": 25.0}}
+    assert finished_line(res) == "full  loss 4.750 -> 3.485  wn generate 0.00 / logit 21.88  59s"
+
+
+def test_progress_announces_each_finished_trial_once(tmp_path):
+    from rich.console import Console
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "a" / "result.json").write_text(json.dumps({"name": "a", "losses": [2.0, 1.0], "wall_s": 3}))
+    buf = io.StringIO()
+    with TrialsProgress(tmp_path, ["a", "b"], 8, Console(file=buf, width=200), interval=0.01):
+        pass  # "a" finished before: counted, not announced again (a resumed sweep)
+    assert "done a" not in buf.getvalue()
+    buf = io.StringIO()
+    with TrialsProgress(tmp_path, ["a", "b"], 8, Console(file=buf, width=200), interval=0.01):
+        (tmp_path / "b" / "result.json").write_text(json.dumps({"name": "b", "losses": [3.0, 2.5], "wall_s": 7}))
+    out = buf.getvalue()
+    assert out.count("done b  loss 3.000 -> 2.500  7s") == 1
