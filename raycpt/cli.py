@@ -144,7 +144,7 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     import time
 
     from raycpt.jobs.sweep import run_sweep
-    from raycpt.report.sweep import rich_gains_table, rich_table
+    from raycpt.report.sweep import rich_gains_table, rich_table, rich_trials_table
 
     cfg = load(args)
     split_list = parse_floats(splits, "--splits")
@@ -157,6 +157,7 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
                 console.print(rich_table(task, rows, mode))
         if res.summary.get("split_gains", {}).get(task):
             console.print(rich_gains_table(task, res.summary["split_gains"][task]))
+    console.print(rich_trials_table(res.trials))
     if res.summary.get("recommended_split") is not None:
         console.print(f"trace: recommended split r = {res.summary['recommended_split']}")
     console.print(f"summary: {res.run_dir / 'summary'} (summary.md, table_*.csv, scores_*.png, loss_curves.png)")

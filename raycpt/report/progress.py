@@ -80,11 +80,12 @@ def describe(state: TrialState, max_steps: int) -> str:
 
 
 def finished_line(result: dict) -> str:
-    """One line per finished trial: loss first -> last, average scores per task and mode, wall time."""
+    """One line per finished trial: training loss first -> last, held-out loss, average score per task
+    (``G/L`` = generate / logit), wall time."""
     losses = result.get("losses") or []
     parts = [result.get("name", "?")]
     if losses:
-        parts.append(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        parts.append(f"loss {losses[0]:.3f}->{losses[-1]:.3f}")
     if result.get("heldout_loss") is not None:
         parts.append(f"held-out {result['heldout_loss']:.3f}")
     avgs: dict[str, dict[str, float]] = {}
@@ -93,10 +94,11 @@ def finished_line(result: dict) -> str:
         if cat == "average":
             avgs.setdefault(task, {})[mode] = v
     for task, modes in avgs.items():
-        parts.append(f"{task} " + " / ".join(f"{m} {modes[m]:.2f}" for m in sorted(modes)))
+        ms = [m for m in ("generate", "logit") if m in modes] + sorted(m for m in modes if m not in ("generate", "logit"))
+        parts.append(f"{task} {'/'.join(m[0].upper() for m in ms)} {'/'.join(f'{modes[m]:.2f}' for m in ms)}")
     if result.get("wall_s") is not None:
         parts.append(f"{result['wall_s']:.0f}s")
-    return "  ".join(parts)
+    return " ".join(parts)
 
 
 class TrialsProgress:

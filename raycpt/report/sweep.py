@@ -85,7 +85,8 @@ def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, b
     """For each split: S(b) from the trace next to the realised gains (average score, both modes).
 
     ``shallow_vs_full`` = train_shallow - full, ``shallow_vs_deep`` = train_shallow - train_deep; a positive
-    S(b) predicts positive ``shallow_vs_deep``.
+    S(b) predicts positive ``shallow_vs_deep``. With held-out losses, ``*_heldout`` are the loss
+    differences (negative = shallow lower).
     """
     by_name = {t["name"]: t for t in trials}
     full = by_name.get(baseline)
@@ -101,6 +102,10 @@ def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, b
             f_v = _avg(full, task, m) if full else None
             row[f"shallow_vs_full_{m}"] = (s_v - f_v) if s_v is not None and f_v is not None else None
             row[f"shallow_vs_deep_{m}"] = (s_v - d_v) if s_v is not None and d_v is not None else None
+        # held-out loss differences (negative = the shallow plan reached a lower loss)
+        s_h, d_h, f_h = ((t or {}).get("heldout_loss") for t in (sh, dp, full))
+        row["shallow_vs_full_heldout"] = (s_h - f_h) if s_h is not None and f_h is not None else None
+        row["shallow_vs_deep_heldout"] = (s_h - d_h) if s_h is not None and d_h is not None else None
         rows.append(row)
     return rows
 
@@ -155,8 +160,8 @@ SHORT_LABEL = {"stem": "STEM", "social_science": "Soc.Sci.", "humanities": "Huma
 
 def rich_table(task: str, rows: list[dict], mode: str):
     """Table 1 for one mode, narrow enough for an 80-column terminal: per cell the accuracy (%, best
-    marked ``*`` and bold) over its delta against ``full`` (green up, red down), then the trial's
-    final training loss and held-out loss when present. The CLI prints one table per mode; Markdown/CSV hold both side by side."""
+    marked ``*`` and bold) over its delta against ``full`` (green up, red down). Losses are in
+    :func:`rich_trials_table`. The CLI prints one table per mode; Markdown/CSV hold both side by side."""
     from rich import box
     from rich.table import Table
 
@@ -170,9 +175,6 @@ def rich_table(task: str, rows: list[dict], mode: str):
     table.add_column("trial", no_wrap=True)
     for c in cats:
         table.add_column(SHORT_LABEL.get(c, c), justify="right", no_wrap=True)
-    losses = _loss_columns(rows, short=True)
-    for _, label in losses:
-        table.add_column(label, justify="right", no_wrap=True)
     for r in rows:
         cells = []
         for c in cats:
@@ -187,8 +189,29 @@ def rich_table(task: str, rows: list[dict], mode: str):
                 colour = "green" if d > 0 else ("red" if d < 0 else "dim")
                 txt += f"\n[{colour}]{_fmt(d, sign=True)} [/{colour}]"
             cells.append(txt)
-        cells += [_fmt_s(r.get(key)) for key, _ in losses]
         table.add_row(r["name"], *cells)
+    return table
+
+
+def rich_trials_table(trials: list[dict], baseline: str = "full"):
+    """One row per trial: trainable parameters, the last step's training loss, the held-out loss and
+    its delta against ``baseline`` (lower is better), wall time."""
+    from rich import box
+    from rich.table import Table
+
+    base = next((t.get("heldout_loss") for t in trials if t["name"] == baseline), None)
+    table = Table(title="trials: losses (nats/token), held-out Δ vs full", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, just in (("trial", "left"), ("trainable", "right"), ("train loss", "right"), ("held-out", "right"),
+                      ("Δ held-out", "right"), ("seconds", "right")):
+        table.add_column(col, justify=just, no_wrap=True)
+    for t in trials:
+        h = t.get("heldout_loss")
+        d = None if h is None or base is None or t["name"] == baseline else h - base
+        colour = "dim" if d is None or d == 0 else ("green" if d < 0 else "red")
+        table.add_row(t["name"], f"{t['trainable_params'] / 1e6:.1f}M" if t.get("trainable_params") else "-",
+                      _fmt_s(t.get("final_loss")), _fmt_s(h),
+                      "-" if d is None else f"[{colour}]{d:+.3f}[/{colour}]",
+                      "-" if t.get("wall_s") is None else f"{t['wall_s']:.0f}")
     return table
 
 
@@ -198,14 +221,24 @@ def rich_gains_table(task: str, gains: list[dict]):
 
     from rich import box
 
-    table = Table(title=f"{task}: S(b) vs realised gain (avg points, G / L)", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("split", "b", "S(b)", "shallow − full", "shallow − deep"):
-        table.add_column(col, justify="right")
+    held = any(g.get("shallow_vs_deep_heldout") is not None for g in gains)
+    table = Table(title=f"{task}: S(b) vs realised gain (avg points G / L" + (", held-out loss" if held else "") + ")",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = ["split", "b", "S(b)", "shallow−full", "shallow−deep"] + (["loss sh−full", "loss sh−deep"] if held else [])
+    for col in cols:
+        table.add_column(col, justify="right", no_wrap=True)
     for g in gains:
-        table.add_row(f"{g['split']:g}", str(g["b"]), _fmt_s(g["S_b"]),
-                      f"{_fmt(g['shallow_vs_full_generate'], sign=True)} / {_fmt(g['shallow_vs_full_logit'], sign=True)}",
-                      f"{_fmt(g['shallow_vs_deep_generate'], sign=True)} / {_fmt(g['shallow_vs_deep_logit'], sign=True)}")
+        cells = [f"{g['split']:g}", str(g["b"]), _fmt_s(g["S_b"]),
+                 f"{_fmt(g['shallow_vs_full_generate'], sign=True)}/{_fmt(g['shallow_vs_full_logit'], sign=True)}",
+                 f"{_fmt(g['shallow_vs_deep_generate'], sign=True)}/{_fmt(g['shallow_vs_deep_logit'], sign=True)}"]
+        if held:
+            cells += [_fmt_loss_delta(g.get("shallow_vs_full_heldout")), _fmt_loss_delta(g.get("shallow_vs_deep_heldout"))]
+        table.add_row(*cells)
     return table
+
+
+def _fmt_loss_delta(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:+.3f}"
 
 
 def _csv(task: str, rows: list[dict]) -> str:
@@ -288,12 +321,15 @@ def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_
             md.append("")
             md.append(f"**{task}** — S(b) from the trace next to the realised gain (average, percentage points)")
             md.append("")
-            md.append("| split | b | S(b) | shallow−full G / L | shallow−deep G / L |")
-            md.append("|---|---|---|---|---|")
+            md.append("| split | b | S(b) | shallow−full G / L | shallow−deep G / L | held-out loss shallow−full "
+                      "| held-out loss shallow−deep |")
+            md.append("|---|---|---|---|---|---|---|")
             for g in gains:
                 md.append(f"| {g['split']:g} | {g['b']} | {_fmt_s(g['S_b'])} | "
                           f"{_fmt(g['shallow_vs_full_generate'], sign=True)} / {_fmt(g['shallow_vs_full_logit'], sign=True)} | "
-                          f"{_fmt(g['shallow_vs_deep_generate'], sign=True)} / {_fmt(g['shallow_vs_deep_logit'], sign=True)} |")
+                          f"{_fmt(g['shallow_vs_deep_generate'], sign=True)} / {_fmt(g['shallow_vs_deep_logit'], sign=True)} | "
+                          f"{_fmt_loss_delta(g.get('shallow_vs_full_heldout'))} | "
+                          f"{_fmt_loss_delta(g.get('shallow_vs_deep_heldout'))} |")
         md.append("")
         files.append(atomic_write_text(out / f"table_{task}.csv", _csv(task, rows)))
         files.append(plot_bars(out / f"scores_{task}.png", task, trials))

@@ -41,7 +41,8 @@ def test_trial_state_reads_only_the_tail_of_a_long_log(tmp_path):
 def test_finished_line_has_losses_averages_and_time():
     res = {"name": "full", "losses": [4.75, 4.1, 3.485], "wall_s": 59.4,
            "scores": {"wn/average/logit": 21.875, "wn/average/generate": 0.0, "wn/stem/logit": 25.0}}
-    assert finished_line(res) == "full  loss 4.750 -> 3.485  wn generate 0.00 / logit 21.88  59s"
+    assert finished_line(res) == "full loss 4.750->3.485 wn G/L 0.00/21.88 59s"
+    assert finished_line({**res, "heldout_loss": 3.5704}) == "full loss 4.750->3.485 held-out 3.570 wn G/L 0.00/21.88 59s"
 
 
 def test_progress_announces_each_finished_trial_once(tmp_path):
@@ -58,4 +59,4 @@ def test_progress_announces_each_finished_trial_once(tmp_path):
     with TrialsProgress(tmp_path, ["a", "b"], 8, Console(file=buf, width=200), interval=0.01):
         (tmp_path / "b" / "result.json").write_text(json.dumps({"name": "b", "losses": [3.0, 2.5], "wall_s": 7}))
     out = buf.getvalue()
-    assert out.count("done b  loss 3.000 -> 2.500  7s") == 1
+    assert out.count("done b loss 3.000->2.500 7s") == 1

@@ -49,7 +49,7 @@ def test_markdown_has_one_row_per_trial_and_percentages():
     assert "45.00*" in md and "(+5.00" in md
 
 
-def test_markdown_and_terminal_tables_carry_each_trials_final_loss():
+def test_markdown_carries_final_loss_and_terminal_table_fits_80_columns():
     from rich.console import Console
 
     from raycpt.report.sweep import rich_table
@@ -63,6 +63,28 @@ def test_markdown_and_terminal_tables_carry_each_trials_final_loss():
     console.print(rich_table("wn", rows, "logit"))
     text = console.export_text()
     # full names (never truncated at 80 columns), deltas against full by hand: 35-30, 45-40, 38-40
-    assert "train_shallow-r0.5" in text and "+5.00" in text and "-2.00" in text and "3.749" in text
+    assert "train_shallow-r0.5" in text and "+5.00" in text and "-2.00" in text
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "45.00*" in text and "40.00*" not in text  # best logit average: shallow's 45
+
+
+def test_held_out_loss_gains_and_trials_table_by_hand():
+    from rich.console import Console
+
+    from raycpt.report.sweep import rich_gains_table, rich_trials_table
+
+    losses = {"full": 3.570, "train_shallow-r0.5": 3.789, "train_deep-r0.5": 3.859}
+    trials = [dict(t, heldout_loss=losses[t["name"]], final_loss=3.5, trainable_params=53_100_000, wall_s=50.2)
+              for t in TRIALS]
+    (row,) = split_gains(trials, {"0.5": 0.338}, "wn")
+    assert row["shallow_vs_full_heldout"] == pytest.approx(3.789 - 3.570)
+    assert row["shallow_vs_deep_heldout"] == pytest.approx(3.789 - 3.859)
+    console = Console(width=80, record=True)
+    console.print(rich_gains_table("wn", [row]))
+    console.print(rich_trials_table(trials))
+    text = console.export_text()
+    assert "-0.070" in text and "+0.219" in text and "+0.289" in text and "53.1M" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    # without held-out losses the columns are absent, not filled with dashes
+    (plain,) = split_gains(TRIALS, {"0.5": 0.338}, "wn")
+    assert plain["shallow_vs_deep_heldout"] is None
