@@ -144,12 +144,12 @@ class TrialsProgress:
             if st.phase == "done":
                 done += 1
                 if n not in self._reported:
-                    self._reported.add(n)
                     try:
                         res = json.loads((self.root / n / RESULT).read_text())
-                        bar.console.print(f"[green]done[/green] {finished_line(res)}", highlight=False)
-                    except (OSError, ValueError):
-                        pass
+                    except (OSError, ValueError):  # caught mid-write: announce it on the next poll
+                        continue
+                    self._reported.add(n)
+                    bar.console.print(f"[green]done[/green] {finished_line(res)}", highlight=False)
             elif st.phase != "pending":
                 running.append(describe(st, self.max_steps))
         bar.update(task, completed=done, info="; ".join(running))

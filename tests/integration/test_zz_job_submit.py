@@ -12,7 +12,9 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 from test_sweep import tiny_sweep_config
 
@@ -64,6 +66,8 @@ def test_ray_job_submit_tiny_sweep(tmp_path, tiny_dir):
     gcs_port, dash_port = _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    # this interpreter's `ray` and `python` first, as in an activated venv (pytest may run without one)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     address = f"http://127.0.0.1:{dash_port}"
     import shutil
     import tempfile
