@@ -288,6 +288,12 @@ class EvalResult:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "EvalResult":
+        """Inverse of :meth:`to_dict`; extra keys (e.g. the flat ``metrics`` a training worker adds) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
 
 def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[str, dict]:
     out = {}

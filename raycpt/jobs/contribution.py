@@ -243,24 +243,36 @@ def run_scan_trial(config: dict) -> dict:
         tcfg = scan_trial_config(cfg, spec)
         base_path = config["model_path"]
         train_info: dict[str, Any] = {}
+        ev, heldout = None, None
+        heldout_path = None
+        if config.get("heldout_blocks"):
+            heldout_path = str(atomic_write_json(tdir / "heldout_blocks.json", config["heldout_blocks"]))
         if spec["kind"] == "base":
             model_dir = base_path
         else:
+            from raycpt.evaluate import EvalResult
             from raycpt.train.launch import run_training
+            from raycpt.train.loop import EVAL_RESULT_FILE
 
             train_dir = tdir / "train"
+            # the training worker evaluates its final weights (on its GPU on a cluster), held-out loss included
             tr = run_training(tcfg, run_dir=train_dir, resume=(train_dir / "state.json").exists(),
-                              parent_run_id=config["parent_run_id"], mlflow_run_id=run_id, name=spec["name"])
+                              parent_run_id=config["parent_run_id"], mlflow_run_id=run_id, name=spec["name"],
+                              evaluate={"eval": dataclasses.asdict(tcfg.eval), "out_dir": str(tdir / "eval"),
+                                        "name": spec["name"], "heldout_path": heldout_path})
             model_dir = str(tr.final_model_dir)
             train_info = {"trainable_params": int(tr.trainable_params), "final_loss":
                           float(tr.losses[-1]) if tr.losses else float("nan"), "train_wall_s": float(tr.wall_s),
                           "tokens_per_s": float(tr.tokens_per_s)}
-        ev = evaluate_model(model_dir, tcfg.eval, out_dir=tdir / "eval", name=spec["name"])
+            if tr.eval_metrics is not None:
+                ev = EvalResult.from_dict(json.loads((tdir / "eval" / EVAL_RESULT_FILE).read_text()))
+                heldout = tr.heldout_loss
+        if ev is None:  # the base model, FSDP, or a trial whose training had finished before its evaluation
+            ev = evaluate_model(model_dir, tcfg.eval, out_dir=tdir / "eval", name=spec["name"])
         cells = ev.metrics()
         key, score = primary_score(cells, tcfg.eval)
         l2 = layer_l2(base_path, model_dir) if spec["kind"] != "base" else None
-        heldout = None
-        if config.get("heldout_blocks"):
+        if config.get("heldout_blocks") and heldout is None:
             from raycpt.models.sources import load_model
 
             m, _ = load_model(model_dir, dtype="float32", device="cpu")

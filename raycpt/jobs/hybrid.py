@@ -164,7 +164,7 @@ class HybridRunResult:
 def _eval_result(d: dict):
     from raycpt.evaluate import EvalResult
 
-    return EvalResult(**d)
+    return EvalResult.from_dict(d)
 
 
 def _run_build(cfg: ExperimentConfig, plan, run_dir: Path, parent_id: str, client, console, progress: bool) -> dict:
@@ -214,10 +214,18 @@ def _run_build(cfg: ExperimentConfig, plan, run_dir: Path, parent_id: str, clien
             console.print(f"[bold]{name}[/bold]: train layers {built.trainable_layers} "
                           f"({cfg.train.max_steps} steps)")
         tdir = bdir / "train"
-        train = run_training(tcfg, run_dir=tdir, resume=(tdir / "state.json").exists(), parent_run_id=parent_id,
-                             mlflow_run_id=run_id, name=name, progress=progress)
-        final = Path(train.final_model_dir)
         ev_path = bdir / "eval_result.json"
+        # the training worker evaluates the final weights where they are (its GPU on a cluster)
+        evaluate = None if ev_path.is_file() else {"eval": dataclasses.asdict(cfg.eval), "out_dir": str(bdir / "eval"),
+                                                   "name": name}
+        train = run_training(tcfg, run_dir=tdir, resume=(tdir / "state.json").exists(), parent_run_id=parent_id,
+                             mlflow_run_id=run_id, name=name, progress=progress, evaluate=evaluate)
+        final = Path(train.final_model_dir)
+        if not ev_path.is_file() and train.eval_metrics is not None:
+            from raycpt.train.loop import EVAL_RESULT_FILE
+
+            ev = _eval_result(json.loads((bdir / "eval" / EVAL_RESULT_FILE).read_text()))
+            atomic_write_json(ev_path, ev.to_dict())
         if ev_path.is_file():
             ev = _eval_result(json.loads(ev_path.read_text()))
         else:
