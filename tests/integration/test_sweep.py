@@ -102,3 +102,26 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
         assert t["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
         assert by_name[t["name"]]["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
     assert "held-out loss" in (summary / "summary.md").read_text()
+
+
+def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, tiny_dir):
+    """FSDP trials (and a trial resumed after its training finished) evaluate the saved folder in the
+    trial process: the same scores as the eval bridge, and the held-out loss of a hand computation."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from raycpt.evaluate import evaluate_model
+    from raycpt.jobs.sweep import _evaluate_here
+
+    cfg = tiny_sweep_config(tmp_path, tiny_dir)
+    blocks = [[(7 * i + j) % 50 + 3 for j in range(16)] for i in range(3)]
+    path = tmp_path / "heldout.json"
+    path.write_text(json.dumps(blocks))
+    cells, heldout = _evaluate_here(str(tiny_dir), cfg, tmp_path / "eval", "t", str(path))
+    assert cells == pytest.approx(evaluate_model(str(tiny_dir), cfg.eval).metrics())
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, torch_dtype=torch.float32).eval()
+    ids = torch.tensor(blocks)
+    with torch.no_grad():
+        logits = model(ids).logits[:, :-1]
+    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    assert heldout == pytest.approx(float(ref), rel=1e-5)
