@@ -4,7 +4,8 @@ The driver does not see the trials' stdout (they run in Ray actors, possibly on 
 every trial writes ``<trial>/train/train_metrics.jsonl`` (rank 0, one line per step and lifecycle
 events) and ``<trial>/result.json`` when done. :func:`trial_state` turns those files into one line;
 :class:`TrialsProgress` shows a bar over trials with the running trial's step, and prints one line
-per finished trial. Works the same on a cluster whose run folder is on shared storage.
+per finished trial; :class:`StepProgress` is ``raycpt train``'s bar over steps. Both are
+:class:`FilePoller` s: a driver thread polling files. Works the same on a cluster whose run folder is on shared storage.
 """
 
 from __future__ import annotations
@@ -101,21 +102,21 @@ def finished_line(result: dict) -> str:
     return " ".join(parts)
 
 
-class TrialsProgress:
-    """A progress bar over trials, fed by polling the trial folders from a driver thread."""
+class FilePoller:
+    """A rich progress bar fed from files by a driver thread: subclasses give ``_bar()`` (the columns),
+    ``_start(bar)`` (add the task) and ``_poll(bar, task)``; one last poll runs after the job ends."""
 
-    def __init__(self, trials_root: Path, names: Sequence[str], max_steps: int, console=None, interval: float = 0.5):
-        self.root, self.names, self.max_steps = Path(trials_root), list(names), max_steps
-        self.console, self.interval = console, interval
+    interval = 0.5
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._reported: set[str] = set()
 
     def __enter__(self):
-        if self.console is not None:
-            # finished before (a resumed sweep): counted, not announced again
-            self._reported = {n for n in self.names if trial_state(self.root / n, n).phase == "done"}
-            self._thread = threading.Thread(target=self._run, name="raycpt-sweep-progress", daemon=True)
+        if self.enabled:
+            self._before()
+            self._thread = threading.Thread(target=self._run, name=f"raycpt-{type(self).__name__}", daemon=True)
             self._thread.start()
         return self
 
@@ -125,17 +126,90 @@ class TrialsProgress:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[info]}"), console=self.console, transient=False) as bar:
-            task = bar.add_task("trials", total=len(self.names), completed=len(self._reported), info="")
+        with self._bar() as bar:
+            task = self._start(bar)
             while True:
                 stopping = self._stop.is_set()
                 self._poll(bar, task)
                 if stopping:
                     break
                 self._stop.wait(self.interval)
+
+    def _before(self) -> None:
+        """Runs on the caller's thread before polling starts."""
+
+    def _bar(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _start(self, bar):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _poll(self, bar, task) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class StepProgress(FilePoller):
+    """``raycpt train``'s bar over optimizer steps, fed by rank 0's ``train_metrics.jsonl`` (read
+    incrementally from where the last poll stopped)."""
+
+    def __init__(self, path: Path, total: int, start: int, enabled: bool):
+        super().__init__(enabled)
+        self.path, self.total, self.start = Path(path), total, start
+        self._pos = 0
+
+    def _before(self) -> None:
+        self._pos = self.path.stat().st_size if self.path.is_file() else 0
+
+    def _bar(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), transient=False)
+
+    def _start(self, bar):
+        return bar.add_task("train", total=self.total, completed=self.start, info="starting workers...")
+
+    def _poll(self, bar, task) -> None:
+        if not self.path.is_file():
+            return
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self._pos)
+            chunk = f.read()
+        done = chunk.rfind("\n") + 1  # a partly written last line waits for the next poll
+        for line in chunk[:done].splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "loss" in r and "step" in r:
+                bar.update(task, completed=r["step"],
+                           info=f"loss {r['loss']:.4f}  {r.get('tokens_per_s', 0):,.0f} tok/s")
+            elif r.get("event") == "resume":
+                bar.update(task, completed=r.get("step", 0), info=f"resumed at step {r.get('step')}")
+        self._pos += len(chunk[:done].encode("utf-8"))
+
+
+class TrialsProgress(FilePoller):
+    """A bar over a sweep's trials with the running trial's step; one line per finished trial."""
+
+    def __init__(self, trials_root: Path, names: Sequence[str], max_steps: int, console=None, interval: float = 0.5):
+        super().__init__(console is not None)
+        self.root, self.names, self.max_steps = Path(trials_root), list(names), max_steps
+        self.console, self.interval = console, interval
+        self._reported: set[str] = set()
+
+    def _before(self) -> None:
+        # finished before (a resumed sweep): counted, not announced again
+        self._reported = {n for n in self.names if trial_state(self.root / n, n).phase == "done"}
+
+    def _bar(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        return Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[info]}"), console=self.console, transient=False)
+
+    def _start(self, bar):
+        return bar.add_task("trials", total=len(self.names), completed=len(self._reported), info="")
 
     def _poll(self, bar, task) -> None:
         running, done = [], 0
@@ -153,4 +227,3 @@ class TrialsProgress:
             elif st.phase != "pending":
                 running.append(describe(st, self.max_steps))
         bar.update(task, completed=done, info="; ".join(running))
-

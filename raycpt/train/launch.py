@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import shutil
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -155,60 +154,6 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
     return removed
 
 
-# ------------------------------------------------------------------------------------ progress
-
-class _Progress:
-    """Driver-side progress bar fed by rank 0's ``train_metrics.jsonl`` (workers' stdout is not ours)."""
-
-    def __init__(self, path: Path, total: int, start: int, enabled: bool):
-        self.path, self.total, self.start, self.enabled = path, total, start, enabled
-        self._stop = threading.Event()
-        self._thread = None
-
-    def __enter__(self):
-        if self.enabled:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        pos = self.path.stat().st_size if self.path.is_file() else 0
-        with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                      TimeElapsedColumn(), transient=False) as bar:
-            task = bar.add_task("train", total=self.total, completed=self.start, info="starting workers...")
-            while not self._stop.is_set():
-                pos = self._poll(bar, task, pos)
-                self._stop.wait(0.5)
-            self._poll(bar, task, pos)
-
-    def _poll(self, bar, task, pos):
-        if not self.path.is_file():
-            return pos
-        with open(self.path, encoding="utf-8") as f:
-            f.seek(pos)
-            chunk = f.read()
-        lines = chunk.split("\n")
-        done = chunk.rfind("\n") + 1
-        for line in lines[:-1]:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "loss" in r and "step" in r:
-                bar.update(task, completed=r["step"],
-                           info=f"loss {r['loss']:.4f}  {r.get('tokens_per_s', 0):,.0f} tok/s")
-            elif r.get("event") == "resume":
-                bar.update(task, completed=r.get("step", 0), info=f"resumed at step {r.get('step')}")
-        return pos + len(chunk[:done].encode("utf-8"))
-
-
 # ------------------------------------------------------------------------------------ launch
 
 def _make_absolute(cfg: ExperimentConfig) -> None:
@@ -244,6 +189,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     from ray.train.torch import TorchTrainer
 
     from raycpt.data.corpus import prepare_shards
+    from raycpt.report.progress import StepProgress
     from raycpt.report.train import plot_loss_curve, read_events, read_step_records
     from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
     from raycpt.tracking import log_config, mlflow_run
@@ -324,7 +270,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
                                  checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),
             datasets=datasets, dataset_config=DataConfig(datasets_to_split=[]),
         )
-        with _Progress(metrics_path, t.max_steps, resumed_step or 0, progress):
+        with StepProgress(metrics_path, t.max_steps, resumed_step or 0, progress):
             try:
                 t_fit = time.time()
                 result = trainer.fit()

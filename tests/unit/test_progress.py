@@ -60,3 +60,28 @@ def test_progress_announces_each_finished_trial_once(tmp_path):
         (tmp_path / "b" / "result.json").write_text(json.dumps({"name": "b", "losses": [3.0, 2.5], "wall_s": 7}))
     out = buf.getvalue()
     assert out.count("done b loss 3.000->2.500 7s") == 1
+
+
+def test_step_progress_reads_only_new_whole_lines(tmp_path, monkeypatch):
+    from raycpt.report import progress as prog
+
+    path = tmp_path / "train_metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "loss": 9.0}) + "\n")  # an earlier attempt: skipped
+    seen = []
+
+    class Bar:
+        def update(self, task, completed, info):
+            seen.append((completed, info))
+
+    sp = prog.StepProgress(path, total=4, start=1, enabled=False)
+    sp._before()
+    with open(path, "a") as f:
+        f.write(json.dumps({"event": "resume", "step": 1}) + "\n" + json.dumps({"step": 2, "loss": 3.25,
+                                                                                  "tokens_per_s": 100}) + "\n")
+        f.write('{"step": 3, "lo')  # cut mid-line: waits for the next poll
+    sp._poll(Bar(), 0)
+    assert seen == [(1, "resumed at step 1"), (2, "loss 3.2500  100 tok/s")]
+    with open(path, "a") as f:
+        f.write('ss": 3.0}\n')
+    sp._poll(Bar(), 0)
+    assert seen[-1] == (3, "loss 3.0000  0 tok/s")
