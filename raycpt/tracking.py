@@ -147,3 +147,63 @@ def end_stale_runs(cfg: TrackingConfig, status: str = "KILLED") -> int:
         client.set_terminated(r.info.run_id, status=status)
         n += 1
     return n
+
+
+class ChildRun:
+    """A nested MLflow run for one unit of a multi-run job (a sweep trial, a scan trial, a hybrid
+    build) whose id is kept in a small JSON file next to that unit's work (``meta_path``), so an
+    interrupted unit resumed later continues the same run instead of opening a second one.
+
+    As a context manager it ends the run FINISHED when the block completes, KILLED on Ctrl-C (adding
+    the time spent to ``meta["elapsed_before"]``, so :attr:`elapsed` covers every attempt) and FAILED
+    on any other exception. ``created`` tells whether this call opened the run (log parameters then).
+    """
+
+    def __init__(self, client, meta_path: Path, experiment_id: str, parent_run_id: str, name: str,
+                 tags: Optional[dict] = None, meta: Optional[dict] = None):
+        import json
+        import time
+
+        from raycpt.runs import atomic_write_json
+
+        self.client, self.meta_path = client, Path(meta_path)
+        self.meta = json.loads(self.meta_path.read_text()) if self.meta_path.is_file() else {}
+        self.created = not self.meta.get("mlflow_run_id")
+        if self.created:
+            run = client.create_run(experiment_id, run_name=name,
+                                    tags={"mlflow.parentRunId": parent_run_id, **(tags or {})})
+            self.meta = {"mlflow_run_id": run.info.run_id, **(meta or {})}
+            atomic_write_json(self.meta_path, self.meta)
+        else:
+            client.update_run(self.meta["mlflow_run_id"], status="RUNNING")
+        self._t0 = time.time()
+
+    @property
+    def run_id(self) -> str:
+        return self.meta["mlflow_run_id"]
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds spent on this unit over all attempts."""
+        import time
+
+        return float(self.meta.get("elapsed_before", 0.0)) + time.time() - self._t0
+
+    def save_meta(self) -> None:
+        from raycpt.runs import atomic_write_json
+
+        atomic_write_json(self.meta_path, self.meta)
+
+    def __enter__(self) -> "ChildRun":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.client.set_terminated(self.run_id, status="FINISHED")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.meta["elapsed_before"] = self.elapsed
+            self.save_meta()
+            self.client.set_terminated(self.run_id, status="KILLED")
+        else:
+            self.client.set_terminated(self.run_id, status="FAILED")
+        return False

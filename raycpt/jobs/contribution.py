@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -211,9 +210,7 @@ def run_scan_trial(config: dict) -> dict:
     """Train (unless base), evaluate and measure one trial; runs inside a Tune trial, callable directly."""
     from mlflow.tracking import MlflowClient
 
-    from raycpt.evaluate import evaluate_model
-    from raycpt.jobs.compare import primary_score
-    from raycpt.tracking import ensure_store
+    from raycpt.tracking import ChildRun, ensure_store
 
     cfg = config_from_dict(config["cfg"])
     spec = config["spec"]
@@ -224,91 +221,80 @@ def run_scan_trial(config: dict) -> dict:
     if result_path.is_file():
         return json.loads(result_path.read_text())
     exp_id = ensure_store(cfg.tracking)
-    client = MlflowClient()
-    meta_path = tdir / "trial.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    if meta.get("mlflow_run_id"):
-        run_id = meta["mlflow_run_id"]
-        client.update_run(run_id, status="RUNNING")
+    with ChildRun(MlflowClient(), tdir / "trial.json", exp_id, config["parent_run_id"], spec["name"],
+                  tags={"raycpt.command": "contribution", "raycpt.trial": spec["name"]}, meta={"spec": spec}) as run:
+        if run.created:
+            run.client.log_param(run.run_id, "kind", spec["kind"])
+            run.client.log_param(run.run_id, "layer", "" if spec["layer"] is None else spec["layer"])
+        return _scan_trial_body(config, cfg, spec, tdir, run)
+
+
+def _scan_trial_body(config: dict, cfg: ExperimentConfig, spec: dict, tdir: Path, run) -> dict:
+    """One scan trial inside its :class:`~raycpt.tracking.ChildRun`: train, evaluate, measure, record."""
+    import mlflow
+
+    from raycpt.evaluate import evaluate_model
+    from raycpt.jobs.compare import primary_score
+    from raycpt.tracking import log_metrics
+
+    run_id = run.run_id
+    result_path = tdir / "result.json"
+    tcfg = scan_trial_config(cfg, spec)
+    base_path = config["model_path"]
+    train_info: dict[str, Any] = {}
+    ev, heldout = None, None
+    heldout_path = None
+    if config.get("heldout_blocks"):
+        heldout_path = str(atomic_write_json(tdir / "heldout_blocks.json", config["heldout_blocks"]))
+    if spec["kind"] == "base":
+        model_dir = base_path
     else:
-        run_id = client.create_run(exp_id, run_name=spec["name"], tags={
-            "mlflow.parentRunId": config["parent_run_id"], "raycpt.command": "contribution",
-            "raycpt.trial": spec["name"]}).info.run_id
-        meta = {"mlflow_run_id": run_id, "spec": spec}
-        atomic_write_json(meta_path, meta)
-        client.log_param(run_id, "kind", spec["kind"])
-        client.log_param(run_id, "layer", "" if spec["layer"] is None else spec["layer"])
-    t0 = time.time()
-    try:
-        tcfg = scan_trial_config(cfg, spec)
-        base_path = config["model_path"]
-        train_info: dict[str, Any] = {}
-        ev, heldout = None, None
-        heldout_path = None
-        if config.get("heldout_blocks"):
-            heldout_path = str(atomic_write_json(tdir / "heldout_blocks.json", config["heldout_blocks"]))
-        if spec["kind"] == "base":
-            model_dir = base_path
-        else:
-            from raycpt.evaluate import EvalResult
-            from raycpt.train.launch import run_training
-            from raycpt.train.loop import EVAL_RESULT_FILE
+        from raycpt.evaluate import EvalResult
+        from raycpt.train.launch import run_training
+        from raycpt.train.loop import EVAL_RESULT_FILE
 
-            train_dir = tdir / "train"
-            # the training worker evaluates its final weights (on its GPU on a cluster), held-out loss included
-            tr = run_training(tcfg, run_dir=train_dir, resume=(train_dir / "state.json").exists(),
-                              parent_run_id=config["parent_run_id"], mlflow_run_id=run_id, name=spec["name"],
-                              evaluate={"eval": dataclasses.asdict(tcfg.eval), "out_dir": str(tdir / "eval"),
-                                        "name": spec["name"], "heldout_path": heldout_path})
-            model_dir = str(tr.final_model_dir)
-            train_info = {"trainable_params": int(tr.trainable_params), "final_loss":
-                          float(tr.losses[-1]) if tr.losses else float("nan"), "train_wall_s": float(tr.wall_s),
-                          "tokens_per_s": float(tr.tokens_per_s)}
-            if tr.eval_metrics is not None:
-                ev = EvalResult.from_dict(json.loads((tdir / "eval" / EVAL_RESULT_FILE).read_text()))
-                heldout = tr.heldout_loss
-        if ev is None:  # the base model, FSDP, or a trial whose training had finished before its evaluation
-            ev = evaluate_model(model_dir, tcfg.eval, out_dir=tdir / "eval", name=spec["name"])
-        cells = ev.metrics()
-        key, score = primary_score(cells, tcfg.eval)
-        l2 = layer_l2(base_path, model_dir) if spec["kind"] != "base" else None
-        if config.get("heldout_blocks") and heldout is None:
-            from raycpt.models.sources import load_model
+        train_dir = tdir / "train"
+        # the training worker evaluates its final weights (on its GPU on a cluster), held-out loss included
+        tr = run_training(tcfg, run_dir=train_dir, resume=(train_dir / "state.json").exists(),
+                          parent_run_id=config["parent_run_id"], mlflow_run_id=run_id, name=spec["name"],
+                          evaluate={"eval": dataclasses.asdict(tcfg.eval), "out_dir": str(tdir / "eval"),
+                                    "name": spec["name"], "heldout_path": heldout_path})
+        model_dir = str(tr.final_model_dir)
+        train_info = {"trainable_params": int(tr.trainable_params), "final_loss":
+                      float(tr.losses[-1]) if tr.losses else float("nan"), "train_wall_s": float(tr.wall_s),
+                      "tokens_per_s": float(tr.tokens_per_s)}
+        if tr.eval_metrics is not None:
+            ev = EvalResult.from_dict(json.loads((tdir / "eval" / EVAL_RESULT_FILE).read_text()))
+            heldout = tr.heldout_loss
+    if ev is None:  # the base model, FSDP, or a trial whose training had finished before its evaluation
+        ev = evaluate_model(model_dir, tcfg.eval, out_dir=tdir / "eval", name=spec["name"])
+    cells = ev.metrics()
+    key, score = primary_score(cells, tcfg.eval)
+    l2 = layer_l2(base_path, model_dir) if spec["kind"] != "base" else None
+    if config.get("heldout_blocks") and heldout is None:
+        from raycpt.models.sources import load_model
 
-            m, _ = load_model(model_dir, dtype="float32", device="cpu")
-            heldout = lm_loss(m, config["heldout_blocks"])
-            del m
-        gp = gold_prob_of(ev.questions.get(tcfg.eval.tasks[0], []))
-        result = {**spec, "score": score, "score_key": key, "gold_prob": gp, "heldout_loss": heldout, "cells": cells,
-                  "answers": answers_of(ev, tcfg.eval),
-                  "l2": l2, "model_dir": model_dir, "wall_s": time.time() - t0 + float(meta.get("elapsed", 0.0)),
-                  "mlflow_run_id": run_id, **train_info}
-        from raycpt.tracking import log_metrics
-
-        import mlflow
-
-        mlflow.set_tracking_uri(cfg.tracking.uri)
-        with mlflow.start_run(run_id=run_id):
-            log_metrics({**cells, "score": score, "wall_time_s": result["wall_s"], "gold_prob": gp or float("nan"),
-                         "heldout_loss": heldout if heldout is not None else float("nan")})
-            if l2:
-                for i, v in enumerate(l2):
-                    log_metrics({"l2_change": v}, step=i)
-        if spec["kind"] != "base" and not config.get("keep_models", True):
-            shutil.rmtree(tdir / "train" / "ray", ignore_errors=True)
-            shutil.rmtree(model_dir, ignore_errors=True)
-            result["model_dir"] = None
-        atomic_write_json(result_path, result)
-        client.set_terminated(run_id, status="FINISHED")
-        return result
-    except KeyboardInterrupt:
-        meta["elapsed"] = float(meta.get("elapsed", 0.0)) + time.time() - t0
-        atomic_write_json(meta_path, meta)
-        client.set_terminated(run_id, status="KILLED")
-        raise
-    except BaseException:
-        client.set_terminated(run_id, status="FAILED")
-        raise
+        m, _ = load_model(model_dir, dtype="float32", device="cpu")
+        heldout = lm_loss(m, config["heldout_blocks"])
+        del m
+    gp = gold_prob_of(ev.questions.get(tcfg.eval.tasks[0], []))
+    result = {**spec, "score": score, "score_key": key, "gold_prob": gp, "heldout_loss": heldout, "cells": cells,
+              "answers": answers_of(ev, tcfg.eval),
+              "l2": l2, "model_dir": model_dir, "wall_s": run.elapsed,
+              "mlflow_run_id": run_id, **train_info}
+    mlflow.set_tracking_uri(cfg.tracking.uri)
+    with mlflow.start_run(run_id=run_id):
+        log_metrics({**cells, "score": score, "wall_time_s": result["wall_s"], "gold_prob": gp or float("nan"),
+                     "heldout_loss": heldout if heldout is not None else float("nan")})
+        if l2:
+            for i, v in enumerate(l2):
+                log_metrics({"l2_change": v}, step=i)
+    if spec["kind"] != "base" and not config.get("keep_models", True):
+        shutil.rmtree(tdir / "train" / "ray", ignore_errors=True)
+        shutil.rmtree(model_dir, ignore_errors=True)
+        result["model_dir"] = None
+    atomic_write_json(result_path, result)
+    return result
 
 
 def _tune_trainable(config: dict) -> None:

@@ -31,9 +31,9 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from raycpt.config import ExperimentConfig, HybridConfig, PlanConfig
+from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
 from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
 
@@ -169,12 +169,7 @@ def _eval_result(d: dict):
 
 def _run_build(cfg: ExperimentConfig, plan, run_dir: Path, parent_id: str, client, console, progress: bool) -> dict:
     """Build, train, evaluate and trace one build inside its own MLflow child run."""
-    import mlflow
-
-    from raycpt.evaluate import evaluate_model
-    from raycpt.jobs.trace import run_trace
-    from raycpt.tracking import ensure_store, log_metrics
-    from raycpt.train.launch import run_training
+    from raycpt.tracking import ChildRun, ensure_store
 
     bdir = run_dir / "builds" / plan.name
     bdir.mkdir(parents=True, exist_ok=True)
@@ -182,95 +177,91 @@ def _run_build(cfg: ExperimentConfig, plan, run_dir: Path, parent_id: str, clien
     if result_path.is_file():
         return json.loads(result_path.read_text())
     exp_id = ensure_store(cfg.tracking)
-    meta_path = bdir / "build.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     name = f"{display_name(plan)} ({plan.name})"
-    if meta.get("mlflow_run_id"):
-        run_id = meta["mlflow_run_id"]
-        client.update_run(run_id, status="RUNNING")
-    else:
-        run_id = client.create_run(exp_id, run_name=name, tags={
-            "mlflow.parentRunId": parent_id, "raycpt.command": "hybrid", "raycpt.build": plan.name}).info.run_id
-        meta = {"mlflow_run_id": run_id, "build": plan.name}
-        atomic_write_json(meta_path, meta)
-    t0 = time.time()
-    try:
-        if console is not None:
-            console.print(f"[bold]{name}[/bold]: build")
-        built = build_one(plan, bdir / "initial", progress=progress)
-        if not meta.get("params_logged"):
-            client.log_param(run_id, "build", plan.name)
-            client.log_param(run_id, "segments", " | ".join(
-                f"{r['kind']} {r['layers']} {'train' if r['trainable'] else 'frozen'} <- {r['source']}"
-                for r in built.rows if r["trainable"] is not None)[:500])
-            client.log_param(run_id, "trainable_layers", ",".join(map(str, built.trainable_layers)))
-            for k, v in built.counts.items():
-                client.log_param(run_id, f"params_{k}", v)
-            client.log_artifact(run_id, str(built.folder / SEGMENT_MAP))
-            meta["params_logged"] = True
-            atomic_write_json(meta_path, meta)
-        tcfg = hybrid_train_config(cfg, built)
-        if console is not None:
-            console.print(f"[bold]{name}[/bold]: train layers {built.trainable_layers} "
-                          f"({cfg.train.max_steps} steps)")
-        tdir = bdir / "train"
-        ev_path = bdir / "eval_result.json"
-        # the training worker evaluates the final weights where they are (its GPU on a cluster)
-        evaluate = None if ev_path.is_file() else {"eval": dataclasses.asdict(cfg.eval), "out_dir": str(bdir / "eval"),
-                                                   "name": name}
-        train = run_training(tcfg, run_dir=tdir, resume=(tdir / "state.json").exists(), parent_run_id=parent_id,
-                             mlflow_run_id=run_id, name=name, progress=progress, evaluate=evaluate)
-        final = Path(train.final_model_dir)
-        if not ev_path.is_file() and train.eval_metrics is not None:
-            from raycpt.train.loop import EVAL_RESULT_FILE
+    with ChildRun(client, bdir / "build.json", exp_id, parent_id, name,
+                  tags={"raycpt.command": "hybrid", "raycpt.build": plan.name}, meta={"build": plan.name}) as run:
+        return _build_body(cfg, plan, bdir, name, run, parent_id, console, progress)
 
-            ev = _eval_result(json.loads((bdir / "eval" / EVAL_RESULT_FILE).read_text()))
-            atomic_write_json(ev_path, ev.to_dict())
-        if ev_path.is_file():
-            ev = _eval_result(json.loads(ev_path.read_text()))
-        else:
-            if console is not None:
-                console.print(f"[bold]{name}[/bold]: evaluate {', '.join(cfg.eval.tasks)} "
-                              f"({', '.join(cfg.eval.modes)}, limit {cfg.eval.limit})")
-            ev = evaluate_model(str(final), cfg.eval, out_dir=bdir / "eval", name=name)
-            atomic_write_json(ev_path, ev.to_dict())
+
+def _build_body(cfg: ExperimentConfig, plan, bdir: Path, name: str, run, parent_id: str, console,
+                progress: bool) -> dict:
+    """One hybrid build inside its :class:`~raycpt.tracking.ChildRun`: build, train, evaluate, trace."""
+    import mlflow
+
+    from raycpt.evaluate import evaluate_model
+    from raycpt.jobs.trace import run_trace
+    from raycpt.tracking import ensure_store, log_metrics
+    from raycpt.train.launch import run_training
+
+    client, run_id, meta = run.client, run.run_id, run.meta
+    result_path = bdir / "result.json"
+    if console is not None:
+        console.print(f"[bold]{name}[/bold]: build")
+    built = build_one(plan, bdir / "initial", progress=progress)
+    if not meta.get("params_logged"):
+        client.log_param(run_id, "build", plan.name)
+        client.log_param(run_id, "segments", " | ".join(
+            f"{r['kind']} {r['layers']} {'train' if r['trainable'] else 'frozen'} <- {r['source']}"
+            for r in built.rows if r["trainable"] is not None)[:500])
+        client.log_param(run_id, "trainable_layers", ",".join(map(str, built.trainable_layers)))
+        for k, v in built.counts.items():
+            client.log_param(run_id, f"params_{k}", v)
+        client.log_artifact(run_id, str(built.folder / SEGMENT_MAP))
+        meta["params_logged"] = True
+        run.save_meta()
+    tcfg = hybrid_train_config(cfg, built)
+    if console is not None:
+        console.print(f"[bold]{name}[/bold]: train layers {built.trainable_layers} "
+                      f"({cfg.train.max_steps} steps)")
+    tdir = bdir / "train"
+    ev_path = bdir / "eval_result.json"
+    # the training worker evaluates the final weights where they are (its GPU on a cluster)
+    evaluate = None if ev_path.is_file() else {"eval": dataclasses.asdict(cfg.eval), "out_dir": str(bdir / "eval"),
+                                               "name": name}
+    train = run_training(tcfg, run_dir=tdir, resume=(tdir / "state.json").exists(), parent_run_id=parent_id,
+                         mlflow_run_id=run_id, name=name, progress=progress, evaluate=evaluate)
+    final = Path(train.final_model_dir)
+    if not ev_path.is_file() and train.eval_metrics is not None:
+        from raycpt.train.loop import EVAL_RESULT_FILE
+
+        ev = _eval_result(json.loads((bdir / "eval" / EVAL_RESULT_FILE).read_text()))
+        atomic_write_json(ev_path, ev.to_dict())
+    if ev_path.is_file():
+        ev = _eval_result(json.loads(ev_path.read_text()))
+    else:
         if console is not None:
-            console.print(f"[bold]{name}[/bold]: trace")
-        trace_cfg = dataclasses.replace(tcfg, model=dataclasses.replace(tcfg.model, ref=str(final)))
-        tr = run_trace(trace_cfg, run_dir=bdir / "trace", parent_run_id=run_id, progress=progress)
-        wall = time.time() - t0 + float(meta.get("elapsed_before", 0.0))
-        result = {
-            "build": plan.name, "display": display_name(plan), "name": name, "initial_dir": str(built.folder),
-            "final_model_dir": str(final), "trainable_layers": built.trainable_layers,
-            "layer_kinds": built.layer_kinds, "rows": built.rows, "counts": built.counts,
-            "losses": list(map(float, train.losses)),
-            "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
-            "eval": ev.to_dict(), "metrics": ev.metrics(),
-            "trace": {"run_dir": str(tr.run_dir), "tp_norm": [float(x) for x in tr.tp_norm],
-                      "ls_norm": [float(x) for x in tr.ls_norm], "recommended": tr.recommended,
-                      "paths": {k: str(v) for k, v in tr.paths.items()}},
-            "mlflow_run_id": run_id, "wall_s": wall,
-        }
-        ensure_store(cfg.tracking)
-        with mlflow.start_run(run_id=run_id):
-            log_metrics({**ev.metrics(), "final_loss": result["final_loss"], "hybrid_wall_s": wall})
-            for key, p in tr.paths.items():
-                if Path(p).suffix in (".png", ".md", ".csv"):
-                    mlflow.log_artifact(str(p), artifact_path="trace")
-            for p in sorted((bdir / "eval").glob("*")):
-                if p.is_file():
-                    mlflow.log_artifact(str(p), artifact_path="eval")
-        atomic_write_json(result_path, result)
-        client.set_terminated(run_id, status="FINISHED")
-        return result
-    except KeyboardInterrupt:
-        meta["elapsed_before"] = float(meta.get("elapsed_before", 0.0)) + time.time() - t0
-        atomic_write_json(meta_path, meta)
-        client.set_terminated(run_id, status="KILLED")
-        raise
-    except BaseException:
-        client.set_terminated(run_id, status="FAILED")
-        raise
+            console.print(f"[bold]{name}[/bold]: evaluate {', '.join(cfg.eval.tasks)} "
+                          f"({', '.join(cfg.eval.modes)}, limit {cfg.eval.limit})")
+        ev = evaluate_model(str(final), cfg.eval, out_dir=bdir / "eval", name=name)
+        atomic_write_json(ev_path, ev.to_dict())
+    if console is not None:
+        console.print(f"[bold]{name}[/bold]: trace")
+    trace_cfg = dataclasses.replace(tcfg, model=dataclasses.replace(tcfg.model, ref=str(final)))
+    tr = run_trace(trace_cfg, run_dir=bdir / "trace", parent_run_id=run_id, progress=progress)
+    wall = run.elapsed
+    result = {
+        "build": plan.name, "display": display_name(plan), "name": name, "initial_dir": str(built.folder),
+        "final_model_dir": str(final), "trainable_layers": built.trainable_layers,
+        "layer_kinds": built.layer_kinds, "rows": built.rows, "counts": built.counts,
+        "losses": list(map(float, train.losses)),
+        "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
+        "eval": ev.to_dict(), "metrics": ev.metrics(),
+        "trace": {"run_dir": str(tr.run_dir), "tp_norm": [float(x) for x in tr.tp_norm],
+                  "ls_norm": [float(x) for x in tr.ls_norm], "recommended": tr.recommended,
+                  "paths": {k: str(v) for k, v in tr.paths.items()}},
+        "mlflow_run_id": run_id, "wall_s": wall,
+    }
+    ensure_store(cfg.tracking)
+    with mlflow.start_run(run_id=run_id):
+        log_metrics({**ev.metrics(), "final_loss": result["final_loss"], "hybrid_wall_s": wall})
+        for key, p in tr.paths.items():
+            if Path(p).suffix in (".png", ".md", ".csv"):
+                mlflow.log_artifact(str(p), artifact_path="trace")
+        for p in sorted((bdir / "eval").glob("*")):
+            if p.is_file():
+                mlflow.log_artifact(str(p), artifact_path="eval")
+    atomic_write_json(result_path, result)
+    return result
 
 
 def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True) -> HybridRunResult:

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -145,7 +144,7 @@ def run_trial(config: dict) -> dict:
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from raycpt.tracking import ensure_store, log_metrics
+    from raycpt.tracking import ChildRun, ensure_store, log_metrics
     from raycpt.train.launch import run_training
 
     cfg = config_from_dict(config["cfg"])
@@ -158,30 +157,18 @@ def run_trial(config: dict) -> dict:
         return json.loads(result_path.read_text())
 
     exp_id = ensure_store(cfg.tracking)
-    client = MlflowClient()
-    meta_path = tdir / "trial.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    if meta.get("mlflow_run_id"):
-        run_id = meta["mlflow_run_id"]
-        client.update_run(run_id, status="RUNNING")
-    else:
-        run = client.create_run(exp_id, run_name=spec.name,
-                                tags={"mlflow.parentRunId": config["parent_run_id"], "raycpt.command": "sweep",
-                                      "raycpt.trial": spec.name})
-        run_id = run.info.run_id
-        meta = {"mlflow_run_id": run_id, "spec": dataclasses.asdict(spec)}
-        atomic_write_json(meta_path, meta)
-        for k, v in {"strategy": spec.strategy, "split": spec.split, "b": spec.b, "seed": cfg.train.seed,
-                     "overrides": ",".join(spec.overrides)}.items():
-            client.log_param(run_id, k, "" if v is None else v)
-
-    t0 = time.time()
-    try:
+    with ChildRun(MlflowClient(), tdir / "trial.json", exp_id, config["parent_run_id"], spec.name,
+                  tags={"raycpt.command": "sweep", "raycpt.trial": spec.name},
+                  meta={"spec": dataclasses.asdict(spec)}) as run:
+        if run.created:
+            for k, v in {"strategy": spec.strategy, "split": spec.split, "b": spec.b, "seed": cfg.train.seed,
+                         "overrides": ",".join(spec.overrides)}.items():
+                run.client.log_param(run.run_id, k, "" if v is None else v)
         tcfg = trial_config(cfg, spec)
         train_dir = tdir / "train"
         train = run_training(tcfg, run_dir=train_dir, resume=(train_dir / "state.json").exists() or
                              (train_dir / "ray").exists(), parent_run_id=config["parent_run_id"],
-                             mlflow_run_id=run_id, name=spec.name,
+                             mlflow_run_id=run.run_id, name=spec.name,
                              evaluate={"eval": dataclasses.asdict(tcfg.eval), "out_dir": str(tdir / "eval"),
                                        "name": spec.name, "heldout_path": config.get("heldout_path")})
         if train.eval_metrics is not None:  # evaluated by the training worker, on its device
@@ -189,32 +176,23 @@ def run_trial(config: dict) -> dict:
         else:  # FSDP, or a resumed trial whose training had finished before its evaluation
             cells, heldout = _evaluate_here(str(train.final_model_dir), tcfg, tdir / "eval", spec.name,
                                             config.get("heldout_path"))
-        wall = time.time() - t0 + float(meta.get("elapsed_before", 0.0))
+        wall = run.elapsed
         result = {
             "name": spec.name, "strategy": spec.strategy, "split": spec.split, "b": spec.b,
             "trainable_params": int(train.trainable_params), "frozen_params": int(train.frozen_params),
             "tokens_per_s": float(train.tokens_per_s), "wall_s": wall, "losses": list(map(float, train.losses)),
             "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
-            "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run_id,
+            "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run.run_id,
             "heldout_loss": heldout,
         }
         mlflow.set_tracking_uri(cfg.tracking.uri)
-        with mlflow.start_run(run_id=run_id):
+        with mlflow.start_run(run_id=run.run_id):
             log_metrics({**cells, "wall_time_s": wall, "tokens_per_s": result["tokens_per_s"],
                          "trainable_params": result["trainable_params"],
                          **({"heldout_loss": heldout} if heldout is not None else {})})
             mlflow.log_param("trainable_params", result["trainable_params"])
         atomic_write_json(result_path, result)
-        client.set_terminated(run_id, status="FINISHED")
-        return result
-    except KeyboardInterrupt:
-        meta["elapsed_before"] = float(meta.get("elapsed_before", 0.0)) + time.time() - t0
-        atomic_write_json(meta_path, meta)
-        client.set_terminated(run_id, status="KILLED")
-        raise
-    except BaseException:
-        client.set_terminated(run_id, status="FAILED")
-        raise
+    return result
 
 
 def _evaluate_here(model_dir: str, cfg: ExperimentConfig, out_dir: Path, name: str,
@@ -274,7 +252,6 @@ def model_depth(cfg: ExperimentConfig) -> int:
 
 def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strategies: Optional[list[str]] = None,
               resume: bool = False, console=None) -> SweepResult:
-    import ray
     from mlflow.tracking import MlflowClient
     from ray import tune
 

@@ -19,7 +19,6 @@ MLflow run (its id is kept in ``state.json``), and returns at once when the run 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -273,7 +272,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         with StepProgress(metrics_path, t.max_steps, resumed_step or 0, progress):
             try:
                 t_fit = time.time()
-                result = trainer.fit()
+                trainer.fit()
                 log.info("fit: %.1fs (prepare %.1fs)", time.time() - t_fit, t_fit - t_start)
             except Exception as e:  # noqa: BLE001 - Ray wraps worker errors; surface the cause in one line
                 err = _training_error(e)
