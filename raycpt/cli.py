@@ -160,7 +160,8 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     console.print(rich_trials_table(res.trials))
     if res.summary.get("recommended_split") is not None:
         console.print(f"trace: recommended split r = {res.summary['recommended_split']}")
-    console.print(f"summary: {res.run_dir / 'summary'} (summary.md, table_*.csv, scores_*.png, loss_curves.png)")
+    files = sorted(f.name for f in (res.run_dir / "summary").iterdir() if f.suffix in (".md", ".csv", ".png"))
+    console.print(f"summary: {res.run_dir / 'summary'} ({', '.join(files)})")
     console.print(f"sweep finished in {time.time() - t0:.0f}s; run folder {res.run_dir}; "
                   f"MLflow parent run {res.parent_run_id} (raycpt ui to browse)")
 

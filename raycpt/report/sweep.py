@@ -301,6 +301,40 @@ def plot_losses(path: Path, trials: list[dict]) -> Path:
     return path
 
 
+def plot_heldout(path: Path, trials: list[dict]) -> Path:
+    """Held-out loss against trainable parameters, one marker per trial coloured by strategy: plans with
+    the same number of trainable parameters line up vertically (e.g. train_shallow at r vs train_deep
+    at 1-r), so the lower one is the better allocation of the same budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {"full": "black", "train_shallow": "tab:blue", "train_deep": "tab:orange"}
+    seen: set[str] = set()
+    for t in trials:
+        if t.get("heldout_loss") is None or not t.get("trainable_params"):
+            continue
+        strat = t.get("strategy") or t["name"]
+        x, y = t["trainable_params"] / 1e6, t["heldout_loss"]
+        ax.scatter([x], [y], color=colours.get(strat, "tab:green"), s=40, zorder=3,
+                   label=None if strat in seen else strat)
+        seen.add(strat)
+        ax.annotate(f"r={t['split']:g}" if t.get("split") is not None else t["name"], (x, y), fontsize=8,
+                    xytext=(4, 4), textcoords="offset points")
+    ax.set_xlabel("trainable parameters (M)")
+    ax.set_ylabel("held-out loss (nats/token)")
+    ax.set_title("Held-out loss per trial (lower is better)")
+    ax.grid(alpha=0.3)
+    if seen:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_layers: int,
                   parent_run_id: Optional[str] = None, tracking=None) -> dict:
     """Write the summary files into ``run_dir/summary`` and log them to the parent run."""
@@ -334,6 +368,8 @@ def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_
         files.append(atomic_write_text(out / f"table_{task}.csv", _csv(task, rows)))
         files.append(plot_bars(out / f"scores_{task}.png", task, trials))
     files.append(plot_losses(out / "loss_curves.png", trials))
+    if any(t.get("heldout_loss") is not None for t in trials):
+        files.append(plot_heldout(out / "heldout_loss.png", trials))
     files.append(atomic_write_text(out / "summary.md", "\n".join(md)))
     summary = {"tables": tables, "split_gains": gains_all, "num_layers": num_layers,
                "recommended_split": (trace or {}).get("recommended_split"),

@@ -102,6 +102,8 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
         assert t["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
         assert by_name[t["name"]]["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
     assert "held-out loss" in (summary / "summary.md").read_text()
+    assert (summary / "heldout_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "summary/heldout_loss.png" in logged
 
 
 def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, tiny_dir):
