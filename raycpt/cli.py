@@ -7,7 +7,6 @@ Usage pattern: ``raycpt <command> [CONFIG.yaml] [section.key=value ...] [--optio
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 import typer
