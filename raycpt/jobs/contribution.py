@@ -249,9 +249,7 @@ def _scan_trial_body(config: dict, cfg: ExperimentConfig, spec: dict, tdir: Path
     if spec["kind"] == "base":
         model_dir = base_path
     else:
-        from raycpt.evaluate import EvalResult
-        from raycpt.train.launch import run_training
-        from raycpt.train.loop import EVAL_RESULT_FILE
+        from raycpt.train.launch import final_evaluation, run_training
 
         train_dir = tdir / "train"
         # the training worker evaluates its final weights (on its GPU on a cluster), held-out loss included
@@ -263,20 +261,19 @@ def _scan_trial_body(config: dict, cfg: ExperimentConfig, spec: dict, tdir: Path
         train_info = {"trainable_params": int(tr.trainable_params), "final_loss":
                       float(tr.losses[-1]) if tr.losses else float("nan"), "train_wall_s": float(tr.wall_s),
                       "tokens_per_s": float(tr.tokens_per_s)}
-        if tr.eval_metrics is not None:
-            ev = EvalResult.from_dict(json.loads((tdir / "eval" / EVAL_RESULT_FILE).read_text()))
-            heldout = tr.heldout_loss
-    if ev is None:  # the base model, FSDP, or a trial whose training had finished before its evaluation
+        ev, heldout = final_evaluation(model_dir, tcfg.eval, tdir / "eval", spec["name"],
+                                       heldout_blocks=config.get("heldout_blocks"))
+    if ev is None:  # the base model: evaluated here
         ev = evaluate_model(model_dir, tcfg.eval, out_dir=tdir / "eval", name=spec["name"])
+        if config.get("heldout_blocks"):
+            from raycpt.models.sources import load_model
+
+            m, _ = load_model(model_dir, dtype="float32", device="cpu")
+            heldout = lm_loss(m, config["heldout_blocks"])
+            del m
     cells = ev.metrics()
     key, score = primary_score(cells, tcfg.eval)
     l2 = layer_l2(base_path, model_dir) if spec["kind"] != "base" else None
-    if config.get("heldout_blocks") and heldout is None:
-        from raycpt.models.sources import load_model
-
-        m, _ = load_model(model_dir, dtype="float32", device="cpu")
-        heldout = lm_loss(m, config["heldout_blocks"])
-        del m
     gp = gold_prob_of(ev.questions.get(tcfg.eval.tasks[0], []))
     result = {**spec, "score": score, "score_key": key, "gold_prob": gp, "heldout_loss": heldout, "cells": cells,
               "answers": answers_of(ev, tcfg.eval),

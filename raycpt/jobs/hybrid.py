@@ -188,10 +188,9 @@ def _build_body(cfg: ExperimentConfig, plan, bdir: Path, name: str, run, parent_
     """One hybrid build inside its :class:`~raycpt.tracking.ChildRun`: build, train, evaluate, trace."""
     import mlflow
 
-    from raycpt.evaluate import evaluate_model
     from raycpt.jobs.trace import run_trace
     from raycpt.tracking import ensure_store, log_metrics
-    from raycpt.train.launch import run_training
+    from raycpt.train.launch import final_evaluation, run_training
 
     client, run_id, meta = run.client, run.run_id, run.meta
     result_path = bdir / "result.json"
@@ -214,26 +213,13 @@ def _build_body(cfg: ExperimentConfig, plan, bdir: Path, name: str, run, parent_
         console.print(f"[bold]{name}[/bold]: train layers {built.trainable_layers} "
                       f"({cfg.train.max_steps} steps)")
     tdir = bdir / "train"
-    ev_path = bdir / "eval_result.json"
     # the training worker evaluates the final weights where they are (its GPU on a cluster)
-    evaluate = None if ev_path.is_file() else {"eval": dataclasses.asdict(cfg.eval), "out_dir": str(bdir / "eval"),
-                                               "name": name}
     train = run_training(tcfg, run_dir=tdir, resume=(tdir / "state.json").exists(), parent_run_id=parent_id,
-                         mlflow_run_id=run_id, name=name, progress=progress, evaluate=evaluate)
+                         mlflow_run_id=run_id, name=name, progress=progress,
+                         evaluate={"eval": dataclasses.asdict(cfg.eval), "out_dir": str(bdir / "eval"), "name": name})
     final = Path(train.final_model_dir)
-    if not ev_path.is_file() and train.eval_metrics is not None:
-        from raycpt.train.loop import EVAL_RESULT_FILE
-
-        ev = _eval_result(json.loads((bdir / "eval" / EVAL_RESULT_FILE).read_text()))
-        atomic_write_json(ev_path, ev.to_dict())
-    if ev_path.is_file():
-        ev = _eval_result(json.loads(ev_path.read_text()))
-    else:
-        if console is not None:
-            console.print(f"[bold]{name}[/bold]: evaluate {', '.join(cfg.eval.tasks)} "
-                          f"({', '.join(cfg.eval.modes)}, limit {cfg.eval.limit})")
-        ev = evaluate_model(str(final), cfg.eval, out_dir=bdir / "eval", name=name)
-        atomic_write_json(ev_path, ev.to_dict())
+    ev, _ = final_evaluation(final, cfg.eval, bdir / "eval", name)
+    atomic_write_json(bdir / "eval_result.json", ev.to_dict())
     if console is not None:
         console.print(f"[bold]{name}[/bold]: trace")
     trace_cfg = dataclasses.replace(tcfg, model=dataclasses.replace(tcfg.model, ref=str(final)))

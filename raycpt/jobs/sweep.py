@@ -171,11 +171,9 @@ def run_trial(config: dict) -> dict:
                              mlflow_run_id=run.run_id, name=spec.name,
                              evaluate={"eval": dataclasses.asdict(tcfg.eval), "out_dir": str(tdir / "eval"),
                                        "name": spec.name, "heldout_path": config.get("heldout_path")})
-        if train.eval_metrics is not None:  # evaluated by the training worker, on its device
-            cells, heldout = dict(train.eval_metrics), train.heldout_loss
-        else:  # FSDP, or a resumed trial whose training had finished before its evaluation
-            cells, heldout = _evaluate_here(str(train.final_model_dir), tcfg, tdir / "eval", spec.name,
-                                            config.get("heldout_path"))
+        ev, heldout = trial_evaluation(str(train.final_model_dir), tcfg, tdir / "eval", spec.name,
+                                       config.get("heldout_path"))
+        cells = ev.metrics()
         wall = run.elapsed
         result = {
             "name": spec.name, "strategy": spec.strategy, "split": spec.split, "b": spec.b,
@@ -195,22 +193,15 @@ def run_trial(config: dict) -> dict:
     return result
 
 
-def _evaluate_here(model_dir: str, cfg: ExperimentConfig, out_dir: Path, name: str,
-                   heldout_path: Optional[str] = None) -> tuple[dict[str, float], Optional[float]]:
-    """Evaluate a trial's final model in the trial process, with every CPU the trial reserved:
-    ``(scores, held-out loss or None)``."""
-    import torch
+def trial_evaluation(model_dir: str, cfg: ExperimentConfig, out_dir: Path, name: str,
+                     heldout_path: Optional[str] = None):
+    """A trial's ``(EvalResult, held-out loss)``: its training worker's evaluation, or (FSDP) the same
+    evaluation here with every CPU the trial reserved (:func:`raycpt.train.launch.final_evaluation`)."""
+    from raycpt.train.launch import final_evaluation
 
-    from raycpt.evaluate import evaluate_model, lm_loss
-    from raycpt.models.sources import load_model
-
-    torch.set_num_threads(max(1, int(cfg.sweep.cpus_per_trial + cfg.sweep.data_cpus_per_trial)))
-    model, tok = load_model(model_dir, dtype=cfg.model.dtype)
-    cells = eval_cells(evaluate_model(model, cfg.eval, tokenizer=tok, out_dir=out_dir, name=name))
-    heldout = None
-    if heldout_path:
-        heldout = lm_loss(model, json.loads(Path(heldout_path).read_text()), batch_size=cfg.eval.batch_size)
-    return cells, heldout
+    blocks = json.loads(Path(heldout_path).read_text()) if heldout_path else None
+    return final_evaluation(model_dir, cfg.eval, out_dir, name, heldout_blocks=blocks,
+                            threads=max(1, int(cfg.sweep.cpus_per_trial + cfg.sweep.data_cpus_per_trial)))
 
 
 def _tune_trainable(config: dict) -> None:

@@ -54,10 +54,6 @@ class TrainResult:
     last_checkpoint: Optional[Path] = None
     resumed_from_step: Optional[int] = None
     step_times: list[float] = field(default_factory=list)
-    eval_metrics: Optional[dict] = None
-    """Scores ``{task/category/mode: %}`` when ``run_training(evaluate=...)`` evaluated in the worker."""
-    eval_seconds: Optional[dict] = None
-    heldout_loss: Optional[float] = None
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -181,8 +177,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
     sweep trial's folder) = use it. ``mlflow_run_id`` continues an existing run (a sweep's child
     run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (``{"eval": EvalConfig dict,
-    "out_dir": ..., "name": ...}``) makes rank 0 evaluate the final weights in the worker, right after
-    training (not with FSDP; the result's ``eval_metrics`` stays None when it did not run). Needs Ray."""
+    "out_dir": ..., "name": ..., "heldout_path": ...}``) makes rank 0 evaluate the final weights in the
+    worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray."""
     import ray
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -306,12 +302,10 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
         mlflow.log_metrics({"final_loss": losses[-1] if losses else float("nan"), "wall_time_s": wall,
                             "median_tokens_per_s": tok_s})
-        ev = _read_json(Path(evaluate["out_dir"]) / EVAL_RESULT_FILE) if evaluate else {}
         res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
                           wall_s=wall, trainable_params=counts["trainable"], frozen_params=counts["frozen"],
                           mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
-                          resumed_from_step=resumed_step, step_times=times, eval_metrics=ev.get("metrics"),
-                          eval_seconds=ev.get("seconds"), heldout_loss=ev.get("heldout_loss"))
+                          resumed_from_step=resumed_step, step_times=times)
         atomic_write_json(run_dir / "train_result.json", res.to_dict())
         write_state(run_dir, status="finished", wall_s=wall, events=len(read_events(metrics_path)))
     return res
@@ -353,9 +347,7 @@ def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
                        trainable_params=d["trainable_params"], frozen_params=d["frozen_params"],
                        mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
                        last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,
-                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []),
-                       eval_metrics=d.get("eval_metrics"), eval_seconds=d.get("eval_seconds"),
-                       heldout_loss=d.get("heldout_loss"))
+                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []))
 
 
 def _training_error(e: Exception) -> Exception:
@@ -373,3 +365,28 @@ def _training_error(e: Exception) -> Exception:
                 nxt = next(iter(errs.values()))
         cur = nxt
     return e
+
+
+def final_evaluation(final_model_dir, eval_cfg, out_dir: Path, name: str, heldout_blocks=None,
+                     threads: Optional[int] = None):
+    """``(EvalResult, held-out loss or None)`` of a training run's final model.
+
+    What the training worker wrote with ``run_training(evaluate={..., "out_dir": out_dir})`` when it
+    did; else (FSDP, the base model of a scan, a file from before) the same bridge runs here on the
+    saved folder, with ``threads`` torch threads, and the held-out loss on ``heldout_blocks``."""
+    from raycpt.evaluate import EvalResult, evaluate_model, lm_loss
+    from raycpt.train.loop import EVAL_RESULT_FILE
+
+    done = _read_json(Path(out_dir) / EVAL_RESULT_FILE)
+    if done:
+        return EvalResult.from_dict(done), done.get("heldout_loss")
+    import torch
+
+    from raycpt.models.sources import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    model, tok = load_model(str(final_model_dir))
+    ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=out_dir, name=name)
+    heldout = lm_loss(model, heldout_blocks, batch_size=eval_cfg.batch_size) if heldout_blocks else None
+    return ev, heldout

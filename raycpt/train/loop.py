@@ -710,7 +710,8 @@ EVAL_RESULT_FILE = "eval_result.json"
 
 def evaluate_in_worker(model, tokenizer, spec: dict) -> Path:
     """Evaluate the trained model where it already is (this worker's device and threads), with the
-    eval bridge, and write ``<out_dir>/eval_result.json`` (``metrics`` flat, ``seconds``).
+    eval bridge, and write ``<out_dir>/eval_result.json`` (``EvalResult.to_dict()``, the flat ``metrics``,
+    ``heldout_loss``); :func:`raycpt.train.launch.final_evaluation` reads it.
 
     The in-memory model equals the final checkpoint (it was saved from these weights), so nothing is
     reloaded; on a cluster the evaluation runs on the training GPU instead of a CPU-only trial actor.

@@ -107,19 +107,20 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
 
 
 def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, tiny_dir):
-    """FSDP trials (and a trial resumed after its training finished) evaluate the saved folder in the
-    trial process: the same scores as the eval bridge, and the held-out loss of a hand computation."""
+    """A trial whose worker did not evaluate (FSDP) evaluates the saved folder in the trial process:
+    the same scores as the eval bridge, and the held-out loss of a hand computation."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from raycpt.evaluate import evaluate_model
-    from raycpt.jobs.sweep import _evaluate_here
+    from raycpt.jobs.sweep import trial_evaluation
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir)
     blocks = [[(7 * i + j) % 50 + 3 for j in range(16)] for i in range(3)]
     path = tmp_path / "heldout.json"
     path.write_text(json.dumps(blocks))
-    cells, heldout = _evaluate_here(str(tiny_dir), cfg, tmp_path / "eval", "t", str(path))
+    ev, heldout = trial_evaluation(str(tiny_dir), cfg, tmp_path / "eval", "t", str(path))
+    cells = ev.metrics()
     assert cells == pytest.approx(evaluate_model(str(tiny_dir), cfg.eval).metrics())
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, torch_dtype=torch.float32).eval()
     ids = torch.tensor(blocks)
