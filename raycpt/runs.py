@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from raycpt.cluster import check_store
 from raycpt.config import ExperimentConfig, save_config
 from raycpt.errors import RaycptError
 from raycpt.tracking import run_root
@@ -40,6 +41,7 @@ def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> P
     """
     from raycpt.tracking import tracking_uri
 
+    check_store(cfg.tracking)
     root = run_root(cfg.tracking)
     cfg.tracking.run_root = str(root)
     cfg.tracking.uri = tracking_uri(cfg.tracking)

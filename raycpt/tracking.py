@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from raycpt.cluster import check_store, node_tags
 from raycpt.config import ExperimentConfig, TrackingConfig
 
 
@@ -35,7 +36,7 @@ def ensure_store(cfg: TrackingConfig) -> str:
     """Create the store and the experiment from the driver; return the experiment id."""
     import mlflow
 
-    run_root(cfg).mkdir(parents=True, exist_ok=True)
+    check_store(cfg)  # one line for a bad scheme, a server that does not answer, an unwritable run root
     uri = tracking_uri(cfg)
     os.environ["MLFLOW_TRACKING_URI"] = uri
     mlflow.set_tracking_uri(uri)
@@ -171,7 +172,7 @@ class ChildRun:
         self.created = not self.meta.get("mlflow_run_id")
         if self.created:
             run = client.create_run(experiment_id, run_name=name,
-                                    tags={"mlflow.parentRunId": parent_run_id, **(tags or {})})
+                                    tags={"mlflow.parentRunId": parent_run_id, **node_tags(), **(tags or {})})
             self.meta = {"mlflow_run_id": run.info.run_id, **(meta or {})}
             atomic_write_json(self.meta_path, self.meta)
         else:

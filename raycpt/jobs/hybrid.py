@@ -255,6 +255,7 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from raycpt.cluster import preflight, version_tags
     from raycpt.evaluate import render_table, resolve_tasks, table_text, write_results
     from raycpt.report.hybrid import plot_profiles
     from raycpt.runtime import ray_session
@@ -272,7 +273,8 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
         client.update_run(parent_id, status="RUNNING")
     else:
         parent_id = client.create_run(exp_id, run_name=f"hybrid-{cfg.name}-{run_dir.name.rsplit('-', 1)[-1]}",
-                                      tags={"raycpt.command": "hybrid", "raycpt.run_dir": str(run_dir)}).info.run_id
+                                      tags={"raycpt.command": "hybrid", "raycpt.run_dir": str(run_dir),
+                                            **version_tags()}).info.run_id
         write_state(run_dir, command="hybrid", parent_run_id=parent_id, builds=[p.name for p in plans])
         with mlflow.start_run(run_id=parent_id):
             log_config(cfg)
@@ -283,6 +285,7 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
     try:
         results = []
         with ray_session(cfg.ray):
+            preflight(cfg)  # shared storage on every node
             for plan in plans:
                 results.append(_run_build(cfg, plan, run_dir, parent_id, client, console, progress))
         evals = [_eval_result(r["eval"]) for r in results]

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from raycpt.strategies import LayerPlan, apply_plan, count_params, param_groups
+from raycpt.train.sysmetrics import StepSystemMetrics
 
 METRICS_FILE = "train_metrics.jsonl"
 STATUS_FILE = "train_status.json"
@@ -272,6 +273,7 @@ class MetricsLogger:
 
             self.client = MlflowClient(tracking_uri=mlflow_cfg["uri"])
             self.run_id = mlflow_cfg["run_id"]
+            self.system = StepSystemMetrics()  # CPU / memory / GPU of this step window, logged with the step
 
     def event(self, record: dict) -> None:
         if self.path is not None:
@@ -286,7 +288,7 @@ class MetricsLogger:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        ms = [Metric(k, float(v), ts, step) for k, v in metrics.items()
+        ms = [Metric(k, float(v), ts, step) for k, v in {**metrics, **self.system.sample()}.items()
               if isinstance(v, (int, float)) and math.isfinite(float(v))]
         if ms:
             self.client.log_batch(self.run_id, metrics=ms)
