@@ -12,6 +12,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from raycpt.cluster import check_store
 from raycpt.errors import RaycptError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -44,11 +45,14 @@ def split_args(args: Optional[List[str]]) -> tuple[Optional[str], list[str]]:
     return config_path, overrides
 
 
-def load(args: Optional[List[str]], extra: Optional[List[str]] = None):
+def load(args: Optional[List[str]], extra: Optional[List[str]] = None, check: bool = True):
     from raycpt.config import load_config
 
     path, overrides = split_args(args)
-    return load_config(path, overrides + list(extra or []))
+    cfg = load_config(path, overrides + list(extra or []))
+    if check:  # a bad tracking.uri / run_root fails here, before any model or Ray work
+        check_store(cfg.tracking)
+    return cfg
 
 
 def parse_floats(text: Optional[str], what: str) -> Optional[list[float]]:
@@ -77,7 +81,7 @@ def config_show(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)
 
     import yaml
 
-    cfg = load(args)
+    cfg = load(args, check=False)
     # plain stdout: rich would wrap long values (e.g. a joined pypi: reference) and break the YAML
     sys.stdout.write(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True, width=10**6))
 
@@ -86,7 +90,7 @@ def config_show(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)
 def config_validate(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)):
     """Check a config; exit 0 and say so when it is valid."""
     path, _ = split_args(args)
-    load(args)
+    load(args, check=False)
     console.print(f"ok: {path or '<built-in default>'} is valid")
 
 
