@@ -88,16 +88,17 @@ def check_store(cfg: TrackingConfig) -> None:
     process and setting. Caps MLflow's own HTTP retries (unless the user set them) so a server that
     dies mid-run fails a trial in about a minute instead of after several."""
     root = Path(cfg.run_root).expanduser().resolve()
-    key = (str(root), cfg.uri or "")
+    uri = cfg.uri or os.environ.get("RAYCPT_TRACKING_URI") or ""
+    key = (str(root), uri)
     if key in _checked:
         return
     check_run_root(root)
-    if cfg.uri:
-        scheme = check_uri_scheme(cfg.uri)
+    if uri:
+        scheme = check_uri_scheme(uri)
         if scheme in ("http", "https"):
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "4")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
-            probe_server(cfg.uri)
+            probe_server(uri)
     _checked.add(key)
 
 

@@ -273,7 +273,9 @@ class TrackingConfig:
     run_root: str = "runs"
     """Folder holding one run folder per command (made absolute)."""
     uri: Optional[str] = None
-    """MLflow tracking URI; None = ``sqlite:///<run_root>/mlflow.db``."""
+    """MLflow tracking URI: ``http://HOST:PORT`` (an MLflow server; use it for concurrent trials and
+    several clusters), ``sqlite:////abs/path.db``; None = ``$RAYCPT_TRACKING_URI`` if set, else
+    ``sqlite:///<run_root>/mlflow.db``."""
     experiment: str = "raycpt"
     """MLflow experiment name."""
 

@@ -23,9 +23,10 @@ def run_root(cfg: TrackingConfig) -> Path:
 
 
 def tracking_uri(cfg: TrackingConfig) -> str:
-    """The MLflow URI: the configured one, else ``sqlite:////abs/run_root/mlflow.db``."""
-    if cfg.uri:
-        uri = cfg.uri
+    """The MLflow URI: the configured one (or ``$RAYCPT_TRACKING_URI``, which a cluster sets to its
+    server), else ``sqlite:////abs/run_root/mlflow.db``."""
+    if cfg.uri or os.environ.get("RAYCPT_TRACKING_URI"):
+        uri = cfg.uri or os.environ["RAYCPT_TRACKING_URI"]
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
             uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
         return uri
