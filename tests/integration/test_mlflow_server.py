@@ -78,8 +78,7 @@ def test_sweep_against_a_real_tracking_server(tmp_path, tiny_dir, ray_local, mlf
 
     uri = mlflow_server["uri"]
     cfg = tiny_sweep_config(tmp_path, tiny_dir, [
-        f"tracking.uri={uri}", "train.max_steps=2", "sweep.trace_first=false", "sweep.max_concurrent_trials=2",
-        "sweep.data_cpus_per_trial=0.5"])
+        f"tracking.uri={uri}", "train.max_steps=2", "sweep.trace_first=false", "sweep.max_concurrent_trials=2"])
     res = run_sweep(cfg, splits=[0.5], strategies=["train_shallow"])
     names = {"full", "train_shallow-r0.5"}
     assert {t["name"] for t in res.trials} == names
