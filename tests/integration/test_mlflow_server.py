@@ -59,6 +59,7 @@ def mlflow_server(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
         log.close()
+        assert proc.poll() is not None  # the server is gone
 
 
 def _api(uri: str, endpoint: str, body: dict | None = None, **query) -> dict:
