@@ -20,7 +20,7 @@ def test_two_node_storage_check_and_trials_on_the_second_node(tmp_path, tiny_dir
     from raycpt.config import save_config
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir, [
-        "sweep.trace_first=false", "train.max_steps=2", "eval.modes=[logit]", "sweep.max_concurrent_trials=2",
+        "sweep.trace_first=false", "sweep.include_full=false", "train.max_steps=2", "eval.modes=[logit]", "sweep.max_concurrent_trials=2",
         "sweep.trial_resources={trial_node: 1}"])
     cfg_path = tmp_path / "sweep.yaml"
     save_config(cfg, cfg_path)
@@ -41,13 +41,13 @@ def test_two_node_storage_check_and_trials_on_the_second_node(tmp_path, tiny_dir
     line = next(ln for ln in out.splitlines() if ln.startswith("RESULT-JSON "))
     r = json.loads(line.split(" ", 1)[1])
     assert len(r["alive"]) == 2 and r["checked"] == r["alive"]
-    assert sorted(r["trials"]) == ["full", "train_shallow-r0.5"]
+    assert r["trials"] == ["train_shallow-r0.5"]
 
     client = mlflow.tracking.MlflowClient(r["uri"])
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     children = [x for x in client.search_runs([exp.experiment_id])
                 if x.data.tags.get("mlflow.parentRunId") == r["parent_run_id"]]
-    assert len(children) == 2
+    assert len(children) == 1
     assert {c.data.tags["raycpt.node_id"] for c in children} == {r["second"]} != {r["head"]}
     assert all(c.info.status == "FINISHED" for c in children)
     # no token file left behind
