@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -27,7 +28,7 @@ def main(cfg_path: str) -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
         cfg = load_config(cfg_path, [])
-        checked = check_shared_storage(__import__("pathlib").Path(cfg.tracking.run_root))
+        checked = check_shared_storage(Path(cfg.tracking.run_root))
         res = run_sweep(cfg, splits=[0.5], strategies=["train_shallow"])
         print("RESULT-JSON " + json.dumps({
             "alive": sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]), "checked": sorted(checked),
