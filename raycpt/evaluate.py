@@ -475,7 +475,7 @@ def table_text(results: Sequence[EvalResult], width: int = 140) -> str:
 
 def write_results(results: Sequence[EvalResult], out_dir: str | os.PathLike, stem: str = "eval") -> dict[str, Path]:
     """Write ``<stem>.csv`` (the table), ``<stem>_table.txt`` and ``<stem>_questions.json``; atomic."""
-    from raycpt.runs import atomic_write_json, atomic_write_text
+    from raycpt.io import atomic_write_json, atomic_write_text
 
     out = Path(out_dir)
     rows = table_rows(results)

@@ -455,7 +455,7 @@ def write_ranking(path, model: str, num_layers: int, scores: dict[int, float], m
 
     ``ranking`` is sorted by score, highest first (ties: lower layer first; NaN last); it may list a
     subset of the layers. Written atomically."""
-    from raycpt.runs import atomic_write_json
+    from raycpt.io import atomic_write_json
 
     def key(item):
         i, s = item

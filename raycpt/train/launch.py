@@ -186,9 +186,11 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     from raycpt.data.corpus import prepare_shards
     from raycpt.report.progress import StepProgress
     from raycpt.report.train import plot_loss_curve, read_events, read_step_records
-    from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
+    from raycpt.io import atomic_write_json
+    from raycpt.runs import open_run_dir, read_state, write_state
     from raycpt.tracking import log_config, mlflow_run
-    from raycpt.train.loop import EVAL_RESULT_FILE, METRICS_FILE, STATUS_FILE, callbacks_for, train_loop_per_worker
+    from raycpt.train.callbacks import callbacks_for
+    from raycpt.train.loop import EVAL_RESULT_FILE, METRICS_FILE, STATUS_FILE, train_loop_per_worker
 
     if not ray.is_initialized():
         raise RuntimeError("run_training needs Ray: call it inside raycpt.runtime.ray_session(cfg.ray)")
@@ -249,7 +251,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
             "cfg": config_to_dict(cfg), "model_path": model_path, "plan": plan.to_dict(), "run_dir": str(run_dir),
             "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": resume_from,
             "shard_rows": shard_rows, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
-            "callbacks": list(callbacks or []) + callbacks_for(cfg), "evaluate": evaluate,
+            "callbacks": list(callbacks or []) + callbacks_for(cfg, model_path), "evaluate": evaluate,
         }
         if evaluate:
             (Path(evaluate["out_dir"]) / EVAL_RESULT_FILE).unlink(missing_ok=True)

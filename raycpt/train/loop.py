@@ -33,9 +33,9 @@ A NaN/inf loss or gradient norm stops the run before the optimizer step: rank 0 
 ``train_status.json`` and every rank returns; the launcher turns it into one error line, and the
 last good checkpoint stays.
 
-Extension point: :class:`StepCallback` objects (``config["callbacks"]`` or factories registered
-with :func:`register_step_callback`) run on every rank every ``callback.every`` steps and may
-return extra metrics (``train.drift_every`` plugs in here).
+Extension point: :class:`raycpt.train.callbacks.StepCallback` objects (``config["callbacks"]``; the
+launcher adds those of the factories registered there) run on every rank every ``callback.every``
+steps and may return extra metrics (``train.drift_every`` plugs in here).
 """
 
 from __future__ import annotations
@@ -57,74 +57,12 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from raycpt.io import atomic_write_json
 from raycpt.strategies import LayerPlan, apply_plan, count_params, param_groups
+from raycpt.train.callbacks import LoopState, StepCallback
 
 METRICS_FILE = "train_metrics.jsonl"
 STATUS_FILE = "train_status.json"
-
-
-# ------------------------------------------------------------------------------------ callbacks
-
-@dataclass
-class LoopState:
-    """What a :class:`StepCallback` sees. ``model`` is the plain (unwrapped) model."""
-
-    step: int
-    max_steps: int
-    model: Any
-    wrapped: Any
-    plan: LayerPlan
-    rank: int
-    world_size: int
-    device: torch.device
-    cfg: Any
-    run_dir: Optional[Path]
-    metrics: dict = field(default_factory=dict)
-    logger: Optional["MetricsLogger"] = None
-
-    def log(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
-        """Log extra metrics (rank 0 only writes; safe to call on every rank)."""
-        if self.rank == 0 and self.logger is not None:
-            self.logger.log(metrics, self.step if step is None else step)
-
-
-class StepCallback:
-    """Runs on every rank. ``every`` = call ``on_step_end`` every N optimizer steps (0 = never).
-
-    Keep callbacks picklable (they travel to the workers in the loop config). Collective ops are
-    allowed (every rank calls the hook at the same step)."""
-
-    every: int = 0
-
-    def on_train_start(self, state: LoopState) -> None:  # noqa: D401
-        pass
-
-    def on_step_end(self, state: LoopState) -> Optional[dict[str, float]]:
-        return None
-
-    def on_train_end(self, state: LoopState) -> None:
-        pass
-
-
-CALLBACK_FACTORIES: list[Callable[[Any], Optional[StepCallback]]] = []
-
-
-def register_step_callback(factory: Callable[[Any], Optional[StepCallback]]):
-    """Register ``factory(cfg) -> StepCallback | None``; :func:`callbacks_for` calls every factory."""
-    CALLBACK_FACTORIES.append(factory)
-    return factory
-
-
-def callbacks_for(cfg) -> list[StepCallback]:
-    """The callbacks a config asks for (e.g. ``train.drift_every > 0`` -> a drift callback)."""
-    import raycpt.diagnostics.drift  # noqa: F401  (registers the train.drift_every factory)
-
-    out = []
-    for f in CALLBACK_FACTORIES:
-        cb = f(cfg)
-        if cb is not None:
-            out.append(cb)
-    return out
 
 
 # ------------------------------------------------------------------------------------ pieces
@@ -299,6 +237,14 @@ class MetricsLogger:
         try:
             self.client.log_batch(self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
         except Exception:  # noqa: BLE001 - a resumed run re-logs the same params; never fail training on it
+            pass
+
+    def artifact(self, path) -> None:
+        if self.client is None:
+            return
+        try:
+            self.client.log_artifact(self.run_id, str(path))
+        except Exception:  # noqa: BLE001 - an artifact store hiccup must not fail the training run
             pass
 
 
@@ -692,8 +638,6 @@ def run_loop(config: dict, session: _Session) -> dict:
     for cb in callbacks:
         cb.on_train_end(loop_state)
     if rank == 0 and run_dir is not None:
-        from raycpt.runs import atomic_write_json
-
         atomic_write_json(run_dir / STATUS_FILE, status)
         logger.event({"event": status["status"], "step": loop_state.step, "time": time.time()})
     session.barrier()
@@ -720,7 +664,6 @@ def evaluate_in_worker(model, tokenizer, spec: dict) -> Path:
     (:func:`raycpt.evaluate.lm_loss`)."""
     from raycpt.config import EvalConfig
     from raycpt.evaluate import evaluate_model
-    from raycpt.runs import atomic_write_json
 
     use_cache = getattr(model.config, "use_cache", None)
     model.config.use_cache = True  # generation mode: the training loop turned the KV cache off
