@@ -22,7 +22,6 @@ nested MLflow run and one sub-folder per trial).
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
