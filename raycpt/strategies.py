@@ -89,14 +89,6 @@ class LayerPlan:
             return self.num_layers
         return None
 
-    @property
-    def frozen_prefix(self) -> int:
-        """How many layers below the first trainable module are frozen (they run without autograd)."""
-        f = self.first_trainable
-        if f is None:
-            return self.num_layers
-        return max(0, f)
-
     def describe(self) -> str:
         parts = [f"{self.name}: {len(self.trainable_layers)}/{self.num_layers} layers train [{self.layer_map()}]"]
         extra = [n for n, on in (("embeddings", self.train_embeddings), ("final_norm", self.train_final_norm),

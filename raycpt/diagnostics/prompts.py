@@ -67,10 +67,6 @@ def builtin_path(name: str) -> Path:
     return Path(__file__).resolve().parents[1] / "assets" / BUILTIN[name]
 
 
-def describe_source(source: str) -> str:
-    return source if source in BUILTIN else str(Path(source).expanduser())
-
-
 def load_prompt_records(source: str) -> list[PromptRecord]:
     """Read ``builtin:NAME`` or a JSONL file of ``{s1, s2, group[, answer]}`` records.
 
