@@ -15,6 +15,7 @@ from pathlib import Path
 from raycpt.config import ExperimentConfig, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
+from raycpt.io import atomic_write_text  # noqa: F401 - re-export: their home is raycpt.io; code written before it imports them here
 from raycpt.tracking import tracking_uri
 
 

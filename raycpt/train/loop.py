@@ -59,6 +59,7 @@ import torch
 from raycpt.io import atomic_write_json
 from raycpt.strategies import LayerPlan, apply_plan, param_groups
 from raycpt.train.callbacks import LoopState
+from raycpt.train.callbacks import StepCallback, callbacks_for, register_step_callback  # noqa: F401 - re-export (moved)
 
 METRICS_FILE = "train_metrics.jsonl"
 STATUS_FILE = "train_status.json"
