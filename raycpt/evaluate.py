@@ -9,18 +9,16 @@ Scores are accuracies in percent per category (STEM, Social Science, Humanities,
 **average = the unweighted mean over the categories that have questions** (the paper's Average
 column: Table 1's first row 26.60/27.19/26.18/26.53 -> 26.62), and ``overall`` = the mean over all
 questions. :func:`evaluate_model` runs one model (a folder, a model reference or an in-memory model)
-and returns every question's prediction with the scores; :func:`write_results` writes them as files;
-:func:`lm_loss` is the held-out loss. This module is the lm-eval bridge only: no Ray, no MLflow; the
+and returns every question's prediction with the scores (with ``out_dir``, also as files:
+:func:`raycpt.report.eval.write_results`); :func:`lm_loss` is the held-out loss. This module is the lm-eval bridge only: no Ray, no MLflow; the
 ``raycpt eval`` job (several checkpoints as Ray tasks, the run folder, MLflow) is
 :mod:`raycpt.jobs.eval`. lm-eval is imported only when a model is evaluated.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
-import io
 import json
 import logging
 import os
@@ -34,12 +32,13 @@ from typing import Any, Iterable, Optional, Sequence
 
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
-from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, TASKS_DIR, subject_category
+from raycpt.report.eval import write_results
+from raycpt.report.eval import render_table, table_text  # noqa: F401 - re-export (moved)
+from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, SCORE_KEYS, TASKS_DIR, subject_category
 
 WORDNET_MC_FILE = Path(__file__).resolve().parent / "assets" / "wordnet_mc.jsonl"
 LETTERS = ("A", "B", "C", "D")
 MODES = ("logit", "generate")
-SCORE_KEYS = tuple(CATEGORY_KEYS[c] for c in CATEGORIES) + ("average", "overall")
 OFFLINE_TASK = "wordnet_mc"
 
 log = logging.getLogger(__name__)
@@ -417,83 +416,6 @@ def _quiet_lm_eval() -> None:
         datasets.utils.logging.set_verbosity_error()
     except Exception:  # pragma: no cover
         pass
-
-
-# ---------------------------------------------------------------------------------------- reporting
-def _fmt(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.2f}"
-
-
-def cell(result: EvalResult, task: str, key: str) -> str:
-    """The paper's table cell ``Generate / Logit`` (``-`` for a mode not run)."""
-    modes = result.scores.get(task, {})
-    return f"{_fmt(modes.get('generate', {}).get(key))} / {_fmt(modes.get('logit', {}).get(key))}"
-
-
-def table_rows(results: Sequence[EvalResult]) -> list[dict]:
-    """One row per (model, task): the table's cells plus the raw numbers, for CSV."""
-    rows = []
-    for r in results:
-        for task in r.scores:
-            row: dict[str, Any] = {"model": r.name, "task": task, "n": r.counts.get(task, {}).get("total", 0)}
-            for key in SCORE_KEYS:
-                for mode in ("generate", "logit"):
-                    v = r.scores[task].get(mode, {}).get(key)
-                    row[f"{key}_{mode}"] = "" if v is None else round(v, 4)
-            rows.append(row)
-    return rows
-
-
-def render_table(results: Sequence[EvalResult]):
-    """A rich Table per task in the paper's layout: rows = models, columns = categories + Average."""
-    from rich.table import Table
-
-    tables = []
-    tasks = list(dict.fromkeys(t for r in results for t in r.scores))
-    for task in tasks:
-        n = max((r.counts.get(task, {}).get("total", 0) for r in results), default=0)
-        t = Table(title=f"{task}  (Generate / Logit, accuracy %, {n} questions)")
-        t.add_column("model")
-        for c in CATEGORIES:
-            t.add_column(c, justify="center")
-        t.add_column("Average", justify="center")
-        for r in results:
-            if task in r.scores:
-                t.add_row(r.name, *[cell(r, task, CATEGORY_KEYS[c]) for c in CATEGORIES], cell(r, task, "average"))
-        tables.append(t)
-    return tables
-
-
-def table_text(results: Sequence[EvalResult], width: int = 140) -> str:
-    from rich.console import Console
-
-    buf = io.StringIO()
-    con = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    for t in render_table(results):
-        con.print(t)
-    return buf.getvalue()
-
-
-def write_results(results: Sequence[EvalResult], out_dir: str | os.PathLike, stem: str = "eval") -> dict[str, Path]:
-    """Write ``<stem>.csv`` (the table), ``<stem>_table.txt`` and ``<stem>_questions.json``; atomic."""
-    from raycpt.io import atomic_write_json, atomic_write_text
-
-    out = Path(out_dir)
-    rows = table_rows(results)
-    buf = io.StringIO()
-    fields = ["model", "task", "n"] + [f"{k}_{m}" for k in SCORE_KEYS for m in ("generate", "logit")]
-    w = csv.DictWriter(buf, fieldnames=fields)
-    w.writeheader()
-    w.writerows(rows)
-    paths = {
-        "csv": atomic_write_text(out / f"{stem}.csv", buf.getvalue()),
-        "table": atomic_write_text(out / f"{stem}_table.txt", table_text(results)),
-        "questions": atomic_write_json(out / f"{stem}_questions.json",
-                                       [{"model": r.name, "source": r.source, "scores": r.scores,
-                                         "counts": r.counts, "seconds": r.seconds, "questions": r.questions}
-                                        for r in results]),
-    }
-    return paths
 
 
 # ---------------------------------------------------------------------------------------- held-out loss

@@ -3,7 +3,7 @@
 :func:`run_eval` validates everything (tasks, hub access, checkpoint folders or references) before any
 work, opens ``<run_root>/eval-<name>-<id>/``, evaluates (:func:`evaluate_checkpoints`: one Ray task per
 checkpoint with ``eval.cpus_per_task`` / ``eval.gpus_per_task``; a single checkpoint without a cluster
-runs in this process), writes the tables and every question (:func:`raycpt.evaluate.write_results`)
+runs in this process), writes the tables and every question (:func:`raycpt.report.eval.write_results`)
 and logs them to MLflow. SIGTERM (``timeout``, a scheduler) ends the run KILLED like Ctrl-C, and
 ``state.json`` says ``interrupted`` or ``failed``. The evaluation itself is the bridge in
 :mod:`raycpt.evaluate`.
@@ -19,8 +19,9 @@ from typing import Any, Optional, Sequence
 
 from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
-from raycpt.evaluate import EvalResult, evaluate_model, resolve_tasks, write_results
+from raycpt.evaluate import EvalResult, evaluate_model, resolve_tasks
 from raycpt.models.sources import parse_ref
+from raycpt.report.eval import write_results
 from raycpt.runs import open_run_dir, write_state
 from raycpt.runtime import cluster_address, ray_session
 from raycpt.tracking import log_config, log_metrics, mlflow_run

@@ -256,7 +256,8 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from raycpt.evaluate import render_table, resolve_tasks, table_text, write_results
+    from raycpt.evaluate import resolve_tasks
+    from raycpt.report.eval import render_table, table_text, write_results
     from raycpt.report.hybrid import plot_profiles
     from raycpt.runtime import ray_session
     from raycpt.tracking import ensure_store, log_config, log_metrics

@@ -17,9 +17,11 @@ the code needs:
    ``raycpt.__main__``, ``raycpt.cli`` - the entry points: parse, call one job, print.
 2. ``raycpt.jobs`` - where work runs on Ray (trace, compare, eval, sweep, contribution, hybrid).
 3. ``raycpt.train`` - the TorchTrainer launcher, the worker loop and its per-step callbacks (drift).
-4. ``raycpt.report`` - plots, tables and progress bars from results.
-5. ``raycpt.evaluate`` and ``raycpt.tasks.utils`` - the lm-eval bridge (``tasks/utils.py`` is the
+4. ``raycpt.evaluate`` and ``raycpt.tasks.utils`` - the lm-eval bridge (``tasks/utils.py`` is the
    half lm-eval loads from the task YAMLs; it uses the bridge's answer extraction and question files).
+   Above report (ARCHITECTURE.md drew it below): the bridge writes its per-question files with
+   ``report.eval``, and no report needs the bridge.
+5. ``raycpt.report`` - plots, tables and progress bars from results (data in, files out).
 6. ``raycpt.diagnostics`` - pure torch/numpy metrics: no Ray, no MLflow, no train/jobs/report.
 7. ``raycpt.strategies`` - the plan registry and ``LayerPlan``. Below diagnostics (ARCHITECTURE.md
    drew it above): the plans are the vocabulary of layer indices and the split rule, and the trace's
@@ -54,8 +56,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt", "raycpt.__main__", "raycpt.cli"),
     ("raycpt.jobs",),
     ("raycpt.train",),
-    ("raycpt.report",),
     ("raycpt.evaluate", "raycpt.tasks.utils"),
+    ("raycpt.report",),
     ("raycpt.diagnostics",),
     ("raycpt.strategies",),
     ("raycpt.data",),
@@ -254,7 +256,7 @@ def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
     assert unlayered({**g, "other": set()}, SYNTHETIC_LAYERS) == ["other"]
 
 
-@pytest.mark.parametrize("module,layer", [("raycpt.tasks.utils", 4), ("raycpt.tasks", 10), ("raycpt.cli", 0),
-                                          ("raycpt.jobs.eval", 1), ("raycpt.io", 11)])
+@pytest.mark.parametrize("module,layer", [("raycpt.cli", 0), ("raycpt.jobs.eval", 1), ("raycpt.tasks.utils", 3),
+                                          ("raycpt.report.eval", 4), ("raycpt.tasks", 10), ("raycpt.io", 11)])
 def test_longest_prefix_names_the_layer(module, layer):
     assert layer_of(module, LAYERS) == layer
