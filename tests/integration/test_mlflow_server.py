@@ -53,8 +53,8 @@ def mlflow_server(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
+            try:  # uvicorn waits for open keep-alive connections; the store is a temp folder
+                proc.wait(10)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
