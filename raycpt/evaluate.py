@@ -606,6 +606,7 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
     """
     import mlflow
 
+    from raycpt.models.sources import resolve_model_path
     from raycpt.runs import open_run_dir, write_state
     from raycpt.tracking import log_config, log_metrics, mlflow_run
 
@@ -618,6 +619,7 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
         parse_ref(cfg.model.ref)  # one line for a bad reference, before any run starts
         paths = [cfg.model.ref]
     names = _unique_names(paths)
+    paths = [resolve_model_path(cfg.model, p) for p in paths]  # on the driver, under model.revision
     run_dir = open_run_dir(cfg, "eval")
     write_state(run_dir, status="running", models=dict(zip(names, paths)))
     with _sigterm_as_interrupt(), _state_on_interrupt(run_dir), \

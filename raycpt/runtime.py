@@ -13,8 +13,17 @@ import os
 from typing import Iterator
 
 from raycpt.config import RayConfig
+from raycpt.usage import verbose
 
 log = logging.getLogger(__name__)
+
+QUIET_ENV = {
+    "RAY_BACKEND_LOG_LEVEL": "error",  # core_worker.cc warnings ("constructor arguments in the object store")
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # hub downloads and transformers' weight-loading tqdm bars
+}
+"""Environment defaults of the quiet mode (``setdefault``: a user's own setting wins)."""
+QUIET_LOGGERS = ("ray.data._internal.progress",)
+"""Python loggers lowered to ERROR in the quiet mode (Ray Data's "Progress bars disabled")."""
 
 
 def quiet_environment() -> None:
@@ -27,6 +36,11 @@ def quiet_environment() -> None:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if not verbose():  # quiet by default; `raycpt --verbose` keeps all of it (errors always show)
+        for key, value in QUIET_ENV.items():
+            os.environ.setdefault(key, value)
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def cluster_address(cfg: RayConfig) -> str | None:

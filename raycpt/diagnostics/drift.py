@@ -6,7 +6,7 @@ run began from, also after a resume):
 * ``drift.dW.L{i}`` - ``||W_i(now) - W_i(start)||_F`` over all parameters of layer i;
 * ``drift.rel_dW.L{i}`` - the same divided by ``||W_i(start)||_F``;
 * ``drift.cka.L{i}`` - linear CKA between the layer's residual stream now and at the start, on a
-  fixed probe batch (WordNet glosses, the same tokens every time; massive-activation tokens, norm
+  fixed probe batch (the shipped WordNet glosses, `builtin:wordnet-glosses`, the same tokens every time; massive-activation tokens, norm
   > 10x the median, left out as in ``raycpt compare``);
 
 as MLflow metric series (step = training step), plus ``drift.dW.mean`` / ``drift.cka.min``. At the
@@ -29,6 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from raycpt.diagnostics.prompts import gloss_texts
 from raycpt.diagnostics.similarity import layer_l2_change, linear_cka, massive_rows
 from raycpt.train.loop import LoopState, StepCallback, register_step_callback
 
@@ -181,13 +182,7 @@ def plot_drift(history: list[dict], out: Path) -> Optional[Path]:
 
 
 def _probe_texts(n: int) -> list[str]:
-    from raycpt.jobs.compare import _wordnet_gloss_texts
-
-    texts = _wordnet_gloss_texts(n)
-    if len(texts) < n:  # no WordNet on this machine: a fixed fallback
-        texts += [f"The quick brown fox number {i} jumps over the lazy dog near the river bank." for i in
-                  range(n - len(texts))]
-    return texts
+    return gloss_texts(n)  # the shipped asset: the same texts on every machine
 
 
 @register_step_callback

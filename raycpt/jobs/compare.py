@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raycpt.config import ExperimentConfig
+from raycpt.diagnostics import prompts as P
 from raycpt.errors import RaycptError
 from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir
 
@@ -79,10 +80,9 @@ def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
             return str(found.resolve())
         if not any(p.glob("*.gguf")) and not any(p.glob("*.gguf.part*")):
             raise RaycptError(f"{ref}: folder holds no model (no config.json with weights, no trained checkpoint)")
-    from raycpt.models.sources import resolve_model
+    from raycpt.models.sources import resolve_model_path
 
-    info = resolve_model(ref, cache_dir=cfg.model.cache_dir, progress=True)
-    return str(info.path)
+    return resolve_model_path(cfg.model, ref, progress=True)
 
 
 def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
@@ -107,46 +107,17 @@ def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
 
 
 # ------------------------------------------------------------------------------------- prompts
-def _wordnet_gloss_texts(limit: int) -> list[str]:
-    """Fallback prompt set: WordNet glosses (Debian wordnet-base), the same number from each part of speech."""
-    per_pos: list[list[str]] = []
-    for pos in ("noun", "verb", "adj", "adv"):
-        f = Path("/usr/share/wordnet") / f"data.{pos}"
-        got: list[str] = []
-        if f.is_file():
-            with f.open(encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if line.startswith("  ") or "|" not in line:
-                        continue
-                    gloss = line.split("|", 1)[1].split(";")[0].strip()
-                    if len(gloss) > 20:
-                        got.append(gloss)
-                    if len(got) >= limit:
-                        break
-        per_pos.append(got)
-    texts = [t for group in zip(*[g for g in per_pos if g]) for t in group] if any(per_pos) else []
-    return texts[:limit]
-
-
 def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
     """Prompt texts from ``spec``: a JSONL of {text} or {s1, s2} or {prompt}, a .txt (one per line),
     ``builtin:wordnet-glosses``, or the trace prompt set name (when the prompts module knows it)."""
     if limit < 2:
         raise RaycptError(f"--max-prompts={limit}: need at least 2 prompts (dataset entropy compares samples)")
-    if spec is None or spec == "builtin:wordnet-glosses":
-        texts = _wordnet_gloss_texts(limit)
-        if len(texts) < 2:
-            raise RaycptError("no default prompts: WordNet (/usr/share/wordnet) is missing; give --prompts FILE")
-        return texts
+    if spec is None or spec == P.GLOSSES:
+        return P.gloss_texts(limit)
     p = Path(spec).expanduser()
     if not p.is_file():
-        try:  # a named prompt set of the trace module (builtin:wordnet-lexical, ...)
-            from raycpt.diagnostics import prompts as P  # noqa: F401
-
-            recs = P.load_prompt_records(spec)
-            return [_record_text(r) for r in recs][:limit]
-        except (ImportError, AttributeError):
-            pass
+        if spec in P.BUILTIN:  # a named prompt set of the trace module (builtin:wordnet-lexical)
+            return [_record_text(r) for r in P.load_prompt_records(spec)][:limit]
         raise RaycptError(f"--prompts {spec}: file not found (expected a .jsonl of {{text}} or {{s1, s2}} records, "
                           "or a .txt with one prompt per line)")
     texts: list[str] = []

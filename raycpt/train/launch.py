@@ -66,12 +66,9 @@ class TrainResult:
 
 def resolve_model_path(cfg: ExperimentConfig) -> str:
     """The local folder of ``cfg.model.ref`` (resolved once, on the driver)."""
-    p = Path(cfg.model.ref).expanduser()
-    if p.is_dir() and (p / "config.json").is_file():
-        return str(p.resolve())
-    from raycpt.models.sources import resolve_model
+    from raycpt.models.sources import resolve_model_path as resolve
 
-    return str(resolve_model(cfg.model.ref, cache_dir=cfg.model.cache_dir, revision=cfg.model.revision).path)
+    return resolve(cfg.model)
 
 
 def model_skeleton(model_path: str):
