@@ -111,9 +111,11 @@ class TraceActor:
         prompts = [EncodedPrompt(index=int(i), group="", input_ids=np.asarray(ids).tolist(),
                                  context=np.asarray(ctx).tolist(), query=[], last=int(last))
                    for i, ids, ctx, last in zip(batch["index"], batch["input_ids"], batch["context"], batch["last"])]
+        t0 = time.perf_counter()
         out = trace_batch(self.stack, collate(prompts, self.pad_id), top_k=self.top_k, eps=self.eps,
                           schedule=self.schedule)
-        return {"index": np.asarray(batch["index"], dtype=np.int64), **out}
+        forward_s = np.full(len(prompts), (time.perf_counter() - t0) / max(1, len(prompts)))
+        return {"index": np.asarray(batch["index"], dtype=np.int64), **out, "forward_s": forward_s}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -368,6 +370,7 @@ def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Opt
         summary = dict(model_ref=cfg.model.ref, model_path=prep.model_path, num_layers=prep.num_layers,
                        num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, eps=cfg.trace.eps,
                        prompts=cfg.trace.prompts, wall_s=wall_s, mlflow_run_id=run.info.run_id,
+                       forward_s=float(np.sum(rows["forward_s"])) if "forward_s" in rows else None,
                        recommended=dict((k, agg["recommended"][k]) for k in ("ratio", "split_layer", "S")),
                        split_table=agg["table"], grid_scores=agg["recommended"]["scores"],
                        tp_layers=agg["tp_layers"], answer_hit_rate=agg["hit_rate"],

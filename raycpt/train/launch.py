@@ -233,7 +233,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
 
         run_id = run.info.run_id
         write_state(run_dir, mlflow_run_id=run_id, attempts=attempt, status="running", ray_name=ray_name,
-                    model_path=model_path, plan=plan.to_dict())
+                    model_path=model_path, plan=plan.to_dict(), prepare_s=round(time.time() - t_start, 3))
         try:
             log_config(cfg)
         except Exception:  # noqa: BLE001 - a resumed run whose overrides changed a logged param

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from raycpt.strategies import LayerPlan, apply_plan, count_params, param_groups
+from raycpt.train.background import BackgroundCalls
 
 METRICS_FILE = "train_metrics.jsonl"
 STATUS_FILE = "train_status.json"
@@ -261,12 +262,16 @@ def seed_everything(seed: int) -> None:
 # ------------------------------------------------------------------------------------ logging
 
 class MetricsLogger:
-    """Rank 0's sink: a JSONL file in the run folder (the driver's progress bar tails it) + MLflow."""
+    """Rank 0's sink: a JSONL file in the run folder (the driver's progress bar tails it) + MLflow.
+
+    MLflow calls (a SQLite write or an HTTP round trip each) run on one background thread, in order,
+    so a step never waits for the store; :meth:`close` (end of the loop) waits for what is queued."""
 
     def __init__(self, run_dir: Optional[Path], mlflow_cfg: Optional[dict]):
         self.path = Path(run_dir) / METRICS_FILE if run_dir else None
         self.client = None
         self.run_id = None
+        self._queue = None
         if mlflow_cfg and mlflow_cfg.get("run_id"):
             from mlflow.tracking import MlflowClient
 
@@ -280,6 +285,11 @@ class MetricsLogger:
                 f.write(json.dumps(record) + "\n")
                 f.flush()
 
+    def _submit(self, fn, *args, **kwargs) -> None:
+        if self._queue is None:
+            self._queue = BackgroundCalls()
+        self._queue.submit(fn, *args, **kwargs)
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.client is None:
             return
@@ -289,17 +299,21 @@ class MetricsLogger:
         ms = [Metric(k, float(v), ts, step) for k, v in metrics.items()
               if isinstance(v, (int, float)) and math.isfinite(float(v))]
         if ms:
-            self.client.log_batch(self.run_id, metrics=ms)
+            self._submit(self.client.log_batch, self.run_id, metrics=ms)
 
     def params(self, params: dict[str, Any]) -> None:
         if self.client is None:
             return
         from mlflow.entities import Param
 
-        try:
-            self.client.log_batch(self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
-        except Exception:  # noqa: BLE001 - a resumed run re-logs the same params; never fail training on it
-            pass
+        # a resumed run re-logs the same params: its error is ignored (BackgroundCalls never fails training)
+        self._submit(self.client.log_batch, self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
+
+    def close(self) -> None:
+        """Wait until every queued MLflow call has run (then the thread ends)."""
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
 
 
 # ------------------------------------------------------------------------------------ sessions
@@ -575,6 +589,7 @@ def run_loop(config: dict, session: _Session) -> dict:
     from raycpt.config import config_from_dict
     from raycpt.models.sources import load_model
 
+    t_setup = time.perf_counter()
     cfg = config_from_dict(config["cfg"])
     tcfg = cfg.train
     faults = dict(config.get("faults") or {})
@@ -626,7 +641,7 @@ def run_loop(config: dict, session: _Session) -> dict:
                        "plan.frozen_prefix_no_grad": prefix.active, "world_size": world})
         logger.event({"event": "start" if start_step == 0 else "resume", "step": start_step,
                       "trainable": counts["trainable"], "frozen": counts["frozen"], "world_size": world,
-                      "time": time.time(), "pid": os.getpid()})
+                      "time": time.time(), "pid": os.getpid(), "setup_s": time.perf_counter() - t_setup})
     for cb in callbacks:
         cb.on_train_start(loop_state)
 
@@ -683,14 +698,19 @@ def run_loop(config: dict, session: _Session) -> dict:
             if step % tcfg.log_every == 0 or step == tcfg.max_steps:
                 logger.log(metrics, step)
         if step % ckpt_every == 0 or step == tcfg.max_steps:
+            t_ckpt = time.perf_counter()
             _checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp,
                         data_pos={"micro_batches_consumed": step * ga, "epoch": epoch,
                                   "shard_rows": config.get("shard_rows")},
                         metrics={"step": step, "loss": loss})
             last_ckpt = step
+            if rank == 0:
+                logger.event({"event": "checkpoint", "step": step, "seconds": time.perf_counter() - t_ckpt})
     prefix.remove()
     for cb in callbacks:
         cb.on_train_end(loop_state)
+    if logger is not None:
+        logger.close()  # every queued MLflow call has run
     if rank == 0 and run_dir is not None:
         from raycpt.runs import atomic_write_json
 
@@ -700,7 +720,11 @@ def run_loop(config: dict, session: _Session) -> dict:
     if config.get("evaluate") and status["status"] == "finished" and rank == 0 and not fsdp:
         if logger is not None:
             logger.event({"event": "evaluate", "step": loop_state.step, "time": time.time()})
+        t_eval = time.perf_counter()
         evaluate_in_worker(model, tokenizer, config["evaluate"])
+        if logger is not None:
+            logger.event({"event": "evaluated", "step": loop_state.step, "time": time.time(),
+                          "seconds": time.perf_counter() - t_eval})
     return {"status": status, "losses": history, "step_times": step_times, "step_cpu": step_cpu, "counts": counts,
             "tokens_per_step": tokens_per_step}
 
@@ -734,7 +758,9 @@ def evaluate_in_worker(model, tokenizer, spec: dict) -> Path:
         from raycpt.evaluate import lm_loss
 
         blocks = json.loads(Path(spec["heldout_path"]).read_text())
+        t0 = time.perf_counter()
         out["heldout_loss"] = lm_loss(model, blocks, batch_size=ecfg.batch_size)
+        out["seconds"] = {**out.get("seconds", {}), "heldout": time.perf_counter() - t0}
     return atomic_write_json(Path(spec["out_dir"]) / EVAL_RESULT_FILE, out)
 
 
