@@ -449,11 +449,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     from raycpt.runtime import quiet_environment
     from raycpt.usage import click_classes, usage_line
 
+    from raycpt.runtime import NOISE, filter_stderr
+    from raycpt.usage import verbose
+
     args = list(sys.argv[1:] if argv is None else argv)
     if "--verbose" in args:  # accepted anywhere (`raycpt sweep ... --verbose`), set before anything starts
         args.remove("--verbose")
         set_verbose(True)
     quiet_environment()
+    if argv is None and not verbose():  # the console script (not an in-process call): Ray's native noise off
+        filter_stderr(NOISE)
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=args, prog_name="raycpt", standalone_mode=False)
