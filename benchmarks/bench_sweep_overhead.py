@@ -111,9 +111,10 @@ def run_sweep(extra: list[str]) -> tuple[Path, float]:
            f"tracking.run_root={root}"]
     print("running:", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                   stdout=subprocess.DEVNULL)
+    rc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL).returncode
     wall = time.perf_counter() - t0
+    if rc != 0:
+        raise SystemExit(f"the sweep failed (exit {rc}) after {wall:.0f}s; its folder: {root}")
     return next(root.glob("sweep-*")), wall
 
 
