@@ -86,3 +86,24 @@ def test_sort_words():
     assert sort_words([ref, "eval.limit=4", "run/x", "cfg.yml"], rest=2) == ("cfg.yml", ["eval.limit=4"], [ref, "run/x"])
     with pytest.raises(RaycptError, match="unexpected argument 'c'"):
         sort_words(["a", "b", "c"], rest=2)
+
+
+def test_quiet_filter_drops_only_the_ray_noise(tmp_path):
+    """The console script's stderr filter: Ray's native actor-pool warning goes, every other line (an error,
+    a traceback at exit) still shows; with --verbose nothing is filtered."""
+    noise = ("[2026-12-01 06:31:30,285 E 28651 28651] core_worker.cc:2465: Actor with class name: 'MapWorker(x)' "
+             "and ID: 'ab' has constructor arguments in the object store and max_restarts > 0. If the arguments ...")
+    code = ("import os, sys\n"
+            "sys.argv = ['raycpt'] + sys.argv[1:] + ['--version']\n"
+            "from raycpt.cli import main\n"
+            "main()\n"
+            f"os.write(2, {(noise + chr(10)).encode()!r})\n"
+            "os.write(2, b'error: a real one\\n')\n"
+            "raise ValueError('shown at exit')\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    loud = subprocess.run([sys.executable, "-c", code, "--verbose"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert "core_worker.cc" not in quiet.stderr
+    assert "error: a real one" in quiet.stderr and "ValueError: shown at exit" in quiet.stderr
+    assert "core_worker.cc" in loud.stderr and "ValueError: shown at exit" in loud.stderr
