@@ -115,10 +115,6 @@ def gloss_texts(limit: int) -> list[str]:
     return rounds[:limit]
 
 
-def describe_source(source: str) -> str:
-    return source if source in BUILTIN else str(Path(source).expanduser())
-
-
 def load_prompt_records(source: str) -> list[PromptRecord]:
     """Read ``builtin:NAME`` or a JSONL file of ``{s1, s2, group[, answer]}`` records.
 
