@@ -42,14 +42,13 @@ def _cfg(tmp_path, *extra):
 def test_revision_reaches_every_resolve(fake_hub, tmp_path):
     from transformers import AutoConfig
 
-    from raycpt.diagnostics.drift import drift_factory
     from raycpt.jobs.compare import resolve_ref
     from raycpt.jobs.sweep import model_depth
     from raycpt.jobs.trace import prepare_trace
     from raycpt.models.hybrid import plan_from_config
     from raycpt.train.launch import resolve_model_path
 
-    cfg = _cfg(tmp_path, "train.drift_every=1")
+    cfg = _cfg(tmp_path)
     hybrid = plan_from_config(HybridConfig(), "new_shallow", cfg.model.ref, cfg.model)  # donor = model.ref
     depths = {
         "sweep.model_depth": model_depth(cfg),
@@ -58,7 +57,6 @@ def test_revision_reaches_every_resolve(fake_hub, tmp_path):
         "trace": prepare_trace(cfg, splits=[0.5], prompts=None).num_layers,
         "hybrid donor": AutoConfig.from_pretrained(hybrid.head_path).num_hidden_layers,
         "hybrid donor's deep half ends at": hybrid.segments[-1].layers[1],
-        "drift probe": AutoConfig.from_pretrained(drift_factory(cfg).model_path).num_hidden_layers,
     }
     assert depths == {k: DEPTH["v2-deep"] for k in depths}, depths
     assert fake_hub and all(c == (HUB_ID, "v2-deep") for c in fake_hub), fake_hub
@@ -67,7 +65,7 @@ def test_revision_reaches_every_resolve(fake_hub, tmp_path):
 def test_eval_resolves_on_the_driver_with_the_revision(fake_hub, tmp_path, monkeypatch):
     from transformers import AutoConfig
 
-    import raycpt.evaluate as E
+    import raycpt.jobs.eval as E
 
     seen = []
 
