@@ -18,6 +18,11 @@ from raycpt.cluster import check_store, node_tags
 from raycpt.config import ExperimentConfig, TrackingConfig
 from raycpt.io import atomic_write_json, run_root
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+"""MLflow 3's UI picks an experiment's first view from this tag: model training opens on the runs table
+(without it, MLflow 3.17 opens on the GenAI traces overview)."""
+
 
 def tracking_uri(cfg: TrackingConfig) -> str:
     """The MLflow URI: the configured one (or ``$RAYCPT_TRACKING_URI``, which a cluster sets to its
@@ -47,7 +52,14 @@ def ensure_store(cfg: TrackingConfig) -> str:
         except Exception:  # noqa: BLE001 - another process created it first
             pass
     exp = mlflow.set_experiment(cfg.experiment)
+    if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # the UI then opens on the runs table
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return exp.experiment_id
+
+
+def runs_url(experiment_id: str, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """The MLflow UI's runs table of an experiment (parent runs with their children)."""
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/runs"
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

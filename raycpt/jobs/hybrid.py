@@ -89,7 +89,7 @@ def plan_builds(cfg: ExperimentConfig, builds: Optional[list[str]] = None) -> li
         if b == "custom" and not hcfg.segments:
             raise RaycptError("hybrid.segments=[]: the custom build needs at least one segment "
                               "({donor, layers: [start, end)} or {new: KIND, count: N})")
-    return [plan_from_config(hcfg, b, cfg.model.ref, cfg.model.cache_dir) for b in dict.fromkeys(names)]
+    return [plan_from_config(hcfg, b, cfg.model.ref, cfg.model) for b in dict.fromkeys(names)]
 
 
 def build_one(plan, folder: Path, progress: bool = False) -> BuiltHybrid:

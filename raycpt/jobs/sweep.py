@@ -234,12 +234,9 @@ def model_depth(cfg: ExperimentConfig) -> int:
     """Number of decoder layers of the configured model, read from its config (no weights loaded)."""
     from transformers import AutoConfig
 
-    from raycpt.models.sources import resolve_model
+    from raycpt.models.sources import resolve_model_path
 
-    info = resolve_model(cfg.model.ref, cache_dir=cfg.model.cache_dir, progress=True)
-    if getattr(info, "num_layers", None):
-        return int(info.num_layers)
-    conf = AutoConfig.from_pretrained(info.path)
+    conf = AutoConfig.from_pretrained(resolve_model_path(cfg.model, progress=True))
     return int(getattr(conf, "num_hidden_layers", 0) or getattr(conf, "n_layer", 0))
 
 
