@@ -1,6 +1,6 @@
 """``raycpt compare``: layer-wise base-vs-tuned analysis (seed 002), with the heavy parts as Ray tasks.
 
-``run_compare(cfg, base, tuned, prompts=...)``:
+``run_compare(cfg, base, tuned)`` (settings: the config's ``compare`` section, which the CLI options set):
 
 1. resolves BASE and TUNED (model references, model folders, or run folders of ``raycpt train`` /
    sweep trials) and checks, before any Ray or MLflow work, that both have one architecture and one
@@ -21,6 +21,7 @@ nested MLflow run and one sub-folder per trial).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -427,96 +428,83 @@ def _sweep_pairs(sweep_dir: Path, cfg: ExperimentConfig) -> tuple[str, list[tupl
     return base_ref, pairs
 
 
-def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], prompts: Optional[str] = None,
-                sweep: Optional[str] = None, max_prompts: int = 64, max_len: int = 64,
-                swap_blocks: Optional[int] = None,
-                alpha: float = 1.0, batch_size: int = 8, resume: bool = False, console=None,
-                outlier_factor: float = 10.0) -> CompareResult:
-    """The ``raycpt compare`` command (see the module docstring)."""
-    from rich.progress import Progress
-
-    from raycpt.models.sources import load_model
-    from raycpt.runtime import ray_session
-    from raycpt.tracking import ensure_store, log_config, mlflow_run
-
-    t0 = time.time()
-    if alpha <= 0:
-        raise RaycptError(f"--alpha={alpha}: the Renyi order must be > 0 (1 = von Neumann)")
-    if outlier_factor < 0 or (0 < outlier_factor <= 1):
-        raise RaycptError(f"--outlier-factor={outlier_factor}: 0 (keep every token) or a factor > 1 of the median "
-                          "token norm")
-    if swap_blocks is not None and swap_blocks < 0:
-        raise RaycptError(f"--swap-blocks={swap_blocks}: must be >= 0 (0 = no swaps)")
+def _pairs(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str]):
+    """``(base label, [(name, base path, tuned path, tuned label)])``: BASE TUNED, or every trial of a sweep."""
     if sweep:
         if base or tuned:
             raise RaycptError("give either BASE TUNED or --sweep RUN, not both")
         base_ref, trial_pairs = _sweep_pairs(Path(sweep), cfg)
         base_path = resolve_ref(base_ref, cfg)
-        pairs = [(name, base_path, resolve_ref(p, cfg)) for name, p in trial_pairs]
-        base_label = base_ref
-    else:
-        if not base or not tuned:
-            raise RaycptError("compare needs BASE and TUNED (model references, model folders or run folders), "
-                              "or --sweep RUN")
-        base_path, tuned_path = resolve_ref(base, cfg), resolve_ref(tuned, cfg)
-        pairs = [("tuned", base_path, tuned_path)]
-        base_label = base
-    n = 0
-    for _, bp, tp in pairs:  # validate every pair before starting anything
-        _, n = check_pair(bp, tp)
-    if swap_blocks is None:
-        swap_blocks = min(5, n)
+        return base_ref, [(name, base_path, path, path) for name, path in
+                          ((name, resolve_ref(p, cfg)) for name, p in trial_pairs)]
+    if not base or not tuned:
+        raise RaycptError("compare needs BASE and TUNED (model references, model folders or run folders), "
+                          "or --sweep RUN")
+    return base, [("tuned", resolve_ref(base, cfg), resolve_ref(tuned, cfg), tuned)]
+
+
+def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str] = None,
+                resume: bool = False, console=None) -> CompareResult:
+    """The ``raycpt compare`` command (see the module docstring); settings in ``cfg.compare``."""
+    from rich.progress import Progress
+
+    from raycpt.models.sources import load_model
+    from raycpt.runtime import ray_session
+    from raycpt.tracking import log_config, mlflow_run
+
+    t0, c = time.time(), cfg.compare
+    base_label, pairs = _pairs(cfg, base, tuned, sweep)
+    n = max(check_pair(bp, tp)[1] for _, bp, tp, _ in pairs)  # validate every pair before starting anything
+    swap_blocks = min(5, n) if c.swap_blocks is None else c.swap_blocks
     if swap_blocks > n:
         raise RaycptError(f"--swap-blocks={swap_blocks}: more blocks than the model's {n} layers")
-    texts = load_prompt_texts(prompts, max_prompts)
-    _, tok = load_model(base_path, dtype="float32", device="cpu")
-    seqs = tokenize(tok, texts, max_len)
-
+    _, tok = load_model(pairs[0][1], dtype="float32", device="cpu")
+    seqs = tokenize(tok, load_prompt_texts(c.prompts, c.max_prompts), c.max_len)
     run_dir = open_run_dir(cfg, "compare", resume=resume)
-    ensure_store(cfg.tracking)
     result = CompareResult(run_dir=run_dir, rows=[])
     with mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "compare"}) as parent:
-        result.mlflow_run_id = parent.info.run_id
-        log_config(cfg)
         import mlflow
 
+        result.mlflow_run_id = parent.info.run_id
+        log_config(cfg)
         mlflow.log_params({"compare.base": base_label[:250], "compare.num_prompts": len(seqs),
-                           "compare.swap_blocks": swap_blocks, "compare.alpha": alpha,
-                           "compare.outlier_factor": outlier_factor,
-                           "compare.pairs": ",".join(p[0] for p in pairs)[:250]})
-        with ray_session(cfg.ray):
-            per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
-            with Progress(console=console, transient=True) as bar:
-                task = bar.add_task("compare (Ray tasks)", total=per_pair * len(pairs))
-                for name, bp, tp in pairs:
-                    out_dir = run_dir if len(pairs) == 1 and not sweep else run_dir / "trials" / name
-                    done_json = out_dir / "summary.json"
-                    if resume and done_json.is_file():
-                        data = json.loads(done_json.read_text())
-                        res = dict(rows=data["layers"], swaps=data["swaps"], base_score=data["base_score"],
-                                   tuned_score=data["tuned_score"])
-                        bar.advance(task, per_pair)
-                    else:
-                        res = compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, alpha, batch_size,
-                                           progress=lambda k: bar.advance(task, k), outlier_factor=outlier_factor)
-                    meta = dict(base=base_label, base_path=bp, tuned=tp if sweep else tuned, tuned_path=tp,
-                                trial=name, num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs),
-                                alpha=alpha, swap_blocks=swap_blocks, outlier_factor=outlier_factor, eval_tasks=cfg.eval.tasks,
-                                eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
-                    files = write_outputs(out_dir, res, base_label, tp if sweep else tuned, meta)
-                    if sweep:
-                        with mlflow_run(cfg.tracking, run_name=name, parent_run_id=parent.info.run_id,
-                                        tags={"raycpt.command": "compare", "raycpt.trial": name}):
-                            _log_pair(res, files, out_dir)
-                    else:
-                        _log_pair(res, files, out_dir)
-                    child = CompareResult(run_dir=out_dir, rows=res["rows"], swaps=res["swaps"],
-                                          base_score=res["base_score"], tuned_score=res["tuned_score"],
-                                          plots=[f for f in files if str(f).endswith(".png")])
-                    result.children.append(child)
+                           "compare.swap_blocks_used": swap_blocks, "compare.pairs": ",".join(p[0] for p in pairs)[:250]})
+        per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
+        with ray_session(cfg.ray), Progress(console=console, transient=True) as bar:
+            task = bar.add_task("compare (Ray tasks)", total=per_pair * len(pairs))
+            for name, bp, tp, label in pairs:
+                out_dir = run_dir if not sweep else run_dir / "trials" / name
+                res = _compare_or_reuse(cfg, bp, tp, seqs, out_dir, swap_blocks, resume,
+                                        lambda k: bar.advance(task, k), per_pair)
+                meta = dict(base=base_label, base_path=bp, tuned=label, tuned_path=tp, trial=name,
+                            num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs), alpha=c.alpha,
+                            swap_blocks=swap_blocks, outlier_factor=c.outlier_factor, eval_tasks=cfg.eval.tasks,
+                            eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
+                files = write_outputs(out_dir, res, base_label, label, meta)
+                with (mlflow_run(cfg.tracking, run_name=name, parent_run_id=parent.info.run_id,
+                                 tags={"raycpt.command": "compare", "raycpt.trial": name})
+                      if sweep else contextlib.nullcontext()):
+                    _log_pair(res, files, out_dir)
+                result.children.append(CompareResult(
+                    run_dir=out_dir, rows=res["rows"], swaps=res["swaps"], base_score=res["base_score"],
+                    tuned_score=res["tuned_score"], plots=[f for f in files if str(f).endswith(".png")]))
         result.wall_s = time.time() - t0
         mlflow.log_metric("wall_time_s", result.wall_s)
     first = result.children[0]
     result.rows, result.swaps = first.rows, first.swaps
     result.base_score, result.tuned_score, result.plots = first.base_score, first.tuned_score, first.plots
     return result
+
+
+def _compare_or_reuse(cfg, bp: str, tp: str, seqs, out_dir: Path, swap_blocks: int, resume: bool, advance,
+                      per_pair: int) -> dict:
+    """One pair's results: read back from its ``summary.json`` on resume, else computed on Ray."""
+    done_json = out_dir / "summary.json"
+    if resume and done_json.is_file():
+        data = json.loads(done_json.read_text())
+        advance(per_pair)
+        return dict(rows=data["layers"], swaps=data["swaps"], base_score=data["base_score"],
+                    tuned_score=data["tuned_score"])
+    c = cfg.compare
+    return compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, c.alpha, c.batch_size, progress=advance,
+                        outlier_factor=c.outlier_factor)
