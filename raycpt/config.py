@@ -411,7 +411,8 @@ class CompareConfig:
     """``raycpt compare``: base vs tuned per layer (its CLI options override these)."""
 
     prompts: Optional[str] = None
-    """Prompt set: .jsonl of {text} or {s1, s2}, .txt (one per line) or builtin:wordnet-lexical; null = WordNet glosses."""
+    """Prompt set: .jsonl of {text} or {s1, s2}, .txt (one per line) or builtin:wordnet-lexical;
+    null = WordNet glosses."""
     max_prompts: int = 64
     """Prompts used for the representation metrics."""
     max_len: int = 64

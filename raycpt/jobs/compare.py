@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from raycpt.config import ExperimentConfig
+from raycpt.diagnostics.contribution import primary_score  # noqa: F401 - re-exported
+from raycpt.diagnostics.texts import load_prompt_texts, tokenize  # noqa: F401 - load_prompt_texts re-exported
 from raycpt.errors import RaycptError
-from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir
+from raycpt.report.compare import build_rows, write_outputs
+from raycpt.runs import open_run_dir
 
 
 # ------------------------------------------------------------------------------------- references
@@ -107,98 +109,6 @@ def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
     return ta, int(na)
 
 
-# ------------------------------------------------------------------------------------- prompts
-def _wordnet_gloss_texts(limit: int) -> list[str]:
-    """Fallback prompt set: WordNet glosses (Debian wordnet-base), the same number from each part of speech."""
-    per_pos: list[list[str]] = []
-    for pos in ("noun", "verb", "adj", "adv"):
-        f = Path("/usr/share/wordnet") / f"data.{pos}"
-        got: list[str] = []
-        if f.is_file():
-            with f.open(encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if line.startswith("  ") or "|" not in line:
-                        continue
-                    gloss = line.split("|", 1)[1].split(";")[0].strip()
-                    if len(gloss) > 20:
-                        got.append(gloss)
-                    if len(got) >= limit:
-                        break
-        per_pos.append(got)
-    texts = [t for group in zip(*[g for g in per_pos if g]) for t in group] if any(per_pos) else []
-    return texts[:limit]
-
-
-def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
-    """Prompt texts from ``spec``: a JSONL of {text} or {s1, s2} or {prompt}, a .txt (one per line),
-    ``builtin:wordnet-glosses``, or the trace prompt set name (when the prompts module knows it)."""
-    if limit < 2:
-        raise RaycptError(f"--max-prompts={limit}: need at least 2 prompts (dataset entropy compares samples)")
-    if spec is None or spec == "builtin:wordnet-glosses":
-        texts = _wordnet_gloss_texts(limit)
-        if len(texts) < 2:
-            raise RaycptError("no default prompts: WordNet (/usr/share/wordnet) is missing; give --prompts FILE")
-        return texts
-    p = Path(spec).expanduser()
-    if not p.is_file():
-        try:  # a named prompt set of the trace module (builtin:wordnet-lexical, ...)
-            from raycpt.diagnostics import prompts as P  # noqa: F401
-
-            recs = P.load_prompt_records(spec)
-            return [_record_text(r) for r in recs][:limit]
-        except (ImportError, AttributeError):
-            pass
-        raise RaycptError(f"--prompts {spec}: file not found (expected a .jsonl of {{text}} or {{s1, s2}} records, "
-                          "or a .txt with one prompt per line)")
-    texts: list[str] = []
-    if p.suffix == ".jsonl":
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise RaycptError(f"--prompts {p}: line {i} is not valid JSON") from None
-            t = _record_text(rec)
-            if not t:
-                raise RaycptError(f"--prompts {p}: line {i} has none of the fields text, prompt, s1/s2")
-            texts.append(t)
-    else:
-        texts = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    texts = texts[:limit]
-    if len(texts) < 2:
-        raise RaycptError(f"--prompts {p}: found {len(texts)} prompt(s); need at least 2")
-    return texts
-
-
-def _record_text(rec: Any) -> str:
-    if isinstance(rec, str):
-        return rec
-    if not isinstance(rec, dict):
-        import dataclasses
-
-        rec = dataclasses.asdict(rec) if dataclasses.is_dataclass(rec) else getattr(rec, "__dict__", {})
-    if rec.get("text"):
-        return str(rec["text"])
-    if rec.get("prompt"):
-        return str(rec["prompt"])
-    if rec.get("s2") is not None:
-        return f"{rec.get('s1') or ''}{rec['s2']}"
-    return ""
-
-
-def tokenize(tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
-    """Token ids per text (the tokenizer's own special tokens), cut to ``max_len``; empty ones dropped."""
-    out = []
-    for t in texts:
-        ids = tokenizer(t, add_special_tokens=True)["input_ids"][:max_len]
-        if len(ids) >= 3:
-            out.append(list(ids))
-    if len(out) < 2:
-        raise RaycptError("fewer than 2 prompts left after tokenising (each needs >= 3 tokens)")
-    return out
-
-
 # ------------------------------------------------------------------------------------- Ray tasks
 def _torch_threads(n: Optional[int] = None) -> None:
     import os
@@ -235,17 +145,6 @@ def weights_task(base_path: str, tuned_path: str):
     a, _ = load_model(base_path, dtype="float32", device="cpu")
     b, _ = load_model(tuned_path, dtype="float32", device="cpu")
     return weight_change(a, b)
-
-
-def primary_score(cells: dict[str, float], eval_cfg) -> tuple[str, float]:
-    """The one number a model is judged by: ``<first task>/overall/<first mode>`` (accuracy over all
-    questions, percent), else that task's ``average``, else the mean of all cells."""
-    task, mode = eval_cfg.tasks[0], eval_cfg.modes[0]
-    for key in (f"{task}/overall/{mode}", f"{task}/average/{mode}"):
-        if key in cells:
-            return key, float(cells[key])
-    vals = [float(v) for v in cells.values() if isinstance(v, (int, float))]
-    return "mean", (sum(vals) / len(vals) if vals else float("nan"))
 
 
 def evaluate_cells(model_or_path, tokenizer, eval_cfg, out_dir: Path, name: str) -> dict[str, float]:
@@ -292,23 +191,6 @@ class CompareResult:
     wall_s: float = 0.0
     mlflow_run_id: Optional[str] = None
     children: list["CompareResult"] = field(default_factory=list)
-
-
-def build_rows(pair: list[dict], base_m: list[dict], tuned_m: list[dict], wc: list[dict]) -> list[dict]:
-    """One table row per layer from the pieces the tasks returned."""
-    n = len(pair)
-    rows = []
-    for l in range(n):
-        r: dict[str, Any] = {"layer": l, "depth": round((l + 0.5) / n, 4)}
-        r.update(pair[l])
-        for k in ("prompt_entropy", "dataset_entropy", "effective_rank", "probe_accuracy", "massive_tokens"):
-            r[f"{k}_base"] = base_m[l][k]
-            r[f"{k}_tuned"] = tuned_m[l][k]
-        for k in ("q", "k", "v", "o", "attn", "mlp", "ssm", "total", "rel_attn", "rel_mlp", "rel_total"):
-            if k in wc[l]:
-                r[f"wc_{k}"] = wc[l][k]
-        rows.append(r)
-    return rows
 
 
 def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: list[list[int]], out_dir: Path,
@@ -359,34 +241,6 @@ def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: l
             swaps.append(dict(block=j, direction=d, layers=res["layers"], score=res["score"],
                               score_key=res["score_key"], wall_s=round(res["wall_s"], 2)))
     return dict(rows=rows, swaps=swaps, base_score=base_score, tuned_score=tuned_score, num_tasks=len(refs))
-
-
-def write_outputs(out_dir: Path, res: dict, base_label: str, tuned_label: str, meta: dict) -> list[Path]:
-    """Tables, plots and summary of one pair into ``out_dir``; returns the written files."""
-    from raycpt.report.compare import markdown_table, plot_compare, plot_swaps, write_csv
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = [write_csv(res["rows"], out_dir / "layers.csv")]
-    cols = ["layer", "depth", "cka", "cosine", "mean_shift", "wc_attn", "wc_mlp", "prompt_entropy_base",
-            "prompt_entropy_tuned", "dataset_entropy_base", "dataset_entropy_tuned", "effective_rank_base",
-            "effective_rank_tuned", "probe_accuracy_base", "probe_accuracy_tuned"]
-    cols = [c for c in cols if c in res["rows"][0]]
-    md = f"# compare\n\nbase: `{base_label}`  \ntuned: `{tuned_label}`\n\n" + markdown_table(res["rows"], cols)
-    if res["swaps"]:
-        files.append(write_csv(res["swaps"], out_dir / "swaps.csv"))
-        md += (f"\n## Layer swap ({res['swaps'][0]['score_key']})\n\nbase {res['base_score']:.4f}, "
-               f"tuned {res['tuned_score']:.4f}\n\n" + markdown_table(res["swaps"],
-                                                                       ["block", "layers", "direction", "score"]))
-    files.append(atomic_write_text(out_dir / "layers.md", md))
-    plots = plot_compare(res["rows"], out_dir / "plots", "base", "tuned",
-                         title=f"{Path(base_label).name} vs {Path(tuned_label).name}")
-    if res["swaps"]:
-        plots.append(plot_swaps(res["swaps"], res["base_score"], res["tuned_score"], out_dir / "plots" / "swap.png"))
-    files += plots
-    summary = dict(meta, base_score=res["base_score"], tuned_score=res["tuned_score"], swaps=res["swaps"],
-                   layers=res["rows"])
-    files.append(atomic_write_json(out_dir / "summary.json", summary))
-    return files
 
 
 def _log_pair(res: dict, files: list[Path], out_dir: Path) -> None:
@@ -446,9 +300,8 @@ def _pairs(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], swe
 def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str] = None,
                 resume: bool = False, console=None) -> CompareResult:
     """The ``raycpt compare`` command (see the module docstring); settings in ``cfg.compare``."""
-    from rich.progress import Progress
-
     from raycpt.models.sources import load_model
+    from raycpt.report.progress import count_progress
     from raycpt.runtime import ray_session
     from raycpt.tracking import log_config, mlflow_run
 
@@ -468,14 +321,14 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
         result.mlflow_run_id = parent.info.run_id
         log_config(cfg)
         mlflow.log_params({"compare.base": base_label[:250], "compare.num_prompts": len(seqs),
-                           "compare.swap_blocks_used": swap_blocks, "compare.pairs": ",".join(p[0] for p in pairs)[:250]})
+                           "compare.swap_blocks_used": swap_blocks,
+                           "compare.pairs": ",".join(p[0] for p in pairs)[:250]})
         per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
-        with ray_session(cfg.ray), Progress(console=console, transient=True) as bar:
-            task = bar.add_task("compare (Ray tasks)", total=per_pair * len(pairs))
+        with ray_session(cfg.ray), count_progress("compare", per_pair * len(pairs), unit="Ray tasks", console=console,
+                                                  transient=True) as advance:
             for name, bp, tp, label in pairs:
                 out_dir = run_dir if not sweep else run_dir / "trials" / name
-                res = _compare_or_reuse(cfg, bp, tp, seqs, out_dir, swap_blocks, resume,
-                                        lambda k: bar.advance(task, k), per_pair)
+                res = _compare_or_reuse(cfg, bp, tp, seqs, out_dir, swap_blocks, resume, advance, per_pair)
                 meta = dict(base=base_label, base_path=bp, tuned=label, tuned_path=tp, trial=name,
                             num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs), alpha=c.alpha,
                             swap_blocks=swap_blocks, outlier_factor=c.outlier_factor, eval_tasks=cfg.eval.tasks,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycpt.config import ExperimentConfig, config_with
+from raycpt.diagnostics.contribution import answers_of, gold_prob_of, primary_score
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import Grid, ParentRun, Trial, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
@@ -41,7 +42,6 @@ class ScanTrial:
 
     def run(self, trial: Trial) -> dict:
         """Train (unless base), evaluate and measure this trial under its child run."""
-        from raycpt.jobs.compare import primary_score
         from raycpt.train.launch import final_evaluation
         from raycpt.train.loop import EvalRequest
 
@@ -63,10 +63,10 @@ class ScanTrial:
         cells = ev.metrics()
         key, score = primary_score(cells, tcfg.eval)
         l2 = layer_l2(base_path, model_dir) if self.kind != "base" else None
-        gp = gold_prob_of(ev.questions.get(tcfg.eval.tasks[0], []))
+        questions = ev.questions.get(tcfg.eval.tasks[0], [])
         result = {"name": self.name, "kind": self.kind, "layer": self.layer, "score": score, "score_key": key,
-                  "gold_prob": gp, "heldout_loss": heldout, "cells": cells, "answers": answers_of(ev, tcfg.eval),
-                  "l2": l2, "model_dir": model_dir, "wall_s": run.elapsed, "mlflow_run_id": run.run_id, **info}
+                  "gold_prob": gold_prob_of(questions), "heldout_loss": heldout, "cells": cells,
+                  "answers": answers_of(questions, tcfg.eval.modes[0]), "l2": l2, "model_dir": model_dir, "wall_s": run.elapsed, "mlflow_run_id": run.run_id, **info}
         self._log(trial, result)
         if self.kind != "base" and not tcfg.contribution.keep_models:
             shutil.rmtree(trial.dir / "train" / "ray", ignore_errors=True)
@@ -110,28 +110,6 @@ def scan_trial_config(cfg: ExperimentConfig, spec: ScanTrial) -> ExperimentConfi
     """The config of one trial: the scan config with plan ``full`` or ``single`` at the trial's layer."""
     return config_with(cfg, {"plan.name": "single", "plan.layer": spec.layer} if spec.kind == "single"
                        else {"plan.name": "full"})
-
-
-# ------------------------------------------------------------------------------------- measures
-def answers_of(ev, eval_cfg) -> dict[str, dict]:
-    """Per-question ``{pred, gold, correct}`` of the first task in the first mode of an EvalResult."""
-    task, mode = eval_cfg.tasks[0], eval_cfg.modes[0]
-    out = {}
-    for q in ev.questions.get(task, []):
-        rec = q.get(mode)
-        if rec:
-            pred = rec.get("prediction") if mode == "logit" else rec.get("extracted")
-            out[str(q["id"])] = {"pred": pred, "gold": q.get("gold"), "correct": bool(rec.get("correct"))}
-    return out
-
-
-def gold_prob_of(questions: list[dict]) -> Optional[float]:
-    """Mean probability (percent) of the gold letter among A-D in logit mode; None without logit records."""
-    from raycpt.diagnostics.contribution import gold_probability
-
-    vals = [gold_probability(q["logit"]["logprobs"], "ABCD".index(q["gold"])) for q in questions
-            if q.get("logit") and q["logit"].get("logprobs") and q.get("gold") in "ABCD"]
-    return 100.0 * sum(vals) / len(vals) if vals else None
 
 
 def trial_score(trial: dict, metric: str, run_dir: Path, task: str) -> float:
@@ -207,9 +185,9 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
     grid = Grid("contribution", scan_trials(layers), shared=shared, cpus=c.cpus_per_trial,
                 data_cpus=c.data_cpus_per_trial, max_concurrent=c.max_concurrent_trials, max_steps=cfg.train.max_steps,
                 params={"num_layers": n, "scan_layers": ",".join(map(str, layers))[:500]})
-    with ParentRun(cfg, run_dir, "contribution", grid.params, [s.name for s in grid.specs]) as parent:
+    with ParentRun(cfg, run_dir, grid) as parent:
         with ray_session(cfg.ray):
-            trials = run_grid(cfg, run_dir, grid, resume=resume, console=console, parent=parent)
+            trials = run_grid(parent, resume=resume, console=console)
         analysis, trials, ranking_file, files = _analyze(cfg, run_dir, trials, n, against)
         wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)
         _log_scan(parent, analysis, files, wall)

@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+from unittest import mock
 
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
@@ -47,32 +48,21 @@ class GridIncomplete(RaycptError):
 
 @dataclass
 class Grid:
-    """What a job asks of the driver."""
+    """What a job asks of the driver: its trials (typed specs: frozen dataclasses with ``name`` and
+    ``run(trial) -> dict``) and where and how they run."""
 
-    command: str
-    """``sweep``, ``contribution``, ``hybrid``: the MLflow ``raycpt.command`` tag and the message prefix."""
+    command: str  # sweep, contribution, hybrid: the MLflow ``raycpt.command`` tag and the message prefix
     specs: list
-    """Typed trial specs: frozen dataclasses with ``name`` and ``run(trial) -> dict``."""
-    params: dict = field(default_factory=dict)
-    """Parameters of the parent run (besides the config)."""
-    shared: dict = field(default_factory=dict)
-    """JSON-able values every trial gets (``trial.shared``), e.g. the held-out blocks file."""
-    folder: str = "trials"
-    """Trials live in ``<run_dir>/<folder>/<name>``."""
-    meta_file: str = "trial.json"
-    """The file in a trial's folder that keeps its MLflow run id."""
-    name_tag: str = "raycpt.trial"
-    """The child run's tag holding the trial name."""
-    cpus: float = 1.0
-    """CPUs of the trial driver's bundle (Tune only)."""
-    data_cpus: float = 0.0
-    """CPUs of the second bundle for the Ray Data tasks a trial launches (Tune only; 0 = none)."""
-    max_concurrent: int = 1
-    """Tune trials running at once."""
-    inline: bool = False
-    """Run the trials one after the other in this process instead of as Tune trials."""
-    max_steps: int = 0
-    """Steps per trial, for the progress line."""
+    params: dict = field(default_factory=dict)  # parameters of the parent run (besides the config)
+    shared: dict = field(default_factory=dict)  # JSON-able values every trial gets, e.g. the held-out blocks file
+    folder: str = "trials"  # trials live in <run_dir>/<folder>/<name>
+    meta_file: str = "trial.json"  # the file in a trial's folder that keeps its MLflow run id
+    name_tag: str = "raycpt.trial"  # the child run's tag holding the trial name
+    cpus: float = 1.0  # CPUs of the trial driver's bundle (Tune only)
+    data_cpus: float = 0.0  # CPUs of a second bundle for the Ray Data tasks a trial launches (0 = none)
+    max_concurrent: int = 1  # Tune trials running at once
+    inline: bool = False  # run the trials one after the other in this process instead of as Tune trials
+    max_steps: int = 0  # steps per trial, for the progress line
 
 
 @dataclass
@@ -103,33 +93,33 @@ class Trial:
 class ParentRun:
     """The parent MLflow run of a grid job, its id kept in the run folder's ``state.json``.
 
-    Created (with the config, ``params`` and the trial names) or, on resume, set RUNNING again. As a
+    Created (with the config, ``grid.params`` and the trial names) or, on resume, set RUNNING again. As a
     context manager it ends FINISHED on success; on an error it first ends every child run still
     RUNNING (:func:`end_unfinished`), then itself: KILLED for Ctrl-C or an interrupted grid, else FAILED."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, command: str, params: dict, trials: list[str],
-                 folder: str = "trials", meta_file: str = "trial.json"):
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, grid: Grid):
         from mlflow.tracking import MlflowClient
 
         from raycpt.tracking import ensure_store
 
-        self.cfg, self.run_dir, self.folder, self.meta_file = cfg, Path(run_dir), folder, meta_file
+        self.cfg, self.run_dir, self.grid = cfg, Path(run_dir), grid
+        trials = [s.name for s in grid.specs]
         self.experiment_id = ensure_store(cfg.tracking)
         self.client = MlflowClient()
         state = read_state(run_dir)
         self.created = not state.get("parent_run_id")
         if self.created:
             run = self.client.create_run(self.experiment_id, run_name=self.run_dir.name,
-                                         tags={"raycpt.command": command, "raycpt.run_dir": str(run_dir)})
+                                         tags={"raycpt.command": grid.command, "raycpt.run_dir": str(run_dir)})
             self.run_id = run.info.run_id
-            write_state(run_dir, command=command, parent_run_id=self.run_id, trials=trials)
+            write_state(run_dir, command=grid.command, parent_run_id=self.run_id, trials=trials)
             with self.active():
                 from raycpt.tracking import log_config
 
                 log_config(cfg)
                 import mlflow
 
-                mlflow.log_params({"trials": ",".join(trials)[:500], **params})
+                mlflow.log_params({"trials": ",".join(trials)[:500], **grid.params})
         else:
             self.run_id = state["parent_run_id"]
         self.client.update_run(self.run_id, status="RUNNING")
@@ -152,7 +142,7 @@ class ParentRun:
             self.client.set_terminated(self.run_id, status="FINISHED")
             return False
         status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else getattr(exc, "status", "FAILED")
-        end_unfinished(self.client, self.run_dir / self.folder, status, self.meta_file)
+        end_unfinished(self.client, self.run_dir / self.grid.folder, status, self.grid.meta_file)
         if self.client.get_run(self.run_id).info.status == "RUNNING":
             self.client.set_terminated(self.run_id, status=status)
         return False
@@ -208,12 +198,12 @@ def tune_trainable(config: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------- the driver
-def run_grid(cfg: ExperimentConfig, run_dir: Path, grid: Grid, resume: bool = False, console=None,
-             parent: Optional[ParentRun] = None) -> dict[str, dict]:
-    """Run every trial of ``grid`` (Ray must be up) and return ``{name: result}`` in spec order.
+def run_grid(parent: ParentRun, resume: bool = False, console=None) -> dict[str, dict]:
+    """Run every trial of ``parent.grid`` (Ray must be up) and return ``{name: result}`` in spec order.
 
     Raises :class:`GridIncomplete` (one line ending in "continue with --resume") when a trial did not
-    finish; the caller's :class:`ParentRun` then ends the parent and the unfinished children."""
+    finish; the :class:`ParentRun` then ends itself and the unfinished children."""
+    cfg, run_dir, grid = parent.cfg, parent.run_dir, parent.grid
     names = [s.name for s in grid.specs]
     space = {"cfg": config_to_dict(cfg), "spec_type": type(grid.specs[0]), "trials_root": str(run_dir / grid.folder),
              "parent_run_id": parent.run_id, "shared": grid.shared, "command": grid.command,
@@ -263,7 +253,9 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
                                         trial_name_creator=lambda t: t.config["spec"]["name"]),
             run_config=tune.RunConfig(name="tune", storage_path=str(run_dir), verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=1)))
-    with _quiet_tune_output(), TrialsProgress(run_dir / grid.folder, [s.name for s in grid.specs], grid.max_steps,
+    # Tune's console reporter off (verbose=0 alone still prints its experiment box and paths): the grid shows
+    # its own per-trial progress, and the Tune results stay under <run>/tune
+    with mock.patch.dict(os.environ, {"RAY_AIR_NEW_OUTPUT": "0"}), TrialsProgress(run_dir / grid.folder, [s.name for s in grid.specs], grid.max_steps,
                                               console):
         result_grid = tuner.fit()
     results, errors = {}, {}
@@ -275,21 +267,6 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
             lines = [ln for ln in str(r.error).splitlines() if ln.strip()]
             errors[name] = lines[-1][:200] if lines else type(r.error).__name__
     return results, errors
-
-
-@contextlib.contextmanager
-def _quiet_tune_output():
-    """Tune's console reporter off (``verbose=0`` alone still prints its experiment box and paths):
-    the grid shows its own per-trial progress, and the Tune results stay under ``<run>/tune``."""
-    old = os.environ.get("RAY_AIR_NEW_OUTPUT")
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
-        else:
-            os.environ["RAY_AIR_NEW_OUTPUT"] = old
 
 
 # ------------------------------------------------------------------------------------- trial helpers

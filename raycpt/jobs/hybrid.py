@@ -228,9 +228,9 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
     grid = Grid("hybrid", [HybridBuild(p.name, f"{display_name(p)} ({p.name})") for p in plans],
                 shared={"progress": progress}, folder="builds", meta_file="build.json", name_tag="raycpt.build",
                 inline=True)
-    with ParentRun(cfg, run_dir, "hybrid", {}, [p.name for p in plans], "builds", "build.json") as parent:
+    with ParentRun(cfg, run_dir, grid) as parent:
         with ray_session(cfg.ray):
-            results = list(run_grid(cfg, run_dir, grid, resume=resume, console=console, parent=parent).values())
+            results = list(run_grid(parent, resume=resume, console=console).values())
         evals = [EvalResult.from_dict(r["eval"]) for r in results]
         paths = write_results(evals, run_dir, stem="hybrid")
         text = table_text(evals)

@@ -123,11 +123,11 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
     shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", blocks)) if blocks else None}
     grid = Grid("sweep", specs, params={"num_layers": num_layers}, shared=shared, cpus=s.cpus_per_trial,
                 data_cpus=s.data_cpus_per_trial, max_concurrent=s.max_concurrent_trials, max_steps=cfg.train.max_steps)
-    with ParentRun(cfg, run_dir, "sweep", grid.params, [t.name for t in specs]) as parent, ray_session(cfg.ray):
+    with ParentRun(cfg, run_dir, grid) as parent, ray_session(cfg.ray):
         trace = None
         if s.trace_first:
             trace = _trace_once(cfg, run_dir, sorted({t.split for t in specs if t.split is not None}), parent.run_id)
-        trials = list(run_grid(cfg, run_dir, grid, resume=resume, console=console, parent=parent).values())
+        trials = list(run_grid(parent, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=num_layers, parent_run_id=parent.run_id,
                                 tracking=cfg.tracking)
         write_state(run_dir, done=True)
