@@ -210,15 +210,16 @@ def run_grid(parent: ParentRun, resume: bool = False, console=None) -> dict[str,
              "meta_file": grid.meta_file, "name_tag": grid.name_tag}
     if console is not None:
         console.print(f"{grid.command}: {len(names)} trials ({', '.join(names)}) -> {run_dir}")
+    results: dict[str, dict] = {}
+    errors: dict[str, str] = {}
     try:
         if grid.inline:
-            results = {s.name: run_trial({**space, "spec": dataclasses.asdict(s), "console": console})
-                       for s in grid.specs}
-            errors = {}
+            for s in grid.specs:
+                results[s.name] = run_trial({**space, "spec": dataclasses.asdict(s), "console": console})
         else:
             results, errors = _fit(run_dir, grid, space, resume, console)
-    except KeyboardInterrupt:
-        results, errors = {}, {}
+    except KeyboardInterrupt:  # Ctrl-C: the unfinished trials end KILLED, and one line says how to go on
+        pass
     missing = [n for n in names if n not in results]
     if missing:
         status = "FAILED" if errors else "KILLED"  # no trial error: Tune (or the user) stopped the grid
