@@ -30,6 +30,7 @@ from raycpt.diagnostics.contribution import answers_of, gold_prob_of, primary_sc
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import Grid, ParentRun, Trial, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
+from raycpt.tracking import log_metrics
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,6 @@ class ScanTrial:
 
     @staticmethod
     def _log(trial: Trial, r: dict) -> None:
-        from raycpt.tracking import log_metrics
-
         nan = float("nan")
         with trial.logging():
             log_metrics({**r["cells"], "score": r["score"], "wall_time_s": r["wall_s"], "gold_prob": r["gold_prob"]
@@ -218,8 +217,6 @@ def _analyze(cfg: ExperimentConfig, run_dir: Path, trials: dict[str, dict], n: i
 
 def _log_scan(parent: ParentRun, a: dict, files: list[Path], wall: float) -> None:
     import mlflow
-
-    from raycpt.tracking import log_metrics
 
     summary = {k: a[k] for k in ("num_above", "band_mean", "outside_mean", "base_score", "full_score")}
     summary["wall_time_s"] = wall

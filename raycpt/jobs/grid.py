@@ -33,6 +33,7 @@ from unittest import mock
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
 from raycpt.runs import atomic_write_json, read_state, write_state
+from raycpt.tracking import ChildRun, ensure_store, log_config
 
 RESULT = "result.json"
 
@@ -98,9 +99,8 @@ class ParentRun:
     RUNNING (:func:`end_unfinished`), then itself: KILLED for Ctrl-C or an interrupted grid, else FAILED."""
 
     def __init__(self, cfg: ExperimentConfig, run_dir: Path, grid: Grid):
+        import mlflow
         from mlflow.tracking import MlflowClient
-
-        from raycpt.tracking import ensure_store
 
         self.cfg, self.run_dir, self.grid = cfg, Path(run_dir), grid
         trials = [s.name for s in grid.specs]
@@ -114,11 +114,7 @@ class ParentRun:
             self.run_id = run.info.run_id
             write_state(run_dir, command=grid.command, parent_run_id=self.run_id, trials=trials)
             with self.active():
-                from raycpt.tracking import log_config
-
                 log_config(cfg)
-                import mlflow
-
                 mlflow.log_params({"trials": ",".join(trials)[:500], **grid.params})
         else:
             self.run_id = state["parent_run_id"]
@@ -169,8 +165,6 @@ def run_trial(config: dict) -> dict:
     """One trial from its ``param_space`` entry (in a Tune trial, or inline): rebuild and validate the
     config and the spec, skip a finished trial, open its child run, run the body, keep its result."""
     from mlflow.tracking import MlflowClient
-
-    from raycpt.tracking import ChildRun, ensure_store
 
     cfg = config_from_dict(config["cfg"])
     spec = config["spec_type"](**config["spec"])

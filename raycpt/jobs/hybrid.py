@@ -39,6 +39,7 @@ from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import Grid, ParentRun, Trial, run_grid, train_and_evaluate
 from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir, read_state, write_state
+from raycpt.tracking import log_metrics
 
 SEGMENT_MAP = "segment_map.json"
 
@@ -192,8 +193,6 @@ def _log_build_params(run, built: BuiltHybrid) -> None:
 def _log_build(trial: Trial, result: dict) -> None:
     import mlflow
 
-    from raycpt.tracking import log_metrics
-
     with trial.logging():
         log_metrics({**result["metrics"], "final_loss": result["final_loss"], "hybrid_wall_s": result["wall_s"]})
         for p in result["trace"]["paths"].values():
@@ -253,8 +252,6 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
 
 def _log_run(parent: ParentRun, results: list[dict], files: list, wall: float) -> None:
     import mlflow
-
-    from raycpt.tracking import log_metrics
 
     with parent.active():
         log_metrics({f"{r['build']}/{k}": v for r in results for k, v in r["metrics"].items()})

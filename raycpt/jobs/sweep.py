@@ -21,6 +21,7 @@ from raycpt.errors import RaycptError
 from raycpt.jobs.grid import Grid, ParentRun, Trial, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.runs import atomic_write_json, open_run_dir, write_state
 from raycpt.splits import check_split
+from raycpt.tracking import log_metrics
 
 SPLIT_STRATEGIES = ("train_shallow", "train_deep")
 
@@ -38,8 +39,6 @@ class TrialSpec:
 
     def run(self, trial: Trial) -> dict:
         """Train and evaluate this trial under its child run (in a Tune trial, or called directly)."""
-        from raycpt.tracking import log_metrics
-
         run = trial.run
         if run.created:
             for k, v in {"strategy": self.strategy, "split": self.split, "b": self.b, "seed": trial.cfg.train.seed,
