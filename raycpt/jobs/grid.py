@@ -250,8 +250,8 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
                                       failure_config=tune.FailureConfig(max_failures=1)))
     # Tune's console reporter off (verbose=0 alone still prints its experiment box and paths): the grid shows
     # its own per-trial progress, and the Tune results stay under <run>/tune
-    with mock.patch.dict(os.environ, {"RAY_AIR_NEW_OUTPUT": "0"}), TrialsProgress(run_dir / grid.folder, [s.name for s in grid.specs], grid.max_steps,
-                                              console):
+    progress = TrialsProgress(run_dir / grid.folder, [s.name for s in grid.specs], grid.max_steps, console)
+    with mock.patch.dict(os.environ, {"RAY_AIR_NEW_OUTPUT": "0"}), progress:
         result_grid = tuner.fit()
     results, errors = {}, {}
     for r in result_grid:

@@ -55,7 +55,8 @@ def write_outputs(run_dir: Path, a: dict, trials: dict[str, dict], n: int, s) ->
     summary["l2_single"] = {str(k): v for k, v in a["l2_single"].items()}
     summary["l2_full"] = {str(k): v for k, v in a["l2_full"].items()}
     if "jaccard" in summary:
-        summary["jaccard"] = {**a["jaccard"], "newly_solved": {str(k): v for k, v in a["jaccard"]["newly_solved"].items()}}
+        solved = {str(k): v for k, v in a["jaccard"]["newly_solved"].items()}
+        summary["jaccard"] = {**a["jaccard"], "newly_solved": solved}
     summary["trials"] = {k: {kk: vv for kk, vv in t.items() if kk not in ("answers", "cells")}
                          for k, t in trials.items()}
     files.append(atomic_write_json(run_dir / "summary.json", summary))
