@@ -24,7 +24,12 @@ from typing import Any, Literal, Optional, Union
 import yaml
 
 from raycpt.errors import ConfigError, RaycptError
-from raycpt.strategies import PLANS
+
+
+PLANS: dict[str, Any] = {}
+"""The plan registry, filled by ``@register_plan`` in :mod:`raycpt.strategies` (which the package root imports,
+so it is complete before any config is built): ``plan.name`` is checked against it, and a new plan is one
+decorated function."""
 
 
 def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
@@ -105,7 +110,7 @@ class TraceConfig:
 @dataclass
 class PlanConfig:
     name: str = "train_shallow"
-    """Layer plan: a name of the ``@register_plan`` registry (``raycpt.strategies.PLANS``; see ``raycpt plan show``)."""
+    """Layer plan: a name of the ``@register_plan`` registry (see ``raycpt plan show``)."""
     split: float = 0.5
     """Split ratio r for train_shallow / train_deep: shallow = layers [0, round(r*N))."""
     pattern: str = ""
@@ -527,6 +532,12 @@ def _coerce(value: Any, tp, name: str):
         if not isinstance(value, dict):
             raise ConfigError(name, value, _type_name(tp))
         return {_coerce(k, kt, f"{name}.{k}"): _coerce(v, vt, f"{name}.{k}") for k, v in value.items()}
+    return _coerce_scalar(value, tp, name)
+
+
+def _coerce_scalar(value: Any, tp, name: str):
+    """``value`` as ``tp`` when that is bool, int, float, str or a plain dict (strings from overrides are
+    parsed); any other ``tp`` passes ``value`` through. ConfigError(name, value, allowed) otherwise."""
     if tp is bool:
         if isinstance(value, bool):
             return value

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from raycpt.config import PLANS as CONFIG_PLANS
 from raycpt.errors import RaycptError
 from raycpt.splits import check_split, split_index  # noqa: F401 - split_index re-exported
 
@@ -90,14 +91,6 @@ class LayerPlan:
             return self.num_layers
         return None
 
-    @property
-    def frozen_prefix(self) -> int:
-        """How many layers below the first trainable module are frozen (they run without autograd)."""
-        f = self.first_trainable
-        if f is None:
-            return self.num_layers
-        return max(0, f)
-
     def describe(self) -> str:
         parts = [f"{self.name}: {len(self.trainable_layers)}/{self.num_layers} layers train [{self.layer_map()}]"]
         extra = [n for n, on in (("embeddings", self.train_embeddings), ("final_norm", self.train_final_norm),
@@ -138,7 +131,7 @@ class PlanSpec:
     train_head: Optional[bool] = None
 
 
-PLANS: dict[str, Callable[[Any, int], PlanSpec]] = {}
+PLANS: dict[str, Callable[[Any, int], PlanSpec]] = CONFIG_PLANS  # the one registry, which the config checks
 
 
 def register_plan(name: str):
@@ -441,7 +434,7 @@ def write_ranking(path, model: str, num_layers: int, scores: dict[int, float], m
 
     ``ranking`` is sorted by score, highest first (ties: lower layer first; NaN last); it may list a
     subset of the layers. Written atomically."""
-    from raycpt.runs import atomic_write_json
+    from raycpt.io import atomic_write_json
 
     def key(item):
         i, s = item

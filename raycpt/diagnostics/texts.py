@@ -13,34 +13,13 @@ from raycpt.diagnostics import prompts as P
 from raycpt.errors import RaycptError
 
 
-def _wordnet_gloss_texts(limit: int) -> list[str]:
-    """Fallback prompt set: WordNet glosses (Debian wordnet-base), the same number from each part of speech."""
-    per_pos: list[list[str]] = []
-    for pos in ("noun", "verb", "adj", "adv"):
-        f = Path("/usr/share/wordnet") / f"data.{pos}"
-        got: list[str] = []
-        if f.is_file():
-            with f.open(encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if line.startswith("  ") or "|" not in line:
-                        continue
-                    gloss = line.split("|", 1)[1].split(";")[0].strip()
-                    if len(gloss) > 20:
-                        got.append(gloss)
-                    if len(got) >= limit:
-                        break
-        per_pos.append(got)
-    texts = [t for group in zip(*[g for g in per_pos if g]) for t in group] if any(per_pos) else []
-    return texts[:limit]
-
-
 def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
     """Prompt texts from ``spec``: a JSONL of {text} or {s1, s2} or {prompt}, a .txt (one per line),
     ``builtin:wordnet-glosses``, or the trace prompt set name (when the prompts module knows it)."""
     if limit < 2:
         raise RaycptError(f"--max-prompts={limit}: need at least 2 prompts (dataset entropy compares samples)")
     if spec is None or spec == "builtin:wordnet-glosses":
-        texts = _wordnet_gloss_texts(limit)
+        texts = P.wordnet_gloss_texts(limit)
         if len(texts) < 2:
             raise RaycptError("no default prompts: WordNet (/usr/share/wordnet) is missing; give --prompts FILE")
         return texts

@@ -29,7 +29,8 @@ from raycpt.config import ExperimentConfig, config_with
 from raycpt.diagnostics.contribution import answers_of, gold_prob_of, primary_score
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import Grid, ParentRun, Trial, heldout_blocks, model_layers, run_grid, train_and_evaluate
-from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
+from raycpt.io import atomic_write_json
+from raycpt.runs import open_run_dir, read_state, write_state
 from raycpt.tracking import log_metrics
 
 

@@ -32,7 +32,8 @@ from unittest import mock
 
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
-from raycpt.runs import atomic_write_json, read_state, write_state
+from raycpt.io import atomic_write_json
+from raycpt.runs import read_state, write_state
 from raycpt.tracking import ChildRun, ensure_store, log_config
 
 RESULT = "result.json"

@@ -38,7 +38,8 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import Grid, ParentRun, Trial, run_grid, train_and_evaluate
-from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir, read_state, write_state
+from raycpt.io import atomic_write_json, atomic_write_text
+from raycpt.runs import open_run_dir, read_state, write_state
 from raycpt.tracking import log_metrics
 
 SEGMENT_MAP = "segment_map.json"
@@ -215,7 +216,8 @@ class HybridRunResult:
 
 def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True) -> HybridRunResult:
     """``raycpt hybrid run``: build, train, evaluate and trace every build; the Table-4 report."""
-    from raycpt.evaluate import EvalResult, render_table, resolve_tasks, table_text, write_results
+    from raycpt.evaluate import EvalResult, resolve_tasks
+    from raycpt.report.eval import render_table, table_text, write_results
     from raycpt.report.hybrid import plot_profiles
     from raycpt.runtime import ray_session
 

@@ -19,7 +19,8 @@ from typing import Any, Optional
 from raycpt.config import ExperimentConfig, config_with
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import Grid, ParentRun, Trial, heldout_blocks, model_layers, run_grid, train_and_evaluate
-from raycpt.runs import atomic_write_json, open_run_dir, write_state
+from raycpt.io import atomic_write_json
+from raycpt.runs import open_run_dir, write_state
 from raycpt.splits import check_split
 from raycpt.tracking import log_metrics
 

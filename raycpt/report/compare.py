@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from raycpt.runs import atomic_write_json, atomic_write_text
+from raycpt.io import atomic_write_json, atomic_write_text
 
 # (key in the table, title, y label, per-model?) - per-model metrics have ``<key>_base`` / ``<key>_tuned``
 COMPARE_PANELS = [

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from raycpt.diagnostics.contribution import in_band, relative_depth
 from raycpt.report.compare import markdown_table, plot_contribution, plot_l2_change, write_csv
-from raycpt.runs import atomic_write_json, atomic_write_text
+from raycpt.io import atomic_write_json, atomic_write_text
 
 
 def write_outputs(run_dir: Path, a: dict, trials: dict[str, dict], n: int, s) -> list[Path]:
