@@ -209,23 +209,28 @@ def compare_cmd(args: Optional[List[str]] = typer.Argument(
                 config: Optional[List[str]] = typer.Option(None, "--config", "-c", hidden=True,
                                                            help="CONFIG.yaml and/or key=value overrides (repeatable; "
                                                                 "the same as giving them positionally)"),
-                max_prompts: int = typer.Option(64, help="prompts used for the representation metrics"),
-                max_len: int = typer.Option(64, help="tokens per prompt (longer ones are cut)"),
+                max_prompts: Optional[int] = typer.Option(None, help="prompts used for the representation metrics "
+                                                                     "(compare.max_prompts, 64)"),
+                max_len: Optional[int] = typer.Option(None, help="tokens per prompt, longer ones are cut "
+                                                                 "(compare.max_len, 64)"),
                 swap_blocks: Optional[int] = typer.Option(
                     None, help="layer swap: number of contiguous blocks (default min(5, layers); 0 = no swaps)"),
-                alpha: float = typer.Option(1.0, help="order of the matrix-based Renyi entropy (1 = von Neumann)"),
-                outlier_factor: float = typer.Option(
-                    10.0, help="leave out massive-activation tokens (norm > factor x median; 0 = keep all)"),
+                alpha: Optional[float] = typer.Option(None, help="order of the matrix-based Renyi entropy (1 = von "
+                                                                 "Neumann)"),
+                outlier_factor: Optional[float] = typer.Option(
+                    None, help="leave out massive-activation tokens (norm > factor x median; 0 = keep all; default 10)"),
                 resume: bool = typer.Option(False, help="re-open the newest compare run folder; skip finished pairs")):
-    """Base vs tuned, per layer: CKA, cosine, mean shift, entropy, effective rank, weight change, probe, swaps."""
+    """Base vs tuned, per layer: CKA, cosine, mean shift, entropy, effective rank, weight change, probe, swaps.
+
+    The options set the config's ``compare`` section (and so land in the run folder's config.yaml)."""
     from raycpt.jobs.compare import run_compare
 
     path, overrides, models = sort_words(list(args or []) + list(config or []), rest=2, what="BASE TUNED and")
-    cfg = load([path] if path else None, overrides)
+    options = {"prompts": prompts, "max_prompts": max_prompts, "max_len": max_len, "swap_blocks": swap_blocks,
+               "alpha": alpha, "outlier_factor": outlier_factor}
+    cfg = load([path] if path else None, overrides + [f"compare.{k}={v}" for k, v in options.items() if v is not None])
     base, tuned = (models + [None, None])[:2]
-    res = run_compare(cfg, base, tuned, prompts=prompts, sweep=sweep, max_prompts=max_prompts, max_len=max_len,
-                      swap_blocks=swap_blocks, alpha=alpha, resume=resume, console=console,
-                      outlier_factor=outlier_factor)
+    res = run_compare(cfg, base, tuned, sweep=sweep, resume=resume, console=console)
     from rich.table import Table
 
     for child in res.children:
@@ -323,7 +328,7 @@ def contribution_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_
     if "jaccard" in a:
         console.print(f"mean Jaccard of newly solved questions (top-{len(a['top_k'])}): {a['jaccard']['mean']:.3f}")
     if "spearman" in a:
-        console.print(f"Spearman vs {cfg.contribution.get('against')}: rho {a['spearman']['rho']:.3f}, "
+        console.print(f"Spearman vs {cfg.contribution.against}: rho {a['spearman']['rho']:.3f}, "
                       f"p {a['spearman']['p_value']:.3g}")
     console.print(f"ranking -> {res.ranking_file} (use with plan.name=elite plan.ranking_file=...); "
                   f"finished in {res.wall_s:.1f}s; MLflow parent run {res.parent_run_id}")
@@ -337,7 +342,8 @@ def hybrid_build(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP
                  build: Optional[str] = typer.Option(None, help="only this build: new_shallow, new_deep or custom "
                                                                 "(default: every build in hybrid.builds)")):
     """Assemble the hybrid(s) of the config's ``hybrid`` section, save each (safetensors) and print its segment map."""
-    from raycpt.jobs.hybrid import build_hybrids, counts_line, segment_table
+    from raycpt.jobs.hybrid import build_hybrids
+    from raycpt.report.hybrid import counts_line, segment_table
 
     cfg = load(args)
     root, built = build_hybrids(cfg, builds=[build] if build else None, out=out, progress=True)

@@ -44,7 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from raycpt.config import PLANS as CONFIG_PLANS
 from raycpt.errors import RaycptError
+from raycpt.splits import check_split, split_index  # noqa: F401 - split_index re-exported
 
 # ------------------------------------------------------------------------------------ the value
 
@@ -129,7 +131,7 @@ class PlanSpec:
     train_head: Optional[bool] = None
 
 
-PLANS: dict[str, Callable[[Any, int], PlanSpec]] = {}
+PLANS: dict[str, Callable[[Any, int], PlanSpec]] = CONFIG_PLANS  # the one registry, which the config checks
 
 
 def register_plan(name: str):
@@ -140,21 +142,6 @@ def register_plan(name: str):
         return fn
 
     return deco
-
-
-def split_index(ratio: float, num_layers: int) -> int:
-    """b = round(r * N): the shallow side is layers [0, b)."""
-    return int(round(float(ratio) * num_layers))
-
-
-def _split(pcfg, n: int) -> int:
-    b = split_index(pcfg.split, n)
-    if b <= 0 or b >= n:
-        side = "shallow" if b <= 0 else "deep"
-        raise RaycptError(f"plan.split={pcfg.split} gives b = round({pcfg.split}*{n}) = {b}, which leaves the "
-                          f"{side} side empty for this {n}-layer model; use a split in "
-                          f"({0.5 / n:.3g}, {1 - 0.5 / n:.3g})")
-    return b
 
 
 def _check_layer(i: Any, n: int, what: str) -> int:
@@ -171,14 +158,14 @@ def _full(pcfg, n: int) -> PlanSpec:
 
 @register_plan("train_shallow")
 def _train_shallow(pcfg, n: int) -> PlanSpec:
-    b = _split(pcfg, n)
+    b = check_split(pcfg.split, n, "plan.split")
     return PlanSpec(range(0, b), notes=[f"split {pcfg.split:g}: b = round({pcfg.split:g}*{n}) = {b}; "
                                         f"layers 0..{b - 1} train, {b}..{n - 1} frozen"])
 
 
 @register_plan("train_deep")
 def _train_deep(pcfg, n: int) -> PlanSpec:
-    b = _split(pcfg, n)
+    b = check_split(pcfg.split, n, "plan.split")
     return PlanSpec(range(b, n), notes=[f"split {pcfg.split:g}: b = round({pcfg.split:g}*{n}) = {b}; "
                                         f"layers 0..{b - 1} frozen, {b}..{n - 1} train"])
 

@@ -32,6 +32,7 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import LayerPlan, build_plan, is_tied
+from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
 
 FINAL_MODEL = "final_model"
 log = logging.getLogger(__name__)
@@ -182,14 +183,14 @@ class _Prepared:
 def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
                  parent_run_id: Optional[str] = None, mlflow_run_id: Optional[str] = None,
                  name: Optional[str] = None, progress: bool = False, faults: Optional[dict] = None,
-                 callbacks: Optional[list] = None, evaluate: Optional[dict] = None) -> TrainResult:
+                 callbacks: Optional[list] = None, evaluate: Optional[EvalRequest] = None) -> TrainResult:
     """Train ``cfg.model`` with ``cfg.plan`` on ``cfg.data`` under a Ray ``TorchTrainer``.
 
     ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
     sweep trial's folder) = use it. ``mlflow_run_id`` continues an existing run (a sweep's child
-    run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (``{"eval": EvalConfig dict,
-    "out_dir": ..., "name": ..., "heldout_path": ...}``) makes rank 0 evaluate the final weights in the
-    worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray.
+    run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (an :class:`EvalRequest`) makes
+    rank 0 evaluate the final weights with ``cfg.eval`` in the worker right after training (not with
+    FSDP); read it with :func:`final_evaluation`. Needs Ray.
 
     The steps: :func:`_open_run` (the folder; a finished run resumed returns its saved result) ->
     :func:`_prepare` (validate, plan, checkpoint to resume, corpus) -> in the MLflow run:
@@ -288,10 +289,9 @@ def _log_start(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared) -> None:
 
 
 def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: str, ray_name: str,
-                 faults: Optional[dict], callbacks: Optional[list], evaluate: Optional[dict]) -> dict:
+                 faults: Optional[dict], callbacks: Optional[list], evaluate: Optional[EvalRequest]) -> dict:
     """The workers' config (:func:`raycpt.train.loop.run_loop`); an old evaluation file is removed."""
     from raycpt.train.callbacks import callbacks_for
-    from raycpt.train.loop import EVAL_RESULT_FILE
 
     loop_config = {
         "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
@@ -300,7 +300,7 @@ def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: 
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
     }
     if evaluate:
-        (Path(evaluate["out_dir"]) / EVAL_RESULT_FILE).unlink(missing_ok=True)
+        (Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
     return loop_config
 
 
@@ -449,17 +449,15 @@ def _training_error(e: Exception) -> Exception:
     return e
 
 
-def final_evaluation(final_model_dir, eval_cfg, out_dir: Path, name: str, heldout_blocks=None,
-                     threads: Optional[int] = None):
+def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optional[int] = None):
     """``(EvalResult, held-out loss or None)`` of a training run's final model.
 
-    What the training worker wrote with ``run_training(evaluate={..., "out_dir": out_dir})`` when it
-    did; else (FSDP, the base model of a scan, a file from before) the same bridge runs here on the
-    saved folder, with ``threads`` torch threads, and the held-out loss on ``heldout_blocks``."""
+    What the training worker wrote with ``run_training(evaluate=req)`` when it did; else (FSDP, the base
+    model of a scan, a file from before) the same bridge runs here on the saved folder, with ``threads``
+    torch threads, and the held-out loss on the blocks of ``req.heldout_path``."""
     from raycpt.evaluate import EvalResult, evaluate_model, lm_loss
-    from raycpt.train.loop import EVAL_RESULT_FILE
 
-    done = _read_json(Path(out_dir) / EVAL_RESULT_FILE)
+    done = _read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
     if done:
         return EvalResult.from_dict(done), done.get("heldout_loss")
     import torch
@@ -469,6 +467,8 @@ def final_evaluation(final_model_dir, eval_cfg, out_dir: Path, name: str, heldou
     if threads:
         torch.set_num_threads(threads)
     model, tok = load_model(str(final_model_dir))
-    ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=out_dir, name=name)
-    heldout = lm_loss(model, heldout_blocks, batch_size=eval_cfg.batch_size) if heldout_blocks else None
+    ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=req.out_dir, name=req.name)
+    heldout = None
+    if req.heldout_path:
+        heldout = lm_loss(model, json.loads(Path(req.heldout_path).read_text()), batch_size=eval_cfg.batch_size)
     return ev, heldout

@@ -611,7 +611,7 @@ def run_loop(config: dict, session: _Session) -> dict:
         if w.logger is not None:
             w.logger.event({"event": "evaluate", "step": state.step, "time": time.time()})
         t_eval = time.perf_counter()
-        evaluate_in_worker(w.model, w.tokenizer, config["evaluate"])
+        evaluate_in_worker(w.model, w.tokenizer, w.cfg.eval, config["evaluate"])
         if w.logger is not None:
             w.logger.event({"event": "evaluated", "step": state.step, "time": time.time(),
                             "seconds": time.perf_counter() - t_eval})
@@ -792,35 +792,44 @@ def _finish(w: _Worker, state: LoopState, status: dict) -> None:
 EVAL_RESULT_FILE = "eval_result.json"
 
 
-def evaluate_in_worker(model, tokenizer, spec: dict) -> Path:
+@dataclass(frozen=True)
+class EvalRequest:
+    """Evaluate the final weights in the training worker (``run_training(evaluate=...)``) with the loop
+    config's own ``cfg.eval``; :func:`raycpt.train.launch.final_evaluation` reads what it wrote."""
+
+    out_dir: str
+    """Folder of the evaluation files and ``eval_result.json``."""
+    name: str
+    """Name of the evaluated model in those files."""
+    heldout_path: Optional[str] = None
+    """JSON file of token blocks: also write their language-model loss (``heldout_loss``)."""
+
+
+def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest) -> Path:
     """Evaluate the trained model where it already is (this worker's device and threads), with the
     eval bridge, and write ``<out_dir>/eval_result.json`` (``EvalResult.to_dict()``, the flat ``metrics``,
     ``heldout_loss``); :func:`raycpt.train.launch.final_evaluation` reads it.
 
     The in-memory model equals the final checkpoint (it was saved from these weights), so nothing is
     reloaded; on a cluster the evaluation runs on the training GPU instead of a CPU-only trial actor.
-    ``spec``: ``{"eval": EvalConfig dict, "out_dir": str, "name": str, "heldout_path": optional JSON
-    file of token blocks}``; with ``heldout_path`` the file also holds ``heldout_loss``
-    (:func:`raycpt.evaluate.lm_loss`)."""
-    from raycpt.config import EvalConfig
+    With ``req.heldout_path`` the file also holds ``heldout_loss`` (:func:`raycpt.evaluate.lm_loss`)."""
     from raycpt.evaluate import evaluate_model
 
     use_cache = getattr(model.config, "use_cache", None)
     model.config.use_cache = True  # generation mode: the training loop turned the KV cache off
     try:
-        ecfg = EvalConfig(**spec["eval"])
-        res = evaluate_model(model, ecfg, tokenizer=tokenizer, out_dir=spec["out_dir"], name=spec.get("name"))
+        res = evaluate_model(model, eval_cfg, tokenizer=tokenizer, out_dir=req.out_dir, name=req.name)
     finally:
         model.config.use_cache = use_cache
     out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}
-    if spec.get("heldout_path"):
+    if req.heldout_path:
         from raycpt.evaluate import lm_loss
 
-        blocks = json.loads(Path(spec["heldout_path"]).read_text())
+        blocks = json.loads(Path(req.heldout_path).read_text())
         t0 = time.perf_counter()
-        out["heldout_loss"] = lm_loss(model, blocks, batch_size=ecfg.batch_size)
+        out["heldout_loss"] = lm_loss(model, blocks, batch_size=eval_cfg.batch_size)
         out["seconds"] = {**out.get("seconds", {}), "heldout": time.perf_counter() - t0}
-    return atomic_write_json(Path(spec["out_dir"]) / EVAL_RESULT_FILE, out)
+    return atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)
 
 
 def _checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp, data_pos,

@@ -41,9 +41,9 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     # Tune saw every trial finish
     from ray import tune
 
-    from raycpt.jobs.sweep import _tune_trainable
+    from raycpt.jobs.grid import tune_trainable
 
-    grid = tune.Tuner.restore(str(res.run_dir / "tune"), trainable=_tune_trainable).get_results()
+    grid = tune.Tuner.restore(str(res.run_dir / "tune"), trainable=tune_trainable).get_results()
     assert len(grid) == 5 and not grid.errors
 
     # MLflow: one parent FINISHED, one child per trial under it, all FINISHED
@@ -119,13 +119,15 @@ def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, 
     from transformers import AutoModelForCausalLM
 
     from raycpt.evaluate import evaluate_model
-    from raycpt.jobs.sweep import trial_evaluation
+    from raycpt.train.launch import final_evaluation
+    from raycpt.train.loop import EvalRequest
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir)
     blocks = [[(7 * i + j) % 50 + 3 for j in range(16)] for i in range(3)]
     path = tmp_path / "heldout.json"
     path.write_text(json.dumps(blocks))
-    ev, heldout = trial_evaluation(str(tiny_dir), cfg, tmp_path / "eval", "t", str(path))
+    ev, heldout = final_evaluation(str(tiny_dir), cfg.eval, EvalRequest(str(tmp_path / "eval"), "t", str(path)),
+                                   threads=2)
     cells = ev.metrics()
     assert cells == pytest.approx(evaluate_model(str(tiny_dir), cfg.eval).metrics())
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, torch_dtype=torch.float32).eval()
