@@ -26,6 +26,7 @@ Layer indexing: decoder layers are 0..N-1; index -1 is "before block 0" (the emb
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -216,15 +217,17 @@ class LayerStack:
         hybrid of those), with the ``sdpa`` or ``eager`` attention implementation, plus
         position-wise blocks (NemotronH's MLP). Recurrent blocks (Mamba2 mixers) carry a conv and an
         SSM state per position instead, which these blocks do not take from outside here."""
-        impl = getattr(self.config, "_attn_implementation", None) or "eager"
-        if impl not in ("sdpa", "eager"):
-            return f"attention implementation {impl!r} (needs sdpa or eager)"
         if getattr(self.config, "use_bidirectional_attention", False):
             return "bidirectional attention: context positions see later positions"
         for i, layer in enumerate(self.layers):
             recurrent = [type(m).__name__ for m in layer.modules() if "mamba" in type(m).__name__.lower()]
             if recurrent:
                 return f"layer {i} is recurrent ({recurrent[0]}): its conv/SSM state is not handed in"
+            impl = _attn_impl(layer)
+            if impl is not None and impl not in ("sdpa", "eager"):
+                return f"layer {i}: attention implementation {impl!r} (needs sdpa or eager)"
+            if impl is not None and "cache" not in inspect.signature(layer.forward).parameters:
+                return f"layer {i} ({type(layer).__name__}) takes no cache argument"
             unknown = set(trace.layer_kwargs[i]) - _SHARED_KWARGS
             if trace.layer_args[i] or unknown:
                 return f"layer {i} takes arguments {sorted(unknown) or 'by position'} this schedule does not map"
@@ -250,9 +253,9 @@ class LayerStack:
                 v = tuple(_row(x, row)[:, :length] for x in v)
             elif key == "position_ids" and v is not None:
                 v = _row(v, row)[:, :length]
-            elif key == "cache":
-                v = cache
             kwargs[key] = v
+        if "cache" in inspect.signature(self.layers[i].forward).parameters:
+            kwargs["cache"] = cache
         out = _first_tensor(self.layers[i](hidden, **kwargs))
         return out, cache.key, cache.value
 
@@ -274,32 +277,15 @@ class LayerStack:
         kwargs = {}
         for key, v in trace.layer_kwargs[i].items():
             if key == "attention_mask":
-                v = self._suffix_mask(v, rows, pos, real, width, hidden.dtype)
+                v = _suffix_mask(v, rows, pos, real, width, hidden.dtype, _attn_impl(self.layers[i]))
             elif key == "position_embeddings":
                 v = tuple(_take(x, rows, pos) for x in v)
             elif key == "position_ids" and v is not None:
                 v = _take(v, rows, pos)
-            elif key == "cache":
-                v = KVCache(past_key, past_value, slots=slots, width=width)
             kwargs[key] = v
+        if "cache" in inspect.signature(self.layers[i].forward).parameters:
+            kwargs["cache"] = KVCache(past_key, past_value, slots=slots, width=width)
         return _first_tensor(self.layers[i](hidden, **kwargs))
-
-    def _suffix_mask(self, mask, rows, pos, real, width: int, dtype) -> torch.Tensor:
-        """(R, 1, M, width) mask over absolute key positions (+ the padding slot): a real query's
-        row of the recorded mask; a padding query sees only the padding slot (finite, unused)."""
-        dev = pos.device
-        kk = torch.arange(width - 1, device=dev)
-        if mask is None:  # the model relied on is_causal: plain causal over absolute positions
-            ok = kk[None, None, :] <= pos[:, :, None]
-        else:
-            r = (rows if mask.shape[0] > 1 else torch.zeros_like(rows))[:, None, None]
-            allowed = mask if mask.dtype == torch.bool else mask == 0
-            ok = allowed[r, 0, pos[:, :, None], kk[None, None, :]]
-        ok = torch.cat([ok & real[:, :, None], ~real[:, :, None]], dim=-1)[:, None]
-        if (mask is not None and mask.dtype != torch.bool) or getattr(self.config, "_attn_implementation",
-                                                                      "eager") == "eager":
-            return torch.zeros(ok.shape, dtype=dtype, device=dev).masked_fill(~ok, torch.finfo(dtype).min)
-        return ok
 
     def select_rows(self, trace: Trace, idx: torch.Tensor) -> Trace:
         """The trace restricted to batch rows ``idx`` (states and recorded arguments alike)."""
@@ -402,3 +388,30 @@ def _select(x: Any, idx: torch.Tensor, batch: int) -> Any:
     if isinstance(x, dict):
         return {k: _select(v, idx, batch) for k, v in x.items()}
     return x
+
+
+def _attn_impl(layer: nn.Module) -> Optional[str]:
+    """The attention implementation a block's attention module runs (None: no attention module)."""
+    for m in layer.modules():
+        if type(m).__name__.endswith("Attention") and hasattr(m, "config"):
+            return getattr(m.config, "_attn_implementation", None) or "eager"
+    return None
+
+
+def _suffix_mask(mask, rows, pos, real, width: int, dtype, impl: Optional[str]) -> torch.Tensor:
+    """(R, 1, M, width) mask over absolute key positions (+ the padding slot) for the suffix rows
+    of :meth:`LayerStack.run_suffix_block`: a real query gets its row of the recorded mask, a
+    padding query sees only the padding slot (finite, unused). Bool, or additive where the model
+    recorded an additive mask or attends eagerly."""
+    dev = pos.device
+    kk = torch.arange(width - 1, device=dev)
+    if mask is None:  # the model relied on is_causal: plain causal over absolute positions
+        ok = kk[None, None, :] <= pos[:, :, None]
+    else:
+        r = (rows if mask.shape[0] > 1 else torch.zeros_like(rows))[:, None, None]
+        allowed = mask if mask.dtype == torch.bool else mask == 0
+        ok = allowed[r, 0, pos[:, :, None], kk[None, None, :]]
+    ok = torch.cat([ok & real[:, :, None], ~real[:, :, None]], dim=-1)[:, None]
+    if (mask is not None and mask.dtype != torch.bool) or (mask is None and impl == "eager"):
+        return torch.zeros(ok.shape, dtype=dtype, device=dev).masked_fill(~ok, torch.finfo(dtype).min)
+    return ok
