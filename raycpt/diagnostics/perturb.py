@@ -192,14 +192,18 @@ def _shared_states(stack, trace, starts: list[int], layout: SharedContextLayout)
     dev = trace.hidden[0].device
     el = torch.tensor(layout.eligible, dtype=torch.long, device=dev)
     n_el = len(layout.eligible)
-    traj: list[Optional[torch.Tensor]] = [None] * len(layout.groups)  # (active, end, d) per group
+    # (active, seq, d) per group. The trajectory is run at the batch's full width (positions past the
+    # group's longest context are never seen by it: causality) so that every attention call reduces
+    # over the same key layout as the clean pass and the numbers match it to the bit
+    width = trace.hidden[0].shape[1]
+    traj: list[Optional[torch.Tensor]] = [None] * len(layout.groups)
     q = None  # (active * E, M, d), perturbation-major
     active: list[int] = []
     for j in range(starts[0] + 1, n + 1):
         if j - 1 in starts:
             src = trace.hidden[j]
-            for g, (row, c0, end) in enumerate(layout.groups):
-                new = src.new_zeros((1, end, src.shape[-1]))
+            for g, (row, c0, _end) in enumerate(layout.groups):
+                new = src.new_zeros((1, width, src.shape[-1]))
                 new[:, :c0] = src[row:row + 1, :c0]
                 traj[g] = new if traj[g] is None else torch.cat([traj[g], new], dim=0)
             new_q = src[el[:, None], layout.pos]
@@ -208,8 +212,8 @@ def _shared_states(stack, trace, starts: list[int], layout: SharedContextLayout)
         if j == n:
             break
         keys, values = [], []
-        for g, (row, _c0, end) in enumerate(layout.groups):
-            traj[g], k, v = stack.run_prefix_block(j, traj[g], trace, row, end)
+        for g, (row, _c0, _end) in enumerate(layout.groups):
+            traj[g], k, v = stack.run_prefix_block(j, traj[g], trace, row, width)
             keys.append(k)
             values.append(v)
         reps = len(active)

@@ -271,9 +271,8 @@ class LayerStack:
         their absolute positions, so every real query sees exactly the key layout and the mask row
         (causality, sliding window, padding) of the clean pass, taken from the recorded mask;
         rotary tables are the recorded ones at ``pos``."""
-        width = trace.hidden[0].shape[1] + 1  # every position of the batch, plus one slot for padding rows
+        width = trace.hidden[0].shape[1]  # every position of the batch: the clean pass's key layout, to the bit
         real = torch.arange(pos.shape[1], device=pos.device)[None, :] < lengths[:, None]
-        slots = torch.where(real, pos, width - 1)
         kwargs = {}
         for key, v in trace.layer_kwargs[i].items():
             if key == "attention_mask":
@@ -284,7 +283,7 @@ class LayerStack:
                 v = _take(v, rows, pos)
             kwargs[key] = v
         if "cache" in inspect.signature(self.layers[i].forward).parameters:
-            kwargs["cache"] = KVCache(past_key, past_value, slots=slots, width=width)
+            kwargs["cache"] = KVCache(past_key, past_value, slots=pos, real=real, width=width)
         return _first_tensor(self.layers[i](hidden, **kwargs))
 
     def select_rows(self, trace: Trace, idx: torch.Tensor) -> Trace:
@@ -347,12 +346,12 @@ class KVCache:
     new keys/values (after rotary, before the grouped-query repeat) and attends to what it returns.
     This one keeps the new ones (``key``, ``value``). Without ``past_key`` it returns them as they
     are; with it, it returns a (R, heads, width, hd) buffer holding ``past_key`` / ``past_value`` at
-    positions 0..K-1 and the new ones written at their positions ``slots`` (R, M). Nothing
-    persists between calls."""
+    positions 0..K-1 and the new ones of the ``real`` (R, M) entries written at their positions
+    ``slots`` (R, M). Nothing persists between calls."""
 
     def __init__(self, past_key: Optional[torch.Tensor] = None, past_value: Optional[torch.Tensor] = None,
-                 slots: Optional[torch.Tensor] = None, width: int = 0):
-        self.past_key, self.past_value, self.slots, self.width = past_key, past_value, slots, width
+                 slots: Optional[torch.Tensor] = None, real: Optional[torch.Tensor] = None, width: int = 0):
+        self.past_key, self.past_value, self.slots, self.real, self.width = past_key, past_value, slots, real, width
         self.key: Optional[torch.Tensor] = None
         self.value: Optional[torch.Tensor] = None
 
@@ -363,9 +362,10 @@ class KVCache:
         return self._place(self.past_key, key_states), self._place(self.past_value, value_states)
 
     def _place(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        out = torch.nn.functional.pad(past, (0, 0, 0, self.width - past.shape[-2]))
-        index = self.slots[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[-1])
-        return out.scatter(2, index, new)
+        out = torch.nn.functional.pad(past, (0, 0, 0, self.width - past.shape[-2])).clone()
+        r, q = torch.nonzero(self.real, as_tuple=True)
+        out[r, :, self.slots[r, q]] = new[r, :, q]
+        return out
 
 
 def _row(x: torch.Tensor, row: int) -> torch.Tensor:
@@ -399,19 +399,19 @@ def _attn_impl(layer: nn.Module) -> Optional[str]:
 
 
 def _suffix_mask(mask, rows, pos, real, width: int, dtype, impl: Optional[str]) -> torch.Tensor:
-    """(R, 1, M, width) mask over absolute key positions (+ the padding slot) for the suffix rows
-    of :meth:`LayerStack.run_suffix_block`: a real query gets its row of the recorded mask, a
-    padding query sees only the padding slot (finite, unused). Bool, or additive where the model
-    recorded an additive mask or attends eagerly."""
+    """(R, 1, M, width) mask over absolute key positions for the suffix rows of
+    :meth:`LayerStack.run_suffix_block`: a real query gets its row of the recorded mask, a padding
+    query sees only position 0 (finite, never read). Bool, or additive where the model recorded an
+    additive mask or attends eagerly."""
     dev = pos.device
-    kk = torch.arange(width - 1, device=dev)
+    kk = torch.arange(width, device=dev)
     if mask is None:  # the model relied on is_causal: plain causal over absolute positions
         ok = kk[None, None, :] <= pos[:, :, None]
     else:
         r = (rows if mask.shape[0] > 1 else torch.zeros_like(rows))[:, None, None]
         allowed = mask if mask.dtype == torch.bool else mask == 0
         ok = allowed[r, 0, pos[:, :, None], kk[None, None, :]]
-    ok = torch.cat([ok & real[:, :, None], ~real[:, :, None]], dim=-1)[:, None]
+    ok = torch.where(real[:, :, None], ok, kk[None, None, :] == 0)[:, None]
     if (mask is not None and mask.dtype != torch.bool) or (mask is None and impl == "eager"):
         return torch.zeros(ok.shape, dtype=dtype, device=dev).masked_fill(~ok, torch.finfo(dtype).min)
     return ok
