@@ -93,6 +93,8 @@ class TraceConfig:
     """GPUs per trace actor (0 on CPU)."""
     cpus_per_actor: float = 1.0
     """CPUs per trace actor."""
+    schedule: Literal["shared_context", "stacked", "per_layer"] = "shared_context"
+    """Perturbation schedule (same numbers): zeroed context once per prefix group, or per prompt."""
 
     def __post_init__(self):
         _check(self.top_k >= 0, "trace.top_k", self.top_k, "an integer >= 0 (0 = full vocabulary)")

@@ -94,7 +94,8 @@ class TraceActor:
     """Ray Data class UDF: loads the model once, then turns batches of token ids into metric rows."""
 
     def __init__(self, model_path: str, dtype: str = "auto", top_k: int = 10, eps: float = 1e-6,
-                 use_gpu: bool = False, num_threads: int = 0, schedule: str = "stacked", pad_id: int = 0):
+                 use_gpu: bool = False, num_threads: int = 0, schedule: str = "shared_context",
+                 pad_id: int = 0):
         import torch
 
         from raycpt.models.sources import load_model
@@ -188,7 +189,7 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
         TraceActor,
         fn_constructor_kwargs=dict(model_path=prep.model_path, dtype=prep.cfg.model.dtype, top_k=t.top_k, eps=t.eps,
                                    use_gpu=t.gpus_per_actor > 0, num_threads=max(1, int(round(t.cpus_per_actor))),
-                                   pad_id=pad_id_of(prep.tokenizer)),
+                                   pad_id=pad_id_of(prep.tokenizer), schedule=t.schedule),
         compute=ray.data.ActorPoolStrategy(size=t.num_actors),
         batch_size=t.batch_size,
         batch_format="numpy",
