@@ -57,10 +57,15 @@ class DataConfig:
     """Read at most this many documents (None = all)."""
     shuffle_seed: Optional[int] = None
     """Seed of the deterministic block shuffle; None = ``train.seed``."""
+    store_dir: Optional[str] = None
+    """Where packed-token stores live (shared storage on a cluster); None = ``<tracking.run_root>/packed``."""
+    shuffle_window: int = 65536
+    """Blocks permuted together after the per-epoch permutation of the shard files (see docs/train.md)."""
 
     def __post_init__(self):
         _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
         _check(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
+        _check(self.shuffle_window >= 1, "data.shuffle_window", self.shuffle_window, "an integer >= 1")
 
 
 @dataclass

@@ -1,14 +1,15 @@
-"""``run_training(cfg)``: validate, build the corpus, launch the ``TorchTrainer``, collect the result.
+"""``run_training(cfg)``: validate, pack (or reuse) the corpus, launch the ``TorchTrainer``, collect the result.
 
 Order of work (so bad input ends with one line and no MLflow run): resolve the model on the driver
 -> build the plan on a weightless (meta-device) copy of the model -> check ``data.seq_len``
-against the model's position limit -> build, materialize and split the corpus (empty -> error)
--> only then open the MLflow run and call ``TorchTrainer.fit()``.
+against the model's position limit -> the packed-token store of the corpus (packed once per
+corpus/tokenizer/seq_len, reused by every later run; empty or too small -> error) -> only then
+open the MLflow run and call ``TorchTrainer.fit()``.
 
 The trainer: ``ScalingConfig(num_workers, use_gpu, resources_per_worker={"CPU": cpus_per_worker})``
 (fractional CPUs so Ray Data tasks are never starved), ``RunConfig(name=<unique per attempt>,
-storage_path=<run_dir>/ray, FailureConfig(max_failures), CheckpointConfig(num_to_keep))``, one
-dataset per rank (``train_rank{r}``, not split again by Ray). It never calls ``ray.init``: the CLI
+storage_path=<run_dir>/ray, FailureConfig(max_failures), CheckpointConfig(num_to_keep))``, no
+Ray Datasets: each worker memory-maps the store and reads its own share (:mod:`raycpt.data.stream`). It never calls ``ray.init``: the CLI
 wraps it in :func:`raycpt.runtime.ray_session`, and inside a Ray Tune function trainable (Train V2
 runs a TorchTrainer launched from a trial) it uses the cluster it is already on.
 
@@ -149,6 +150,30 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
     return removed
 
 
+# ------------------------------------------------------------------------------------ data
+
+def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
+    """The packed-token store of ``cfg.data`` (packed now when missing; one line either way unless
+    ``quiet``), checked to hold at least one micro-batch per worker. No corpus pass: counts are the
+    manifest's."""
+    from raycpt.data.pack import describe_build, describe_hit, ensure_packed
+    from raycpt.tracking import run_root
+
+    store, built = ensure_packed(cfg.data, model_path, run_root(cfg.tracking), rebuild=rebuild, progress=not quiet)
+    line = describe_build(store) if built else describe_hit(store)
+    log.info(line)
+    if not quiet:
+        print(line, flush=True)
+    t = cfg.train
+    need = t.num_workers * t.micro_batch_size
+    if store.num_blocks < need:
+        raise RaycptError(f"data.corpus {list(cfg.data.corpus)} gives only {store.num_blocks} full "
+                          f"{cfg.data.seq_len}-token blocks; {t.num_workers} worker(s) x "
+                          f"train.micro_batch_size={t.micro_batch_size} need at least {need} (add documents or lower "
+                          "data.seq_len)")
+    return store
+
+
 # ------------------------------------------------------------------------------------ launch
 
 def _make_absolute(cfg: ExperimentConfig) -> None:
@@ -180,10 +205,9 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     "out_dir": ..., "name": ..., "heldout_path": ...}``) makes rank 0 evaluate the final weights in the
     worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray."""
     import ray
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from raycpt.data.corpus import prepare_shards
     from raycpt.report.progress import StepProgress
     from raycpt.report.train import plot_loss_curve, read_events, read_step_records
     from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
@@ -214,10 +238,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         if found is not None:
             resumed_step, ckpt = found
             resume_from = str(ckpt)
-    datasets, n_blocks = prepare_shards(cfg.data, model_path, cfg.data.shuffle_seed if cfg.data.shuffle_seed
-                                        is not None else cfg.train.seed, cfg.train.num_workers,
-                                        cfg.train.micro_batch_size)
-    shard_rows = n_blocks // cfg.train.num_workers if cfg.train.num_workers > 1 else n_blocks
+    store = packed_corpus(cfg, model_path, quiet=not progress)
+    n_blocks = store.num_blocks
     if run_dir is None:
         run_dir = open_run_dir(cfg, "train")
     final_dir = run_dir / FINAL_MODEL
@@ -248,7 +270,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         loop_config = {
             "cfg": config_to_dict(cfg), "model_path": model_path, "plan": plan.to_dict(), "run_dir": str(run_dir),
             "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": resume_from,
-            "shard_rows": shard_rows, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
+            "store": str(store.path), "store_build": store.build_id, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
             "callbacks": list(callbacks or []) + callbacks_for(cfg), "evaluate": evaluate,
         }
         if evaluate:
@@ -263,7 +285,6 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
             run_config=RunConfig(name=ray_name, storage_path=str(run_dir / "ray"),
                                  failure_config=FailureConfig(max_failures=t.max_failures),
                                  checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),
-            datasets=datasets, dataset_config=DataConfig(datasets_to_split=[]),
         )
         with StepProgress(metrics_path, t.max_steps, resumed_step or 0, progress):
             try:

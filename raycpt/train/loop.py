@@ -26,8 +26,9 @@ folder with the tokenizer), ``train_state.pt`` (optimizer, scheduler, every rank
 step, data position, the per-step loss history, the plan) and ``train_state.json`` (readable
 summary). A restarted worker (``FailureConfig``) resumes from ``ray.train.get_checkpoint()``; a
 resumed run (``--resume``) passes ``resume_from`` in the loop config. The data position is the
-number of micro-batches each rank consumed (``step * grad_accum``): the shard is read in a fixed
-order, so no block is skipped or seen twice.
+number of micro-batches each rank consumed (``step * grad_accum``): each rank reads its share of
+the packed store in a seeded order per epoch (:mod:`raycpt.data.stream`), so a resume skips by
+arithmetic and no block is skipped or seen twice.
 
 A NaN/inf loss or gradient norm stops the run before the optimizer step: rank 0 writes
 ``train_status.json`` and every rank returns; the launcher turns it into one error line, and the
@@ -57,6 +58,9 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from raycpt.data.store import read_store
+from raycpt.data.stream import ArrayBlocks, PackedBlocks, iter_micro_batches
+from raycpt.errors import RaycptError
 from raycpt.strategies import LayerPlan, apply_plan, count_params, param_groups
 
 METRICS_FILE = "train_metrics.jsonl"
@@ -391,13 +395,12 @@ class RaySession(_Session):
         ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
 
     def batches(self, config: dict):
-        import ray.train
-
-        from raycpt.data.corpus import SHARD_PREFIX
-
-        shard = ray.train.get_dataset_shard(f"{SHARD_PREFIX}{self.rank}")
-        return lambda mbs: shard.iter_batches(batch_size=mbs, batch_format="numpy", drop_last=True,
-                                              prefetch_batches=2)
+        """The packed store the launcher chose (``config["store"]``), memory-mapped; no Ray Data."""
+        store = read_store(Path(config["store"]))
+        if store is None or store.build_id != config.get("store_build", store.build_id):
+            raise RaycptError(f"the packed store {config['store']} was removed or re-packed while this run used it; "
+                              "run it again")
+        return PackedBlocks(store.path, store.manifest)
 
     def _dist(self):
         import torch.distributed as dist
@@ -448,31 +451,17 @@ class LocalSession(_Session):
         self.reports.append((metrics, str(dest) if dest else None))
 
     def batches(self, config: dict):
-        def it(mbs):
-            for i in range(0, len(self.blocks) - mbs + 1, mbs):
-                yield {"input_ids": self.blocks[i:i + mbs]}
-        return it
+        return ArrayBlocks(self.blocks)
 
 
-def micro_batches(iter_fn, mbs: int, rows: Optional[int], skip: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """Endless ``(epoch, (mbs, seq) LongTensor)`` over the shard, epoch after epoch, skipping ``skip``.
-
-    ``rows`` (the shard's size) lets whole epochs be skipped without reading them."""
-    per_epoch = rows // mbs if rows else None
-    epoch = 0
-    if per_epoch:
-        epoch, skip = divmod(skip, per_epoch)
-    while True:
-        got = 0
-        for batch in iter_fn(mbs):
-            got += 1
-            if skip > 0:
-                skip -= 1
-                continue
-            yield epoch, torch.from_numpy(np.asarray(batch["input_ids"], dtype=np.int64))
-        if got == 0:
-            raise RuntimeError("the data shard is empty: fewer blocks than one micro-batch")
-        epoch += 1
+def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, skip: int
+                  ) -> Iterator[tuple[int, torch.Tensor]]:
+    """Endless ``(epoch, (mbs, seq) LongTensor)`` of this rank's share of ``source`` in the seeded
+    order of each epoch (:mod:`raycpt.data.stream`), starting after ``skip`` micro-batches."""
+    seed = data_cfg.shuffle_seed if data_cfg.shuffle_seed is not None else seed
+    for epoch, rows in iter_micro_batches(source, mbs, rank=rank, world=world, seed=seed,
+                                          window=data_cfg.shuffle_window, skip=skip):
+        yield epoch, torch.from_numpy(rows)
 
 
 # ------------------------------------------------------------------------------------ checkpoints
@@ -570,7 +559,7 @@ def train_loop_per_worker(config: dict) -> None:
 def run_loop(config: dict, session: _Session) -> dict:
     """The loop, for any session. Config keys: ``cfg`` (ExperimentConfig as a dict), ``model_path``,
     ``plan`` (LayerPlan dict), ``run_dir``, ``mlflow`` ({uri, run_id} or None), ``resume_from``
-    (checkpoint folder or None), ``shard_rows``, ``callbacks`` (StepCallback list), ``faults`` (tests),
+    (checkpoint folder or None), ``store`` / ``store_build`` (the packed store), ``callbacks`` (StepCallback list), ``faults`` (tests),
     ``torch_threads``. Returns a summary (rank 0's view)."""
     from raycpt.config import config_from_dict
     from raycpt.models.sources import load_model
@@ -617,7 +606,7 @@ def run_loop(config: dict, session: _Session) -> dict:
 
     ga, mbs, seq = tcfg.grad_accum, tcfg.micro_batch_size, cfg.data.seq_len
     tokens_per_step = world * ga * mbs * seq
-    data = micro_batches(session.batches(config), mbs, config.get("shard_rows"), skip=start_step * ga)
+    data = micro_batches(session.batches(config), cfg.data, mbs, rank, world, tcfg.seed, skip=start_step * ga)
     loop_state = LoopState(step=start_step, max_steps=tcfg.max_steps, model=model, wrapped=wrapped, plan=plan,
                            rank=rank, world_size=world, device=device, cfg=cfg, run_dir=run_dir, logger=logger)
     if rank == 0:
@@ -685,7 +674,7 @@ def run_loop(config: dict, session: _Session) -> dict:
         if step % ckpt_every == 0 or step == tcfg.max_steps:
             _checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp,
                         data_pos={"micro_batches_consumed": step * ga, "epoch": epoch,
-                                  "shard_rows": config.get("shard_rows")},
+                                  "store_build": config.get("store_build")},
                         metrics={"step": step, "loss": loss})
             last_ckpt = step
     prefix.remove()
