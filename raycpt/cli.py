@@ -418,6 +418,7 @@ def data_prepare(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP
     """Pack cfg.data.corpus once into the packed-token store (every later run reuses it)."""
     import contextlib
 
+    from raycpt.data.corpus import check_corpus
     from raycpt.data.pack import find_packed
     from raycpt.runtime import ray_session
     from raycpt.tracking import run_root
@@ -427,6 +428,8 @@ def data_prepare(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP
     model_path = resolve_model_path(cfg)
     cfg.train.num_workers = cfg.train.micro_batch_size = 1  # any non-empty store is a valid pack
     hit = not rebuild and find_packed(cfg.data, model_path, run_root(cfg.tracking)) is not None
+    if not hit:
+        check_corpus(cfg.data)  # bad files are one line before Ray starts
     with contextlib.nullcontext() if hit else ray_session(cfg.ray):  # Ray only to pack
         packed_corpus(cfg, model_path, quiet=False, rebuild=rebuild)
 

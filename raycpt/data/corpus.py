@@ -270,6 +270,16 @@ def hf_parquet_files(source: str) -> list[dict]:
 
 # ------------------------------------------------------------------------------------ chunks
 
+def check_corpus(data_cfg) -> list[dict]:
+    """:func:`plan_chunks` of ``data_cfg`` (every file checked), and one line for a corpus of
+    empty files; cheap (no tokenising), so commands call it before starting Ray."""
+    chunks = plan_chunks(data_cfg.corpus, data_cfg.text_field)
+    if all("start" in c and c["end"] == 0 for c in chunks):  # only empty files (or Parquet without rows)
+        raise RaycptError(f"data.corpus {list(data_cfg.corpus)} is empty (no bytes): it gives no full "
+                          f"{data_cfg.seq_len}-token blocks")
+    return chunks
+
+
 def chunk_size_for(total_bytes: int) -> int:
     return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, total_bytes // CHUNKS_TARGET)))
 

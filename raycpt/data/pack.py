@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from raycpt.data.corpus import chunk_documents, plan_chunks
+from raycpt.data.corpus import check_corpus, chunk_documents
 from raycpt.data.store import (FORMAT_VERSION, MANIFEST, StoreInfo, build_lock, changed_files, fingerprints,
                                log_build, read_store, store_key, store_root, tokenizer_hash)
 from raycpt.errors import RaycptError
@@ -198,7 +198,7 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
     tmp = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
-        chunks = plan_chunks(data_cfg.corpus, data_cfg.text_field)
+        chunks = check_corpus(data_cfg)
         prints = fingerprints(data_cfg.corpus)  # before reading: a change during the pack shows up next time
         tok = _tokenizer(tokenizer_path)
         from raycpt.data.corpus import eos_id_of

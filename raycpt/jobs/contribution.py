@@ -386,6 +386,9 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
         client.update_run(parent_id, status="RUNNING")
     try:
         with ray_session(cfg.ray):
+            from raycpt.train.launch import packed_corpus
+
+            packed_corpus(cfg, model_path, quiet=console is None)  # pack once, before any trial
             # like the sweep: one bundle for the trial driver, one for the Ray Data tasks it launches
             bundles = [{"CPU": cfg.sweep.cpus_per_trial}]
             data_cpus = float(getattr(cfg.sweep, "data_cpus_per_trial", 0.0) or 0.0)

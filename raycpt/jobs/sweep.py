@@ -295,6 +295,10 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
 
     try:
         with ray_session(cfg.ray):
+            # pack the corpus once here, with every CPU, so no trial tokenises (each one reuses the store)
+            from raycpt.train.launch import packed_corpus, resolve_model_path
+
+            packed_corpus(cfg, resolve_model_path(cfg), quiet=console is None)
             trace = None
             if cfg.sweep.trace_first:
                 trace = _trace_once(cfg, run_dir, uniq_splits, parent_id, state, console)
