@@ -251,8 +251,8 @@ class SweepConfig:
     """Named trials usable in ``strategies``: {name: {dotted.key: value}}, e.g.
     ``{middle5: {plan.name: middle, plan.k: 5}}`` (see ``configs/recipes.yaml``)."""
     data_cpus_per_trial: float = 1.0
-    """CPUs of a second bundle in each trial's placement group for the Ray Data tasks the trial
-    launches (corpus tokenising); Tune captures a trial's child tasks into its placement group."""
+    """CPUs of a second bundle in each trial's placement group: the trial's evaluation threads use
+    ``cpus_per_trial`` + these (the corpus is packed once before the trials, not in them)."""
     heldout_docs: int = 0
     """Documents of ``data.corpus`` after the first ``data.max_documents`` (never trained on) on which
     every trial's final model gets a held-out LM loss, shown next to its scores; 0 = off. Needs
