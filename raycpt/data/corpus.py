@@ -229,7 +229,7 @@ def _hf_parts(source: str) -> tuple[str, str]:
     return name, split or "train"
 
 
-def _offline() -> bool:
+def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or \
         os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes")
 
@@ -247,7 +247,7 @@ def hf_parquet_files(source: str) -> list[dict]:
     from urllib.parse import quote
 
     name, split = _hf_parts(source)
-    if _offline():
+    if offline():
         raise _hf_error(source)
     try:
         from huggingface_hub import HfApi

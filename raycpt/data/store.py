@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from raycpt.data.corpus import FORTUNE_FILES, FORTUNES_DIR, GLOSSES, MAX_CHUNK_BYTES, expand_source, hf_parquet_files
+from raycpt.data.corpus import (FORTUNE_FILES, FORTUNES_DIR, GLOSSES, MAX_CHUNK_BYTES, offline, expand_source,
+                                hf_parquet_files)
 from raycpt.errors import RaycptError
 
 FORMAT_VERSION = 1
@@ -127,7 +128,9 @@ def fingerprints(sources: Sequence[str], hashes: bool = True) -> list[dict]:
 
 def changed_files(recorded: list[dict], sources: Sequence[str]) -> Optional[str]:
     """None when the corpus still matches the manifest's fingerprints, else what changed (short)."""
-    now = fingerprints(sources, hashes=False)
+    offline_hub = [s for s in sources if s.startswith("hf:") and offline()]  # trust the manifest offline
+    now = fingerprints([s for s in sources if s not in offline_hub], hashes=False)
+    now += [r for r in recorded if r["source"] in offline_hub]
     old = {r["path"]: r for r in recorded}
     new = {r["path"]: r for r in now}
     if set(old) != set(new):

@@ -103,6 +103,38 @@ def test_hub_source_offline_is_one_line(monkeypatch):
     assert "needs the Hugging Face hub" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_hub_source_streams_the_split_s_parquet_files(monkeypatch, tmp_path):
+    """The hub is replaced by a folder: the listing and the file system are the only hub calls."""
+    import huggingface_hub
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    (tmp_path / "data").mkdir()
+    files = {"data/train-00000-of-00002.parquet": ["a", "b"], "data/train-00001-of-00002.parquet": ["c"],
+             "data/test-00000-of-00001.parquet": ["not train"]}
+    for name, docs in files.items():
+        pq.write_table(pa.table({"content": docs}), tmp_path / name)
+
+    class Entry:
+        def __init__(self, path):
+            self.path, self.size = path, (tmp_path / path).stat().st_size
+
+    listed = []
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", lambda self, name, **kw: listed.append(
+        (name, kw["revision"])) or [Entry(p) for p in files])
+    monkeypatch.setattr(huggingface_hub.HfFileSystem, "open",
+                        lambda self, path, mode="rb": open(tmp_path / path.split("@main/", 1)[1], mode))
+    chunks = plan_chunks(["hf:someone/corpus:train"], text_field="content")
+    assert [c["path"] for c in chunks] == ["hf://datasets/someone/corpus@main/data/train-00000-of-00002.parquet",
+                                           "hf://datasets/someone/corpus@main/data/train-00001-of-00002.parquet"]
+    assert list(iter_documents(["hf:someone/corpus:train"], text_field="content")) == ["a", "b", "c"]
+    assert listed[0] == ("someone/corpus", "main")
+    with pytest.raises(RaycptError, match="has no column 'text'"):
+        list(iter_documents(["hf:someone/corpus:train"]))
+
+
 def test_fortunes_parser_strips_colour_codes(tmp_path):
     # synthetic entries in the fortune file format (the real GPL text is only read at run time)
     (tmp_path / "chinese").write_text("第一条\n\n\x1b[33m    -- 作者\x1b[m\n%\n第二条\n%\n")
