@@ -57,14 +57,16 @@ def pack_chunk(chunk: dict, tokenizer_path: str, seq_len: int, eos_id: int, dtyp
                doc_limit: Optional[int] = None) -> dict:
     """Tokenise and pack one chunk into ``out_dir/<shard_name>``; return its record."""
     backend = _tokenizer(tokenizer_path).backend_tokenizer
-    flat: list[int] = []
+    parts: list[np.ndarray] = []  # int32 per encode batch: 4 bytes a token, not a Python int each
     batch: list[str] = []
     docs = 0
 
     def flush():
+        flat: list[int] = []
         for ids in _encode(backend, batch):
             flat.extend(ids)
             flat.append(eos_id)
+        parts.append(np.asarray(flat, dtype=np.int32))
         batch.clear()
 
     for doc in chunk_documents(chunk):
@@ -75,8 +77,9 @@ def pack_chunk(chunk: dict, tokenizer_path: str, seq_len: int, eos_id: int, dtyp
         if len(batch) >= ENCODE_DOCS:
             flush()
     flush()
+    flat = np.concatenate(parts)
     n = len(flat) // seq_len
-    blocks = np.asarray(flat[: n * seq_len], dtype=dtype).reshape(n, seq_len)
+    blocks = flat[: n * seq_len].astype(dtype).reshape(n, seq_len)
     rel = shard_name(chunk["index"])
     dest = Path(out_dir) / rel
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from raycpt.config import DataConfig
 from raycpt.data.pack import ensure_packed
