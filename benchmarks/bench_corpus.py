@@ -156,6 +156,8 @@ def main() -> None:
             (store,) = list_stores(work / f"store-{mb}")
             ours_tokens = store.manifest["tokens_read"]
             assert ours_tokens == plain_tokens, (ours_tokens, plain_tokens)  # the same documents, the same tokens
+            print(f"{mb:5d} MB pack: plain {plain_tokens / plain['wall']:,.0f} tok/s ({plain['wall']:.0f}s), ours "
+                  f"{ours_tokens / ours['wall']:,.0f} tok/s ({ours['wall']:.0f}s)", flush=True)
             train = timed([raycpt, "train", *base, "train.max_steps=2", "train.checkpoint_every=2"],
                           watch=work / f"runs-{mb}")
             row = {"mb": mb, "docs": docs, "tokens": ours_tokens, "plain_tok_s": plain_tokens / plain["wall"],
