@@ -22,10 +22,12 @@ config_app = typer.Typer(no_args_is_help=True, help="Show or validate a config."
 models_app = typer.Typer(no_args_is_help=True, help="Resolve model references into the local cache.")
 plan_app = typer.Typer(no_args_is_help=True, help="Layer plans: which layers train.")
 hybrid_app = typer.Typer(no_args_is_help=True, help="Hybrid builds: new layers + pretrained donor layers.")
+data_app = typer.Typer(no_args_is_help=True, help="The packed-token corpus store: pack once, reuse everywhere.")
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
 app.add_typer(plan_app, name="plan")
 app.add_typer(hybrid_app, name="hybrid")
+app.add_typer(data_app, name="data")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -452,6 +454,54 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
                   f"{res.tokens_per_s:,.0f} tokens/s (median); wall {res.wall_s:.1f}s", markup=False, highlight=False, soft_wrap=True)
     console.print(f"final model {res.final_model_dir}; run folder {res.run_dir}; MLflow run {res.mlflow_run_id}",
                   markup=False, highlight=False, soft_wrap=True)
+
+
+# ---- data ----
+@data_app.command("prepare")
+def data_prepare(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+                 rebuild: bool = typer.Option(False, help="pack again even when a store exists (e.g. the corpus "
+                                                          "changed)")):
+    """Pack cfg.data.corpus once into the packed-token store (every later run reuses it)."""
+    import contextlib
+
+    from raycpt.data.corpus import check_corpus
+    from raycpt.data.pack import find_packed
+    from raycpt.runtime import ray_session
+    from raycpt.tracking import run_root
+    from raycpt.train.launch import packed_corpus, resolve_model_path
+
+    cfg = load(args)
+    model_path = resolve_model_path(cfg)
+    cfg.train.num_workers = cfg.train.micro_batch_size = 1  # any non-empty store is a valid pack
+    hit = not rebuild and find_packed(cfg.data, model_path, run_root(cfg.tracking)) is not None
+    if not hit:
+        check_corpus(cfg.data)  # bad files are one line before Ray starts
+    with contextlib.nullcontext() if hit else ray_session(cfg.ray):  # Ray only to pack
+        packed_corpus(cfg, model_path, quiet=False, rebuild=rebuild)
+
+
+@data_app.command("info")
+def data_info(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)):
+    """List the packed stores under the config's store folder (data.store_dir or <run_root>/packed)."""
+    from raycpt.data.store import builds_logged, changed_files, list_stores, store_root
+    from raycpt.tracking import run_root
+
+    cfg = load(args)
+    root = store_root(cfg.data, run_root(cfg.tracking))
+    stores = list_stores(root)
+    if not stores:
+        console.print(f"no packed stores under {root} (raycpt data prepare [CONFIG] packs one)", markup=False)
+        return
+    for st in stores:
+        try:
+            fresh = changed_files(st.manifest["fingerprints"], st.manifest["sources"]) or "current"
+        except RaycptError as e:
+            fresh = str(e)
+        m = st.manifest
+        console.print(f"{st.key}  {', '.join(m['sources'])}  seq_len={m['seq_len']} text_field={m['text_field']} "
+                      f"max_documents={m['max_documents']}: {st.describe()}; {st.disk_bytes() / 1e6:,.1f} MB on disk "
+                      f"({m['bytes_per_token']} bytes/token); packed {len(builds_logged(root, st.key))} time(s); "
+                      f"corpus: {fresh}", markup=False, highlight=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------------------- entry

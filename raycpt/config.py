@@ -63,10 +63,15 @@ class DataConfig:
     """Read at most this many documents (None = all)."""
     shuffle_seed: Optional[int] = None
     """Seed of the deterministic block shuffle; None = ``train.seed``."""
+    store_dir: Optional[str] = None
+    """Where packed-token stores live (shared storage on a cluster); None = ``<tracking.run_root>/packed``."""
+    shuffle_window: int = 65536
+    """Blocks permuted together after the per-epoch permutation of the shard files (see docs/train.md)."""
 
     def __post_init__(self):
         _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
         _check(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
+        _check(self.shuffle_window >= 1, "data.shuffle_window", self.shuffle_window, "an integer >= 1")
 
 
 @dataclass
@@ -254,8 +259,8 @@ class SweepConfig:
     """Named trials usable in ``strategies``: {name: {dotted.key: value}}, e.g.
     ``{middle5: {plan.name: middle, plan.k: 5}}`` (see ``configs/recipes.yaml``)."""
     data_cpus_per_trial: float = 1.0
-    """CPUs of a second bundle in each trial's placement group for the Ray Data tasks the trial
-    launches (corpus tokenising); Tune captures a trial's child tasks into its placement group."""
+    """CPUs of a second bundle in each trial's placement group: the trial's evaluation threads use
+    ``cpus_per_trial`` + these (the corpus is packed once before the trials, not in them)."""
     heldout_docs: int = 0
     """Documents of ``data.corpus`` after the first ``data.max_documents`` (never trained on) on which
     every trial's final model gets a held-out LM loss, shown next to its scores; 0 = off. Needs

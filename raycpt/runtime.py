@@ -110,6 +110,7 @@ def init_ray(cfg: RayConfig) -> bool:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     num_cpus = cfg.num_cpus or max(4, os.cpu_count() or 1)
     ray.init(
+        address="local",  # a new local Ray: never join a stray `ray start` cluster of this machine by accident
         num_cpus=num_cpus,
         object_store_memory=cfg.object_store_memory,
         include_dashboard=cfg.include_dashboard,

@@ -185,6 +185,7 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
               "heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", blocks)) if blocks else None}
     grid = Grid("contribution", scan_trials(layers), shared=shared, cpus=c.cpus_per_trial,
                 data_cpus=c.data_cpus_per_trial, max_concurrent=c.max_concurrent_trials, max_steps=cfg.train.max_steps,
+                model_path=model_path,
                 params={"num_layers": n, "scan_layers": ",".join(map(str, layers))[:500]})
     with ParentRun(cfg, run_dir, grid) as parent:
         with ray_session(cfg.ray):

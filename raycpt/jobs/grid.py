@@ -68,6 +68,7 @@ class Grid:
     max_concurrent: int = 1  # Tune trials running at once
     inline: bool = False  # run the trials one after the other in this process instead of as Tune trials
     max_steps: int = 0  # steps per trial, for the progress line
+    model_path: Optional[str] = None  # set: pack the corpus once (tokenizer of this model) before any trial
 
 
 @dataclass
@@ -214,6 +215,10 @@ def run_grid(parent: ParentRun, resume: bool = False, console=None) -> dict[str,
     results: dict[str, dict] = {}
     errors: dict[str, str] = {}
     preflight(cfg, grid.max_concurrent)  # shared storage on every node; the SQLite-with-concurrency warning
+    if grid.model_path is not None:
+        from raycpt.train.launch import packed_corpus
+
+        packed_corpus(cfg, grid.model_path, quiet=console is None)  # pack once; every trial then reads the store
     try:
         if grid.inline:
             for s in grid.specs:

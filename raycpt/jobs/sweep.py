@@ -122,7 +122,8 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
     run_dir = open_run_dir(cfg, "sweep", resume=resume)
     shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", blocks)) if blocks else None}
     grid = Grid("sweep", specs, params={"num_layers": num_layers}, shared=shared, cpus=s.cpus_per_trial,
-                data_cpus=s.data_cpus_per_trial, resources=s.trial_resources, max_concurrent=s.max_concurrent_trials, max_steps=cfg.train.max_steps)
+                data_cpus=s.data_cpus_per_trial, resources=s.trial_resources, max_concurrent=s.max_concurrent_trials,
+                max_steps=cfg.train.max_steps, model_path=model_path)
     with ParentRun(cfg, run_dir, grid) as parent, ray_session(cfg.ray):
         trace = None
         if s.trace_first:

@@ -1,14 +1,15 @@
-"""``run_training(cfg)``: validate, build the corpus, launch the ``TorchTrainer``, collect the result.
+"""``run_training(cfg)``: validate, pack (or reuse) the corpus, launch the ``TorchTrainer``, collect the result.
 
 Order of work (so bad input ends with one line and no MLflow run): resolve the model on the driver
 -> build the plan on a weightless (meta-device) copy of the model -> check ``data.seq_len``
-against the model's position limit -> build, materialize and split the corpus (empty -> error)
--> only then open the MLflow run and call ``TorchTrainer.fit()``.
+against the model's position limit -> the packed-token store of the corpus (packed once per
+corpus/tokenizer/seq_len, reused by every later run; empty or too small -> error) -> only then
+open the MLflow run and call ``TorchTrainer.fit()``.
 
 The trainer: ``ScalingConfig(num_workers, use_gpu, resources_per_worker={"CPU": cpus_per_worker})``
-(fractional CPUs so Ray Data tasks are never starved), ``RunConfig(name=<unique per attempt>,
-storage_path=<run_dir>/ray, FailureConfig(max_failures), CheckpointConfig(num_to_keep))``, one
-dataset per rank (``train_rank{r}``, not split again by Ray). It never calls ``ray.init``: the CLI
+``RunConfig(name=<unique per attempt>, storage_path=<run_dir>/ray, FailureConfig(max_failures),
+CheckpointConfig(num_to_keep))``, no Ray Datasets: each worker memory-maps the store and reads its
+own share (:mod:`raycpt.data.stream`). It never calls ``ray.init``: the CLI
 wraps it in :func:`raycpt.runtime.ray_session`, and inside a Ray Tune function trainable (Train V2
 runs a TorchTrainer launched from a trial) it uses the cluster it is already on.
 
@@ -166,6 +167,30 @@ def _faults_from_env() -> dict:
         raise RaycptError(f"RAYCPT_FAULTS is not a JSON object: {text!r}") from None
 
 
+# ------------------------------------------------------------------------------------ data
+
+def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
+    """The packed-token store of ``cfg.data`` (packed now when missing; one line either way unless
+    ``quiet``), checked to hold at least one micro-batch per worker. No corpus pass: counts are the
+    manifest's."""
+    from raycpt.data.pack import describe_build, describe_hit, ensure_packed
+    from raycpt.tracking import run_root
+
+    store, built = ensure_packed(cfg.data, model_path, run_root(cfg.tracking), rebuild=rebuild, progress=not quiet)
+    line = describe_build(store) if built else describe_hit(store)
+    log.info(line)
+    if not quiet:
+        print(line, flush=True)
+    t = cfg.train
+    need = t.num_workers * t.micro_batch_size
+    if store.num_blocks < need:
+        raise RaycptError(f"data.corpus {list(cfg.data.corpus)} gives only {store.num_blocks} full "
+                          f"{cfg.data.seq_len}-token blocks; {t.num_workers} worker(s) x "
+                          f"train.micro_batch_size={t.micro_batch_size} need at least {need} (add documents or lower "
+                          "data.seq_len)")
+    return store
+
+
 @dataclass
 class _Prepared:
     """What :func:`run_training` checked and built before any MLflow run exists."""
@@ -175,9 +200,9 @@ class _Prepared:
     counts: dict
     resume_from: Optional[str]
     resumed_step: Optional[int]
-    datasets: dict
+    store: object
+    """The packed-token store (:class:`raycpt.data.store.StoreInfo`)."""
     n_blocks: int
-    shard_rows: int
 
 
 def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
@@ -209,7 +234,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     run_dir, state = _open_run(cfg, run_dir, resume)
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
         return _result_from_files(run_dir, state)
-    prep = _prepare(cfg, run_dir, resume)  # everything is validated before any MLflow run (or new run folder)
+    prep = _prepare(cfg, run_dir, resume, progress)  # everything is validated before any MLflow run (or new run folder)
     if run_dir is None:
         run_dir = open_run_dir(cfg, "train")
 
@@ -250,11 +275,9 @@ def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> t
     return run_dir, (read_state(run_dir) if run_dir is not None else {})
 
 
-def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> _Prepared:
+def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progress: bool = False) -> _Prepared:
     """Validate the train settings, resolve the model, build the plan, find the checkpoint to resume,
-    build the corpus shards: every bad input fails here, before any MLflow run."""
-    from raycpt.data.corpus import prepare_shards
-
+    find (or pack) the corpus's packed store: every bad input fails here, before any MLflow run."""
     check_train_config(cfg)
     model_path = resolve_model_path(cfg)
     plan, counts, _ = prepare_plan(cfg, model_path)
@@ -264,12 +287,9 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> _P
         if found is not None:
             resumed_step, ckpt = found
             resume_from = str(ckpt)
-    datasets, n_blocks = prepare_shards(cfg.data, model_path, cfg.data.shuffle_seed if cfg.data.shuffle_seed
-                                        is not None else cfg.train.seed, cfg.train.num_workers,
-                                        cfg.train.micro_batch_size)
-    shard_rows = n_blocks // cfg.train.num_workers if cfg.train.num_workers > 1 else n_blocks
+    store = packed_corpus(cfg, model_path, quiet=not progress)
     return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
-                     resumed_step=resumed_step, datasets=datasets, n_blocks=n_blocks, shard_rows=shard_rows)
+                     resumed_step=resumed_step, store=store, n_blocks=store.num_blocks)
 
 
 def _log_start(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared) -> None:
@@ -296,7 +316,7 @@ def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: 
     loop_config = {
         "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
         "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": prep.resume_from,
-        "shard_rows": prep.shard_rows, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
+        "store": str(prep.store.path), "store_build": prep.store.build_id, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
     }
     if evaluate:
@@ -307,7 +327,7 @@ def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: 
 def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dict, ray_name: str, progress: bool,
          t_start: float) -> None:
     """Build the ``TorchTrainer`` and run it with the step bar; a worker's RaycptError stays one line."""
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from raycpt.report.progress import StepProgress
@@ -323,7 +343,6 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
         run_config=RunConfig(name=ray_name, storage_path=str(run_dir / "ray"),
                              failure_config=FailureConfig(max_failures=t.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),
-        datasets=prep.datasets, dataset_config=DataConfig(datasets_to_split=[]),
     )
     with StepProgress(run_dir / METRICS_FILE, t.max_steps, prep.resumed_step or 0, progress):
         try:

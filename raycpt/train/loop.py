@@ -26,8 +26,9 @@ folder with the tokenizer), ``train_state.pt`` (optimizer, scheduler, every rank
 step, data position, the per-step loss history, the plan) and ``train_state.json`` (readable
 summary). A restarted worker (``FailureConfig``) resumes from ``ray.train.get_checkpoint()``; a
 resumed run (``--resume``) passes ``resume_from`` in the loop config. The data position is the
-number of micro-batches each rank consumed (``step * grad_accum``): the shard is read in a fixed
-order, so no block is skipped or seen twice.
+number of micro-batches each rank consumed (``step * grad_accum``): each rank reads its share of
+the packed store in a seeded order per epoch (:mod:`raycpt.data.stream`), so a resume skips by
+arithmetic and no block is skipped or seen twice.
 
 A NaN/inf loss or gradient norm stops the run before the optimizer step: rank 0 writes
 ``train_status.json`` and every rank returns; the launcher turns it into one error line, and the
@@ -56,6 +57,9 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
+from raycpt.data.store import read_store
+from raycpt.data.stream import ArrayBlocks, PackedBlocks, iter_micro_batches
+from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.strategies import LayerPlan, apply_plan, param_groups
 from raycpt.train.background import BackgroundCalls
@@ -355,13 +359,12 @@ class RaySession(_Session):
         ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
 
     def batches(self, config: dict):
-        import ray.train
-
-        from raycpt.data.corpus import SHARD_PREFIX
-
-        shard = ray.train.get_dataset_shard(f"{SHARD_PREFIX}{self.rank}")
-        return lambda mbs: shard.iter_batches(batch_size=mbs, batch_format="numpy", drop_last=True,
-                                              prefetch_batches=2)
+        """The packed store the launcher chose (``config["store"]``), memory-mapped; no Ray Data."""
+        store = read_store(Path(config["store"]))
+        if store is None or store.build_id != config.get("store_build", store.build_id):
+            raise RaycptError(f"the packed store {config['store']} was removed or re-packed while this run used it; "
+                              "run it again")
+        return PackedBlocks(store.path, store.manifest)
 
     def _dist(self):
         import torch.distributed as dist
@@ -412,31 +415,17 @@ class LocalSession(_Session):
         self.reports.append((metrics, str(dest) if dest else None))
 
     def batches(self, config: dict):
-        def it(mbs):
-            for i in range(0, len(self.blocks) - mbs + 1, mbs):
-                yield {"input_ids": self.blocks[i:i + mbs]}
-        return it
+        return ArrayBlocks(self.blocks)
 
 
-def micro_batches(iter_fn, mbs: int, rows: Optional[int], skip: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """Endless ``(epoch, (mbs, seq) LongTensor)`` over the shard, epoch after epoch, skipping ``skip``.
-
-    ``rows`` (the shard's size) lets whole epochs be skipped without reading them."""
-    per_epoch = rows // mbs if rows else None
-    epoch = 0
-    if per_epoch:
-        epoch, skip = divmod(skip, per_epoch)
-    while True:
-        got = 0
-        for batch in iter_fn(mbs):
-            got += 1
-            if skip > 0:
-                skip -= 1
-                continue
-            yield epoch, torch.from_numpy(np.asarray(batch["input_ids"], dtype=np.int64))
-        if got == 0:
-            raise RuntimeError("the data shard is empty: fewer blocks than one micro-batch")
-        epoch += 1
+def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, skip: int
+                  ) -> Iterator[tuple[int, torch.Tensor]]:
+    """Endless ``(epoch, (mbs, seq) LongTensor)`` of this rank's share of ``source`` in the seeded
+    order of each epoch (:mod:`raycpt.data.stream`), starting after ``skip`` micro-batches."""
+    seed = data_cfg.shuffle_seed if data_cfg.shuffle_seed is not None else seed
+    for epoch, rows in iter_micro_batches(source, mbs, rank=rank, world=world, seed=seed,
+                                          window=data_cfg.shuffle_window, skip=skip):
+        yield epoch, torch.from_numpy(rows)
 
 
 # ------------------------------------------------------------------------------------ checkpoints
@@ -592,7 +581,7 @@ def train_loop_per_worker(config: dict) -> None:
 def run_loop(config: dict, session: _Session) -> dict:
     """The loop, for any session. Config keys: ``cfg`` (ExperimentConfig as a dict), ``model_path``,
     ``plan`` (LayerPlan dict), ``run_dir``, ``mlflow`` ({uri, run_id} or None), ``resume_from``
-    (checkpoint folder or None), ``shard_rows``, ``callbacks`` (StepCallback list), ``faults`` (tests,
+    (checkpoint folder or None), ``store`` / ``store_build`` (the packed store), ``callbacks`` (StepCallback list), ``faults`` (tests,
     :class:`FaultHooks`), ``torch_threads``, ``evaluate`` (see :func:`evaluate_in_worker`). Returns a
     summary (rank 0's view).
 
@@ -613,7 +602,7 @@ def run_loop(config: dict, session: _Session) -> dict:
         t_eval = time.perf_counter()
         evaluate_in_worker(w.model, w.tokenizer, w.cfg.eval, config["evaluate"])
         if w.logger is not None:
-            w.logger.event({"event": "evaluated", "step": state.step, "time": time.time(),
+            w.logger.event({"timing": "evaluated", "step": state.step, "time": time.time(),
                             "seconds": time.perf_counter() - t_eval})
     return {"status": status, "losses": w.history, "step_times": w.step_times, "step_cpu": w.step_cpu,
             "counts": w.counts, "tokens_per_step": _tokens_per_step(w)}
@@ -684,7 +673,7 @@ def _data(w: _Worker) -> Iterator[tuple[int, torch.Tensor]]:
     """This rank's micro-batches, after the ones the steps before ``start_step`` consumed."""
     config, session, tcfg = w.config, w.session, w.cfg.train
     ga, mbs, start_step = tcfg.grad_accum, tcfg.micro_batch_size, w.start_step
-    return micro_batches(session.batches(config), mbs, config.get("shard_rows"), skip=start_step * ga)
+    return micro_batches(session.batches(config), w.cfg.data, mbs, w.rank, w.world, tcfg.seed, skip=start_step * ga)
 
 
 def _start(w: _Worker) -> LoopState:
@@ -723,11 +712,11 @@ def _train(w: _Worker, data, state: LoopState) -> dict:
             _checkpoint(w.session, w.model, w.wrapped, w.tokenizer, w.optimizer, w.scheduler, step, w.history,
                         w.plan, w.fsdp, data_pos={"micro_batches_consumed": step * tcfg.grad_accum,
                                                   "epoch": metrics["epoch"],
-                                                  "shard_rows": w.config.get("shard_rows")},
+                                                  "store_build": w.config.get("store_build")},
                         metrics={"step": step, "loss": metrics["loss"]})
             last_ckpt = step
             if w.logger is not None:
-                w.logger.event({"event": "checkpoint", "step": step, "seconds": time.perf_counter() - t_ckpt})
+                w.logger.event({"timing": "checkpoint", "step": step, "seconds": time.perf_counter() - t_ckpt})
     return {"status": "finished"}
 
 

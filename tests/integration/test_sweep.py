@@ -108,6 +108,18 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
         assert t["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
         assert by_name[t["name"]]["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
     assert "held-out loss" in (summary / "summary.md").read_text()
+
+    # the corpus was tokenised exactly once for the whole sweep: one packed store, built once (the
+    # pack log has one line), holding the first 50 documents; every trial read it
+    from raycpt.data.store import builds_logged, list_stores
+
+    root = tmp_path / "runs" / "packed"
+    (store,) = list_stores(root)
+    assert store.manifest["build"] == 1 and len(builds_logged(root)) == 1
+    assert store.manifest["num_documents"] == 50 and store.manifest["seq_len"] == 32
+    for t in res.trials:
+        ck = sorted((res.run_dir / "trials").glob(f"{t['name']}/**/checkpoint_*/train_state.json"))
+        assert ck and json.loads(ck[-1].read_text())["data"]["store_build"] == store.build_id
     assert (summary / "heldout_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "summary/heldout_loss.png" in logged
 
