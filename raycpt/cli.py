@@ -401,6 +401,8 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     first = f"{res.losses[0]:.4f}" if res.losses else "n/a"
     last = f"{res.losses[-1]:.4f}" if res.losses else "n/a"
     resumed = f" (resumed at step {res.resumed_from_step})" if res.resumed_from_step else ""
+    if res.reused:
+        console.print(f"run already finished: nothing re-run; its saved result follows", markup=False)
     console.print(f"plan {res.plan['name']}: {res.trainable_params:,} trainable / {res.frozen_params:,} frozen "
                   f"parameters; {len(res.steps)} steps{resumed}; loss {first} -> {last}; "
                   f"{res.tokens_per_s:,.0f} tokens/s (median); wall {res.wall_s:.1f}s", markup=False, highlight=False, soft_wrap=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -368,6 +369,11 @@ class ExperimentConfig:
     contribution: Optional[dict] = None
     """Contribution-scan settings (see ``raycpt contribution``)."""
 
+    def __post_init__(self):
+        _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None
+               and self.name not in (".", ".."), "name", self.name,
+               "1-100 letters, digits, '-', '_' or '.' (it names run folders: no path separators)")
+
 
 # ----------------------------------------------------------------------------------------------
 # generic dict <-> dataclass with checks
@@ -462,14 +468,19 @@ def _coerce(value: Any, tp, name: str):
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(name, value, "a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+        out = None
+        if isinstance(value, (int, float, str)):
             try:
-                return float(value)
+                out = float(value)
             except ValueError:
                 pass
-        raise ConfigError(name, value, "a number")
+            except OverflowError:  # an integer beyond float range
+                out = math.inf
+        if out is None:
+            raise ConfigError(name, value, "a number")
+        if not math.isfinite(out):
+            raise ConfigError(name, value, "a finite number (inf and nan are not accepted)")
+        return out
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

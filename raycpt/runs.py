@@ -36,7 +36,8 @@ def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> P
     """Create (or with ``resume``, re-open the newest) run folder for ``command`` and save the config.
 
     Makes ``cfg.tracking.run_root`` and ``cfg.tracking.uri`` absolute in place, so Ray workers (whose
-    working directory differs, e.g. under ``ray job submit``) log to the same store.
+    working directory differs, e.g. under ``ray job submit``) log to the same store. A re-opened
+    folder keeps the ``config.yaml`` it was made with (see :func:`resume_changes`).
     """
     from raycpt.tracking import tracking_uri
 
@@ -50,11 +51,45 @@ def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> P
         if not existing:
             raise RaycptError(f"--resume: no earlier {command!r} run named {cfg.name!r} under {root}")
         run_dir = existing[-1]
+        if (run_dir / "config.yaml").is_file():
+            return run_dir
     else:
         run_dir = root / f"{prefix}{uuid.uuid4().hex[:8]}"
         run_dir.mkdir(parents=True)
     save_config(cfg, run_dir / "config.yaml")
     return run_dir
+
+
+RESUME_NEUTRAL = ("train.max_failures", "train.log_every", "train.keep_checkpoints", "train.cpus_per_worker")
+
+
+def resume_changes(run_dir: Path, cfg: ExperimentConfig, sections=("model", "data", "plan", "train"),
+                   neutral=RESUME_NEUTRAL) -> list[str]:
+    """``key: saved -> new`` for every setting of ``sections`` in which ``cfg`` differs from the
+    ``config.yaml`` the run folder was made with (``neutral`` keys do not count: they change nothing
+    a checkpoint depends on)."""
+    from raycpt.config import config_to_dict, load_config
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return []
+    try:
+        saved = config_to_dict(load_config(path))
+    except RaycptError as e:
+        return [f"its config.yaml no longer loads ({e})"]
+    new = config_to_dict(cfg)
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            out.update(flat(v, key + ".") if isinstance(v, dict) and v else {key: v})
+        return out
+
+    a = {k: v for s in sections for k, v in flat(saved.get(s) or {}, s + ".").items()}
+    b = {k: v for s in sections for k, v in flat(new.get(s) or {}, s + ".").items()}
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and k not in neutral]
 
 
 def read_state(run_dir: Path) -> dict:

@@ -32,6 +32,7 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import LayerPlan, build_plan, is_tied
+from raycpt.train.checkpoint import find_checkpoints, publish_model, verify_model_folder
 
 FINAL_MODEL = "final_model"
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class TrainResult:
     last_checkpoint: Optional[Path] = None
     resumed_from_step: Optional[int] = None
     step_times: list[float] = field(default_factory=list)
+    reused: bool = False
+    """True when ``--resume`` found the run finished and re-ran nothing (the figures are the saved ones)."""
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -126,19 +129,20 @@ def check_train_config(cfg: ExperimentConfig) -> None:
 
 # ------------------------------------------------------------------------------------ checkpoints
 
-def latest_checkpoint(run_dir: Path) -> Optional[tuple[int, Path]]:
-    """The newest complete checkpoint of any attempt of this run: (step, folder)."""
-    from raycpt.train.loop import find_checkpoints
-
-    cps = find_checkpoints(Path(run_dir) / "ray")
+def latest_checkpoint(run_dir: Path, report: bool = False) -> Optional[tuple[int, Path]]:
+    """The newest verified checkpoint of any attempt of this run: (step, folder). ``report``: one
+    warning line for each checkpoint that fails its manifest check (and so is skipped)."""
+    failed: list = []
+    cps = find_checkpoints(Path(run_dir) / "ray", failed)
+    if report:
+        for folder, why in failed:
+            log.warning("skipping checkpoint %s: %s", folder, why)
     return cps[-1] if cps else None
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
     """Keep the newest ``keep`` complete checkpoints over all attempts; delete the rest (Ray prunes
     only the checkpoints it registered; one cut short by a worker kill is not)."""
-    from raycpt.train.loop import find_checkpoints
-
     complete = find_checkpoints(Path(run_dir) / "ray")
     keep_set = {p.resolve() for _, p in complete[-keep:]}
     removed = []
@@ -195,6 +199,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     t_start = time.time()
     if run_dir is None and resume:
         run_dir = open_run_dir(cfg, "train", resume=True)
+        _check_resume_settings(run_dir, cfg)
     elif run_dir is not None:
         run_dir = Path(run_dir).resolve()
         _make_absolute(cfg)
@@ -202,7 +207,11 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         save_config(cfg, run_dir / "config.yaml")
     state = read_state(run_dir) if run_dir is not None else {}
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
-        return _result_from_files(run_dir, state)
+        why = verify_model_folder(run_dir / FINAL_MODEL)
+        if why is None:
+            return _result_from_files(run_dir, state)
+        log.warning("%s fails its manifest check (%s): publishing it again from the last verified checkpoint",
+                    run_dir / FINAL_MODEL, why)
 
     # ---- validate everything before any MLflow run (or new run folder) exists
     check_train_config(cfg)
@@ -210,7 +219,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     plan, counts, _ = prepare_plan(cfg, model_path)
     resume_from, resumed_step = None, None
     if resume:
-        found = latest_checkpoint(run_dir)
+        found = latest_checkpoint(run_dir, report=True)
         if found is not None:
             resumed_step, ckpt = found
             resume_from = str(ckpt)
@@ -280,13 +289,16 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
             last = latest_checkpoint(run_dir)
             where = f"step {last[0]} at {last[1]}" if last else "none (no checkpoint was written before it)"
             write_state(run_dir, status="nonfinite")
-            raise RaycptError(f"training stopped at step {status['step']}: the {status['what']} is "
-                              f"{status['value']}; the last good checkpoint is {where}")
+            what = (f"the weights are not finite after its update ({status['value']}; is train.lr too high?)"
+                    if status["what"] == "weights" else f"the {status['what']} is {status['value']}")
+            raise RaycptError(f"training stopped at step {status['step']}: {what}; the last good checkpoint is {where}")
         found = latest_checkpoint(run_dir)
         ckpt_dir = found[1] if found else None
         if ckpt_dir is None:
             raise RuntimeError(f"training finished but left no checkpoint under {run_dir / 'ray'}")
-        _publish_model(ckpt_dir / "model", final_dir)
+        published = publish_model(ckpt_dir, final_dir)  # a verified copy (or reflink), never a hard link
+        log.info("final_model: %d files, %.0f MB by %s in %.2fs", published["files"], published["bytes"] / 1e6,
+                 published["how"], published["seconds"])
         prune_checkpoints(run_dir, t.keep_checkpoints)
 
         records = read_step_records(metrics_path)
@@ -301,7 +313,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         mlflow.set_tag("raycpt.final_model_dir", str(final_dir))
         wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
         mlflow.log_metrics({"final_loss": losses[-1] if losses else float("nan"), "wall_time_s": wall,
-                            "median_tokens_per_s": tok_s})
+                            "median_tokens_per_s": tok_s, "publish_s": published["seconds"]})
         res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
                           wall_s=wall, trainable_params=counts["trainable"], frozen_params=counts["frozen"],
                           mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
@@ -325,19 +337,16 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _publish_model(src: Path, dest: Path) -> None:
-    """Publish the last checkpoint's model folder as ``dest``, atomically. Files are hard-linked
-    (a checkpoint is never modified in place, and pruning it later leaves the links intact), so a
-    sweep does not hold every trial's weights twice; a copy where links are impossible."""
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        shutil.copytree(src, tmp, copy_function=os.link)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+def _check_resume_settings(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """``--resume`` continues a run with the settings it was made with; one line when ``cfg`` differs."""
+    from raycpt.runs import resume_changes
+
+    changed = resume_changes(run_dir, cfg)
+    if changed:
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise RaycptError(f"--resume: {run_dir} was made with other settings: {'; '.join(changed[:3])}{more}. "
+                          "A resume continues a run with its own settings (its learning-rate schedule depends on "
+                          "them): drop the change, or start a new run without --resume")
 
 
 def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
@@ -347,7 +356,7 @@ def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
                        trainable_params=d["trainable_params"], frozen_params=d["frozen_params"],
                        mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
                        last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,
-                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []))
+                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []), reused=True)
 
 
 def _training_error(e: Exception) -> Exception:
