@@ -24,7 +24,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from raycpt.errors import ConfigError, RaycptError
+from raycpt.errors import ConfigError, RaycptError, read_user_text
 
 
 def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
@@ -410,7 +410,7 @@ def _coerce(value: Any, tp, name: str):
         return _build(tp, value, name)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None and type(None) in args:
+        if (value is None or value == "") and type(None) in args:
             return None
         non_none = [a for a in args if a is not type(None)]
         if len(non_none) == 1 and dataclasses.is_dataclass(non_none[0]):  # Optional[Section]: keep its own error
@@ -534,7 +534,10 @@ for _ch in "-+0":
 
 
 def _parse_scalar(text: str):
-    """Parse an override value with YAML rules (``1e-4`` -> float, ``[1,2]`` -> list, ``null``)."""
+    """Parse an override value with YAML rules (``1e-4`` -> float, ``[1,2]`` -> list, ``null``);
+    an empty value is the empty string (null for an optional field)."""
+    if not text.strip():
+        return ""
     try:
         value = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError:
@@ -567,10 +570,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def read_yaml(path: str | os.PathLike) -> dict:
     p = Path(path)
-    if not p.is_file():
-        raise RaycptError(f"config file not found: {p}")
+    text = read_user_text(p, "config file")
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_YamlLoader)
+        data = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

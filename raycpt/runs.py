@@ -102,3 +102,13 @@ def write_state(run_dir: Path, **updates) -> dict:
     state.update(updates)
     atomic_write_json(Path(run_dir) / "state.json", state)
     return state
+
+
+def refuse_existing_outputs(paths, overwrite: bool, flag: str = "--overwrite") -> None:
+    """One line (before anything is written) when an output folder would replace a non-empty
+    existing one, unless ``overwrite``: outputs never delete what the user had without asking."""
+    for p in paths:
+        p = Path(p)
+        if p.exists() and not overwrite and (not p.is_dir() or any(p.iterdir())):
+            raise RaycptError(f"{p} already exists and is not empty: nothing was written; pass {flag} to replace "
+                              "it, or choose another folder")

@@ -114,6 +114,7 @@ def init_ray(cfg: RayConfig) -> bool:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torch.distributed (gloo) pairs on loopback too
     with loopback_only():
         ray.init(
+            address="local",  # always a new private instance, never a `ray start` cluster found on this machine
             num_cpus=num_cpus,
             object_store_memory=cfg.object_store_memory,
             include_dashboard=cfg.include_dashboard,

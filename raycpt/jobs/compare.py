@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from raycpt.config import ExperimentConfig
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, read_user_text
 from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir
 
 
@@ -83,6 +84,12 @@ def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
 
     info = resolve_model(ref, cache_dir=cfg.model.cache_dir, progress=True)
     return str(info.path)
+
+
+def _refuse_same(base: str, tuned: str, a: str, b: str) -> None:
+    if os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b)):
+        raise RaycptError(f"BASE and TUNED are the same model ({base!r} and {tuned!r}): every metric would be "
+                          "trivially identical; give the base model and a trained one")
 
 
 def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
@@ -139,6 +146,8 @@ def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
             raise RaycptError("no default prompts: WordNet (/usr/share/wordnet) is missing; give --prompts FILE")
         return texts
     p = Path(spec).expanduser()
+    if p.is_dir():
+        raise RaycptError(f"--prompts {spec} is a directory; expected a .jsonl or .txt file")
     if not p.is_file():
         try:  # a named prompt set of the trace module (builtin:wordnet-lexical, ...)
             from raycpt.diagnostics import prompts as P  # noqa: F401
@@ -151,7 +160,7 @@ def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
                           "or a .txt with one prompt per line)")
     texts: list[str] = []
     if p.suffix == ".jsonl":
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        for i, line in enumerate(read_user_text(p, "--prompts file").splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -163,7 +172,7 @@ def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
                 raise RaycptError(f"--prompts {p}: line {i} has none of the fields text, prompt, s1/s2")
             texts.append(t)
     else:
-        texts = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        texts = [ln.strip() for ln in read_user_text(p, "--prompts file").splitlines() if ln.strip()]
     texts = texts[:limit]
     if len(texts) < 2:
         raise RaycptError(f"--prompts {p}: found {len(texts)} prompt(s); need at least 2")
@@ -458,7 +467,9 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
         if not base or not tuned:
             raise RaycptError("compare needs BASE and TUNED (model references, model folders or run folders), "
                               "or --sweep RUN")
+        _refuse_same(base, tuned, base, tuned)  # before resolving anything
         base_path, tuned_path = resolve_ref(base, cfg), resolve_ref(tuned, cfg)
+        _refuse_same(base, tuned, base_path, tuned_path)
         pairs = [("tuned", base_path, tuned_path)]
         base_label = base
     n = 0

@@ -35,7 +35,7 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
-from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
+from raycpt.runs import atomic_write_json, open_run_dir, read_state, refuse_existing_outputs, write_state
 
 SEGMENT_MAP = "segment_map.json"
 
@@ -109,13 +109,15 @@ def build_one(plan, folder: Path, progress: bool = False) -> BuiltHybrid:
 
 
 def build_hybrids(cfg: ExperimentConfig, builds: Optional[list[str]] = None, out: Optional[str] = None,
-                  progress: bool = True) -> tuple[Path, list[BuiltHybrid]]:
-    """``raycpt hybrid build``: write every build under ``out/<build>/`` (default: a new run folder)."""
+                  progress: bool = True, overwrite: bool = False) -> tuple[Path, list[BuiltHybrid]]:
+    """``raycpt hybrid build``: write every build under ``out/<build>/`` (default: a new run folder).
+    An existing non-empty ``out/<build>/`` is replaced only with ``overwrite``."""
     plans = plan_builds(cfg, builds)
     if out is None:
         root = open_run_dir(cfg, "hybrid-build")
     else:
         root = Path(out).expanduser().resolve()
+        refuse_existing_outputs([root / p.name for p in plans], overwrite, "--overwrite")
         root.mkdir(parents=True, exist_ok=True)
     built = [build_one(p, root / p.name, progress=progress) for p in plans]
     return root, built
