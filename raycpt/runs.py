@@ -8,8 +8,10 @@ renamed into place (:func:`atomic_write_text`), so an interrupted command never 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
@@ -112,3 +114,84 @@ def refuse_existing_outputs(paths, overwrite: bool, flag: str = "--overwrite") -
         if p.exists() and not overwrite and (not p.is_dir() or any(p.iterdir())):
             raise RaycptError(f"{p} already exists and is not empty: nothing was written; pass {flag} to replace "
                               "it, or choose another folder")
+
+
+class AttemptClock:
+    """Wall time of one unit of work (a sweep trial) summed over all its attempts, including
+    attempts that were killed (``kill -9``: nothing runs at the end of those).
+
+    ``path`` (JSON) lists every attempt's ``start`` and ``last`` time; a daemon thread moves
+    ``last`` forward every ``beat_s`` seconds, so a killed attempt counts up to its last beat
+    (at most ``beat_s`` short). Use as ``with AttemptClock(path) as clock: ... clock.elapsed``."""
+
+    def __init__(self, path: Path, beat_s: float = 2.0):
+        self.path, self.beat_s = Path(path), float(beat_s)
+        self._stop = None
+        self._thread = None
+        self.attempts: list[dict] = []
+
+    def _write(self) -> None:
+        import time
+
+        self.attempts[-1]["last"] = time.time()
+        atomic_write_json(self.path, {"attempts": self.attempts})
+
+    def __enter__(self) -> "AttemptClock":
+        import threading
+        import time
+
+        try:
+            self.attempts = list(json.loads(self.path.read_text()).get("attempts", []))
+        except (OSError, ValueError, AttributeError):
+            self.attempts = []
+        now = time.time()
+        self.attempts.append({"start": now, "last": now})
+        self._write()
+        self._stop = threading.Event()
+
+        def beat():
+            while not self._stop.wait(self.beat_s):
+                try:
+                    self._write()
+                except OSError:  # pragma: no cover - a full or vanished disk must not kill the trial
+                    pass
+
+        self._thread = threading.Thread(target=beat, name="raycpt-attempt-clock", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds over every attempt: earlier ones up to their last beat, this one up to now."""
+        import time
+
+        done = sum(max(0.0, float(a["last"]) - float(a["start"])) for a in self.attempts[:-1])
+        return done + time.time() - float(self.attempts[-1]["start"])
+
+    def __exit__(self, *exc) -> bool:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._write()
+        return False
+
+
+def assert_private_folder(path) -> Path:
+    """Refuse to restore from ``path`` when group or others can write it or anything in it.
+
+    Ray Tune's restore (``Tuner.restore``) unpickles ``tuner.pkl`` and trial state from the run
+    folder: whoever can write there can run code in the driver. Returns ``path`` when only its
+    owner can write every entry; raises RaycptError naming the first offender otherwise."""
+    path = Path(path)
+    entries = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for p in entries:
+        with contextlib.suppress(FileNotFoundError):
+            st = p.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                mode = stat.S_IMODE(st.st_mode)
+                raise RaycptError(
+                    f"refusing to restore {path}: {p} is writable by group or others (mode {mode:o});"
+                    f" Tune's restore unpickles files from this folder, so whoever can write there can run code here"
+                    f" (chmod -R go-w {path} if you trust its contents)")
+    return path

@@ -33,7 +33,8 @@ from typing import Any, Optional
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
 from raycpt.evaluate import lm_loss  # noqa: F401 - used by trials, re-exported
-from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir, read_state, write_state
+from raycpt.runs import (assert_private_folder, atomic_write_json, atomic_write_text, open_run_dir, read_state,
+                         write_state)
 
 DEFAULTS: dict[str, Any] = {
     "layers": "all",
@@ -393,7 +394,7 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
                 bundles.append({"CPU": data_cpus, "memory": 1 << 30})
             trainable = tune.with_resources(_tune_trainable, tune.PlacementGroupFactory(bundles))
             tune_path = run_dir / "tune"
-            if resume and tune_path.exists() and tune.Tuner.can_restore(str(tune_path)):
+            if resume and tune_path.exists() and tune.Tuner.can_restore(str(assert_private_folder(tune_path))):
                 tuner = tune.Tuner.restore(str(tune_path), trainable=trainable, resume_unfinished=True,
                                            resume_errored=True)
             else:

@@ -29,7 +29,7 @@ from typing import Any, Optional
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
 from raycpt.report.progress import TrialsProgress
-from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
+from raycpt.runs import AttemptClock, assert_private_folder, atomic_write_json, open_run_dir, read_state, write_state
 
 SPLIT_STRATEGIES = ("train_shallow", "train_deep")
 
@@ -159,7 +159,7 @@ def run_trial(config: dict) -> dict:
     exp_id = ensure_store(cfg.tracking)
     with ChildRun(MlflowClient(), tdir / "trial.json", exp_id, config["parent_run_id"], spec.name,
                   tags={"raycpt.command": "sweep", "raycpt.trial": spec.name},
-                  meta={"spec": dataclasses.asdict(spec)}) as run:
+                  meta={"spec": dataclasses.asdict(spec)}) as run, AttemptClock(tdir / "attempts.json") as clock:
         if run.created:
             for k, v in {"strategy": spec.strategy, "split": spec.split, "b": spec.b, "seed": cfg.train.seed,
                          "overrides": ",".join(spec.overrides)}.items():
@@ -174,7 +174,7 @@ def run_trial(config: dict) -> dict:
         ev, heldout = trial_evaluation(str(train.final_model_dir), tcfg, tdir / "eval", spec.name,
                                        config.get("heldout_path"))
         cells = ev.metrics()
-        wall = run.elapsed
+        wall = clock.elapsed  # every attempt's seconds, killed ones included
         result = {
             "name": spec.name, "strategy": spec.strategy, "split": spec.split, "b": spec.b,
             "trainable_params": int(train.trainable_params), "frozen_params": int(train.frozen_params),
@@ -304,7 +304,7 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
                 bundles.append({"CPU": cfg.sweep.data_cpus_per_trial, "memory": 1 << 30})
             trainable = tune.with_resources(_tune_trainable, tune.PlacementGroupFactory(bundles))
             tune_path = run_dir / "tune"
-            if resume and tune_path.exists() and tune.Tuner.can_restore(str(tune_path)):
+            if resume and tune_path.exists() and tune.Tuner.can_restore(str(assert_private_folder(tune_path))):
                 tuner = tune.Tuner.restore(str(tune_path), trainable=trainable, resume_unfinished=True,
                                            resume_errored=True)
             else:

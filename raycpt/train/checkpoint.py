@@ -19,20 +19,18 @@ finite weights (:func:`all_finite`). ``final_model/`` is a copy of the verified 
 ``model/`` files (a reflink where the filesystem can, else a byte copy) checked against the same
 hashes, never a hard link: changing a checkpoint cannot change the published model.
 
-:func:`assert_private_folder`: Ray Tune's restore unpickles ``tuner.pkl`` (and trial state) from
-the run folder, so it trusts that folder; this refuses one that group or others can write.
+Ray Tune's restore, which unpickles ``tuner.pkl``, is guarded by
+:func:`raycpt.runs.assert_private_folder`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 import random
 import shutil
-import stat
 import tempfile
 import time
 import uuid
@@ -414,26 +412,3 @@ def publish_model(ckpt, dest) -> dict:
 def verify_model_folder(folder) -> Optional[str]:
     """:func:`verify_checkpoint` for a published model folder (``final_model/``)."""
     return verify_checkpoint(folder, require=("config.json",))
-
-
-# ------------------------------------------------------------------------------------ trust
-
-def assert_private_folder(path) -> Path:
-    """Refuse to restore from ``path`` when group or others can write it or anything in it.
-
-    Ray Tune's restore (``Tuner.restore``) unpickles ``tuner.pkl`` and trial state from the run
-    folder: whoever can write there can run code in the driver. Returns ``path`` when only its
-    owner can write every entry; raises RaycptError naming the first offender otherwise."""
-    path = Path(path)
-    entries = [path, *path.rglob("*")] if path.is_dir() else [path]
-    for p in entries:
-        with contextlib.suppress(FileNotFoundError):
-            st = p.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise RaycptError(
-                    f"refusing to restore {path}: {p} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o});"
-                    f" Tune's restore unpickles files from this folder, so whoever can write there can run code here"
-                    f" (chmod -R go-w {path} if you trust its contents)")
-    return path
