@@ -136,7 +136,7 @@ def latest_checkpoint(run_dir: Path, report: bool = False) -> Optional[tuple[int
     cps = find_checkpoints(Path(run_dir) / "ray", failed)
     if report:
         for folder, why in failed:
-            log.warning("skipping checkpoint %s: %s", folder, why)
+            log.warning("warning: skipping checkpoint %s: %s", folder, why)
     return cps[-1] if cps else None
 
 
@@ -210,7 +210,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         why = verify_model_folder(run_dir / FINAL_MODEL)
         if why is None:
             return _result_from_files(run_dir, state)
-        log.warning("%s fails its manifest check (%s): publishing it again from the last verified checkpoint",
+        log.warning("warning: %s fails its manifest check (%s): publishing it again from the last verified checkpoint",
                     run_dir / FINAL_MODEL, why)
 
     # ---- validate everything before any MLflow run (or new run folder) exists
