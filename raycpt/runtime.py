@@ -107,7 +107,11 @@ def init_ray(cfg: RayConfig) -> bool:
         return False
     address = cluster_address(cfg)
     if address:
-        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+        host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+        # a loopback address stays loopback (Ray would turn 127.0.0.1 into this machine's IP, which a
+        # private Ray does not listen on)
+        with loopback_only() if _is_loopback(host) else contextlib.nullcontext():
+            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
         return True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     num_cpus = cfg.num_cpus or max(4, os.cpu_count() or 1)
