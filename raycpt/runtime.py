@@ -111,7 +111,7 @@ def init_ray(cfg: RayConfig) -> bool:
         # a loopback address stays loopback (Ray would turn 127.0.0.1 into this machine's IP, which a
         # private Ray does not listen on)
         with loopback_only() if _is_loopback(host) else contextlib.nullcontext():
-            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.ERROR)
         return True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     num_cpus = cfg.num_cpus or max(4, os.cpu_count() or 1)
