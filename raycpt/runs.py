@@ -14,6 +14,7 @@ import stat
 import uuid
 from pathlib import Path
 
+from raycpt.cluster import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
@@ -28,6 +29,7 @@ def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> P
     working directory differs, e.g. under ``ray job submit``) log to the same store. A re-opened
     folder keeps the ``config.yaml`` it was made with (see :func:`resume_changes`).
     """
+    check_store(cfg.tracking)
     root = run_root(cfg.tracking)
     cfg.tracking.run_root = str(root)
     cfg.tracking.uri = tracking_uri(cfg.tracking)
