@@ -5,6 +5,7 @@ ones the tryout found broken, the slow mark runs all of them."""
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bad_inputs", ROOT / "scripts" / "bad_inputs.py")
 bad_inputs = importlib.util.module_from_spec(_spec)
+sys.modules["bad_inputs"] = bad_inputs  # dataclasses look their module up there
 _spec.loader.exec_module(bad_inputs)
 
 TRYOUT = ["binary config", "config is a directory", "ranking num_layers='many'", "ranking score='high'",
