@@ -154,17 +154,16 @@ def models_list(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)
 def ui(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
        port: int = typer.Option(5000, help="port on 127.0.0.1")):
     """Start the MLflow UI on the run root's store, bound to 127.0.0.1."""
-    import subprocess
-
     from raycpt.tracking import ensure_store, runs_url, tracking_uri
+    from raycpt.ui import check_port_free, serve_ui
 
     cfg = load(args)
+    check_port_free(port)
     exp_id = ensure_store(cfg.tracking)
     uri = tracking_uri(cfg.tracking)
     console.print(f"MLflow UI for {uri}: runs of experiment {cfg.tracking.experiment!r} at "
                   f"{runs_url(exp_id, port=port)}  (Ctrl-C to stop)", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-                                      "--host", "127.0.0.1", "--port", str(port)]))
+    raise typer.Exit(serve_ui(uri, port))
 
 
 # ---- sweep ----
@@ -342,13 +341,14 @@ def hybrid_build(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP
                  out: Optional[str] = typer.Option(None, help="folder to write the builds into (default: a new run "
                                                               "folder <run_root>/hybrid-build-<name>-<id>)"),
                  build: Optional[str] = typer.Option(None, help="only this build: new_shallow, new_deep or custom "
-                                                                "(default: every build in hybrid.builds)")):
+                                                                "(default: every build in hybrid.builds)"),
+                 overwrite: bool = typer.Option(False, help="replace an existing non-empty --out/<build> folder")):
     """Assemble the hybrid(s) of the config's ``hybrid`` section, save each (safetensors) and print its segment map."""
     from raycpt.jobs.hybrid import build_hybrids
     from raycpt.report.hybrid import counts_line, segment_table
 
     cfg = load(args)
-    root, built = build_hybrids(cfg, builds=[build] if build else None, out=out, progress=True)
+    root, built = build_hybrids(cfg, builds=[build] if build else None, out=out, progress=True, overwrite=overwrite)
     for b in built:
         console.print(segment_table(b))
         console.print(counts_line(b), markup=False, highlight=False)
@@ -449,6 +449,8 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     first = f"{res.losses[0]:.4f}" if res.losses else "n/a"
     last = f"{res.losses[-1]:.4f}" if res.losses else "n/a"
     resumed = f" (resumed at step {res.resumed_from_step})" if res.resumed_from_step else ""
+    if res.reused:
+        console.print("run already finished: nothing re-run; its saved result follows", markup=False)
     console.print(f"plan {res.plan['name']}: {res.trainable_params:,} trainable / {res.frozen_params:,} frozen "
                   f"parameters; {len(res.steps)} steps{resumed}; loss {first} -> {last}; "
                   f"{res.tokens_per_s:,.0f} tokens/s (median); wall {res.wall_s:.1f}s", markup=False, highlight=False, soft_wrap=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -23,7 +24,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from raycpt.errors import ConfigError, RaycptError
+from raycpt.errors import ConfigError, RaycptError, read_user_text
 
 
 PLANS: dict[str, Any] = {}
@@ -472,6 +473,11 @@ class ExperimentConfig:
     contribution: ContributionConfig = field(default_factory=ContributionConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
 
+    def __post_init__(self):
+        _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None
+               and self.name not in (".", ".."), "name", self.name,
+               "1-100 letters, digits, '-', '_' or '.' (it names run folders: no path separators)")
+
 
 # ----------------------------------------------------------------------------------------------
 # generic dict <-> dataclass with checks
@@ -508,7 +514,7 @@ def _coerce(value: Any, tp, name: str):
         return _build(tp, value, name)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None and type(None) in args:
+        if (value is None or value == "") and type(None) in args:
             return None
         non_none = [a for a in args if a is not type(None)]
         if len(non_none) == 1 and dataclasses.is_dataclass(non_none[0]):  # Optional[Section]: keep its own error
@@ -572,14 +578,19 @@ def _coerce_scalar(value: Any, tp, name: str):
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(name, value, "a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+        out = None
+        if isinstance(value, (int, float, str)):
             try:
-                return float(value)
+                out = float(value)
             except ValueError:
                 pass
-        raise ConfigError(name, value, "a number")
+            except OverflowError:  # an integer beyond float range
+                out = math.inf
+        if out is None:
+            raise ConfigError(name, value, "a number")
+        if not math.isfinite(out):
+            raise ConfigError(name, value, "a finite number (inf and nan are not accepted)")
+        return out
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -633,7 +644,10 @@ for _ch in "-+0":
 
 
 def _parse_scalar(text: str):
-    """Parse an override value with YAML rules (``1e-4`` -> float, ``[1,2]`` -> list, ``null``)."""
+    """Parse an override value with YAML rules (``1e-4`` -> float, ``[1,2]`` -> list, ``null``);
+    an empty value is the empty string (null for an optional field)."""
+    if not text.strip():
+        return ""
     try:
         value = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError:
@@ -682,10 +696,9 @@ def config_with(cfg: ExperimentConfig, settings: dict) -> ExperimentConfig:
 
 def read_yaml(path: str | os.PathLike) -> dict:
     p = Path(path)
-    if not p.is_file():
-        raise RaycptError(f"config file not found: {p}")
+    text = read_user_text(p, "config file")
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_YamlLoader)
+        data = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

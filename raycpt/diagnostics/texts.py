@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raycpt.diagnostics import prompts as P
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, read_user_text
 
 
 def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
@@ -21,6 +21,8 @@ def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
     if spec is None or spec == P.GLOSSES:
         return P.gloss_texts(limit)
     p = Path(spec).expanduser()
+    if p.is_dir():
+        raise RaycptError(f"--prompts {spec} is a directory; expected a .jsonl or .txt file")
     if not p.is_file():
         if spec in P.BUILTIN:  # a named prompt set of the trace module (builtin:wordnet-lexical)
             return [_record_text(r) for r in P.load_prompt_records(spec)][:limit]
@@ -28,7 +30,7 @@ def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
                           "or a .txt with one prompt per line)")
     texts: list[str] = []
     if p.suffix == ".jsonl":
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        for i, line in enumerate(read_user_text(p, "--prompts file").splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -40,7 +42,7 @@ def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
                 raise RaycptError(f"--prompts {p}: line {i} has none of the fields text, prompt, s1/s2")
             texts.append(t)
     else:
-        texts = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        texts = [ln.strip() for ln in read_user_text(p, "--prompts file").splitlines() if ln.strip()]
     texts = texts[:limit]
     if len(texts) < 2:
         raise RaycptError(f"--prompts {p}: found {len(texts)} prompt(s); need at least 2")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,12 @@ def find_model_in_run(run_dir: Path) -> Optional[Path]:
     return max(pool, key=lambda p: p.stat().st_mtime)
 
 
+def _refuse_same(base: str, tuned: str, a: str, b: str) -> None:
+    if os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b)):
+        raise RaycptError(f"BASE and TUNED are the same model ({base!r} and {tuned!r}): every metric would be "
+                          "trivially identical; give the base model and a trained one")
+
+
 def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
     """A model folder for ``ref``: a model folder as is, a run folder's final model, or a resolved reference."""
     p = Path(ref).expanduser()
@@ -85,6 +92,12 @@ def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
     from raycpt.models.sources import resolve_model_path
 
     return resolve_model_path(cfg.model, ref, progress=True)
+
+
+def _refuse_same(base: str, tuned: str, a: str, b: str) -> None:
+    if os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b)):
+        raise RaycptError(f"BASE and TUNED are the same model ({base!r} and {tuned!r}): every metric would be "
+                          "trivially identical; give the base model and a trained one")
 
 
 def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
@@ -293,7 +306,10 @@ def _pairs(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], swe
     if not base or not tuned:
         raise RaycptError("compare needs BASE and TUNED (model references, model folders or run folders), "
                           "or --sweep RUN")
-    return base, [("tuned", resolve_ref(base, cfg), resolve_ref(tuned, cfg), tuned)]
+    _refuse_same(base, tuned, base, tuned)  # before resolving anything
+    base_path, tuned_path = resolve_ref(base, cfg), resolve_ref(tuned, cfg)
+    _refuse_same(base, tuned, base_path, tuned_path)
+    return base, [("tuned", base_path, tuned_path, tuned)]
 
 
 def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str] = None,

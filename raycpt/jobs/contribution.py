@@ -69,7 +69,7 @@ class ScanTrial:
         result = {"name": self.name, "kind": self.kind, "layer": self.layer, "score": score, "score_key": key,
                   "gold_prob": gold_prob_of(questions), "heldout_loss": heldout, "cells": cells,
                   "answers": answers_of(questions, tcfg.eval.modes[0]), "l2": l2, "model_dir": model_dir,
-                  "wall_s": run.elapsed, "mlflow_run_id": run.run_id, **info}
+                  "wall_s": trial.elapsed, "mlflow_run_id": run.run_id, **info}
         self._log(trial, result)
         if self.kind != "base" and not tcfg.contribution.keep_models:
             shutil.rmtree(trial.dir / "train" / "ray", ignore_errors=True)

@@ -35,7 +35,7 @@ from raycpt.cluster import preflight, version_tags
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
-from raycpt.runs import read_state, write_state
+from raycpt.runs import AttemptClock, assert_private_folder, read_state, write_state
 from raycpt.tracking import ChildRun, ensure_store, log_config
 
 RESULT = "result.json"
@@ -84,6 +84,13 @@ class Trial:
     threads: Optional[int] = None
     """CPUs this trial reserved (torch threads of an evaluation in the trial process); None = inline."""
     console: Any = None
+    clock: Any = None
+    """Its :class:`raycpt.runs.AttemptClock`: ``clock.elapsed`` sums every attempt, killed ones included."""
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds this trial has run over all its attempts."""
+        return self.clock.elapsed if self.clock is not None else self.run.elapsed
 
     @contextlib.contextmanager
     def logging(self):
@@ -184,9 +191,9 @@ def run_trial(config: dict) -> dict:
     label = getattr(spec, "label", None) or spec.name
     with ChildRun(MlflowClient(), tdir / config["meta_file"], exp_id, config["parent_run_id"], label,
                   tags={"raycpt.command": config["command"], config["name_tag"]: spec.name},
-                  meta={"spec": config["spec"]}) as run:
+                  meta={"spec": config["spec"]}) as run, AttemptClock(tdir / "attempts.json") as clock:
         trial = Trial(cfg=cfg, dir=tdir, run=run, parent_run_id=config["parent_run_id"], shared=config["shared"],
-                      threads=config.get("threads"), console=config.get("console"))
+                      threads=config.get("threads"), console=config.get("console"), clock=clock)
         result = spec.run(trial)
         atomic_write_json(tdir / RESULT, result)
     return result
@@ -247,7 +254,7 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
         bundles.append({"CPU": grid.data_cpus, "memory": 1 << 30})
     trainable = tune.with_resources(tune_trainable, tune.PlacementGroupFactory(bundles))
     tune_path = run_dir / "tune"
-    if resume and tune_path.exists() and tune.Tuner.can_restore(str(tune_path)):
+    if resume and tune_path.exists() and tune.Tuner.can_restore(str(assert_private_folder(tune_path))):
         tuner = tune.Tuner.restore(str(tune_path), trainable=trainable, resume_unfinished=True, resume_errored=True)
     else:
         threads = max(1, int(grid.cpus + grid.data_cpus))

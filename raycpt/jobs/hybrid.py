@@ -39,7 +39,7 @@ from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import Grid, ParentRun, Trial, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json, atomic_write_text
-from raycpt.runs import open_run_dir, read_state, write_state
+from raycpt.runs import open_run_dir, read_state, refuse_existing_outputs, write_state
 from raycpt.tracking import log_metrics
 
 SEGMENT_MAP = "segment_map.json"
@@ -114,13 +114,15 @@ def build_one(plan, folder: Path, progress: bool = False) -> BuiltHybrid:
 
 
 def build_hybrids(cfg: ExperimentConfig, builds: Optional[list[str]] = None, out: Optional[str] = None,
-                  progress: bool = True) -> tuple[Path, list[BuiltHybrid]]:
-    """``raycpt hybrid build``: write every build under ``out/<build>/`` (default: a new run folder)."""
+                  progress: bool = True, overwrite: bool = False) -> tuple[Path, list[BuiltHybrid]]:
+    """``raycpt hybrid build``: write every build under ``out/<build>/`` (default: a new run folder).
+    An existing non-empty ``out/<build>/`` is replaced only with ``overwrite``."""
     plans = plan_builds(cfg, builds)
     if out is None:
         root = open_run_dir(cfg, "hybrid-build")
     else:
         root = Path(out).expanduser().resolve()
+        refuse_existing_outputs([root / p.name for p in plans], overwrite, "--overwrite")
         root.mkdir(parents=True, exist_ok=True)
     built = [build_one(p, root / p.name, progress=progress) for p in plans]
     return root, built

@@ -50,7 +50,7 @@ class TrialSpec:
         result = {
             "name": self.name, "strategy": self.strategy, "split": self.split, "b": self.b,
             "trainable_params": int(train.trainable_params), "frozen_params": int(train.frozen_params),
-            "tokens_per_s": float(train.tokens_per_s), "wall_s": run.elapsed, "losses": list(map(float, train.losses)),
+            "tokens_per_s": float(train.tokens_per_s), "wall_s": trial.elapsed, "losses": list(map(float, train.losses)),
             "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
             "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run.run_id,
             "heldout_loss": heldout,

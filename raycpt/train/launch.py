@@ -33,6 +33,7 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import LayerPlan, build_plan, is_tied
+from raycpt.train.checkpoint import find_checkpoints, publish_model, verify_model_folder
 from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
 
 FINAL_MODEL = "final_model"
@@ -56,6 +57,8 @@ class TrainResult:
     last_checkpoint: Optional[Path] = None
     resumed_from_step: Optional[int] = None
     step_times: list[float] = field(default_factory=list)
+    reused: bool = False
+    """True when ``--resume`` found the run finished and re-ran nothing (the figures are the saved ones)."""
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -125,19 +128,20 @@ def check_train_config(cfg: ExperimentConfig) -> None:
 
 # ------------------------------------------------------------------------------------ checkpoints
 
-def latest_checkpoint(run_dir: Path) -> Optional[tuple[int, Path]]:
-    """The newest complete checkpoint of any attempt of this run: (step, folder)."""
-    from raycpt.train.loop import find_checkpoints
-
-    cps = find_checkpoints(Path(run_dir) / "ray")
+def latest_checkpoint(run_dir: Path, report: bool = False) -> Optional[tuple[int, Path]]:
+    """The newest verified checkpoint of any attempt of this run: (step, folder). ``report``: one
+    warning line for each checkpoint that fails its manifest check (and so is skipped)."""
+    failed: list = []
+    cps = find_checkpoints(Path(run_dir) / "ray", failed)
+    if report:
+        for folder, why in failed:
+            log.warning("warning: skipping checkpoint %s: %s", folder, why)
     return cps[-1] if cps else None
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
     """Keep the newest ``keep`` complete checkpoints over all attempts; delete the rest (Ray prunes
     only the checkpoints it registered; one cut short by a worker kill is not)."""
-    from raycpt.train.loop import find_checkpoints
-
     complete = find_checkpoints(Path(run_dir) / "ray")
     keep_set = {p.resolve() for _, p in complete[-keep:]}
     removed = []
@@ -233,7 +237,11 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     t_start = time.time()
     run_dir, state = _open_run(cfg, run_dir, resume)
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
-        return _result_from_files(run_dir, state)
+        why = verify_model_folder(run_dir / FINAL_MODEL)
+        if why is None:
+            return _result_from_files(run_dir, state)
+        log.warning("warning: %s fails its manifest check (%s): publishing it again from the last verified checkpoint",
+                    run_dir / FINAL_MODEL, why)
     prep = _prepare(cfg, run_dir, resume, progress)  # everything is validated before any MLflow run (or new run folder)
     if run_dir is None:
         run_dir = open_run_dir(cfg, "train")
@@ -267,6 +275,7 @@ def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> t
 
     if run_dir is None and resume:
         run_dir = open_run_dir(cfg, "train", resume=True)
+        _check_resume_settings(run_dir, cfg)
     elif run_dir is not None:
         run_dir = Path(run_dir).resolve()
         _make_absolute(cfg)
@@ -283,7 +292,7 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
     plan, counts, _ = prepare_plan(cfg, model_path)
     resume_from, resumed_step = None, None
     if resume:
-        found = latest_checkpoint(run_dir)
+        found = latest_checkpoint(run_dir, report=True)
         if found is not None:
             resumed_step, ckpt = found
             resume_from = str(ckpt)
@@ -366,8 +375,9 @@ def _check_status(run_dir: Path) -> None:
         last = latest_checkpoint(run_dir)
         where = f"step {last[0]} at {last[1]}" if last else "none (no checkpoint was written before it)"
         write_state(run_dir, status="nonfinite")
-        raise RaycptError(f"training stopped at step {status['step']}: the {status['what']} is "
-                          f"{status['value']}; the last good checkpoint is {where}")
+        what = (f"the weights are not finite after its update ({status['value']}; is train.lr too high?)"
+                if status["what"] == "weights" else f"the {status['what']} is {status['value']}")
+        raise RaycptError(f"training stopped at step {status['step']}: {what}; the last good checkpoint is {where}")
 
 
 def _publish(run_dir: Path, keep: int) -> Path:
@@ -376,7 +386,9 @@ def _publish(run_dir: Path, keep: int) -> Path:
     ckpt_dir = found[1] if found else None
     if ckpt_dir is None:
         raise RuntimeError(f"training finished but left no checkpoint under {run_dir / 'ray'}")
-    _publish_model(ckpt_dir / "model", run_dir / FINAL_MODEL)
+    published = publish_model(ckpt_dir, run_dir / FINAL_MODEL)  # a verified copy (or reflink), never a hard link
+    log.info("final_model: %d files, %.0f MB by %s in %.2fs", published["files"], published["bytes"] / 1e6,
+             published["how"], published["seconds"])
     prune_checkpoints(run_dir, keep)
     return ckpt_dir
 
@@ -426,19 +438,16 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _publish_model(src: Path, dest: Path) -> None:
-    """Publish the last checkpoint's model folder as ``dest``, atomically. Files are hard-linked
-    (a checkpoint is never modified in place, and pruning it later leaves the links intact), so a
-    sweep does not hold every trial's weights twice; a copy where links are impossible."""
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        shutil.copytree(src, tmp, copy_function=os.link)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+def _check_resume_settings(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """``--resume`` continues a run with the settings it was made with; one line when ``cfg`` differs."""
+    from raycpt.runs import resume_changes
+
+    changed = resume_changes(run_dir, cfg)
+    if changed:
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise RaycptError(f"--resume: {run_dir} was made with other settings: {'; '.join(changed[:3])}{more}. "
+                          "A resume continues a run with its own settings (its learning-rate schedule depends on "
+                          "them): drop the change, or start a new run without --resume")
 
 
 def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
@@ -448,7 +457,7 @@ def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
                        trainable_params=d["trainable_params"], frozen_params=d["frozen_params"],
                        mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
                        last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,
-                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []))
+                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []), reused=True)
 
 
 def _training_error(e: Exception) -> Exception:
