@@ -33,45 +33,12 @@ from raycpt.config import ExperimentConfig
 from raycpt.diagnostics.contribution import primary_score  # noqa: F401 - re-exported
 from raycpt.diagnostics.texts import load_prompt_texts, tokenize  # noqa: F401 - load_prompt_texts re-exported
 from raycpt.errors import RaycptError
+from raycpt.models.folders import check_pair, find_model_in_run, is_model_folder  # noqa: F401 - re-exported
 from raycpt.report.compare import build_rows, write_outputs
 from raycpt.runs import open_run_dir
 
 
 # ------------------------------------------------------------------------------------- references
-def _is_model_folder(p: Path) -> bool:
-    return (p / "config.json").is_file() and (any(p.glob("*.safetensors")) or any(p.glob("*.bin"))
-                                              or any(p.glob("*.safetensors.index.json")))
-
-
-def find_model_in_run(run_dir: Path) -> Optional[Path]:
-    """The final model of a run folder (train run or sweep trial), or None.
-
-    Looks for a ``final_model_dir`` recorded in ``result.json`` / ``state.json`` / ``train_result.json``,
-    then for a ``final`` model folder, then for the newest model folder below the run folder."""
-    run_dir = Path(run_dir)
-    for name in ("result.json", "train_result.json", "state.json", "summary.json"):
-        p = run_dir / name
-        if p.is_file():
-            try:
-                data = json.loads(p.read_text())
-            except json.JSONDecodeError:
-                continue
-            fm = data.get("final_model_dir") if isinstance(data, dict) else None
-            if fm and _is_model_folder(Path(fm)):
-                return Path(fm)
-            if fm and _is_model_folder(run_dir / fm):
-                return run_dir / fm
-    for cand in ("final", "final_model", "model"):
-        if _is_model_folder(run_dir / cand):
-            return run_dir / cand
-    found = [p.parent for p in run_dir.rglob("config.json") if _is_model_folder(p.parent)]
-    if not found:
-        return None
-    finals = [p for p in found if "final" in p.name]
-    pool = finals or found
-    return max(pool, key=lambda p: p.stat().st_mtime)
-
-
 def _refuse_same(base: str, tuned: str, a: str, b: str) -> None:
     if os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b)):
         raise RaycptError(f"BASE and TUNED are the same model ({base!r} and {tuned!r}): every metric would be "
@@ -82,7 +49,7 @@ def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
     """A model folder for ``ref``: a model folder as is, a run folder's final model, or a resolved reference."""
     p = Path(ref).expanduser()
     if p.is_dir():
-        if _is_model_folder(p):
+        if is_model_folder(p):
             return str(p.resolve())
         found = find_model_in_run(p)
         if found is not None:
@@ -92,33 +59,6 @@ def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
     from raycpt.models.sources import resolve_model_path
 
     return resolve_model_path(cfg.model, ref, progress=True)
-
-
-def _refuse_same(base: str, tuned: str, a: str, b: str) -> None:
-    if os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b)):
-        raise RaycptError(f"BASE and TUNED are the same model ({base!r} and {tuned!r}): every metric would be "
-                          "trivially identical; give the base model and a trained one")
-
-
-def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
-    """Architecture and layer count of both folders from their configs; RaycptError if they differ."""
-    from transformers import AutoConfig
-
-    ca, cb = AutoConfig.from_pretrained(base_path), AutoConfig.from_pretrained(tuned_path)
-    ta, tb = getattr(ca, "model_type", None), getattr(cb, "model_type", None)
-    if ta != tb:
-        raise RaycptError(f"BASE and TUNED have different architectures: {ta!r} ({base_path}) vs {tb!r} "
-                          f"({tuned_path}); compare needs two checkpoints of one architecture")
-    na = getattr(ca, "num_hidden_layers", None)
-    nb = getattr(cb, "num_hidden_layers", None)
-    if na != nb:
-        raise RaycptError(f"BASE and TUNED have different layer counts: {na} vs {nb}; compare needs two "
-                          "checkpoints of one architecture")
-    for key in ("hidden_size", "vocab_size", "intermediate_size"):
-        va, vb = getattr(ca, key, None), getattr(cb, key, None)
-        if va != vb:
-            raise RaycptError(f"BASE and TUNED differ in {key}: {va} vs {vb}; compare needs one architecture")
-    return ta, int(na)
 
 
 # ------------------------------------------------------------------------------------- Ray tasks
@@ -210,7 +150,6 @@ def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: l
     """Place the Ray tasks for one base/tuned pair and gather their results (Ray must be up)."""
     import ray
 
-    from raycpt.config import config_to_dict
     from raycpt.diagnostics.similarity import layer_blocks
 
     _, n = check_pair(base_path, tuned_path)

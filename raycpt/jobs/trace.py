@@ -35,6 +35,7 @@ from raycpt.diagnostics.prompts import seam_note
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import model_layers
 from raycpt.report.progress import count_progress
+from raycpt.report.trace import aggregate
 from raycpt.splits import check_ratio, check_split
 
 
@@ -207,54 +208,6 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
     if len(rows["index"]) != len(items) or not np.array_equal(rows["index"], np.arange(len(items))):
         raise RuntimeError(f"trace returned {len(rows['index'])} rows for {len(items)} prompts")
     return rows
-
-
-def aggregate(prep: _Prepared, rows: dict[str, np.ndarray]) -> dict:
-    """Driver-side aggregation: per-prompt table, profiles, S(b) table, recommendation."""
-    import pandas as pd
-
-    from raycpt.diagnostics.scores import boundary_score, profiles, recommend_split, split_table, tp_interval
-
-    t = prep.cfg.trace
-    groups = [r.group for r in prep.records]
-    prof = profiles(rows["ratio"], rows["djs"], groups)
-    med = profiles(rows["ratio"], rows["djs"], aggregate="median")
-    table = split_table(prof["tp_norm"], prof["ls_norm"], prep.splits)
-    for row in table:  # the same S(b) on median profiles, as a robustness check next to the paper's mean
-        row["S_median"] = boundary_score(med["tp_norm"], med["ls_norm"], row["split_layer"])
-    rec = recommend_split(prof["tp_norm"], prof["ls_norm"], t.grid)
-    rec_med = recommend_split(med["tp_norm"], med["ls_norm"], t.grid)
-    prof["median"] = dict((k, med[k]) for k in ("tp", "ls", "tp_norm", "ls_norm"))
-    prof["median"]["recommended"] = dict((k, rec_med[k]) for k in ("ratio", "split_layer", "S"))
-    tok = prep.tokenizer
-    answer_ids = np.array([e.answer_id for e in prep.encoded])
-    has_answer = answer_ids >= 0
-    hit = (rows["t_star"] == answer_ids) & has_answer
-    intervals = [tp_interval(r, t.tau) for r in rows["ratio"]]
-    df = pd.DataFrame({
-        "index": np.arange(len(groups)),
-        "line": [r.line for r in prep.records],
-        "group": groups,
-        "s1": [r.s1 for r in prep.records],
-        "s2": [r.s2 for r in prep.records],
-        "answer": [r.answer for r in prep.records],
-        "num_tokens": [len(e.input_ids) for e in prep.encoded],
-        "num_context": [len(e.context) for e in prep.encoded],
-        "t_star": rows["t_star"],
-        "top1": [tok.decode([int(i)]) for i in rows["t_star"]],
-        "answer_hit": np.where(has_answer, hit, None),
-        "p_final": rows["p_final"],
-        "tp_first": [a for a, _, _ in intervals],
-        "tp_last": [b for _, b, _ in intervals],
-        "tp_count": [c for _, _, c in intervals],
-        "p_t": list(rows["p_t"]),
-        "js": list(rows["js"]),
-        "ratio": list(rows["ratio"]),
-        "djs": list(rows["djs"]),
-    })
-    tp_layers = [int(i) for i in np.flatnonzero(prof["tp"] > t.tau)]
-    hit_rate = float(hit[has_answer].mean()) if has_answer.any() else None
-    return dict(df=df, profiles=prof, table=table, recommended=rec, tp_layers=tp_layers, hit_rate=hit_rate)
 
 
 def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: float) -> None:
