@@ -38,8 +38,11 @@ def test_compare_cli_end_to_end(ray_local, pair, capsys):
     mlflow.set_tracking_uri(f"sqlite:///{root / 'runs' / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["raycpt"])
     assert set(runs["status"]) == {"FINISHED"}
-    # the same model on both sides: CKA 1, weight change 0 (no swaps)
-    rc = main(["compare", str(base), str(base), "--swap-blocks", "0", "--max-prompts", "4", "-c",
+    # the same weights on both sides (a copy: the same path twice is refused): CKA 1, weight change 0 (no swaps)
+    import shutil
+
+    twin = shutil.copytree(base, root / "base_copy")
+    rc = main(["compare", str(base), str(twin), "--swap-blocks", "0", "--max-prompts", "4", "-c",
                f"tracking.run_root={root / 'runs2'}"])
     assert rc == 0
     s = json.loads((next((root / "runs2").glob("compare-*")) / "summary.json").read_text())
