@@ -184,8 +184,9 @@ class TrainConfig:
     """Log metrics every N steps."""
     drift_every: int = 0
     """Every N steps log per-layer weight change and probe CKA against the start (0 = off)."""
-    chunked_loss: Literal["auto", "on", "off"] = "auto"
-    """LM head + loss over chunks of tokens (never the full logits); auto = on for vocabularies >= 32768."""
+    loss: Literal["auto", "chunked", "plain"] = "auto"
+    """chunked = LM head + loss over chunks of tokens (never the full logits); plain = full logits; auto = chunked for
+    vocabularies >= 32768 (plain under FSDP)."""
     loss_chunk_tokens: int = 1024
     """Tokens per chunk of the chunked loss (smaller = less memory, more kernel launches)."""
     activation_checkpointing: bool = False
@@ -210,7 +211,7 @@ class TrainConfig:
         _check(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "a number >= 0")
         _check(self.drift_every >= 0, "train.drift_every", self.drift_every, "an integer >= 0")
         _check(self.loss_chunk_tokens >= 1, "train.loss_chunk_tokens", self.loss_chunk_tokens,
-               "an integer >= 1 (tokens per chunk of the chunked loss; train.chunked_loss=off for the plain loss)")
+               "an integer >= 1 (tokens per chunk of the chunked loss; train.loss=plain for the full-logits loss)")
         _check(self.device_memory_gb is None or self.device_memory_gb > 0, "train.device_memory_gb",
                self.device_memory_gb, "a positive number of GB or null")
         _check(self.peak_tflops is None or self.peak_tflops > 0, "train.peak_tflops", self.peak_tflops,

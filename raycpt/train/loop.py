@@ -58,6 +58,9 @@ import numpy as np
 import torch
 
 from raycpt.strategies import LayerPlan, apply_plan, count_params, param_groups
+from raycpt.train.loss import model_loss
+from raycpt.train.preflight import enable_activation_checkpointing, loss_chunk_tokens
+from raycpt.train.throughput import device_name, flops_per_token, peak_flops, throughput_metrics
 
 METRICS_FILE = "train_metrics.jsonl"
 STATUS_FILE = "train_status.json"
@@ -192,12 +195,14 @@ def trainable_params(module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str, device: torch.device
-                     ) -> torch.Tensor:
+def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str, device: torch.device,
+                     model=None, chunk_tokens: Optional[int] = None) -> torch.Tensor:
     """Loss and gradients of one optimizer step over ``micro_batches`` (each ``(b, seq)`` token ids).
 
     Returns the mean loss (a detached scalar). DDP gradients are synchronised on the last
-    micro-batch only (``no_sync`` before)."""
+    micro-batch only (``no_sync`` before). ``chunk_tokens``: the chunked LM-head loss
+    (:func:`raycpt.train.loss.model_loss`, through ``wrapped``'s forward; ``model`` is the bare
+    module); None = the model's own loss over full logits."""
     n = len(micro_batches)
     total = torch.zeros((), device=device)
     try:
@@ -206,8 +211,8 @@ def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str,
             sync = j == n - 1 or not hasattr(wrapped, "no_sync")
             with (contextlib.nullcontext() if sync else wrapped.no_sync()):
                 with autocast_for(precision, device):
-                    out = wrapped(input_ids=ids, labels=ids, use_cache=False)
-                loss = out.loss.float() / n
+                    loss = model_loss(wrapped, model if model is not None else wrapped, ids, chunk_tokens)
+                loss = loss.float() / n
                 loss.backward()
             total += loss.detach()
     finally:
@@ -225,11 +230,11 @@ def clip_and_norm(wrapped, params: list[torch.nn.Parameter], max_norm: float) ->
 
 
 def train_step(wrapped, optimizer, scheduler, micro_batches, precision="fp32", device=None, max_grad_norm=1.0,
-               params=None) -> dict[str, float]:
+               params=None, chunk_tokens: Optional[int] = None) -> dict[str, float]:
     """One complete optimizer step on one process (no cross-rank loss averaging): for tests/benchmarks."""
     device = device or torch.device("cpu")
     params = params if params is not None else trainable_params(wrapped)
-    loss = float(forward_backward(wrapped, micro_batches, precision, device))
+    loss = float(forward_backward(wrapped, micro_batches, precision, device, chunk_tokens=chunk_tokens))
     gn = clip_and_norm(wrapped, params, max_grad_norm)
     optimizer.step()
     scheduler.step()
@@ -600,6 +605,9 @@ def run_loop(config: dict, session: _Session) -> dict:
     model.config.use_cache = False
     counts = apply_plan(model, plan)
     prefix = FrozenPrefix(model, plan)
+    enable_activation_checkpointing(model, tcfg)
+    chunk = loss_chunk_tokens(tcfg, model, world)
+    fpt, peak = flops_per_token(model, plan, cfg.data.seq_len), peak_flops(device_name(device), tcfg.peak_tflops)
     wrapped = session.wrap(model, device, tcfg.distributed)
     optimizer = make_optimizer(model, plan, tcfg, wrapped=wrapped if fsdp else None)
     scheduler = make_scheduler(optimizer, tcfg)
@@ -649,7 +657,7 @@ def run_loop(config: dict, session: _Session) -> dict:
         for _ in range(ga):
             epoch, ids = next(data)
             batch.append(ids)
-        loss_local = forward_backward(wrapped, batch, tcfg.precision, device)
+        loss_local = forward_backward(wrapped, batch, tcfg.precision, device, model=model, chunk_tokens=chunk)
         if faults.get("nan_step") == step:
             loss_local = loss_local * float("nan")
         loss = float(session.all_reduce_mean(loss_local))
@@ -671,7 +679,8 @@ def run_loop(config: dict, session: _Session) -> dict:
         step_cpu.append(cpu)
         history.append(loss)
         metrics = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": dt, "step_cpu_s": cpu,
-                   "tokens_per_s": tokens_per_step / dt, "epoch": epoch}
+                   "tokens_per_s": tokens_per_step / dt, "epoch": epoch,
+                   **throughput_metrics(tokens_per_step, world, dt, fpt, peak)}
         loop_state.step, loop_state.metrics = step, metrics
         for cb in callbacks:
             if cb.every and step % cb.every == 0:
@@ -697,10 +706,10 @@ def run_loop(config: dict, session: _Session) -> dict:
         atomic_write_json(run_dir / STATUS_FILE, status)
         logger.event({"event": status["status"], "step": loop_state.step, "time": time.time()})
     session.barrier()
-    if config.get("evaluate") and status["status"] == "finished" and rank == 0 and not fsdp:
+    if config.get("evaluate") and status["status"] == "finished" and not fsdp:
         if logger is not None:
             logger.event({"event": "evaluate", "step": loop_state.step, "time": time.time()})
-        evaluate_in_worker(model, tokenizer, config["evaluate"])
+        evaluate_in_worker(model, tokenizer, config["evaluate"], session)
     return {"status": status, "losses": history, "step_times": step_times, "step_cpu": step_cpu, "counts": counts,
             "tokens_per_step": tokens_per_step}
 
@@ -708,10 +717,15 @@ def run_loop(config: dict, session: _Session) -> dict:
 EVAL_RESULT_FILE = "eval_result.json"
 
 
-def evaluate_in_worker(model, tokenizer, spec: dict) -> Path:
+def evaluate_in_worker(model, tokenizer, spec: dict, session: Optional[_Session] = None) -> Optional[Path]:
     """Evaluate the trained model where it already is (this worker's device and threads), with the
     eval bridge, and write ``<out_dir>/eval_result.json`` (``EvalResult.to_dict()``, the flat ``metrics``,
     ``heldout_loss``); :func:`raycpt.train.launch.final_evaluation` reads it.
+
+    With several workers (``session.world_size > 1``) every rank evaluates its share of the
+    questions (``evaluate_model(shard=(rank, world))``), rank 0 gathers them
+    (:func:`raycpt.evaluate.merge_shards`: the same per-question records and scores as one worker)
+    and writes; the other ranks return None.
 
     The in-memory model equals the final checkpoint (it was saved from these weights), so nothing is
     reloaded; on a cluster the evaluation runs on the training GPU instead of a CPU-only trial actor.
@@ -719,14 +733,25 @@ def evaluate_in_worker(model, tokenizer, spec: dict) -> Path:
     file of token blocks}``; with ``heldout_path`` the file also holds ``heldout_loss``
     (:func:`raycpt.evaluate.lm_loss`)."""
     from raycpt.config import EvalConfig
-    from raycpt.evaluate import evaluate_model
+    from raycpt.evaluate import evaluate_model, merge_shards
     from raycpt.runs import atomic_write_json
 
+    rank, world = (session.rank, session.world_size) if session is not None else (0, 1)
     use_cache = getattr(model.config, "use_cache", None)
     model.config.use_cache = True  # generation mode: the training loop turned the KV cache off
+    ckpt = getattr(model, "is_gradient_checkpointing", False)
+    if ckpt:
+        model.gradient_checkpointing_disable()
     try:
         ecfg = EvalConfig(**spec["eval"])
-        res = evaluate_model(model, ecfg, tokenizer=tokenizer, out_dir=spec["out_dir"], name=spec.get("name"))
+        if world > 1:
+            part = evaluate_model(model, ecfg, tokenizer=tokenizer, name=spec.get("name"), shard=(rank, world))
+            parts = session.all_gather_object(part)
+            if rank != 0:
+                return None
+            res = merge_shards(parts, out_dir=spec["out_dir"])
+        else:
+            res = evaluate_model(model, ecfg, tokenizer=tokenizer, out_dir=spec["out_dir"], name=spec.get("name"))
     finally:
         model.config.use_cache = use_cache
     out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}

@@ -31,7 +31,7 @@ import torch
 IGNORE_INDEX = -100
 DEFAULT_CHUNK_TOKENS = 1024
 CHUNKED_VOCAB_THRESHOLD = 32768
-"""``train.chunked_loss=auto`` uses the chunked loss for vocabularies at least this large."""
+"""``train.loss=auto`` uses the chunked loss for vocabularies at least this large."""
 
 _SCALING_ATTRS = ("logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -148,8 +148,8 @@ def chunked_supported(model) -> Optional[str]:
 
 
 def use_chunked(mode: str, vocab_size: int) -> bool:
-    """``train.chunked_loss``: on / off / auto (vocab >= :data:`CHUNKED_VOCAB_THRESHOLD`)."""
-    return mode == "on" or (mode == "auto" and vocab_size >= CHUNKED_VOCAB_THRESHOLD)
+    """``train.loss``: chunked / plain / auto (chunked when vocab >= :data:`CHUNKED_VOCAB_THRESHOLD`)."""
+    return mode == "chunked" or (mode == "auto" and vocab_size >= CHUNKED_VOCAB_THRESHOLD)
 
 
 def model_loss(wrapped, model, ids: torch.Tensor, chunk_tokens: Optional[int]) -> torch.Tensor:

@@ -54,7 +54,7 @@ FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen
 KNOBS = {
     "activations": "train.activation_checkpointing=true, or a smaller train.micro_batch_size / data.seq_len "
                    "(raise train.grad_accum to keep the tokens per step)",
-    "logits": "train.chunked_loss=on with a smaller train.loss_chunk_tokens",
+    "logits": "train.loss=chunked with a smaller train.loss_chunk_tokens",
     "weights": "train.distributed=fsdp (shards the weights over the workers)",
     "gradients": "a plan with fewer trainable layers, or train.distributed=fsdp",
     "optimizer": "a plan with fewer trainable layers, or train.distributed=fsdp",

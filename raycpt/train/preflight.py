@@ -4,8 +4,8 @@
 ``hybrid run``) and ``plan show`` make at their entry: it resolves the model, builds each plan on a
 meta-device skeleton, prints :meth:`MemoryEstimate.line` and raises :class:`RaycptError` (one line,
 exit 2) when a plan exceeds the device memory (``train.device_memory_gb``, else the GPU's own when
-this process sees one), when ``train.activation_checkpointing`` is asked of a model that cannot do
-it, or when the architecture has no memory model.
+this process sees one) or when ``train.activation_checkpointing`` is asked of a model that cannot do
+it. An architecture without a memory model (:data:`raycpt.train.memory.FAMILY`) gets a note instead.
 
 The settings that decide the estimate are read here once, for the loop too:
 :func:`loss_chunk_tokens` (the chunked loss or the plain one) and :func:`uses_bf16`.
@@ -18,8 +18,9 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, PlanConfig
 from raycpt.errors import RaycptError
+from raycpt.train.launch import prepare_plan, resolve_model_path
 from raycpt.train.loss import chunked_supported, use_chunked
-from raycpt.train.memory import MemoryEstimate, check_fits, estimate_memory, model_shape
+from raycpt.train.memory import FAMILY, MemoryEstimate, check_fits, estimate_memory, model_shape
 
 
 def uses_bf16(tcfg) -> bool:
@@ -27,15 +28,15 @@ def uses_bf16(tcfg) -> bool:
 
 
 def loss_chunk_tokens(tcfg, model, world_size: int) -> Optional[int]:
-    """Tokens per chunk when the chunked loss runs, None for the plain path (``train.chunked_loss``;
+    """Tokens per chunk when the chunked loss runs, None for the plain path (``train.loss``;
     FSDP keeps the plain path: the head's weight is only gathered inside the wrapped forward)."""
     if tcfg.distributed == "fsdp" and world_size > 1:
         return None
     why = chunked_supported(model)
-    if tcfg.chunked_loss == "on" and why is not None:
-        raise RaycptError(f"train.chunked_loss=on: this model cannot use the chunked loss: {why}; "
-                          "use train.chunked_loss=auto or off")
-    if why is not None or not use_chunked(tcfg.chunked_loss, model.config.vocab_size):
+    if tcfg.loss == "chunked" and why is not None:
+        raise RaycptError(f"train.loss=chunked: this model cannot use the chunked loss: {why}; "
+                          "use train.loss=auto or plain")
+    if why is not None or not use_chunked(tcfg.loss, model.config.vocab_size):
         return None
     return tcfg.loss_chunk_tokens
 
@@ -69,15 +70,18 @@ def estimate_plan(cfg: ExperimentConfig, skeleton, plan) -> MemoryEstimate:
 def preflight(cfg: ExperimentConfig, console=None, plans: Optional[list[PlanConfig]] = None
               ) -> list[tuple[str, MemoryEstimate]]:
     """Estimate (and print) each plan's peak memory per worker; raise when one does not fit."""
-    from raycpt.train.launch import prepare_plan, resolve_model_path
-
     path = resolve_model_path(cfg)
     out = []
     for pc in plans or [cfg.plan]:
         plan, _, skeleton = prepare_plan(dataclasses.replace(cfg, plan=pc), path)
         check_checkpointing(cfg.train, skeleton)
-        est = estimate_plan(cfg, skeleton, plan)
         label = plan.name if plan.name == "full" else f"{plan.name} ({plan.layer_map()})"
+        if skeleton.config.model_type not in FAMILY:
+            if console is not None:
+                console.print(f"memory: plan {label}: no estimate for architecture {skeleton.config.model_type!r} "
+                              f"(known: {', '.join(sorted(FAMILY))})", markup=False, highlight=False, soft_wrap=True)
+            continue
+        est = estimate_plan(cfg, skeleton, plan)
         if console is not None:
             console.print(f"memory: plan {label}: {est.line()}", markup=False, highlight=False, soft_wrap=True)
         check_fits(est, device_memory_gb(cfg.train), what=f"plan {plan.name}")
@@ -99,3 +103,13 @@ def sweep_plans(cfg: ExperimentConfig) -> list[PlanConfig]:
 def full_plan(cfg: ExperimentConfig) -> PlanConfig:
     """The ``full`` baseline (a contribution scan trains it next to single layers, which cost less)."""
     return dataclasses.replace(cfg.plan, name="full")
+
+
+def enable_activation_checkpointing(model, tcfg) -> bool:
+    """``train.activation_checkpointing``: the model's own ``gradient_checkpointing_enable`` (non-reentrant,
+    so it composes with DDP and with a frozen prefix that runs under ``no_grad``)."""
+    if not tcfg.activation_checkpointing:
+        return False
+    check_checkpointing(tcfg, model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return True
