@@ -177,7 +177,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
     sweep trial's folder) = use it. ``mlflow_run_id`` continues an existing run (a sweep's child
     run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (``{"eval": EvalConfig dict,
-    "out_dir": ..., "name": ..., "heldout_path": ...}``) makes rank 0 evaluate the final weights in the
+    "out_dir": ..., "name": ..., "heldout_path": ...}``) makes the workers evaluate the final weights (each its share of the questions, gathered on rank 0) in the
     worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray."""
     import ray
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
