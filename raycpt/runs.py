@@ -3,33 +3,20 @@
 ``<run_root>/<command>-<name>-<id>/`` with ``config.yaml`` (the resolved config), tables, plots,
 checkpoints and a ``state.json`` the command updates as it goes. ``--resume`` re-opens the newest
 folder of the same command and name instead of making a new one. Files are written aside and
-renamed into place (:func:`atomic_write_text`), so an interrupted command never leaves half a file.
+renamed into place (:func:`raycpt.io.atomic_write_text`), so an interrupted command never leaves half a file.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
-from typing import Any
 
 from raycpt.config import ExperimentConfig, save_config
 from raycpt.errors import RaycptError
-from raycpt.tracking import run_root
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def atomic_write_json(path: Path, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+from raycpt.io import atomic_write_json, run_root
+from raycpt.io import atomic_write_text  # noqa: F401 - re-export: their home is raycpt.io; code written before it imports them here
+from raycpt.tracking import tracking_uri
 
 
 def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> Path:
@@ -38,8 +25,6 @@ def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> P
     Makes ``cfg.tracking.run_root`` and ``cfg.tracking.uri`` absolute in place, so Ray workers (whose
     working directory differs, e.g. under ``ray job submit``) log to the same store.
     """
-    from raycpt.tracking import tracking_uri
-
     root = run_root(cfg.tracking)
     cfg.tracking.run_root = str(root)
     cfg.tracking.uri = tracking_uri(cfg.tracking)

@@ -89,14 +89,6 @@ class LayerPlan:
             return self.num_layers
         return None
 
-    @property
-    def frozen_prefix(self) -> int:
-        """How many layers below the first trainable module are frozen (they run without autograd)."""
-        f = self.first_trainable
-        if f is None:
-            return self.num_layers
-        return max(0, f)
-
     def describe(self) -> str:
         parts = [f"{self.name}: {len(self.trainable_layers)}/{self.num_layers} layers train [{self.layer_map()}]"]
         extra = [n for n, on in (("embeddings", self.train_embeddings), ("final_norm", self.train_final_norm),
@@ -455,7 +447,7 @@ def write_ranking(path, model: str, num_layers: int, scores: dict[int, float], m
 
     ``ranking`` is sorted by score, highest first (ties: lower layer first; NaN last); it may list a
     subset of the layers. Written atomically."""
-    from raycpt.runs import atomic_write_json
+    from raycpt.io import atomic_write_json
 
     def key(item):
         i, s = item

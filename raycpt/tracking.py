@@ -15,10 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from raycpt.config import ExperimentConfig, TrackingConfig
-
-
-def run_root(cfg: TrackingConfig) -> Path:
-    return Path(cfg.run_root).expanduser().resolve()
+from raycpt.io import atomic_write_json, run_root
 
 
 def tracking_uri(cfg: TrackingConfig) -> str:
@@ -164,8 +161,6 @@ class ChildRun:
         import json
         import time
 
-        from raycpt.runs import atomic_write_json
-
         self.client, self.meta_path = client, Path(meta_path)
         self.meta = json.loads(self.meta_path.read_text()) if self.meta_path.is_file() else {}
         self.created = not self.meta.get("mlflow_run_id")
@@ -190,8 +185,6 @@ class ChildRun:
         return float(self.meta.get("elapsed_before", 0.0)) + time.time() - self._t0
 
     def save_meta(self) -> None:
-        from raycpt.runs import atomic_write_json
-
         atomic_write_json(self.meta_path, self.meta)
 
     def __enter__(self) -> "ChildRun":

@@ -67,10 +67,6 @@ def builtin_path(name: str) -> Path:
     return Path(__file__).resolve().parents[1] / "assets" / BUILTIN[name]
 
 
-def describe_source(source: str) -> str:
-    return source if source in BUILTIN else str(Path(source).expanduser())
-
-
 def load_prompt_records(source: str) -> list[PromptRecord]:
     """Read ``builtin:NAME`` or a JSONL file of ``{s1, s2, group[, answer]}`` records.
 
@@ -195,3 +191,25 @@ def collate(prompts: Sequence[EncodedPrompt], pad_id: int = 0):
         context_mask[r, p.context] = True
     last = torch.tensor([p.last for p in prompts], dtype=torch.long)
     return dict(input_ids=input_ids, attention_mask=attention_mask, context_mask=context_mask, last=last)
+
+
+def wordnet_gloss_texts(limit: int) -> list[str]:
+    """Up to ``limit`` WordNet glosses (Debian wordnet-base), the same number from each part of speech
+    (interleaved); [] without WordNet. The default prompt set of ``raycpt compare`` and the drift probe."""
+    per_pos: list[list[str]] = []
+    for pos in ("noun", "verb", "adj", "adv"):
+        f = Path("/usr/share/wordnet") / f"data.{pos}"
+        got: list[str] = []
+        if f.is_file():
+            with f.open(encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("  ") or "|" not in line:
+                        continue
+                    gloss = line.split("|", 1)[1].split(";")[0].strip()
+                    if len(gloss) > 20:
+                        got.append(gloss)
+                    if len(got) >= limit:
+                        break
+        per_pos.append(got)
+    texts = [t for group in zip(*[g for g in per_pos if g]) for t in group] if any(per_pos) else []
+    return texts[:limit]

@@ -22,15 +22,16 @@ nested MLflow run and one sub-folder per trial).
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from raycpt.config import ExperimentConfig
+from raycpt.diagnostics.prompts import wordnet_gloss_texts
 from raycpt.errors import RaycptError
-from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir
+from raycpt.io import atomic_write_json, atomic_write_text
+from raycpt.runs import open_run_dir
 
 
 # ------------------------------------------------------------------------------------- references
@@ -107,34 +108,13 @@ def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
 
 
 # ------------------------------------------------------------------------------------- prompts
-def _wordnet_gloss_texts(limit: int) -> list[str]:
-    """Fallback prompt set: WordNet glosses (Debian wordnet-base), the same number from each part of speech."""
-    per_pos: list[list[str]] = []
-    for pos in ("noun", "verb", "adj", "adv"):
-        f = Path("/usr/share/wordnet") / f"data.{pos}"
-        got: list[str] = []
-        if f.is_file():
-            with f.open(encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if line.startswith("  ") or "|" not in line:
-                        continue
-                    gloss = line.split("|", 1)[1].split(";")[0].strip()
-                    if len(gloss) > 20:
-                        got.append(gloss)
-                    if len(got) >= limit:
-                        break
-        per_pos.append(got)
-    texts = [t for group in zip(*[g for g in per_pos if g]) for t in group] if any(per_pos) else []
-    return texts[:limit]
-
-
 def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
     """Prompt texts from ``spec``: a JSONL of {text} or {s1, s2} or {prompt}, a .txt (one per line),
     ``builtin:wordnet-glosses``, or the trace prompt set name (when the prompts module knows it)."""
     if limit < 2:
         raise RaycptError(f"--max-prompts={limit}: need at least 2 prompts (dataset entropy compares samples)")
     if spec is None or spec == "builtin:wordnet-glosses":
-        texts = _wordnet_gloss_texts(limit)
+        texts = wordnet_gloss_texts(limit)
         if len(texts) < 2:
             raise RaycptError("no default prompts: WordNet (/usr/share/wordnet) is missing; give --prompts FILE")
         return texts
@@ -432,7 +412,9 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
                 swap_blocks: Optional[int] = None,
                 alpha: float = 1.0, batch_size: int = 8, resume: bool = False, console=None,
                 outlier_factor: float = 10.0) -> CompareResult:
-    """The ``raycpt compare`` command (see the module docstring)."""
+    """The ``raycpt compare`` command (see the module docstring): check the options and every pair
+    (:func:`_check_options`, :func:`_pairs`), tokenise the prompts, then in one MLflow run compare each
+    pair on Ray (:func:`_compare_one`)."""
     from rich.progress import Progress
 
     from raycpt.models.sources import load_model
@@ -440,27 +422,8 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
     from raycpt.tracking import ensure_store, log_config, mlflow_run
 
     t0 = time.time()
-    if alpha <= 0:
-        raise RaycptError(f"--alpha={alpha}: the Renyi order must be > 0 (1 = von Neumann)")
-    if outlier_factor < 0 or (0 < outlier_factor <= 1):
-        raise RaycptError(f"--outlier-factor={outlier_factor}: 0 (keep every token) or a factor > 1 of the median "
-                          "token norm")
-    if swap_blocks is not None and swap_blocks < 0:
-        raise RaycptError(f"--swap-blocks={swap_blocks}: must be >= 0 (0 = no swaps)")
-    if sweep:
-        if base or tuned:
-            raise RaycptError("give either BASE TUNED or --sweep RUN, not both")
-        base_ref, trial_pairs = _sweep_pairs(Path(sweep), cfg)
-        base_path = resolve_ref(base_ref, cfg)
-        pairs = [(name, base_path, resolve_ref(p, cfg)) for name, p in trial_pairs]
-        base_label = base_ref
-    else:
-        if not base or not tuned:
-            raise RaycptError("compare needs BASE and TUNED (model references, model folders or run folders), "
-                              "or --sweep RUN")
-        base_path, tuned_path = resolve_ref(base, cfg), resolve_ref(tuned, cfg)
-        pairs = [("tuned", base_path, tuned_path)]
-        base_label = base
+    _check_options(alpha, outlier_factor, swap_blocks)
+    pairs, base_path, base_label = _pairs(cfg, base, tuned, sweep)
     n = 0
     for _, bp, tp in pairs:  # validate every pair before starting anything
         _, n = check_pair(bp, tp)
@@ -484,39 +447,77 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
                            "compare.swap_blocks": swap_blocks, "compare.alpha": alpha,
                            "compare.outlier_factor": outlier_factor,
                            "compare.pairs": ",".join(p[0] for p in pairs)[:250]})
+        opts = dict(seqs=seqs, base_label=base_label, tuned=tuned, sweep=sweep, swap_blocks=swap_blocks, alpha=alpha,
+                    batch_size=batch_size, outlier_factor=outlier_factor, resume=resume,
+                    parent_run_id=parent.info.run_id)
         with ray_session(cfg.ray):
             per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
             with Progress(console=console, transient=True) as bar:
                 task = bar.add_task("compare (Ray tasks)", total=per_pair * len(pairs))
                 for name, bp, tp in pairs:
                     out_dir = run_dir if len(pairs) == 1 and not sweep else run_dir / "trials" / name
-                    done_json = out_dir / "summary.json"
-                    if resume and done_json.is_file():
-                        data = json.loads(done_json.read_text())
-                        res = dict(rows=data["layers"], swaps=data["swaps"], base_score=data["base_score"],
-                                   tuned_score=data["tuned_score"])
-                        bar.advance(task, per_pair)
-                    else:
-                        res = compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, alpha, batch_size,
-                                           progress=lambda k: bar.advance(task, k), outlier_factor=outlier_factor)
-                    meta = dict(base=base_label, base_path=bp, tuned=tp if sweep else tuned, tuned_path=tp,
-                                trial=name, num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs),
-                                alpha=alpha, swap_blocks=swap_blocks, outlier_factor=outlier_factor, eval_tasks=cfg.eval.tasks,
-                                eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
-                    files = write_outputs(out_dir, res, base_label, tp if sweep else tuned, meta)
-                    if sweep:
-                        with mlflow_run(cfg.tracking, run_name=name, parent_run_id=parent.info.run_id,
-                                        tags={"raycpt.command": "compare", "raycpt.trial": name}):
-                            _log_pair(res, files, out_dir)
-                    else:
-                        _log_pair(res, files, out_dir)
-                    child = CompareResult(run_dir=out_dir, rows=res["rows"], swaps=res["swaps"],
-                                          base_score=res["base_score"], tuned_score=res["tuned_score"],
-                                          plots=[f for f in files if str(f).endswith(".png")])
-                    result.children.append(child)
+                    result.children.append(_compare_one(cfg, name, bp, tp, out_dir, bar, task, per_pair, **opts))
         result.wall_s = time.time() - t0
         mlflow.log_metric("wall_time_s", result.wall_s)
     first = result.children[0]
     result.rows, result.swaps = first.rows, first.swaps
     result.base_score, result.tuned_score, result.plots = first.base_score, first.tuned_score, first.plots
     return result
+
+
+def _check_options(alpha: float, outlier_factor: float, swap_blocks: Optional[int]) -> None:
+    if alpha <= 0:
+        raise RaycptError(f"--alpha={alpha}: the Renyi order must be > 0 (1 = von Neumann)")
+    if outlier_factor < 0 or (0 < outlier_factor <= 1):
+        raise RaycptError(f"--outlier-factor={outlier_factor}: 0 (keep every token) or a factor > 1 of the median "
+                          "token norm")
+    if swap_blocks is not None and swap_blocks < 0:
+        raise RaycptError(f"--swap-blocks={swap_blocks}: must be >= 0 (0 = no swaps)")
+
+
+def _pairs(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str]
+           ) -> tuple[list[tuple[str, str, str]], str, str]:
+    """``([(name, base folder, tuned folder)], base folder, base label)`` of BASE TUNED or of ``--sweep RUN``."""
+    if sweep:
+        if base or tuned:
+            raise RaycptError("give either BASE TUNED or --sweep RUN, not both")
+        base_ref, trial_pairs = _sweep_pairs(Path(sweep), cfg)
+        base_path = resolve_ref(base_ref, cfg)
+        return [(name, base_path, resolve_ref(p, cfg)) for name, p in trial_pairs], base_path, base_ref
+    if not base or not tuned:
+        raise RaycptError("compare needs BASE and TUNED (model references, model folders or run folders), "
+                          "or --sweep RUN")
+    base_path, tuned_path = resolve_ref(base, cfg), resolve_ref(tuned, cfg)
+    return [("tuned", base_path, tuned_path)], base_path, base
+
+
+def _compare_one(cfg: ExperimentConfig, name: str, bp: str, tp: str, out_dir: Path, bar, task, per_pair: int, *,
+                 seqs, base_label, tuned, sweep, swap_blocks, alpha, batch_size, outlier_factor, resume,
+                 parent_run_id) -> CompareResult:
+    """One pair: its Ray tasks (or, resumed, its saved ``summary.json``), files and MLflow records
+    (a nested run per trial of a sweep)."""
+    from raycpt.tracking import mlflow_run
+
+    done_json = out_dir / "summary.json"
+    if resume and done_json.is_file():
+        data = json.loads(done_json.read_text())
+        res = dict(rows=data["layers"], swaps=data["swaps"], base_score=data["base_score"],
+                   tuned_score=data["tuned_score"])
+        bar.advance(task, per_pair)
+    else:
+        res = compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, alpha, batch_size,
+                           progress=lambda k: bar.advance(task, k), outlier_factor=outlier_factor)
+    meta = dict(base=base_label, base_path=bp, tuned=tp if sweep else tuned, tuned_path=tp,
+                trial=name, num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs),
+                alpha=alpha, swap_blocks=swap_blocks, outlier_factor=outlier_factor, eval_tasks=cfg.eval.tasks,
+                eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
+    files = write_outputs(out_dir, res, base_label, tp if sweep else tuned, meta)
+    if sweep:
+        with mlflow_run(cfg.tracking, run_name=name, parent_run_id=parent_run_id,
+                        tags={"raycpt.command": "compare", "raycpt.trial": name}):
+            _log_pair(res, files, out_dir)
+    else:
+        _log_pair(res, files, out_dir)
+    return CompareResult(run_dir=out_dir, rows=res["rows"], swaps=res["swaps"],
+                         base_score=res["base_score"], tuned_score=res["tuned_score"],
+                         plots=[f for f in files if str(f).endswith(".png")])

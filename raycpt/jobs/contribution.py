@@ -33,7 +33,8 @@ from typing import Any, Optional
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
 from raycpt.evaluate import lm_loss  # noqa: F401 - used by trials, re-exported
-from raycpt.runs import atomic_write_json, atomic_write_text, open_run_dir, read_state, write_state
+from raycpt.io import atomic_write_json, atomic_write_text
+from raycpt.runs import open_run_dir, read_state, write_state
 
 DEFAULTS: dict[str, Any] = {
     "layers": "all",

@@ -35,7 +35,8 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
-from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
+from raycpt.io import atomic_write_json
+from raycpt.runs import open_run_dir, read_state, write_state
 
 SEGMENT_MAP = "segment_map.json"
 
@@ -255,7 +256,8 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from raycpt.evaluate import render_table, resolve_tasks, table_text, write_results
+    from raycpt.evaluate import resolve_tasks
+    from raycpt.report.eval import render_table, table_text, write_results
     from raycpt.report.hybrid import plot_profiles
     from raycpt.runtime import ray_session
     from raycpt.tracking import ensure_store, log_config, log_metrics
@@ -289,7 +291,7 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
         paths = write_results(evals, run_dir, stem="hybrid")
         text = table_text(evals)
         table_path = run_dir / "hybrid_table.txt"
-        from raycpt.runs import atomic_write_text
+        from raycpt.io import atomic_write_text
 
         atomic_write_text(table_path, text)
         paths["table"] = table_path

@@ -29,7 +29,8 @@ from typing import Any, Optional
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
 from raycpt.report.progress import TrialsProgress
-from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
+from raycpt.io import atomic_write_json
+from raycpt.runs import open_run_dir, read_state, write_state
 
 SPLIT_STRATEGIES = ("train_shallow", "train_deep")
 

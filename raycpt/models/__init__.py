@@ -7,8 +7,9 @@ in the driver, in Ray workers and inside lm-eval - while keeping the import chea
 * the (light) hybrid config class is registered with ``AutoConfig`` right after transformers'
   auto-config module is imported (at once if it already is);
 * the model class registers itself with ``AutoModelForCausalLM`` the first time a hybrid config
-  is instantiated, which ``from_pretrained`` does before it looks the model class up
-  (:mod:`raycpt.models.hybrid_config`).
+  is instantiated, which ``from_pretrained`` does before it looks the model class up: the config
+  calls ``hybrid_config.on_new_config``, which this package sets to :func:`_register_model`
+  (the config module never imports the model module; this package knows both).
 """
 
 from __future__ import annotations
@@ -20,10 +21,18 @@ import sys
 _AUTO = "transformers.models.auto.configuration_auto"
 
 
-def _register_config() -> None:
-    from raycpt.models.hybrid_config import register_config
+def _register_model() -> None:
+    """Import :mod:`raycpt.models.hybrid` (it registers the model class at its end) unless it is loading."""
+    if "raycpt.models.hybrid" in sys.modules:  # loaded, or loading (it registers itself at its end)
+        return
+    import raycpt.models.hybrid  # noqa: F401 - lazy: torch and transformers' modeling code
 
-    register_config()
+
+def _register_config() -> None:
+    from raycpt.models import hybrid_config
+
+    hybrid_config.on_new_config = _register_model
+    hybrid_config.register_config()
 
 
 class _AfterAutoConfig(importlib.abc.MetaPathFinder):

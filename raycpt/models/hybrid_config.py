@@ -4,24 +4,22 @@ This module imports only transformers' configuration code, so ``raycpt.models`` 
 with ``AutoConfig`` the moment transformers' auto-config module is imported (cheap, no modeling
 code). The model class is registered with ``AutoModelForCausalLM`` the first time a hybrid config
 is instantiated - which ``AutoModelForCausalLM.from_pretrained(folder)`` always does before it
-looks the model class up - by importing :mod:`raycpt.models.hybrid`.
+looks the model class up - through :data:`on_new_config`, a hook that ``raycpt.models`` sets when
+it registers this class (it imports :mod:`raycpt.models.hybrid`, which registers the model class).
+This module never imports the model module: the model depends on the config, not the reverse.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from transformers.configuration_utils import PretrainedConfig
 
 MODEL_TYPE = "raycpt_hybrid"
 
-
-def _ensure_model_registered() -> None:
-    """Import :mod:`raycpt.models.hybrid` (which registers the model class) unless it is loading."""
-    if "raycpt.models.hybrid" in sys.modules:  # loaded, or loading (it registers itself at its end)
-        return
-    import raycpt.models.hybrid  # noqa: F401
+#: Called by every new :class:`RaycptHybridConfig`; ``raycpt.models`` sets it (with the config's
+#: registration) to a function that makes sure the model class is registered. None: nothing to do.
+on_new_config: Optional[Callable[[], None]] = None
 
 
 class RaycptHybridConfig(PretrainedConfig):
@@ -52,7 +50,8 @@ class RaycptHybridConfig(PretrainedConfig):
         kwargs.pop("use_cache", None)
         kwargs.pop("num_hidden_layers", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
-        _ensure_model_registered()
+        if on_new_config is not None:
+            on_new_config()
 
     @property
     def layer_kinds(self) -> list[str]:

@@ -46,11 +46,6 @@ def register_architecture(model_type: str, embed: str, layers: str, norm: str, h
     ARCHITECTURES[model_type] = dict(embed=embed, layers=layers, norm=norm, head=head)
 
 
-def act_name(layer: int, kind: str = "resid_post") -> str:
-    """Canonical activation name: ``layers.{i}.resid_post`` (``embed`` for layer -1)."""
-    return "embed" if layer < 0 else f"layers.{layer}.{kind}"
-
-
 @dataclass
 class Trace:
     """What one clean forward recorded.

@@ -189,6 +189,6 @@ def write_csv(rows: Sequence[dict], path: Path) -> Path:
     w.writeheader()
     for r in rows:
         w.writerow({k: fmt(v, 8) if isinstance(v, (list, tuple)) else v for k, v in r.items()})
-    from raycpt.runs import atomic_write_text
+    from raycpt.io import atomic_write_text
 
     return atomic_write_text(Path(path), buf.getvalue())

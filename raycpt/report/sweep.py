@@ -338,7 +338,7 @@ def plot_heldout(path: Path, trials: list[dict]) -> Path:
 def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_layers: int,
                   parent_run_id: Optional[str] = None, tracking=None) -> dict:
     """Write the summary files into ``run_dir/summary`` and log them to the parent run."""
-    from raycpt.runs import atomic_write_json, atomic_write_text
+    from raycpt.io import atomic_write_json, atomic_write_text
 
     out = Path(run_dir) / "summary"
     out.mkdir(parents=True, exist_ok=True)

@@ -76,3 +76,35 @@ def plot_loss_curve(steps: list[int], losses: list[float], out: Path, title: Opt
     plt.close(fig)
     os.replace(tmp, out)
     return out
+
+
+def plot_drift(history: list[dict], out: Path) -> Optional[Path]:
+    """Heatmaps (layer x step) of the weight change and of 1 - CKA (``DriftCallback``'s history);
+    None when the history holds no per-layer weight change."""
+    import re
+
+    import numpy as np
+
+    from raycpt.report.compare import save_figure
+
+    keys = sorted({k for h in history for k in h if re.fullmatch(r"drift\.dW\.L\d+", k)})
+    if not keys:
+        return None
+    steps = [h["step"] for h in history]
+    dw = np.array([[h.get(k, np.nan) for h in history] for k in keys])
+    ck = np.array([[h.get(k.replace(".dW.", ".cka."), np.nan) for h in history] for k in keys])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, mat, title in ((axes[0], dw, "||W - W_start||_F per layer"),
+                           (axes[1], 1 - ck, "1 - CKA(start, now) on the probe batch")):
+        im = ax.imshow(mat, aspect="auto", origin="lower", cmap="viridis",
+                       extent=(min(steps) - 0.5, max(steps) + 0.5, -0.5, len(keys) - 0.5))
+        ax.set_xlabel("training step")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(im, ax=ax)
+    return save_figure(fig, out)

@@ -26,6 +26,8 @@ from pathlib import Path
 TASKS_DIR = Path(__file__).resolve().parent
 CATEGORIES = ("STEM", "Social Science", "Humanities", "Other")
 CATEGORY_KEYS = {"STEM": "stem", "Social Science": "social_science", "Humanities": "humanities", "Other": "other"}
+#: the keys of one mode's scores: the categories, their unweighted ``average`` and ``overall`` (all questions)
+SCORE_KEYS = tuple(CATEGORY_KEYS[c] for c in CATEGORIES) + ("average", "overall")
 
 
 def _invert(groups: dict[str, str]) -> dict[str, str]:

@@ -168,6 +168,20 @@ def _faults_from_env() -> dict:
         raise RaycptError(f"RAYCPT_FAULTS is not a JSON object: {text!r}") from None
 
 
+@dataclass
+class _Prepared:
+    """What :func:`run_training` checked and built before any MLflow run exists."""
+
+    model_path: str
+    plan: LayerPlan
+    counts: dict
+    resume_from: Optional[str]
+    resumed_step: Optional[int]
+    datasets: dict
+    n_blocks: int
+    shard_rows: int
+
+
 def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
                  parent_run_id: Optional[str] = None, mlflow_run_id: Optional[str] = None,
                  name: Optional[str] = None, progress: bool = False, faults: Optional[dict] = None,
@@ -177,22 +191,58 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
     sweep trial's folder) = use it. ``mlflow_run_id`` continues an existing run (a sweep's child
     run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (``{"eval": EvalConfig dict,
-    "out_dir": ..., "name": ..., "heldout_path": ...}``) makes the workers evaluate the final weights (each its share of the questions, gathered on rank 0) in the
-    worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray."""
-    import ray
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    "out_dir": ..., "name": ..., "heldout_path": ...}``) makes the workers evaluate the final weights (each its
+    share of the questions, gathered on rank 0) right after training (not with FSDP); read it with
+    :func:`final_evaluation`. Needs Ray.
 
-    from raycpt.data.corpus import prepare_shards
-    from raycpt.report.progress import StepProgress
-    from raycpt.report.train import plot_loss_curve, read_events, read_step_records
-    from raycpt.runs import atomic_write_json, open_run_dir, read_state, write_state
-    from raycpt.tracking import log_config, mlflow_run
-    from raycpt.train.loop import EVAL_RESULT_FILE, METRICS_FILE, STATUS_FILE, callbacks_for, train_loop_per_worker
+    The steps: :func:`_open_run` (the folder; a finished run resumed returns its saved result) ->
+    :func:`_prepare` (validate, plan, checkpoint to resume, corpus) -> in the MLflow run:
+    :func:`_log_start`, :func:`_fit` (the ``TorchTrainer``), :func:`_check_status` (NaN stop),
+    :func:`_publish` (``final_model/``, pruning), :func:`_summarize` (loss curve, metrics, result)."""
+    import ray
+
+    from raycpt.report.train import read_events
+    from raycpt.runs import open_run_dir, write_state
+    from raycpt.tracking import mlflow_run
+    from raycpt.train.loop import METRICS_FILE, STATUS_FILE
 
     if not ray.is_initialized():
         raise RuntimeError("run_training needs Ray: call it inside raycpt.runtime.ray_session(cfg.ray)")
     t_start = time.time()
+    run_dir, state = _open_run(cfg, run_dir, resume)
+    if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
+        return _result_from_files(run_dir, state)
+    prep = _prepare(cfg, run_dir, resume)  # everything is validated before any MLflow run (or new run folder)
+    if run_dir is None:
+        run_dir = open_run_dir(cfg, "train")
+
+    attempt = int(state.get("attempts", 0)) + 1
+    ray_name = f"{name or 'train'}-{run_dir.name}-a{attempt}-{uuid.uuid4().hex[:6]}"
+    run_id = mlflow_run_id or (state.get("mlflow_run_id") if resume else None)
+    (run_dir / STATUS_FILE).unlink(missing_ok=True)
+    import mlflow  # noqa: F401 - import first: MLflow sets its logger's level when imported
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # no "creating tables" chatter around our one line
+    with mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
+                    parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
+        run_id = run.info.run_id
+        write_state(run_dir, mlflow_run_id=run_id, attempts=attempt, status="running", ray_name=ray_name,
+                    model_path=prep.model_path, plan=prep.plan.to_dict())
+        _log_start(cfg, run_dir, prep)
+        loop_config = _loop_config(cfg, run_dir, prep, run_id, ray_name, faults, callbacks, evaluate)
+        _fit(cfg, run_dir, prep, loop_config, ray_name, progress, t_start)
+        _check_status(run_dir)
+        ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints)
+        res = _summarize(cfg, run_dir, prep, run_id, ckpt_dir, t_start)
+        write_state(run_dir, status="finished", wall_s=res.wall_s, events=len(read_events(run_dir / METRICS_FILE)))
+    return res
+
+
+def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> tuple[Optional[Path], dict]:
+    """The run folder and its ``state.json``: ``--resume`` re-opens the newest of this name; a given
+    folder is made (config saved, paths absolute); None = made later, once everything is valid."""
+    from raycpt.runs import open_run_dir, read_state
+
     if run_dir is None and resume:
         run_dir = open_run_dir(cfg, "train", resume=True)
     elif run_dir is not None:
@@ -200,11 +250,14 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         _make_absolute(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    state = read_state(run_dir) if run_dir is not None else {}
-    if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
-        return _result_from_files(run_dir, state)
+    return run_dir, (read_state(run_dir) if run_dir is not None else {})
 
-    # ---- validate everything before any MLflow run (or new run folder) exists
+
+def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> _Prepared:
+    """Validate the train settings, resolve the model, build the plan, find the checkpoint to resume,
+    build the corpus shards: every bad input fails here, before any MLflow run."""
+    from raycpt.data.corpus import prepare_shards
+
     check_train_config(cfg)
     model_path = resolve_model_path(cfg)
     plan, counts, _ = prepare_plan(cfg, model_path)
@@ -218,96 +271,129 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
                                         is not None else cfg.train.seed, cfg.train.num_workers,
                                         cfg.train.micro_batch_size)
     shard_rows = n_blocks // cfg.train.num_workers if cfg.train.num_workers > 1 else n_blocks
-    if run_dir is None:
-        run_dir = open_run_dir(cfg, "train")
-    final_dir = run_dir / FINAL_MODEL
-    metrics_path = run_dir / METRICS_FILE
+    return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
+                     resumed_step=resumed_step, datasets=datasets, n_blocks=n_blocks, shard_rows=shard_rows)
 
-    attempt = int(state.get("attempts", 0)) + 1
-    ray_name = f"{name or 'train'}-{run_dir.name}-a{attempt}-{uuid.uuid4().hex[:6]}"
-    run_id = mlflow_run_id or (state.get("mlflow_run_id") if resume else None)
-    (run_dir / STATUS_FILE).unlink(missing_ok=True)
-    import mlflow  # noqa: F401 - import first: MLflow sets its logger's level when imported
 
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # no "creating tables" chatter around our one line
-    with mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
-                    parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
-        import mlflow
+def _log_start(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared) -> None:
+    """The config, the plan and the corpus size on the active MLflow run."""
+    import mlflow
 
-        run_id = run.info.run_id
-        write_state(run_dir, mlflow_run_id=run_id, attempts=attempt, status="running", ray_name=ray_name,
-                    model_path=model_path, plan=plan.to_dict())
+    from raycpt.tracking import log_config
+
+    try:
+        log_config(cfg)
+    except Exception:  # noqa: BLE001 - a resumed run whose overrides changed a logged param
+        pass
+    mlflow.set_tags({"raycpt.plan": prep.plan.describe()[:5000], "raycpt.run_dir": str(run_dir)})
+    mlflow.log_params({"model_path": prep.model_path[:500], "corpus_blocks": prep.n_blocks,
+                       "tokens_per_step": cfg.train.num_workers * cfg.train.grad_accum
+                       * cfg.train.micro_batch_size * cfg.data.seq_len})
+
+
+def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: str, ray_name: str,
+                 faults: Optional[dict], callbacks: Optional[list], evaluate: Optional[dict]) -> dict:
+    """The workers' config (:func:`raycpt.train.loop.run_loop`); an old evaluation file is removed."""
+    from raycpt.train.callbacks import callbacks_for
+    from raycpt.train.loop import EVAL_RESULT_FILE
+
+    loop_config = {
+        "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
+        "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": prep.resume_from,
+        "shard_rows": prep.shard_rows, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
+        "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
+    }
+    if evaluate:
+        (Path(evaluate["out_dir"]) / EVAL_RESULT_FILE).unlink(missing_ok=True)
+    return loop_config
+
+
+def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dict, ray_name: str, progress: bool,
+         t_start: float) -> None:
+    """Build the ``TorchTrainer`` and run it with the step bar; a worker's RaycptError stays one line."""
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from raycpt.report.progress import StepProgress
+    from raycpt.train.loop import METRICS_FILE, train_loop_per_worker
+
+    t = cfg.train
+    resources = {"CPU": t.cpus_per_worker}
+    if t.use_gpu:
+        resources["GPU"] = 1
+    trainer = TorchTrainer(
+        train_loop_per_worker, train_loop_config=loop_config,
+        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources),
+        run_config=RunConfig(name=ray_name, storage_path=str(run_dir / "ray"),
+                             failure_config=FailureConfig(max_failures=t.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),
+        datasets=prep.datasets, dataset_config=DataConfig(datasets_to_split=[]),
+    )
+    with StepProgress(run_dir / METRICS_FILE, t.max_steps, prep.resumed_step or 0, progress):
         try:
-            log_config(cfg)
-        except Exception:  # noqa: BLE001 - a resumed run whose overrides changed a logged param
-            pass
-        mlflow.set_tags({"raycpt.plan": plan.describe()[:5000], "raycpt.run_dir": str(run_dir)})
-        mlflow.log_params({"model_path": model_path[:500], "corpus_blocks": n_blocks,
-                           "tokens_per_step": cfg.train.num_workers * cfg.train.grad_accum
-                           * cfg.train.micro_batch_size * cfg.data.seq_len})
-        loop_config = {
-            "cfg": config_to_dict(cfg), "model_path": model_path, "plan": plan.to_dict(), "run_dir": str(run_dir),
-            "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": resume_from,
-            "shard_rows": shard_rows, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
-            "callbacks": list(callbacks or []) + callbacks_for(cfg), "evaluate": evaluate,
-        }
-        if evaluate:
-            (Path(evaluate["out_dir"]) / EVAL_RESULT_FILE).unlink(missing_ok=True)
-        t = cfg.train
-        resources = {"CPU": t.cpus_per_worker}
-        if t.use_gpu:
-            resources["GPU"] = 1
-        trainer = TorchTrainer(
-            train_loop_per_worker, train_loop_config=loop_config,
-            scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources),
-            run_config=RunConfig(name=ray_name, storage_path=str(run_dir / "ray"),
-                                 failure_config=FailureConfig(max_failures=t.max_failures),
-                                 checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),
-            datasets=datasets, dataset_config=DataConfig(datasets_to_split=[]),
-        )
-        with StepProgress(metrics_path, t.max_steps, resumed_step or 0, progress):
-            try:
-                t_fit = time.time()
-                trainer.fit()
-                log.info("fit: %.1fs (prepare %.1fs)", time.time() - t_fit, t_fit - t_start)
-            except Exception as e:  # noqa: BLE001 - Ray wraps worker errors; surface the cause in one line
-                err = _training_error(e)
-                if err is e:
-                    raise
-                raise err from None
-        status = _read_json(run_dir / STATUS_FILE)
-        if status.get("status") == "nonfinite":
-            last = latest_checkpoint(run_dir)
-            where = f"step {last[0]} at {last[1]}" if last else "none (no checkpoint was written before it)"
-            write_state(run_dir, status="nonfinite")
-            raise RaycptError(f"training stopped at step {status['step']}: the {status['what']} is "
-                              f"{status['value']}; the last good checkpoint is {where}")
-        found = latest_checkpoint(run_dir)
-        ckpt_dir = found[1] if found else None
-        if ckpt_dir is None:
-            raise RuntimeError(f"training finished but left no checkpoint under {run_dir / 'ray'}")
-        _publish_model(ckpt_dir / "model", final_dir)
-        prune_checkpoints(run_dir, t.keep_checkpoints)
+            t_fit = time.time()
+            trainer.fit()
+            log.info("fit: %.1fs (prepare %.1fs)", time.time() - t_fit, t_fit - t_start)
+        except Exception as e:  # noqa: BLE001 - Ray wraps worker errors; surface the cause in one line
+            err = _training_error(e)
+            if err is e:
+                raise
+            raise err from None
 
-        records = read_step_records(metrics_path)
-        steps = [int(r["step"]) for r in records]
-        losses = [float(r["loss"]) for r in records]
-        times = [float(r["step_time_s"]) for r in records]
-        tok_s = _tokens_per_s(records)
-        png = plot_loss_curve(steps, losses, run_dir / "loss_curve.png",
-                              title=f"{cfg.name}: {plan.name} [{plan.layer_map()}]")
-        mlflow.log_artifact(str(png))
-        mlflow.log_param("final_model_dir", str(final_dir))
-        mlflow.set_tag("raycpt.final_model_dir", str(final_dir))
-        wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
-        mlflow.log_metrics({"final_loss": losses[-1] if losses else float("nan"), "wall_time_s": wall,
-                            "median_tokens_per_s": tok_s})
-        res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
-                          wall_s=wall, trainable_params=counts["trainable"], frozen_params=counts["frozen"],
-                          mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
-                          resumed_from_step=resumed_step, step_times=times)
-        atomic_write_json(run_dir / "train_result.json", res.to_dict())
-        write_state(run_dir, status="finished", wall_s=wall, events=len(read_events(metrics_path)))
+
+def _check_status(run_dir: Path) -> None:
+    """One line (RaycptError) when the workers stopped on a non-finite loss or gradient norm."""
+    from raycpt.runs import write_state
+    from raycpt.train.loop import STATUS_FILE
+
+    status = _read_json(run_dir / STATUS_FILE)
+    if status.get("status") == "nonfinite":
+        last = latest_checkpoint(run_dir)
+        where = f"step {last[0]} at {last[1]}" if last else "none (no checkpoint was written before it)"
+        write_state(run_dir, status="nonfinite")
+        raise RaycptError(f"training stopped at step {status['step']}: the {status['what']} is "
+                          f"{status['value']}; the last good checkpoint is {where}")
+
+
+def _publish(run_dir: Path, keep: int) -> Path:
+    """Publish the newest checkpoint's model as ``final_model/`` and prune old checkpoints; the checkpoint."""
+    found = latest_checkpoint(run_dir)
+    ckpt_dir = found[1] if found else None
+    if ckpt_dir is None:
+        raise RuntimeError(f"training finished but left no checkpoint under {run_dir / 'ray'}")
+    _publish_model(ckpt_dir / "model", run_dir / FINAL_MODEL)
+    prune_checkpoints(run_dir, keep)
+    return ckpt_dir
+
+
+def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: str, ckpt_dir: Path,
+               t_start: float) -> TrainResult:
+    """The loss curve, final metrics and ``train_result.json`` from the workers' step records."""
+    import mlflow
+
+    from raycpt.io import atomic_write_json
+    from raycpt.report.train import plot_loss_curve, read_step_records
+    from raycpt.train.loop import METRICS_FILE
+
+    final_dir, plan = run_dir / FINAL_MODEL, prep.plan
+    records = read_step_records(run_dir / METRICS_FILE)
+    steps = [int(r["step"]) for r in records]
+    losses = [float(r["loss"]) for r in records]
+    times = [float(r["step_time_s"]) for r in records]
+    tok_s = _tokens_per_s(records)
+    png = plot_loss_curve(steps, losses, run_dir / "loss_curve.png",
+                          title=f"{cfg.name}: {plan.name} [{plan.layer_map()}]")
+    mlflow.log_artifact(str(png))
+    mlflow.log_param("final_model_dir", str(final_dir))
+    mlflow.set_tag("raycpt.final_model_dir", str(final_dir))
+    wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
+    mlflow.log_metrics({"final_loss": losses[-1] if losses else float("nan"), "wall_time_s": wall,
+                        "median_tokens_per_s": tok_s})
+    res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
+                      wall_s=wall, trainable_params=prep.counts["trainable"], frozen_params=prep.counts["frozen"],
+                      mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
+                      resumed_from_step=prep.resumed_step, step_times=times)
+    atomic_write_json(run_dir / "train_result.json", res.to_dict())
     return res
 
 

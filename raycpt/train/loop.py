@@ -33,15 +33,14 @@ A NaN/inf loss or gradient norm stops the run before the optimizer step: rank 0 
 ``train_status.json`` and every rank returns; the launcher turns it into one error line, and the
 last good checkpoint stays.
 
-Extension point: :class:`StepCallback` objects (``config["callbacks"]`` or factories registered
-with :func:`register_step_callback`) run on every rank every ``callback.every`` steps and may
-return extra metrics (``train.drift_every`` plugs in here).
+Extension point: :class:`raycpt.train.callbacks.StepCallback` objects (``config["callbacks"]``; the
+launcher adds those of the factories registered there) run on every rank every ``callback.every``
+steps and may return extra metrics (``train.drift_every`` plugs in here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -52,82 +51,21 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
 
-from raycpt.strategies import LayerPlan, apply_plan, count_params, param_groups
+from raycpt.io import atomic_write_json
+from raycpt.strategies import LayerPlan, apply_plan, param_groups
+from raycpt.train.callbacks import LoopState
+from raycpt.train.callbacks import StepCallback, callbacks_for, register_step_callback  # noqa: F401 - re-export (moved)
 from raycpt.train.loss import model_loss
-from raycpt.train.preflight import enable_activation_checkpointing, loss_chunk_tokens
+from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens
 from raycpt.train.throughput import device_name, flops_per_token, peak_flops, throughput_metrics
 
 METRICS_FILE = "train_metrics.jsonl"
 STATUS_FILE = "train_status.json"
-
-
-# ------------------------------------------------------------------------------------ callbacks
-
-@dataclass
-class LoopState:
-    """What a :class:`StepCallback` sees. ``model`` is the plain (unwrapped) model."""
-
-    step: int
-    max_steps: int
-    model: Any
-    wrapped: Any
-    plan: LayerPlan
-    rank: int
-    world_size: int
-    device: torch.device
-    cfg: Any
-    run_dir: Optional[Path]
-    metrics: dict = field(default_factory=dict)
-    logger: Optional["MetricsLogger"] = None
-
-    def log(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
-        """Log extra metrics (rank 0 only writes; safe to call on every rank)."""
-        if self.rank == 0 and self.logger is not None:
-            self.logger.log(metrics, self.step if step is None else step)
-
-
-class StepCallback:
-    """Runs on every rank. ``every`` = call ``on_step_end`` every N optimizer steps (0 = never).
-
-    Keep callbacks picklable (they travel to the workers in the loop config). Collective ops are
-    allowed (every rank calls the hook at the same step)."""
-
-    every: int = 0
-
-    def on_train_start(self, state: LoopState) -> None:  # noqa: D401
-        pass
-
-    def on_step_end(self, state: LoopState) -> Optional[dict[str, float]]:
-        return None
-
-    def on_train_end(self, state: LoopState) -> None:
-        pass
-
-
-CALLBACK_FACTORIES: list[Callable[[Any], Optional[StepCallback]]] = []
-
-
-def register_step_callback(factory: Callable[[Any], Optional[StepCallback]]):
-    """Register ``factory(cfg) -> StepCallback | None``; :func:`callbacks_for` calls every factory."""
-    CALLBACK_FACTORIES.append(factory)
-    return factory
-
-
-def callbacks_for(cfg) -> list[StepCallback]:
-    """The callbacks a config asks for (e.g. ``train.drift_every > 0`` -> a drift callback)."""
-    import raycpt.diagnostics.drift  # noqa: F401  (registers the train.drift_every factory)
-
-    out = []
-    for f in CALLBACK_FACTORIES:
-        cb = f(cfg)
-        if cb is not None:
-            out.append(cb)
-    return out
 
 
 # ------------------------------------------------------------------------------------ pieces
@@ -304,6 +242,14 @@ class MetricsLogger:
         try:
             self.client.log_batch(self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
         except Exception:  # noqa: BLE001 - a resumed run re-logs the same params; never fail training on it
+            pass
+
+    def artifact(self, path) -> None:
+        if self.client is None:
+            return
+        try:
+            self.client.log_artifact(self.run_id, str(path))
+        except Exception:  # noqa: BLE001 - an artifact store hiccup must not fail the training run
             pass
 
 
@@ -567,6 +513,66 @@ def save_model_folder(model, tokenizer, state_dict: Optional[dict], out: Path) -
 
 # ------------------------------------------------------------------------------------ the loop
 
+class FaultHooks:
+    """Test-only fault injection, from ``config["faults"]`` (the launcher merges ``RAYCPT_FAULTS``).
+
+    ``sigkill_step`` (with ``sigkill_rank``, default 0): SIGKILL this worker once, before that step
+    (a marker file in the run folder makes a restarted worker go on); ``step_sleep``: seconds to
+    sleep before every step; ``nan_step``: that step's loss becomes NaN. The loop calls
+    :meth:`before_step` before a step's timer starts and :meth:`loss` on the step's local loss."""
+
+    def __init__(self, faults: Optional[dict], rank: int, run_dir: Optional[Path]):
+        self.faults = dict(faults or {})
+        self.rank = rank
+        self.run_dir = run_dir
+
+    def before_step(self, step: int) -> None:
+        f = self.faults
+        if f.get("sigkill_step") == step and f.get("sigkill_rank", 0) == self.rank and self.run_dir is not None:
+            marker = self.run_dir / f".fault_sigkill_{step}"
+            if not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
+        if f.get("step_sleep"):
+            time.sleep(float(f["step_sleep"]))
+
+    def loss(self, step: int, loss_local: torch.Tensor) -> torch.Tensor:
+        return loss_local * float("nan") if self.faults.get("nan_step") == step else loss_local
+
+
+@dataclass
+class _Worker:
+    """Everything the steps of :func:`run_loop` share on one rank."""
+
+    config: dict
+    session: Any
+    cfg: Any
+    rank: int
+    world: int
+    run_dir: Optional[Path]
+    device: torch.device
+    plan: LayerPlan
+    fsdp: bool
+    logger: Optional[MetricsLogger]
+    faults: FaultHooks
+    callbacks: list
+    model: Any = None
+    tokenizer: Any = None
+    wrapped: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    params: list = field(default_factory=list)
+    counts: dict = field(default_factory=dict)
+    prefix: Optional[FrozenPrefix] = None
+    start_step: int = 0
+    history: list = field(default_factory=list)
+    step_times: list = field(default_factory=list)
+    step_cpu: list = field(default_factory=list)  # this process's CPU seconds per step (all its threads)
+    chunk_tokens: Optional[int] = None  # the chunked loss's rows per chunk; None = the plain loss
+    flops_per_token: float = 0.0
+    peak_flops: Optional[float] = None
+
+
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point (see the module docstring for the config keys)."""
     run_loop(config, RaySession())
@@ -575,14 +581,35 @@ def train_loop_per_worker(config: dict) -> None:
 def run_loop(config: dict, session: _Session) -> dict:
     """The loop, for any session. Config keys: ``cfg`` (ExperimentConfig as a dict), ``model_path``,
     ``plan`` (LayerPlan dict), ``run_dir``, ``mlflow`` ({uri, run_id} or None), ``resume_from``
-    (checkpoint folder or None), ``shard_rows``, ``callbacks`` (StepCallback list), ``faults`` (tests),
-    ``torch_threads``. Returns a summary (rank 0's view)."""
+    (checkpoint folder or None), ``shard_rows``, ``callbacks`` (StepCallback list), ``faults`` (tests,
+    :class:`FaultHooks`), ``torch_threads``, ``evaluate`` (see :func:`evaluate_in_worker`). Returns a
+    summary (rank 0's view).
+
+    The steps: :func:`_setup` (config, device, threads, seed, logger) -> :func:`_load_model` (from the
+    checkpoint it resumes, else the model folder; plan, wrapping, optimizer, restored state) ->
+    :func:`_data` -> :func:`_start` -> :func:`_train` (one :func:`_step` per optimizer step, a
+    checkpoint every ``train.checkpoint_every``) -> :func:`_finish` (status file) -> evaluation in the
+    worker (rank 0, when asked and training finished)."""
+    w = _setup(config, session)
+    _load_model(w)
+    data = _data(w)
+    state = _start(w)
+    status = _train(w, data, state)
+    _finish(w, state, status)
+    if config.get("evaluate") and status["status"] == "finished" and not w.fsdp:
+        if w.logger is not None:
+            w.logger.event({"event": "evaluate", "step": state.step, "time": time.time()})
+        evaluate_in_worker(w.model, w.tokenizer, config["evaluate"], session)
+    return {"status": status, "losses": w.history, "step_times": w.step_times, "step_cpu": w.step_cpu,
+            "counts": w.counts, "tokens_per_step": _tokens_per_step(w)}
+
+
+def _setup(config: dict, session: _Session) -> _Worker:
+    """The config rebuilt, this rank's device and torch threads, the seed, rank 0's logger."""
     from raycpt.config import config_from_dict
-    from raycpt.models.sources import load_model
 
     cfg = config_from_dict(config["cfg"])
     tcfg = cfg.train
-    faults = dict(config.get("faults") or {})
     rank, world = session.rank, session.world_size
     run_dir = Path(config["run_dir"]) if config.get("run_dir") else None
     device = session.device(tcfg.use_gpu)
@@ -590,10 +617,18 @@ def run_loop(config: dict, session: _Session) -> dict:
         torch.set_num_threads(int(config.get("torch_threads") or max(1, (os.cpu_count() or 1) // max(1, session.local_world_size))))
     seed_everything(tcfg.seed)
     logger = MetricsLogger(run_dir, config.get("mlflow")) if rank == 0 else None
-    plan = LayerPlan.from_dict(config["plan"])
-    fsdp = tcfg.distributed == "fsdp" and world > 1
-    callbacks: list[StepCallback] = list(config.get("callbacks") or [])
+    return _Worker(config=config, session=session, cfg=cfg, rank=rank, world=world, run_dir=run_dir, device=device,
+                   plan=LayerPlan.from_dict(config["plan"]), fsdp=tcfg.distributed == "fsdp" and world > 1,
+                   logger=logger, faults=FaultHooks(config.get("faults"), rank, run_dir),
+                   callbacks=list(config.get("callbacks") or []))
 
+
+def _load_model(w: _Worker) -> None:
+    """The model (from the checkpoint this run resumes, else ``model_path``), the plan applied, the
+    frozen prefix, the wrapper, optimizer and scheduler; a checkpoint's state restored."""
+    from raycpt.models.sources import load_model
+
+    config, session, tcfg = w.config, w.session, w.cfg.train
     with session.checkpoint_dir(config.get("resume_from"), config.get("checkpoint_root")) as ckpt:
         state = None
         model_path = config["model_path"]
@@ -603,115 +638,140 @@ def run_loop(config: dict, session: _Session) -> dict:
         model, tokenizer = load_model(model_path, dtype="float32", device="cpu")  # wrap() moves it to the device
     model.train()
     model.config.use_cache = False
-    counts = apply_plan(model, plan)
-    prefix = FrozenPrefix(model, plan)
+    w.model, w.tokenizer = model, tokenizer
+    w.counts = apply_plan(model, w.plan)
+    w.prefix = FrozenPrefix(model, w.plan)
     enable_activation_checkpointing(model, tcfg)
-    chunk = loss_chunk_tokens(tcfg, model, world)
-    fpt, peak = flops_per_token(model, plan, cfg.data.seq_len), peak_flops(device_name(device), tcfg.peak_tflops)
-    wrapped = session.wrap(model, device, tcfg.distributed)
-    optimizer = make_optimizer(model, plan, tcfg, wrapped=wrapped if fsdp else None)
-    scheduler = make_scheduler(optimizer, tcfg)
-    params = trainable_params(wrapped)
-    start_step, history = 0, []
+    w.chunk_tokens = loss_chunk_tokens(tcfg, model, w.world)
+    w.flops_per_token = flops_per_token(model, w.plan, w.cfg.data.seq_len)
+    w.peak_flops = peak_flops(device_name(w.device), tcfg.peak_tflops)
+    w.wrapped = session.wrap(model, w.device, tcfg.distributed)
+    w.optimizer = make_optimizer(model, w.plan, tcfg, wrapped=w.wrapped if w.fsdp else None)
+    w.scheduler = make_scheduler(w.optimizer, tcfg)
+    w.params = trainable_params(w.wrapped)
     if state is not None:
-        _load_optim_state(wrapped, optimizer, state["optimizer"], fsdp)
-        scheduler.load_state_dict(state["scheduler"])
-        rngs = state.get("rng") or []
-        if rank < len(rngs):
-            set_rng_state(rngs[rank])
-        start_step = int(state["step"])
-        history = list(state.get("losses", []))
-        del state
+        _restore(w, state)
 
-    ga, mbs, seq = tcfg.grad_accum, tcfg.micro_batch_size, cfg.data.seq_len
-    tokens_per_step = world * ga * mbs * seq
-    data = micro_batches(session.batches(config), mbs, config.get("shard_rows"), skip=start_step * ga)
-    loop_state = LoopState(step=start_step, max_steps=tcfg.max_steps, model=model, wrapped=wrapped, plan=plan,
-                           rank=rank, world_size=world, device=device, cfg=cfg, run_dir=run_dir, logger=logger)
-    if rank == 0:
-        logger.params({"plan": plan.describe()[:500], "plan.layer_map": plan.layer_map(),
-                       "trainable_params": counts["trainable"], "frozen_params": counts["frozen"],
-                       "plan.frozen_prefix_no_grad": prefix.active, "world_size": world})
-        logger.event({"event": "start" if start_step == 0 else "resume", "step": start_step,
-                      "trainable": counts["trainable"], "frozen": counts["frozen"], "world_size": world,
-                      "time": time.time(), "pid": os.getpid()})
-    for cb in callbacks:
-        cb.on_train_start(loop_state)
 
-    ckpt_every = tcfg.checkpoint_every
-    last_ckpt = start_step if start_step else None
-    status = {"status": "finished"}
-    epoch = 0
-    step_times: list[float] = []
-    step_cpu: list[float] = []  # this process's CPU seconds per step (all its threads): work, not waiting
-    for step in range(start_step + 1, tcfg.max_steps + 1):
-        if faults.get("sigkill_step") == step and faults.get("sigkill_rank", 0) == rank and run_dir is not None:
-            marker = run_dir / f".fault_sigkill_{step}"
-            if not marker.exists():
-                marker.write_text(str(os.getpid()))
-                os.kill(os.getpid(), signal.SIGKILL)
-        if faults.get("step_sleep"):
-            time.sleep(float(faults["step_sleep"]))
-        t0, c0 = time.perf_counter(), time.process_time()
-        batch = []
-        for _ in range(ga):
-            epoch, ids = next(data)
-            batch.append(ids)
-        loss_local = forward_backward(wrapped, batch, tcfg.precision, device, model=model, chunk_tokens=chunk)
-        if faults.get("nan_step") == step:
-            loss_local = loss_local * float("nan")
-        loss = float(session.all_reduce_mean(loss_local))
-        grad_norm = clip_and_norm(wrapped, params, tcfg.max_grad_norm) if math.isfinite(loss) else float("nan")
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            what = "loss" if not math.isfinite(loss) else "gradient norm"
-            status = {"status": "nonfinite", "step": step, "what": what,
-                      "value": str(loss if what == "loss" else grad_norm), "last_checkpoint_step": last_ckpt}
-            optimizer.zero_grad(set_to_none=True)
-            break
-        lr = scheduler.get_last_lr()[0] / (optimizer.param_groups[0].get("lr_scale", 1.0) or 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        step_times.append(dt)
-        step_cpu.append(cpu)
-        history.append(loss)
-        metrics = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": dt, "step_cpu_s": cpu,
-                   "tokens_per_s": tokens_per_step / dt, "epoch": epoch,
-                   **throughput_metrics(tokens_per_step, world, dt, fpt, peak)}
-        loop_state.step, loop_state.metrics = step, metrics
-        for cb in callbacks:
-            if cb.every and step % cb.every == 0:
-                extra = cb.on_step_end(loop_state)
-                if extra:
-                    metrics.update(extra)
-        if rank == 0:
-            logger.event({"step": step, **metrics})
-            if step % tcfg.log_every == 0 or step == tcfg.max_steps:
-                logger.log(metrics, step)
-        if step % ckpt_every == 0 or step == tcfg.max_steps:
-            _checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp,
-                        data_pos={"micro_batches_consumed": step * ga, "epoch": epoch,
-                                  "shard_rows": config.get("shard_rows")},
-                        metrics={"step": step, "loss": loss})
+def _restore(w: _Worker, state: dict) -> None:
+    """Optimizer, scheduler, this rank's RNG states, the step and the loss history of a checkpoint."""
+    _load_optim_state(w.wrapped, w.optimizer, state["optimizer"], w.fsdp)
+    w.scheduler.load_state_dict(state["scheduler"])
+    rngs = state.get("rng") or []
+    if w.rank < len(rngs):
+        set_rng_state(rngs[w.rank])
+    w.start_step = int(state["step"])
+    w.history = list(state.get("losses", []))
+
+
+def _tokens_per_step(w: _Worker) -> int:
+    t = w.cfg.train
+    return w.world * t.grad_accum * t.micro_batch_size * w.cfg.data.seq_len
+
+
+def _data(w: _Worker) -> Iterator[tuple[int, torch.Tensor]]:
+    """This rank's micro-batches, after the ones the steps before ``start_step`` consumed."""
+    config, session, tcfg = w.config, w.session, w.cfg.train
+    ga, mbs, start_step = tcfg.grad_accum, tcfg.micro_batch_size, w.start_step
+    return micro_batches(session.batches(config), mbs, config.get("shard_rows"), skip=start_step * ga)
+
+
+def _start(w: _Worker) -> LoopState:
+    """The callbacks' view of the loop; rank 0 logs the plan and a start/resume event; callbacks start."""
+    state = LoopState(step=w.start_step, max_steps=w.cfg.train.max_steps, model=w.model, wrapped=w.wrapped,
+                      plan=w.plan, rank=w.rank, world_size=w.world, device=w.device, cfg=w.cfg, run_dir=w.run_dir,
+                      logger=w.logger)
+    if w.rank == 0:
+        counts, plan = w.counts, w.plan
+        w.logger.params({"plan": plan.describe()[:500], "plan.layer_map": plan.layer_map(),
+                         "trainable_params": counts["trainable"], "frozen_params": counts["frozen"],
+                         "plan.frozen_prefix_no_grad": w.prefix.active, "world_size": w.world})
+        w.logger.event({"event": "start" if w.start_step == 0 else "resume", "step": w.start_step,
+                        "trainable": counts["trainable"], "frozen": counts["frozen"], "world_size": w.world,
+                        "time": time.time(), "pid": os.getpid()})
+    for cb in w.callbacks:
+        cb.on_train_start(state)
+    return state
+
+
+def _train(w: _Worker, data, state: LoopState) -> dict:
+    """Steps ``start_step + 1 .. max_steps``; a checkpoint every ``checkpoint_every`` and at the end.
+    Returns the status: ``finished``, or ``nonfinite`` (loss or gradient norm) at the step it stopped."""
+    tcfg = w.cfg.train
+    last_ckpt = w.start_step if w.start_step else None
+    for step in range(w.start_step + 1, tcfg.max_steps + 1):
+        w.faults.before_step(step)
+        metrics = _step(w, data, step)
+        if metrics.get("status") == "nonfinite":
+            return {"status": "nonfinite", "step": step, "what": metrics["what"], "value": metrics["value"],
+                    "last_checkpoint_step": last_ckpt}
+        state.step, state.metrics = step, metrics
+        _after_step(w, state, step, metrics)
+        if step % tcfg.checkpoint_every == 0 or step == tcfg.max_steps:
+            _checkpoint(w.session, w.model, w.wrapped, w.tokenizer, w.optimizer, w.scheduler, step, w.history,
+                        w.plan, w.fsdp, data_pos={"micro_batches_consumed": step * tcfg.grad_accum,
+                                                  "epoch": metrics["epoch"],
+                                                  "shard_rows": w.config.get("shard_rows")},
+                        metrics={"step": step, "loss": metrics["loss"]})
             last_ckpt = step
-    prefix.remove()
-    for cb in callbacks:
-        cb.on_train_end(loop_state)
-    if rank == 0 and run_dir is not None:
-        from raycpt.runs import atomic_write_json
+    return {"status": "finished"}
 
-        atomic_write_json(run_dir / STATUS_FILE, status)
-        logger.event({"event": status["status"], "step": loop_state.step, "time": time.time()})
-    session.barrier()
-    if config.get("evaluate") and status["status"] == "finished" and not fsdp:
-        if logger is not None:
-            logger.event({"event": "evaluate", "step": loop_state.step, "time": time.time()})
-        evaluate_in_worker(model, tokenizer, config["evaluate"], session)
-    return {"status": status, "losses": history, "step_times": step_times, "step_cpu": step_cpu, "counts": counts,
-            "tokens_per_step": tokens_per_step}
+
+def _step(w: _Worker, data, step: int) -> dict:
+    """One optimizer step over ``grad_accum`` micro-batches: its metrics, or ``{"status": "nonfinite",
+    "what", "value"}`` (gradients dropped, no update) when the mean loss or the gradient norm is not finite."""
+    tcfg, optimizer, scheduler, device = w.cfg.train, w.optimizer, w.scheduler, w.device
+    t0, c0 = time.perf_counter(), time.process_time()
+    batch = []
+    epoch = 0
+    for _ in range(tcfg.grad_accum):
+        epoch, ids = next(data)
+        batch.append(ids)
+    loss_local = forward_backward(w.wrapped, batch, tcfg.precision, device, model=w.model, chunk_tokens=w.chunk_tokens)
+    loss_local = w.faults.loss(step, loss_local)
+    loss = float(w.session.all_reduce_mean(loss_local))
+    grad_norm = clip_and_norm(w.wrapped, w.params, tcfg.max_grad_norm) if math.isfinite(loss) else float("nan")
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        what = "loss" if not math.isfinite(loss) else "gradient norm"
+        optimizer.zero_grad(set_to_none=True)
+        return {"status": "nonfinite", "what": what, "value": str(loss if what == "loss" else grad_norm)}
+    lr = scheduler.get_last_lr()[0] / (optimizer.param_groups[0].get("lr_scale", 1.0) or 1.0)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    w.step_times.append(dt)
+    w.step_cpu.append(cpu)
+    w.history.append(loss)
+    return {"loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": dt, "step_cpu_s": cpu,
+            "tokens_per_s": _tokens_per_step(w) / dt, "epoch": epoch,
+            **throughput_metrics(_tokens_per_step(w), w.world, dt, w.flops_per_token, w.peak_flops)}
+
+
+def _after_step(w: _Worker, state: LoopState, step: int, metrics: dict) -> None:
+    """Callbacks due at this step (their extra metrics join ``metrics``), then rank 0 logs."""
+    for cb in w.callbacks:
+        if cb.every and step % cb.every == 0:
+            extra = cb.on_step_end(state)
+            if extra:
+                metrics.update(extra)
+    if w.rank == 0:
+        w.logger.event({"step": step, **metrics})
+        if step % w.cfg.train.log_every == 0 or step == w.cfg.train.max_steps:
+            w.logger.log(metrics, step)
+
+
+def _finish(w: _Worker, state: LoopState, status: dict) -> None:
+    """Hooks off, callbacks end, rank 0 writes ``train_status.json`` and the end event; all ranks meet."""
+    w.prefix.remove()
+    for cb in w.callbacks:
+        cb.on_train_end(state)
+    if w.rank == 0 and w.run_dir is not None:
+        atomic_write_json(w.run_dir / STATUS_FILE, status)
+        w.logger.event({"event": status["status"], "step": state.step, "time": time.time()})
+    w.session.barrier()
 
 
 EVAL_RESULT_FILE = "eval_result.json"
@@ -734,7 +794,6 @@ def evaluate_in_worker(model, tokenizer, spec: dict, session: Optional[_Session]
     (:func:`raycpt.evaluate.lm_loss`)."""
     from raycpt.config import EvalConfig
     from raycpt.evaluate import evaluate_model, merge_shards
-    from raycpt.runs import atomic_write_json
 
     rank, world = (session.rank, session.world_size) if session is not None else (0, 1)
     use_cache = getattr(model.config, "use_cache", None)

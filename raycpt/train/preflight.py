@@ -7,8 +7,8 @@ exit 2) when a plan exceeds the device memory (``train.device_memory_gb``, else 
 this process sees one) or when ``train.activation_checkpointing`` is asked of a model that cannot do
 it. An architecture without a memory model (:data:`raycpt.train.memory.FAMILY`) gets a note instead.
 
-The settings that decide the estimate are read here once, for the loop too:
-:func:`loss_chunk_tokens` (the chunked loss or the plain one) and :func:`uses_bf16`.
+The settings that decide both the estimate and the loop's step come from
+:mod:`raycpt.train.step_options`.
 """
 
 from __future__ import annotations
@@ -19,32 +19,8 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, PlanConfig
 from raycpt.errors import RaycptError
 from raycpt.train.launch import prepare_plan, resolve_model_path
-from raycpt.train.loss import chunked_supported, use_chunked
 from raycpt.train.memory import FAMILY, MemoryEstimate, check_fits, estimate_memory, model_shape
-
-
-def uses_bf16(tcfg) -> bool:
-    return tcfg.precision == "bf16" or (tcfg.precision == "auto" and tcfg.use_gpu)
-
-
-def loss_chunk_tokens(tcfg, model, world_size: int) -> Optional[int]:
-    """Tokens per chunk when the chunked loss runs, None for the plain path (``train.loss``;
-    FSDP keeps the plain path: the head's weight is only gathered inside the wrapped forward)."""
-    if tcfg.distributed == "fsdp" and world_size > 1:
-        return None
-    why = chunked_supported(model)
-    if tcfg.loss == "chunked" and why is not None:
-        raise RaycptError(f"train.loss=chunked: this model cannot use the chunked loss: {why}; "
-                          "use train.loss=auto or plain")
-    if why is not None or not use_chunked(tcfg.loss, model.config.vocab_size):
-        return None
-    return tcfg.loss_chunk_tokens
-
-
-def check_checkpointing(tcfg, model) -> None:
-    if tcfg.activation_checkpointing and not getattr(model, "supports_gradient_checkpointing", False):
-        raise RaycptError(f"train.activation_checkpointing=true: {type(model).__name__} has no gradient-checkpointing "
-                          "support in transformers (supports_gradient_checkpointing is False); set it to false")
+from raycpt.train.step_options import check_checkpointing, loss_chunk_tokens, uses_bf16
 
 
 def device_memory_gb(tcfg) -> Optional[float]:
@@ -103,13 +79,3 @@ def sweep_plans(cfg: ExperimentConfig) -> list[PlanConfig]:
 def full_plan(cfg: ExperimentConfig) -> PlanConfig:
     """The ``full`` baseline (a contribution scan trains it next to single layers, which cost less)."""
     return dataclasses.replace(cfg.plan, name="full")
-
-
-def enable_activation_checkpointing(model, tcfg) -> bool:
-    """``train.activation_checkpointing``: the model's own ``gradient_checkpointing_enable`` (non-reentrant,
-    so it composes with DDP and with a frozen prefix that runs under ``no_grad``)."""
-    if not tcfg.activation_checkpointing:
-        return False
-    check_checkpointing(tcfg, model)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return True

@@ -1,4 +1,4 @@
-"""Drift callback: weight change / CKA against the start, inside the real training loop (no Ray)."""
+"""Drift: weight change / CKA against the start (diagnostics.drift), and the callback inside the real training loop (no Ray)."""
 
 import json
 import math
@@ -34,7 +34,8 @@ def test_drift_callback_in_training_loop_single_layer(tiny_dir, tmp_path):
     from transformers import AutoTokenizer
 
     from raycpt.config import ExperimentConfig, PlanConfig, TrainConfig, config_to_dict
-    from raycpt.diagnostics.drift import DriftCallback, probe_ids
+    from raycpt.diagnostics.drift import probe_ids
+    from raycpt.train.callbacks import DriftCallback
     from raycpt.strategies import build_plan
     from raycpt.train.loop import LocalSession, run_loop
 

@@ -11,6 +11,7 @@ import torch
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
 from raycpt import evaluate as E
+from raycpt.report import eval as RE
 
 # The prompt of the offline benchmark, written out here independently of the YAML.
 DESCRIPTION = "The following are multiple choice questions about the meanings of English words. Choose the correct answer.\n\n"
@@ -76,7 +77,7 @@ def test_metrics_names():
                                        "ceval": {"generate": {"other": 10.0}}})
     assert r.metrics() == {"wordnet_mc/stem/logit": 50.0, "wordnet_mc/average/logit": 40.0,
                            "ceval/other/generate": 10.0}
-    assert E.cell(r, "wordnet_mc", "stem") == "- / 50.00"
+    assert RE.cell(r, "wordnet_mc", "stem") == "- / 50.00"
 
 
 # ---------------------------------------------------------------------------------------- question files
@@ -245,7 +246,7 @@ def test_table_and_csv(tiny, qfile, tmp_path):
                                                                      "average": 43.75, "overall": 40.0},
                                                            "generate": {"stem": 12.5, "average": 12.5}}},
                       counts={"wordnet_mc": {"total": 10}})
-    paths = E.write_results([r1], tmp_path)
+    paths = RE.write_results([r1], tmp_path)
     txt = paths["table"].read_text()
     assert "12.50 / 25.00" in txt and "- / 50.00" in txt and "12.50 / 43.75" in txt
     import csv

@@ -1,0 +1,33 @@
+"""File helpers every layer may use: atomic writes and the run root. A leaf: imports nothing of raycpt.
+
+Files are written aside and renamed into place (:func:`atomic_write_text`), so an interrupted command
+never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (UTF-8) through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def atomic_write_json(path: Path, obj: Any) -> Path:
+    """:func:`atomic_write_text` of ``obj`` as indented JSON (non-JSON values written with ``str``)."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+
+
+def run_root(tracking) -> Path:
+    """The absolute run root of a ``TrackingConfig`` (``tracking.run_root``, ``~`` expanded)."""
+    return Path(tracking.run_root).expanduser().resolve()

