@@ -275,4 +275,4 @@ def test_sharded_evaluation_equals_one_worker(tiny, qfile, tmp_path, world, limi
         assert a["generate"]["text"] == b["generate"]["text"]
         assert a["logit"]["logprobs"] == pytest.approx(b["logit"]["logprobs"], abs=1e-5)
     assert merged.scores == one.scores and merged.counts == one.counts
-    assert (tmp_path / "eval-model.json").is_file()
+    assert (tmp_path / "eval-model_questions.json").is_file()
