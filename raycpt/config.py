@@ -269,6 +269,9 @@ class SweepConfig:
     """Documents of ``data.corpus`` after the first ``data.max_documents`` (never trained on) on which
     every trial's final model gets a held-out LM loss, shown next to its scores; 0 = off. Needs
     ``data.max_documents``."""
+    trial_resources: dict[str, float] = field(default_factory=dict)
+    """Extra Ray resources each trial's first bundle asks for, e.g. ``{trial_node: 1}`` puts trials
+    only on nodes started with ``ray start --resources='{"trial_node": 8}'`` (see cluster/README.md)."""
 
     def __post_init__(self):
         for r in self.splits:
@@ -287,7 +290,9 @@ class TrackingConfig:
     run_root: str = "runs"
     """Folder holding one run folder per command (made absolute)."""
     uri: Optional[str] = None
-    """MLflow tracking URI; None = ``sqlite:///<run_root>/mlflow.db``."""
+    """MLflow tracking URI: ``http://HOST:PORT`` (an MLflow server; use it for concurrent trials and
+    several clusters), ``sqlite:////abs/path.db``; None = ``$RAYCPT_TRACKING_URI`` if set, else
+    ``sqlite:///<run_root>/mlflow.db``."""
     experiment: str = "raycpt"
     """MLflow experiment name."""
 

@@ -12,6 +12,7 @@ import json
 import uuid
 from pathlib import Path
 
+from raycpt.cluster import check_store
 from raycpt.config import ExperimentConfig, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
@@ -25,6 +26,7 @@ def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> P
     Makes ``cfg.tracking.run_root`` and ``cfg.tracking.uri`` absolute in place, so Ray workers (whose
     working directory differs, e.g. under ``ray job submit``) log to the same store.
     """
+    check_store(cfg.tracking)
     root = run_root(cfg.tracking)
     cfg.tracking.run_root = str(root)
     cfg.tracking.uri = tracking_uri(cfg.tracking)

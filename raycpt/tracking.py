@@ -14,14 +14,21 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from raycpt.cluster import check_store, node_tags
 from raycpt.config import ExperimentConfig, TrackingConfig
 from raycpt.io import atomic_write_json, run_root
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+"""MLflow 3's UI picks an experiment's first view from this tag: model training opens on the runs table
+(without it, MLflow 3.17 opens on the GenAI traces overview)."""
+
 
 def tracking_uri(cfg: TrackingConfig) -> str:
-    """The MLflow URI: the configured one, else ``sqlite:////abs/run_root/mlflow.db``."""
-    if cfg.uri:
-        uri = cfg.uri
+    """The MLflow URI: the configured one (or ``$RAYCPT_TRACKING_URI``, which a cluster sets to its
+    server), else ``sqlite:////abs/run_root/mlflow.db``."""
+    if cfg.uri or os.environ.get("RAYCPT_TRACKING_URI"):
+        uri = cfg.uri or os.environ["RAYCPT_TRACKING_URI"]
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
             uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
         return uri
@@ -32,7 +39,7 @@ def ensure_store(cfg: TrackingConfig) -> str:
     """Create the store and the experiment from the driver; return the experiment id."""
     import mlflow
 
-    run_root(cfg).mkdir(parents=True, exist_ok=True)
+    check_store(cfg)  # one line for a bad scheme, a server that does not answer, an unwritable run root
     uri = tracking_uri(cfg)
     os.environ["MLFLOW_TRACKING_URI"] = uri
     mlflow.set_tracking_uri(uri)
@@ -45,7 +52,14 @@ def ensure_store(cfg: TrackingConfig) -> str:
         except Exception:  # noqa: BLE001 - another process created it first
             pass
     exp = mlflow.set_experiment(cfg.experiment)
+    if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # the UI then opens on the runs table
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return exp.experiment_id
+
+
+def runs_url(experiment_id: str, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """The MLflow UI's runs table of an experiment (parent runs with their children)."""
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/runs"
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -166,7 +180,7 @@ class ChildRun:
         self.created = not self.meta.get("mlflow_run_id")
         if self.created:
             run = client.create_run(experiment_id, run_name=name,
-                                    tags={"mlflow.parentRunId": parent_run_id, **(tags or {})})
+                                    tags={"mlflow.parentRunId": parent_run_id, **node_tags(), **(tags or {})})
             self.meta = {"mlflow_run_id": run.info.run_id, **(meta or {})}
             atomic_write_json(self.meta_path, self.meta)
         else:

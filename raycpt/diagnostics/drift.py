@@ -5,7 +5,7 @@ Per decoder layer, against the start:
 * ``drift.dW.L{i}`` - ``||W_i(now) - W_i(start)||_F`` over all parameters of layer i;
 * ``drift.rel_dW.L{i}`` - the same divided by ``||W_i(start)||_F``;
 * ``drift.cka.L{i}`` - linear CKA between the layer's residual stream now and at the start, on a
-  fixed probe batch (WordNet glosses, the same tokens every time; massive-activation tokens, norm
+  fixed probe batch (the shipped WordNet glosses, `builtin:wordnet-glosses`, the same tokens every time; massive-activation tokens, norm
   > 10x the median, left out as in ``raycpt compare``);
 
 plus ``drift.dW.mean`` / ``drift.cka.min``. The training-time callback that computes them every
@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from raycpt.diagnostics.prompts import wordnet_gloss_texts
+from raycpt.diagnostics.prompts import gloss_texts
 from raycpt.diagnostics.similarity import layer_l2_change, linear_cka, massive_rows
 
 PROBE_PROMPTS = 8
@@ -86,9 +86,5 @@ def drift_metrics(start_params, start_states, model, ids: torch.Tensor) -> dict[
 
 
 def probe_texts(n: int) -> list[str]:
-    """``n`` probe texts: WordNet glosses, topped up with a fixed sentence where WordNet is missing."""
-    texts = wordnet_gloss_texts(n)
-    if len(texts) < n:  # no WordNet on this machine: a fixed fallback
-        texts += [f"The quick brown fox number {i} jumps over the lazy dog near the river bank." for i in
-                  range(n - len(texts))]
-    return texts
+    """``n`` probe texts: the shipped WordNet glosses (``builtin:wordnet-glosses``), the same on every machine."""
+    return gloss_texts(n)

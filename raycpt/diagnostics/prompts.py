@@ -9,17 +9,31 @@ tokenizer's own special tokens; character offsets then decide each token's side:
 * **query** (``I_q``): tokens whose span lies inside s2;
 * **neither**: special tokens (BOS and the like) and zero-width tokens: never masked.
 
-A token that straddles the boundary makes the split meaningless, so it is an error naming the
-line, as are empty s1/s2, bad JSON and missing fields. Records may carry an optional ``answer``
+A token that straddles the boundary with real characters on both sides makes the split meaningless,
+so it is an error naming the line, as are empty s1/s2, bad JSON and missing fields. Records may carry an optional ``answer``
 (the expected continuation, used only to report how often the model's top-1 token starts it).
 
 Prompt sources: ``builtin:wordnet-lexical`` (500 WordNet prompts shipped in ``raycpt/assets``)
 or a path to a JSONL file (UTF-8, one JSON object per line; blank lines are skipped).
+
+A token that begins with whitespace at the very end of s1 and runs on into s2 (``"...; "`` then
+``"Query: ..."``: most tokenizers glue the space to the next word) is counted on the **s2** side:
+the whitespace carries no context, and the prompt means what its author wrote. Only tokens that
+straddle the seam with real (non-space) characters on the s1 side are refused.
+:func:`encode_prompt` marks such prompts (``EncodedPrompt.seam_space``) so jobs report them once,
+as a count.
+
+Plain texts (no s1/s2 split) for ``raycpt compare`` and the drift probe come from
+:func:`gloss_texts`: ``builtin:wordnet-glosses``, the same shipped asset the training corpus reads
+(``raycpt/assets/wordnet_glosses.jsonl.gz``; no Debian package needed).
 """
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -28,6 +42,11 @@ from raycpt.errors import RaycptError
 
 BUILTIN = {"builtin:wordnet-lexical": "wordnet_lexical.jsonl"}
 REQUIRED = ("s1", "s2", "group")
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+GLOSSES = "builtin:wordnet-glosses"
+GLOSSES_FILE = ASSETS / "wordnet_glosses.jsonl.gz"
+"""The shipped WordNet glosses: the training corpus's ``builtin:wordnet-glosses`` and compare's / drift's texts."""
+_POS = re.compile(r"^[^:]*\((noun|verb|adjective|adverb)\):")
 
 
 @dataclass
@@ -60,11 +79,40 @@ class EncodedPrompt:
     answer_id: int = -1
     line: int = 0
     extra: dict = field(default_factory=dict)
+    seam_space: bool = False
+    """s1 ends in whitespace that the tokenizer joined to s2's first token (counted on the s2 side)."""
+
+
+def seam_note(prompts: Sequence[EncodedPrompt]) -> Optional[str]:
+    """One line for the prompts whose trailing s1 whitespace went to s2's first token (None if none)."""
+    n = sum(1 for p in prompts if p.seam_space)
+    if not n:
+        return None
+    return (f"{n} of {len(prompts)} prompt(s): s1 ends in whitespace that the tokenizer joins to s2's first token; "
+            "that token is counted on the s2 (query) side")
 
 
 def builtin_path(name: str) -> Path:
     """Path of a built-in prompt set inside the installed package (``raycpt/assets``)."""
-    return Path(__file__).resolve().parents[1] / "assets" / BUILTIN[name]
+    return ASSETS / BUILTIN[name]
+
+
+def gloss_texts(limit: int) -> list[str]:
+    """The first ``limit`` WordNet glosses of the shipped asset, taken in turn from each part of
+    speech (noun, verb, adjective, adverb, noun, ...), so a small set still covers all four."""
+    if not GLOSSES_FILE.is_file():
+        raise RaycptError(f"{GLOSSES}: {GLOSSES_FILE} is missing from the installed package; reinstall raycpt "
+                          "or run scripts/make_wordnet_glosses.py")
+    per_pos: dict[str, list[str]] = {}
+    with gzip.open(GLOSSES_FILE, "rt", encoding="utf-8") as f:
+        for line in f:
+            text = json.loads(line)["text"]
+            m = _POS.match(text)
+            group = per_pos.setdefault(m.group(1) if m else "", [])
+            if len(group) < limit:
+                group.append(text)
+    rounds = [t for row in itertools.zip_longest(*per_pos.values()) for t in row if t is not None]
+    return rounds[:limit]
 
 
 def load_prompt_records(source: str) -> list[PromptRecord]:
@@ -132,16 +180,17 @@ def encode_prompt(record: PromptRecord, tokenizer, index: int = 0) -> EncodedPro
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     special = list(enc["special_tokens_mask"])
     where = f"prompt file {record.source} line {record.line}" if record.source else f"prompt {index}"
-    context, query = [], []
+    context, query, seam_space = [], [], False
     for pos, ((start, end), sp) in enumerate(zip(offsets, special)):
         if sp or end <= start:
             continue
         if start < cut < end:
-            piece = text[start:end]
-            raise RaycptError(
-                f"{where}: the s1/s2 boundary (character {cut}) falls inside token {piece!r} (characters "
-                f"{start}-{end}); end s1 or start s2 where this tokenizer starts a new token (e.g. put the space "
-                "at the start of s2)")
+            if text[start:cut].strip():
+                piece = text[start:end]
+                raise RaycptError(
+                    f"{where}: the s1/s2 boundary (character {cut}) falls inside token {piece!r} (characters "
+                    f"{start}-{end}); end s1 or start s2 where this tokenizer starts a new token")
+            seam_space = True  # only s1's trailing whitespace is in it: the token belongs to s2
         (context if end <= cut else query).append(pos)
     if not context:
         raise RaycptError(f"{where}: s1 {record.s1!r} gives no tokens to perturb")
@@ -155,7 +204,7 @@ def encode_prompt(record: PromptRecord, tokenizer, index: int = 0) -> EncodedPro
         if len(full) > last + 1 and list(full[:last + 1]) == ids:
             answer_id = int(full[last + 1])
     return EncodedPrompt(index=index, group=record.group, input_ids=[int(i) for i in ids], context=context,
-                         query=query, last=last, answer_id=answer_id, line=record.line)
+                         query=query, last=last, answer_id=answer_id, line=record.line, seam_space=seam_space)
 
 
 def encode_prompts(records: Sequence[PromptRecord], tokenizer) -> list[EncodedPrompt]:
@@ -191,25 +240,3 @@ def collate(prompts: Sequence[EncodedPrompt], pad_id: int = 0):
         context_mask[r, p.context] = True
     last = torch.tensor([p.last for p in prompts], dtype=torch.long)
     return dict(input_ids=input_ids, attention_mask=attention_mask, context_mask=context_mask, last=last)
-
-
-def wordnet_gloss_texts(limit: int) -> list[str]:
-    """Up to ``limit`` WordNet glosses (Debian wordnet-base), the same number from each part of speech
-    (interleaved); [] without WordNet. The default prompt set of ``raycpt compare`` and the drift probe."""
-    per_pos: list[list[str]] = []
-    for pos in ("noun", "verb", "adj", "adv"):
-        f = Path("/usr/share/wordnet") / f"data.{pos}"
-        got: list[str] = []
-        if f.is_file():
-            with f.open(encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if line.startswith("  ") or "|" not in line:
-                        continue
-                    gloss = line.split("|", 1)[1].split(";")[0].strip()
-                    if len(gloss) > 20:
-                        got.append(gloss)
-                    if len(got) >= limit:
-                        break
-        per_pos.append(got)
-    texts = [t for group in zip(*[g for g in per_pos if g]) for t in group] if any(per_pos) else []
-    return texts[:limit]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raycpt.config import ExperimentConfig
-from raycpt.diagnostics.prompts import wordnet_gloss_texts
+from raycpt.diagnostics import prompts as P
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, atomic_write_text
 from raycpt.runs import open_run_dir
@@ -80,10 +80,9 @@ def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
             return str(found.resolve())
         if not any(p.glob("*.gguf")) and not any(p.glob("*.gguf.part*")):
             raise RaycptError(f"{ref}: folder holds no model (no config.json with weights, no trained checkpoint)")
-    from raycpt.models.sources import resolve_model
+    from raycpt.models.sources import resolve_model_path
 
-    info = resolve_model(ref, cache_dir=cfg.model.cache_dir, progress=True)
-    return str(info.path)
+    return resolve_model_path(cfg.model, ref, progress=True)
 
 
 def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
@@ -113,20 +112,12 @@ def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
     ``builtin:wordnet-glosses``, or the trace prompt set name (when the prompts module knows it)."""
     if limit < 2:
         raise RaycptError(f"--max-prompts={limit}: need at least 2 prompts (dataset entropy compares samples)")
-    if spec is None or spec == "builtin:wordnet-glosses":
-        texts = wordnet_gloss_texts(limit)
-        if len(texts) < 2:
-            raise RaycptError("no default prompts: WordNet (/usr/share/wordnet) is missing; give --prompts FILE")
-        return texts
+    if spec is None or spec == P.GLOSSES:
+        return P.gloss_texts(limit)
     p = Path(spec).expanduser()
     if not p.is_file():
-        try:  # a named prompt set of the trace module (builtin:wordnet-lexical, ...)
-            from raycpt.diagnostics import prompts as P  # noqa: F401
-
-            recs = P.load_prompt_records(spec)
-            return [_record_text(r) for r in recs][:limit]
-        except (ImportError, AttributeError):
-            pass
+        if spec in P.BUILTIN:  # a named prompt set of the trace module (builtin:wordnet-lexical)
+            return [_record_text(r) for r in P.load_prompt_records(spec)][:limit]
         raise RaycptError(f"--prompts {spec}: file not found (expected a .jsonl of {{text}} or {{s1, s2}} records, "
                           "or a .txt with one prompt per line)")
     texts: list[str] = []

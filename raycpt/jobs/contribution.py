@@ -354,6 +354,7 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
     from mlflow.tracking import MlflowClient
     from ray import tune
 
+    from raycpt.cluster import preflight, version_tags
     from raycpt.diagnostics.contribution import analyze_scan
     from raycpt.runtime import ray_session
     from raycpt.strategies import read_ranking, write_ranking
@@ -378,7 +379,7 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
         client.update_run(parent_id, status="RUNNING")
     else:
         parent_id = client.create_run(exp_id, run_name=run_dir.name, tags={
-            "raycpt.command": "contribution", "raycpt.run_dir": str(run_dir)}).info.run_id
+            "raycpt.command": "contribution", "raycpt.run_dir": str(run_dir), **version_tags()}).info.run_id
         write_state(run_dir, parent_run_id=parent_id, trials=[s["name"] for s in specs])
         mlflow.set_tracking_uri(cfg.tracking.uri)
         with mlflow.start_run(run_id=parent_id):
@@ -387,8 +388,9 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
         client.update_run(parent_id, status="RUNNING")
     try:
         with ray_session(cfg.ray):
+            preflight(cfg, cfg.sweep.max_concurrent_trials)  # shared storage on every node; SQLite warning
             # like the sweep: one bundle for the trial driver, one for the Ray Data tasks it launches
-            bundles = [{"CPU": cfg.sweep.cpus_per_trial}]
+            bundles = [{"CPU": cfg.sweep.cpus_per_trial, **cfg.sweep.trial_resources}]
             data_cpus = float(getattr(cfg.sweep, "data_cpus_per_trial", 0.0) or 0.0)
             if data_cpus > 0:  # Ray Data tasks also ask for a little memory: the bundle must hold some
                 bundles.append({"CPU": data_cpus, "memory": 1 << 30})

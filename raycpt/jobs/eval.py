@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate import EvalResult, evaluate_model, resolve_tasks
-from raycpt.models.sources import parse_ref
+from raycpt.models.sources import parse_ref, resolve_model_path
 from raycpt.report.eval import write_results
 from raycpt.runs import open_run_dir, write_state
 from raycpt.runtime import cluster_address, ray_session
@@ -137,6 +137,7 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
         parse_ref(cfg.model.ref)  # one line for a bad reference, before any run starts
         paths = [cfg.model.ref]
     names = _unique_names(paths)
+    paths = [resolve_model_path(cfg.model, p) for p in paths]  # on the driver, under model.revision
     run_dir = open_run_dir(cfg, "eval")
     write_state(run_dir, status="running", models=dict(zip(names, paths)))
     with _sigterm_as_interrupt(), _state_on_interrupt(run_dir), \

@@ -89,7 +89,7 @@ def plan_builds(cfg: ExperimentConfig, builds: Optional[list[str]] = None) -> li
         if b == "custom" and not hcfg.segments:
             raise RaycptError("hybrid.segments=[]: the custom build needs at least one segment "
                               "({donor, layers: [start, end)} or {new: KIND, count: N})")
-    return [plan_from_config(hcfg, b, cfg.model.ref, cfg.model.cache_dir) for b in dict.fromkeys(names)]
+    return [plan_from_config(hcfg, b, cfg.model.ref, cfg.model) for b in dict.fromkeys(names)]
 
 
 def build_one(plan, folder: Path, progress: bool = False) -> BuiltHybrid:
@@ -256,6 +256,7 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from raycpt.cluster import preflight, version_tags
     from raycpt.evaluate import resolve_tasks
     from raycpt.report.eval import render_table, table_text, write_results
     from raycpt.report.hybrid import plot_profiles
@@ -274,7 +275,8 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
         client.update_run(parent_id, status="RUNNING")
     else:
         parent_id = client.create_run(exp_id, run_name=f"hybrid-{cfg.name}-{run_dir.name.rsplit('-', 1)[-1]}",
-                                      tags={"raycpt.command": "hybrid", "raycpt.run_dir": str(run_dir)}).info.run_id
+                                      tags={"raycpt.command": "hybrid", "raycpt.run_dir": str(run_dir),
+                                            **version_tags()}).info.run_id
         write_state(run_dir, command="hybrid", parent_run_id=parent_id, builds=[p.name for p in plans])
         with mlflow.start_run(run_id=parent_id):
             log_config(cfg)
@@ -285,6 +287,7 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
     try:
         results = []
         with ray_session(cfg.ray):
+            preflight(cfg)  # shared storage on every node
             for plan in plans:
                 results.append(_run_build(cfg, plan, run_dir, parent_id, client, console, progress))
         evals = [_eval_result(r["eval"]) for r in results]

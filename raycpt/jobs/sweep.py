@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -233,12 +234,9 @@ def model_depth(cfg: ExperimentConfig) -> int:
     """Number of decoder layers of the configured model, read from its config (no weights loaded)."""
     from transformers import AutoConfig
 
-    from raycpt.models.sources import resolve_model
+    from raycpt.models.sources import resolve_model_path
 
-    info = resolve_model(cfg.model.ref, cache_dir=cfg.model.cache_dir, progress=True)
-    if getattr(info, "num_layers", None):
-        return int(info.num_layers)
-    conf = AutoConfig.from_pretrained(info.path)
+    conf = AutoConfig.from_pretrained(resolve_model_path(cfg.model, progress=True))
     return int(getattr(conf, "num_hidden_layers", 0) or getattr(conf, "n_layer", 0))
 
 
@@ -247,10 +245,12 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
     from mlflow.tracking import MlflowClient
     from ray import tune
 
+    from raycpt.cluster import preflight, version_tags
     from raycpt.report.sweep import write_summary
     from raycpt.runtime import ray_session
     from raycpt.tracking import ensure_store, log_config
 
+    t_start = time.time()
     if splits is not None:
         cfg.sweep.splits = list(splits)
     if strategies is not None:
@@ -282,7 +282,7 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
         client.update_run(parent_id, status="RUNNING")
     else:
         parent = client.create_run(exp_id, run_name=f"sweep-{cfg.name}-{run_dir.name.rsplit('-', 1)[-1]}",
-                                   tags={"raycpt.command": "sweep", "raycpt.run_dir": str(run_dir)})
+                                   tags={"raycpt.command": "sweep", "raycpt.run_dir": str(run_dir), **version_tags()})
         parent_id = parent.info.run_id
         write_state(run_dir, parent_run_id=parent_id, trials=[s.name for s in specs])
         import mlflow
@@ -296,10 +296,11 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
 
     try:
         with ray_session(cfg.ray):
+            preflight(cfg, cfg.sweep.max_concurrent_trials)  # shared storage on every node; SQLite warning
             trace = None
             if cfg.sweep.trace_first:
                 trace = _trace_once(cfg, run_dir, uniq_splits, parent_id, state, console)
-            bundles = [{"CPU": cfg.sweep.cpus_per_trial}]
+            bundles = [{"CPU": cfg.sweep.cpus_per_trial, **cfg.sweep.trial_resources}]
             if cfg.sweep.data_cpus_per_trial > 0:
                 # Ray Data tasks also ask for a little "memory": the bundle must hold some or nothing fits
                 bundles.append({"CPU": cfg.sweep.data_cpus_per_trial, "memory": 1 << 30})
@@ -347,6 +348,7 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
         summary = write_summary(run_dir, trials, trace=trace, num_layers=num_layers, parent_run_id=parent_id,
                                 tracking=cfg.tracking)
         write_state(run_dir, done=True)
+        client.log_metric(parent_id, "sweep_wall_time_s", time.time() - t_start)  # this invocation's wall time
         client.set_terminated(parent_id, status="FINISHED")
         return SweepResult(run_dir=run_dir, parent_run_id=parent_id, trials=trials, summary=summary, trace=trace)
     except KeyboardInterrupt:

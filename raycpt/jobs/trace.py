@@ -31,6 +31,7 @@ from typing import Any, Optional
 import numpy as np
 
 from raycpt.config import ExperimentConfig
+from raycpt.diagnostics.prompts import seam_note
 from raycpt.errors import RaycptError
 
 
@@ -69,6 +70,8 @@ class TraceResult:
     wall_s: float = 0.0
     median: dict = field(default_factory=dict)
     """Median profiles {"tp", "ls", "tp_norm", "ls_norm", "recommended"} (robustness check)."""
+    seam_note: Optional[str] = None
+    """How many prompts had s1's trailing whitespace counted with s2 (``prompts.seam_note``), or None."""
 
     @property
     def recommended_split(self) -> float:
@@ -108,9 +111,11 @@ class TraceActor:
         prompts = [EncodedPrompt(index=int(i), group="", input_ids=np.asarray(ids).tolist(),
                                  context=np.asarray(ctx).tolist(), query=[], last=int(last))
                    for i, ids, ctx, last in zip(batch["index"], batch["input_ids"], batch["context"], batch["last"])]
+        t0 = time.perf_counter()
         out = trace_batch(self.stack, collate(prompts, self.pad_id), top_k=self.top_k, eps=self.eps,
                           schedule=self.schedule)
-        return {"index": np.asarray(batch["index"], dtype=np.int64), **out}
+        forward_s = np.full(len(prompts), (time.perf_counter() - t0) / max(1, len(prompts)))
+        return {"index": np.asarray(batch["index"], dtype=np.int64), **out, "forward_s": forward_s}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -125,17 +130,13 @@ class _Prepared:
     splits: list[float]
 
 
-def _resolve_model(cfg: ExperimentConfig):
-    from raycpt.models.sources import resolve_model
+def _resolve_model(cfg: ExperimentConfig) -> str:
+    from raycpt.models.sources import resolve_model_path
 
-    info = resolve_model(cfg.model.ref, cache_dir=cfg.model.cache_dir, revision=cfg.model.revision)
-    return info
+    return resolve_model_path(cfg.model)
 
 
-def _num_layers(path: str, info) -> int:
-    n = getattr(info, "num_layers", None)
-    if n:
-        return int(n)
+def _num_layers(path: str) -> int:
     from transformers import AutoConfig
 
     conf = AutoConfig.from_pretrained(path)
@@ -160,8 +161,8 @@ def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, p
     for r in splits:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < 1:
             raise RaycptError(f"split {r!r}: expected a ratio strictly between 0 and 1")
-    info = _resolve_model(cfg)
-    n = _num_layers(info.path, info)
+    path = _resolve_model(cfg)
+    n = _num_layers(path)
     for r in splits:
         check_split(float(r), n)
     records = load_prompt_records(prompts)
@@ -169,11 +170,11 @@ def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, p
         records = records[:t.max_prompts]
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(info.path)
+    tok = AutoTokenizer.from_pretrained(path)
     encoded = encode_prompts(records, tok)
     eff = dataclasses.replace(cfg, trace=dataclasses.replace(t, splits=[float(r) for r in splits], top_k=int(top_k),
                                                              prompts=prompts))
-    return _Prepared(cfg=eff, model_path=str(info.path), num_layers=n, tokenizer=tok, records=records,
+    return _Prepared(cfg=eff, model_path=path, num_layers=n, tokenizer=tok, records=records,
                      encoded=encoded, splits=[float(r) for r in splits])
 
 
@@ -299,7 +300,8 @@ def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: floa
 
     log_config(prep.cfg)
     mlflow.log_params({"trace.model_path": prep.model_path, "trace.num_layers": prep.num_layers,
-                       "trace.num_prompts": len(prep.records)})
+                       "trace.num_prompts": len(prep.records),
+                       "trace.seam_space_prompts": sum(p.seam_space for p in prep.encoded)})
     prof = agg["profiles"]
     now = int(time.time() * 1000)
     series = []
@@ -368,6 +370,7 @@ def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Opt
         summary = dict(model_ref=cfg.model.ref, model_path=prep.model_path, num_layers=prep.num_layers,
                        num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, eps=cfg.trace.eps,
                        prompts=cfg.trace.prompts, wall_s=wall_s, mlflow_run_id=run.info.run_id,
+                       forward_s=float(np.sum(rows["forward_s"])) if "forward_s" in rows else None,
                        recommended=dict((k, agg["recommended"][k]) for k in ("ratio", "split_layer", "S")),
                        split_table=agg["table"], grid_scores=agg["recommended"]["scores"],
                        tp_layers=agg["tp_layers"], answer_hit_rate=agg["hit_rate"],
@@ -388,4 +391,5 @@ def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Opt
                        split_table=agg["table"],
                        recommended=dict((k, agg["recommended"][k]) for k in ("ratio", "split_layer", "S")),
                        grid_scores=agg["recommended"]["scores"], tp_layers=agg["tp_layers"],
-                       answer_hit_rate=agg["hit_rate"], paths=paths, wall_s=wall_s)
+                       answer_hit_rate=agg["hit_rate"], paths=paths, wall_s=wall_s,
+                       seam_note=seam_note(prep.encoded))

@@ -38,8 +38,10 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from raycpt.config import ModelConfig
 from raycpt.errors import RaycptError
 from raycpt.models.hybrid_config import MODEL_TYPE, RaycptHybridConfig, register_config
+from raycpt.models.sources import resolve_model_path
 from raycpt.models.stack import register_architecture
 
 
@@ -422,16 +424,11 @@ class HybridPlan:
         return out
 
 
-def resolve_donor(ref: str, cache_dir: Optional[str] = None) -> str:
-    """A model reference -> its local folder (through ``raycpt.models.sources.resolve_model`` when present)."""
-    p = Path(str(ref)).expanduser()
-    if p.is_dir():
-        return str(p.resolve())
-    try:
-        from raycpt.models.sources import resolve_model
-    except ImportError:
-        raise RaycptError(f"hybrid donor {ref!r}: model folder not found") from None
-    return str(resolve_model(ref, cache_dir=cache_dir).path)
+def resolve_donor(ref: str, model_cfg=None) -> str:
+    """A donor reference -> its local folder, through the one resolver
+    (:func:`raycpt.models.sources.resolve_model_path`) under ``model_cfg``'s cache and hub revision
+    (a :class:`raycpt.config.ModelConfig`; None = the defaults)."""
+    return resolve_model_path(model_cfg or ModelConfig(ref=str(ref)), str(ref))
 
 
 def _donor_config(path: str) -> PretrainedConfig:
@@ -513,8 +510,7 @@ def shorthand_segments(build: str, donor: str, donor_layers: int, depth: Optiona
     raise RaycptError(f"hybrid build {build!r}: unknown; use new_shallow, new_deep or custom")
 
 
-def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom",
-                cache_dir: Optional[str] = None) -> HybridPlan:
+def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom", model_cfg=None) -> HybridPlan:
     """Check and resolve a segment list against the donors' configs (no weights are loaded).
 
     Each segment dict is ``{donor, layers: [start, end), trainable}`` or
@@ -524,7 +520,7 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom",
     if not segments:
         raise RaycptError("hybrid.segments=[]: a hybrid needs at least one segment "
                           "({donor: REF, layers: [start, end)} or {new: KIND, count: N})")
-    head_path = resolve_donor(head_donor, cache_dir)
+    head_path = resolve_donor(head_donor, model_cfg)
     base = _donor_config(head_path)
     layer_kind(base.model_type, f"hybrid head donor {head_donor!r} (model_type)")
     hidden = base.hidden_size
@@ -556,7 +552,7 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom",
             continue
         ref = seg.get("donor") or head_donor
         if str(ref) not in donors:
-            path = resolve_donor(ref, cache_dir)
+            path = resolve_donor(ref, model_cfg)
             donors[str(ref)] = (path, _donor_config(path))
         path, dcfg = donors[str(ref)]
         kind = layer_kind(dcfg.model_type, f"{where}.donor {ref!r} (model_type)")
@@ -577,18 +573,19 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom",
     return HybridPlan(name=name, segments=out, head_donor=str(head_donor), head_path=head_path, base=base_dict)
 
 
-def plan_from_config(hcfg, build: str, model_ref: str, cache_dir: Optional[str] = None) -> HybridPlan:
-    """Resolve build ``build`` of a :class:`raycpt.config.HybridConfig` (``model_ref`` = default donor)."""
+def plan_from_config(hcfg, build: str, model_ref: str, model_cfg=None) -> HybridPlan:
+    """Resolve build ``build`` of a :class:`raycpt.config.HybridConfig` (``model_ref`` = default donor;
+    ``model_cfg``: the :class:`raycpt.config.ModelConfig` whose cache and revision donors resolve under)."""
     donor = hcfg.donor or model_ref
     head = hcfg.head_donor or donor
     if build == "custom":
         segs = [{k: v for k, v in vars(s).items()} for s in hcfg.segments]
-        return plan_hybrid(segs, head, name="custom", cache_dir=cache_dir)
+        return plan_hybrid(segs, head, name="custom", model_cfg=model_cfg)
     layer_kind(hcfg.new_kind, "hybrid.new_kind")
-    path = resolve_donor(donor, cache_dir)
+    path = resolve_donor(donor, model_cfg)
     n = _donor_config(path).num_hidden_layers
     segs = shorthand_segments(build, donor, n, hcfg.depth, hcfg.new_kind, hcfg.new_config, hcfg.init_seed)
-    return plan_hybrid(segs, head, name=build, cache_dir=cache_dir)
+    return plan_hybrid(segs, head, name=build, model_cfg=model_cfg)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -238,6 +238,28 @@ def resolve_model(ref: str, cache_dir: str | os.PathLike | None = None, force: b
     return _info_from_meta(ref, final, meta, cached=False, seconds=time.perf_counter() - t0)
 
 
+def resolve_model_path(model_cfg, ref: Optional[str] = None, progress: bool = False) -> str:
+    """THE way a config's model reference becomes a local folder: every command, job and worker that
+    needs a model from a config calls this (never :func:`resolve_model` with its own arguments).
+
+    ``model_cfg`` is a :class:`raycpt.config.ModelConfig` (``ref``, ``cache_dir``, ``revision``);
+    ``ref`` defaults to ``model_cfg.ref`` and may name another model resolved under the same config
+    (a hybrid donor, compare's BASE / TUNED): its cache folder and hub ``revision`` apply to every
+    reference resolved through it. A local model folder is used in place."""
+    p = Path(str(model_cfg.ref if ref is None else ref)).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        return str(p.resolve())
+    return str(resolve_model_info(model_cfg, ref, progress=progress).path)
+
+
+def resolve_model_info(model_cfg, ref: Optional[str] = None, force: bool = False,
+                       progress: bool = False) -> ModelInfo:
+    """:func:`resolve_model_path` with the whole :class:`ModelInfo` (cache hit or pull, seconds)."""
+    ref = str(model_cfg.ref if ref is None else ref)
+    return resolve_model(ref, cache_dir=model_cfg.cache_dir, revision=model_cfg.revision, force=force,
+                         progress=progress)
+
+
 def list_models(cache_dir: str | os.PathLike | None = None) -> list[dict]:
     """Every complete model in the cache: its ``raycpt_source.json`` plus ``source`` and ``path``."""
     root = cache_root(cache_dir) / "models"

@@ -66,12 +66,9 @@ class TrainResult:
 
 def resolve_model_path(cfg: ExperimentConfig) -> str:
     """The local folder of ``cfg.model.ref`` (resolved once, on the driver)."""
-    p = Path(cfg.model.ref).expanduser()
-    if p.is_dir() and (p / "config.json").is_file():
-        return str(p.resolve())
-    from raycpt.models.sources import resolve_model
+    from raycpt.models.sources import resolve_model_path as resolve
 
-    return str(resolve_model(cfg.model.ref, cache_dir=cfg.model.cache_dir, revision=cfg.model.revision).path)
+    return resolve(cfg.model)
 
 
 def model_skeleton(model_path: str):
@@ -227,7 +224,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
                     parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
         run_id = run.info.run_id
         write_state(run_dir, mlflow_run_id=run_id, attempts=attempt, status="running", ray_name=ray_name,
-                    model_path=prep.model_path, plan=prep.plan.to_dict())
+                    model_path=prep.model_path, plan=prep.plan.to_dict(), prepare_s=round(time.time() - t_start, 3))
         _log_start(cfg, run_dir, prep)
         loop_config = _loop_config(cfg, run_dir, prep, run_id, ray_name, faults, callbacks, evaluate)
         _fit(cfg, run_dir, prep, loop_config, ray_name, progress, t_start)

@@ -58,10 +58,12 @@ import torch
 
 from raycpt.io import atomic_write_json
 from raycpt.strategies import LayerPlan, apply_plan, param_groups
+from raycpt.train.background import BackgroundCalls
 from raycpt.train.callbacks import LoopState
 from raycpt.train.callbacks import StepCallback, callbacks_for, register_step_callback  # noqa: F401 - re-export (moved)
 from raycpt.train.loss import model_loss
 from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens
+from raycpt.train.sysmetrics import StepSystemMetrics
 from raycpt.train.throughput import device_name, flops_per_token, peak_flops, throughput_metrics
 
 METRICS_FILE = "train_metrics.jsonl"
@@ -204,17 +206,23 @@ def seed_everything(seed: int) -> None:
 # ------------------------------------------------------------------------------------ logging
 
 class MetricsLogger:
-    """Rank 0's sink: a JSONL file in the run folder (the driver's progress bar tails it) + MLflow."""
+    """Rank 0's sink: a JSONL file in the run folder (the driver's progress bar tails it) + MLflow.
+
+    Metric and param writes (a SQLite write or an HTTP round trip each) run on one background thread,
+    in order (:class:`raycpt.train.background.BackgroundCalls`), so a step never waits for the store;
+    :meth:`close` (end of the loop) waits for what is queued."""
 
     def __init__(self, run_dir: Optional[Path], mlflow_cfg: Optional[dict]):
         self.path = Path(run_dir) / METRICS_FILE if run_dir else None
         self.client = None
         self.run_id = None
+        self._queue: Optional[BackgroundCalls] = None
         if mlflow_cfg and mlflow_cfg.get("run_id"):
             from mlflow.tracking import MlflowClient
 
             self.client = MlflowClient(tracking_uri=mlflow_cfg["uri"])
             self.run_id = mlflow_cfg["run_id"]
+            self.system = StepSystemMetrics()  # CPU / memory / GPU of this step window, logged with the step
 
     def event(self, record: dict) -> None:
         if self.path is not None:
@@ -229,24 +237,34 @@ class MetricsLogger:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        ms = [Metric(k, float(v), ts, step) for k, v in metrics.items()
+        ms = [Metric(k, float(v), ts, step) for k, v in {**metrics, **self.system.sample()}.items()
               if isinstance(v, (int, float)) and math.isfinite(float(v))]
         if ms:
-            self.client.log_batch(self.run_id, metrics=ms)
+            self._submit(self.client.log_batch, self.run_id, metrics=ms)
 
     def params(self, params: dict[str, Any]) -> None:
         if self.client is None:
             return
         from mlflow.entities import Param
 
-        try:
-            self.client.log_batch(self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
-        except Exception:  # noqa: BLE001 - a resumed run re-logs the same params; never fail training on it
-            pass
+        # a resumed run re-logs the same params: that error is logged and ignored (never fails training)
+        self._submit(self.client.log_batch, self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
+
+    def _submit(self, fn, *args, **kwargs) -> None:
+        if self._queue is None:
+            self._queue = BackgroundCalls()
+        self._queue.submit(fn, *args, **kwargs)
+
+    def close(self) -> None:
+        """Wait until every queued MLflow call has run (then the thread ends)."""
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
 
     def artifact(self, path) -> None:
         if self.client is None:
             return
+        self.close()  # metrics first, then the artifact (end of training)
         try:
             self.client.log_artifact(self.run_id, str(path))
         except Exception:  # noqa: BLE001 - an artifact store hiccup must not fail the training run
@@ -568,6 +586,7 @@ class _Worker:
     history: list = field(default_factory=list)
     step_times: list = field(default_factory=list)
     step_cpu: list = field(default_factory=list)  # this process's CPU seconds per step (all its threads)
+    t_setup: float = field(default_factory=time.perf_counter)  # when this rank's setup began
     chunk_tokens: Optional[int] = None  # the chunked loss's rows per chunk; None = the plain loss
     flops_per_token: float = 0.0
     peak_flops: Optional[float] = None
@@ -599,7 +618,11 @@ def run_loop(config: dict, session: _Session) -> dict:
     if config.get("evaluate") and status["status"] == "finished" and not w.fsdp:
         if w.logger is not None:
             w.logger.event({"event": "evaluate", "step": state.step, "time": time.time()})
+        t_eval = time.perf_counter()
         evaluate_in_worker(w.model, w.tokenizer, config["evaluate"], session)
+        if w.logger is not None:
+            w.logger.event({"event": "evaluated", "step": state.step, "time": time.time(),
+                            "seconds": time.perf_counter() - t_eval})
     return {"status": status, "losses": w.history, "step_times": w.step_times, "step_cpu": w.step_cpu,
             "counts": w.counts, "tokens_per_step": _tokens_per_step(w)}
 
@@ -688,7 +711,7 @@ def _start(w: _Worker) -> LoopState:
                          "plan.frozen_prefix_no_grad": w.prefix.active, "world_size": w.world})
         w.logger.event({"event": "start" if w.start_step == 0 else "resume", "step": w.start_step,
                         "trainable": counts["trainable"], "frozen": counts["frozen"], "world_size": w.world,
-                        "time": time.time(), "pid": os.getpid()})
+                        "time": time.time(), "pid": os.getpid(), "setup_s": time.perf_counter() - w.t_setup})
     for cb in w.callbacks:
         cb.on_train_start(state)
     return state
@@ -708,12 +731,15 @@ def _train(w: _Worker, data, state: LoopState) -> dict:
         state.step, state.metrics = step, metrics
         _after_step(w, state, step, metrics)
         if step % tcfg.checkpoint_every == 0 or step == tcfg.max_steps:
+            t_ckpt = time.perf_counter()
             _checkpoint(w.session, w.model, w.wrapped, w.tokenizer, w.optimizer, w.scheduler, step, w.history,
                         w.plan, w.fsdp, data_pos={"micro_batches_consumed": step * tcfg.grad_accum,
                                                   "epoch": metrics["epoch"],
                                                   "shard_rows": w.config.get("shard_rows")},
                         metrics={"step": step, "loss": metrics["loss"]})
             last_ckpt = step
+            if w.logger is not None:
+                w.logger.event({"event": "checkpoint", "step": step, "seconds": time.perf_counter() - t_ckpt})
     return {"status": "finished"}
 
 
@@ -768,6 +794,8 @@ def _finish(w: _Worker, state: LoopState, status: dict) -> None:
     w.prefix.remove()
     for cb in w.callbacks:
         cb.on_train_end(state)
+    if w.logger is not None:
+        w.logger.close()  # every queued MLflow call has run
     if w.rank == 0 and w.run_dir is not None:
         atomic_write_json(w.run_dir / STATUS_FILE, status)
         w.logger.event({"event": status["status"], "step": state.step, "time": time.time()})
@@ -818,7 +846,9 @@ def evaluate_in_worker(model, tokenizer, spec: dict, session: Optional[_Session]
         from raycpt.evaluate import lm_loss
 
         blocks = json.loads(Path(spec["heldout_path"]).read_text())
+        t0 = time.perf_counter()
         out["heldout_loss"] = lm_loss(model, blocks, batch_size=ecfg.batch_size)
+        out["seconds"] = {**out.get("seconds", {}), "heldout": time.perf_counter() - t0}
     return atomic_write_json(Path(spec["out_dir"]) / EVAL_RESULT_FILE, out)
 
 

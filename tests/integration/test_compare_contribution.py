@@ -25,8 +25,9 @@ def test_compare_cli_end_to_end(ray_local, pair, capsys):
     from raycpt.cli import main
 
     base, tuned, root = pair
-    rc = main(["compare", str(base), str(tuned), "--swap-blocks", "2", "--max-prompts", "8", "-c",
-               f"tracking.run_root={root / 'runs'}", "-c", "eval.limit=4", "-c", "eval.modes=logit"])
+    # no --prompts: the shipped WordNet glosses (no Debian package); overrides given like every command's
+    rc = main(["compare", str(base), str(tuned), "--swap-blocks", "2", "--max-prompts", "8",
+               f"tracking.run_root={root / 'runs'}", "eval.limit=4", "eval.modes=logit"])
     assert rc == 0
     run = next((root / "runs").glob("compare-*"))
     s = json.loads((run / "summary.json").read_text())

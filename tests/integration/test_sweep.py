@@ -56,6 +56,12 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     assert all(r.info.status == "FINISHED" for r in runs)
     parent = client.get_run(res.parent_run_id)
     assert parent.info.status == "FINISHED"
+    # the embedded default's local SQLite store also holds the system metrics and the version tags
+    import ray
+
+    assert cfg.tracking.uri == f"sqlite:///{Path(cfg.tracking.run_root) / 'mlflow.db'}"
+    assert all("system/cpu_utilization_percentage" in r.data.metrics for r in children)
+    assert parent.data.tags["raycpt.ray_version"] == ray.__version__ and parent.data.metrics["sweep_wall_time_s"] > 0
 
     # the summary's deltas, recomputed from the child runs' own metrics
     by_name = {r.data.tags["raycpt.trial"]: r.data.metrics for r in children}

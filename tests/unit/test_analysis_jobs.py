@@ -70,6 +70,17 @@ def test_find_model_in_run_and_prompts(tmp_path):
         load_prompt_texts(str(tmp_path / "missing.jsonl"), 10)
     texts = load_prompt_texts(None, 12)
     assert len(texts) == 12 and len(set(texts)) == 12
+    # the default is the shipped glosses asset (no Debian WordNet): 3 of each part of speech, in turn
+    import gzip
+
+    from raycpt.diagnostics.prompts import GLOSSES_FILE
+
+    with gzip.open(GLOSSES_FILE, "rt", encoding="utf-8") as f:
+        docs = [json.loads(line)["text"] for line in f]
+    by_pos = {pos: [d for d in docs if d.split(":", 1)[0].endswith(f"({pos})")][:3]
+              for pos in ("noun", "verb", "adjective", "adverb")}
+    assert texts == [by_pos[pos][i] for i in range(3) for pos in ("noun", "verb", "adjective", "adverb")]
+    assert load_prompt_texts("builtin:wordnet-glosses", 12) == texts
 
 
 def test_trial_score_gold_prob_from_saved_questions(tmp_path):

@@ -77,7 +77,8 @@ def test_category_maps():
     assert subject_category("wordnet_mc") is None
 
 
-@pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(), reason="WordNet (wordnet-base) not installed")
+@pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(), reason="needs Debian's wordnet-base (apt-get install -y wordnet-base; "
+                    ".ci/run installs it): regenerates the shipped benchmark from /usr/share/wordnet")
 @pytest.mark.skipif(not (TASKS_DIR.parent / "assets" / "wordnet_glosses.jsonl.gz").is_file(),
                     reason="training corpus asset not present")
 def test_wordnet_benchmark_regenerates_identically():

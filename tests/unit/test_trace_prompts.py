@@ -134,3 +134,48 @@ def test_builtin_wordnet_set():
         assert r.answer and r.answer[0].isupper()
     # the template's boundary is a token boundary for a word-splitting tokenizer as well
     encode_prompts(recs[:20], tiny_tokenizer())
+
+
+def space_joining_tokenizer():
+    """Word-level, but a space joins the FOLLOWING word (as byte-level BPE does: ``Ġ`` + word), with BOS."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "Example", ":", "Ġhot", "->", "Cold", ";", "ĠQuery", "Query", "Ġbig",
+             "ho", "t"]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+    return T.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                     unk_token="<unk>")
+
+
+def test_trailing_space_of_s1_goes_with_s2():
+    tok = space_joining_tokenizer()
+    # tokens: <s> Example : Ġhot -> Cold ; ĠQuery : Ġbig ->   (ĠQuery = characters 19-25, s1 ends at 20)
+    e = encode_prompt(PromptRecord("Example: hot->Cold; ", "Query: big->", "g"), tok)
+    pieces = tok.convert_ids_to_tokens(e.input_ids)
+    assert pieces == ["<s>", "Example", ":", "Ġhot", "->", "Cold", ";", "ĠQuery", ":", "Ġbig", "->"]
+    assert e.context == [1, 2, 3, 4, 5, 6] and e.query == [7, 8, 9, 10] and e.seam_space
+    # the same prompt with the space written at the start of s2 gives the same split, and no seam note
+    f = encode_prompt(PromptRecord("Example: hot->Cold;", " Query: big->", "g"), tok)
+    assert (f.input_ids, f.context, f.query, f.seam_space) == (e.input_ids, e.context, e.query, False)
+
+
+def test_seam_note_counts_once():
+    from raycpt.diagnostics.prompts import seam_note
+
+    tok = space_joining_tokenizer()
+    recs = [PromptRecord("Example: hot->Cold; ", "Query: big->", "g"),
+            PromptRecord("Example: hot->Cold;", " Query: big->", "g"),
+            PromptRecord("Example: hot->Cold;  ", "Query: big->", "g")]
+    enc = encode_prompts(recs, tok)
+    assert [p.seam_space for p in enc] == [True, False, True]
+    note = seam_note(enc)
+    assert note.startswith("2 of 3 prompt(s):") and "s2 (query) side" in note and "\n" not in note
+    assert seam_note(enc[1:2]) is None
+
+
+def test_token_straddling_real_characters_still_refused():
+    tok = space_joining_tokenizer()
+    with pytest.raises(RaycptError, match=r"falls inside token ' hot'"):  # " ho" + "t": a space AND a letter in s1
+        encode_prompt(PromptRecord("Example: ho", "t->Cold; Query: big->", "g"), tok)

@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""Does the main job spend its time computing? Wall time of a sweep against the compute inside it.
+
+    python benchmarks/bench_sweep_overhead.py                      # runs a small default sweep, then reads it
+    python benchmarks/bench_sweep_overhead.py runs/sweep-default-XXXX   # reads a finished sweep folder
+    python benchmarks/bench_sweep_overhead.py --splits 0.33,0.5,0.66 train.max_steps=8   # the sweep to run
+
+Compute = what the trials already record, nothing estimated:
+  trace forwards      trace/summary.json  ``forward_s`` (the actors' trace_batch calls)
+  optimizer steps     trials/*/train/train_metrics.jsonl  ``step_time_s`` (forward, backward, clip, AdamW)
+  evaluation forwards trials/*/eval/eval_result.json  ``seconds`` logit + generate + heldout
+Wall = the ``raycpt sweep`` command (when this script runs it), else the sweep's MLflow parent run.
+Everything else is overhead; the per-trial table splits it into what the records name (corpus and plan
+preparation on the trial driver, worker set-up to the first step, checkpoints, the rest: Ray Train /
+Tune start and stop, MLflow, publishing). The machine's speed (median training tokens/s of the trials)
+is printed beside the wall time.
+
+Last line: ``RESULT sweep_overhead <wall/compute> target <= 1.5 PASS|FAIL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = 1.5
+DEFAULT_SWEEP = ["--splits", "0.5"]  # full + train_shallow + train_deep at r = 0.5 on configs/default.yaml
+
+
+def _read_json(p: Path) -> dict:
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def _events(p: Path) -> list[dict]:
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def trial_record(tdir: Path) -> dict:
+    """One trial's compute and the overhead pieces its files name (seconds)."""
+    ev = _events(tdir / "train" / "train_metrics.jsonl")
+    steps = [e["step_time_s"] for e in ev if "step_time_s" in e]
+    start = next((e for e in ev if e.get("event") in ("start", "resume")), {})
+    ckpt = sum(e.get("seconds", 0.0) for e in ev if e.get("event") == "checkpoint")
+    evaluated = next((e for e in ev if e.get("event") == "evaluated"), {})
+    secs = _read_json(tdir / "eval" / "eval_result.json").get("seconds", {})
+    eval_fwd = sum(float(secs.get(k, 0.0)) for k in ("logit", "generate", "heldout"))
+    result = _read_json(tdir / "result.json")
+    state = _read_json(tdir / "train" / "state.json")
+    tok = [e["tokens_per_s"] for e in ev if "tokens_per_s" in e]
+    return {"name": tdir.name, "wall": float(result.get("wall_s", 0.0)), "steps": sum(steps), "n_steps": len(steps),
+            "eval": eval_fwd, "eval_block": float(evaluated.get("seconds", eval_fwd)),
+            "prepare": float(state.get("prepare_s", float("nan"))), "setup": float(start.get("setup_s", float("nan"))),
+            "checkpoint": ckpt, "tokens_per_s": statistics.median(tok[1:] or tok) if tok else float("nan")}
+
+
+def parent_wall(run_dir: Path) -> float:
+    """Seconds between the sweep's MLflow parent run start and end."""
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.config import load_config
+    from raycpt.tracking import tracking_uri
+
+    cfg = load_config(str(run_dir / "config.yaml"), [])
+    run_id = _read_json(run_dir / "state.json").get("parent_run_id")
+    info = MlflowClient(tracking_uri(cfg.tracking)).get_run(run_id).info
+    return (info.end_time - info.start_time) / 1000.0
+
+
+def analyse(run_dir: Path, wall: float) -> dict:
+    trials = [trial_record(d) for d in sorted((run_dir / "trials").iterdir()) if d.is_dir()]
+    trace = _read_json(run_dir / "trace" / "summary.json")
+    trace_fwd = float(trace.get("forward_s") or 0.0)
+    compute = trace_fwd + sum(t["steps"] + t["eval"] for t in trials)
+    return {"run_dir": str(run_dir), "wall": wall, "compute": compute, "trace_forward": trace_fwd,
+            "trace_wall": float(trace.get("wall_s") or 0.0), "trials": trials,
+            "ratio": wall / compute if compute > 0 else float("inf"),
+            "tokens_per_s": statistics.median([t["tokens_per_s"] for t in trials]) if trials else float("nan")}
+
+
+def report(a: dict) -> None:
+    print(f"sweep {a['run_dir']}")
+    print(f"wall {a['wall']:.1f} s at {a['tokens_per_s']:.0f} training tokens/s (median of the trials' steps); "
+          f"compute {a['compute']:.1f} s (trace forwards {a['trace_forward']:.1f} s of a {a['trace_wall']:.1f} s trace)")
+    cols = ("trial", "wall", "steps", "eval fwd", "prepare", "setup", "ckpt", "other")
+    print(("{:<22}" + "{:>9}" * (len(cols) - 1)).format(*cols))
+    for t in a["trials"]:
+        known = t["steps"] + t["eval_block"] + (t["prepare"] if t["prepare"] == t["prepare"] else 0) + \
+            (t["setup"] if t["setup"] == t["setup"] else 0) + t["checkpoint"]
+        print(("{:<22}" + "{:>9.1f}" * (len(cols) - 1)).format(
+            t["name"], t["wall"], t["steps"], t["eval"], t["prepare"], t["setup"], t["checkpoint"],
+            t["wall"] - known))
+    sums = {k: sum(t[k] for t in a["trials"] if t[k] == t[k]) for k in ("wall", "prepare", "setup", "checkpoint")}
+    print(f"per-trial overhead in all: prepare (corpus + plan, trial driver) {sums['prepare']:.1f} s, worker set-up "
+          f"{sums['setup']:.1f} s, checkpoints {sums['checkpoint']:.1f} s; trials {sums['wall']:.1f} s of "
+          f"{a['wall']:.1f} s wall")
+
+
+def run_sweep(extra: list[str]) -> tuple[Path, float]:
+    root = Path(tempfile.mkdtemp(prefix="bench-sweep-overhead-"))
+    cmd = [sys.executable, "-m", "raycpt", "sweep", str(REPO / "configs" / "default.yaml"), *extra,
+           f"tracking.run_root={root}"]
+    print("running:", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise SystemExit(f"the sweep failed (exit {rc}) after {wall:.0f}s; its folder: {root}")
+    return next(root.glob("sweep-*")), wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run_dir", nargs="?", help="a finished sweep folder (default: run a small default sweep)")
+    ap.add_argument("--splits", default=None, help="splits of the sweep this script runs (default 0.5)")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides of the sweep this script runs")
+    args, rest = ap.parse_known_args()
+    words = [w for w in ([args.run_dir] if args.run_dir else []) + args.overrides + rest]
+    folder = next((w for w in words if "=" not in w and Path(w).is_dir()), None)
+    overrides = [w for w in words if "=" in w]
+    if folder:
+        run_dir = Path(folder).resolve()
+        wall = parent_wall(run_dir)
+    else:
+        run_dir, wall = run_sweep((["--splits", args.splits] if args.splits else DEFAULT_SWEEP) + overrides)
+    a = analyse(run_dir, wall)
+    report(a)
+    print(f"RESULT sweep_overhead {a['ratio']:.2f} target <= {TARGET} {'PASS' if a['ratio'] <= TARGET else 'FAIL'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Cluster preflight: the MLflow store and the run root checked before any work, shared storage checked
+on every node, and the tags that say which image / versions / node produced a run.
+
+* :func:`check_store` - ``tracking.uri`` has a scheme MLflow can use here, an ``http(s)`` server
+  answers within a few seconds (MLflow itself would retry for minutes), ``tracking.run_root`` can be
+  created and written. Each failure is one :class:`~raycpt.errors.RaycptError` line.
+* :func:`check_shared_storage` - on a multi-node Ray cluster the driver writes a token file under the
+  run root and a tiny task pinned to every alive node reads it back; a node that cannot see it stops
+  the run with one line naming the node.
+* :func:`preflight` - the one call a multi-trial job makes once Ray is up: the storage check, and a
+  warning (once) when several concurrent trials on several nodes would share one SQLite file.
+* :func:`version_tags` / :func:`node_tags` - MLflow tags for a parent run / a trial's run.
+
+This module imports only :mod:`raycpt.config` and :mod:`raycpt.errors` (tracking.py builds on it).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+from urllib.parse import urlparse
+
+from raycpt.config import TrackingConfig
+from raycpt.errors import RaycptError
+
+#: schemes MLflow 3.x accepts as a tracking URI (the ``./mlruns`` file store is in maintenance mode)
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+PROBE_TIMEOUT_S = 5.0
+TOKEN_PREFIX = ".raycpt-storage-check-"
+
+_checked: set[tuple[str, str]] = set()
+_warned: set[str] = set()
+
+
+# ------------------------------------------------------------------------------------- the store
+def uri_scheme(uri: str) -> str:
+    """``sqlite`` for ``sqlite:////x.db``, ``postgresql`` for ``postgresql+psycopg2://...``."""
+    return urlparse(uri).scheme.split("+", 1)[0].lower()
+
+
+def check_uri_scheme(uri: str) -> str:
+    scheme = uri_scheme(uri)
+    if scheme not in TRACKING_SCHEMES:
+        raise RaycptError(
+            f"tracking.uri {uri!r}: unknown scheme {scheme or '(none)'!r}; use http(s)://HOST:PORT (an MLflow "
+            "server), sqlite:////abs/path/mlflow.db, a database URI, or leave it empty (SQLite in the run root)")
+    return scheme
+
+
+def probe_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """One GET of the server's ``/health`` with a short timeout; raise one line if nothing answers."""
+    import urllib.error
+    import urllib.request
+
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - the user's own server
+            r.read(64)
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):  # an authenticating proxy in front of MLflow: it answered
+            return
+        raise RaycptError(f"tracking.uri {uri}: {url} answered HTTP {e.code}; is this an MLflow server "
+                          "(`mlflow server`, see cluster/README.md)?") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise RaycptError(f"tracking.uri {uri}: no MLflow server answers within {timeout:g} s ({reason}); start "
+                          "one (cluster/README.md) or leave tracking.uri empty for SQLite in the run root") from None
+
+
+def check_run_root(root: Path) -> None:
+    """Create ``root`` and write a file in it; one line when the process cannot."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".raycpt-write-check-{uuid.uuid4().hex[:8]}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise RaycptError(f"tracking.run_root {str(root)!r} is not a writable folder "
+                          f"({e.strerror or e}{': ' + str(e.filename) if e.filename else ''})") from None
+
+
+def check_store(cfg: TrackingConfig) -> None:
+    """Validate ``cfg.uri`` (scheme; a server that answers) and ``cfg.run_root`` (writable), once per
+    process and setting. Caps MLflow's own HTTP retries (unless the user set them) so a server that
+    dies mid-run fails a trial in about a minute instead of after several."""
+    root = Path(cfg.run_root).expanduser().resolve()
+    uri = cfg.uri or os.environ.get("RAYCPT_TRACKING_URI") or ""
+    key = (str(root), uri)
+    if key in _checked:
+        return
+    check_run_root(root)
+    if uri:
+        scheme = check_uri_scheme(uri)
+        if scheme in ("http", "https"):
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "4")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+            probe_server(uri)
+    _checked.add(key)
+
+
+# ------------------------------------------------------------------------------------- shared storage
+def read_token(path: str) -> str:
+    """What a node sees at ``path``: the token, or ``"<missing: reason>"``."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as e:
+        return f"<missing: {e.strerror or e}>"
+
+
+def storage_verdict(root: Path, token: str, seen: Mapping[str, str]) -> None:
+    """Raise one line naming the first node whose view of the token file differs from ``token``."""
+    for node, got in seen.items():
+        if got != token:
+            what = got if got.startswith("<missing") else "a different file (another storage mounted there)"
+            raise RaycptError(
+                f"shared storage: node {node} cannot see tracking.run_root {root} (token file: {what}); mount "
+                "the same shared storage at the same path on every node (cluster/README.md)")
+
+
+def alive_nodes() -> list[dict]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def node_label(node: dict) -> str:
+    return f"{node.get('NodeManagerAddress', '?')} ({node['NodeID'][:12]})"
+
+
+def check_shared_storage(root: Path, nodes: Optional[list[dict]] = None, timeout: float = 120.0) -> list[str]:
+    """Token-file check over every alive node (see the module docstring); returns the node ids checked
+    (empty on a single node, where there is nothing to check)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = alive_nodes() if nodes is None else nodes
+    if len(nodes) < 2:
+        return []
+    root = Path(root)
+    token = uuid.uuid4().hex
+    path = root / f"{TOKEN_PREFIX}{token[:12]}"
+    check_run_root(root)
+    path.write_text(token)
+    try:
+        reader = ray.remote(num_cpus=0, max_retries=0)(read_token)
+        refs = {node_label(n): reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            n["NodeID"], soft=False)).remote(str(path)) for n in nodes}
+        seen = {}
+        for label, ref in refs.items():
+            try:
+                seen[label] = ray.get(ref, timeout=timeout)
+            except Exception as e:  # noqa: BLE001 - a node that cannot run the task cannot be checked
+                seen[label] = f"<missing: the check task failed there: {type(e).__name__}>"
+        storage_verdict(root, token, seen)
+    finally:
+        path.unlink(missing_ok=True)
+    return [n["NodeID"] for n in nodes]
+
+
+def preflight(cfg, max_concurrent_trials: int = 1, warn: Callable[[str], None] | None = None) -> list[str]:
+    """The one call at the start of a multi-trial job, with Ray up: shared-storage check on a multi-node
+    cluster, and the SQLite-with-concurrent-trials warning (once per process). Returns the checked nodes."""
+    nodes = alive_nodes()
+    checked = check_shared_storage(Path(cfg.tracking.run_root).expanduser().resolve(), nodes)
+    uri = cfg.tracking.uri or "sqlite:"
+    if len(nodes) > 1 and max_concurrent_trials > 1 and uri_scheme(uri) == "sqlite" and uri not in _warned:
+        _warned.add(uri)
+        (warn or _stderr)(
+            f"raycpt: warning: {max_concurrent_trials} concurrent trials on {len(nodes)} nodes write one SQLite "
+            f"store on shared storage ({uri}); SQLite over NFS with concurrent writers can lock or corrupt: "
+            "set tracking.uri to an MLflow server (cluster/README.md)")
+    return checked
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------- tags
+def git_commit() -> Optional[str]:
+    """The commit of this checkout (or ``$RAYCPT_GIT_COMMIT``, baked into the image), else None."""
+    if os.environ.get("RAYCPT_GIT_COMMIT"):
+        return os.environ["RAYCPT_GIT_COMMIT"]
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def version_tags() -> dict[str, str]:
+    """Tags for a parent run: raycpt, git commit, image, Ray, torch, CUDA, MLflow, transformers versions."""
+    import importlib.metadata as md
+
+    import mlflow
+    import ray
+    import torch
+
+    try:
+        raycpt_version = md.version("raycpt")
+    except md.PackageNotFoundError:  # a working-dir job (ray job submit) of an uninstalled checkout
+        from raycpt import __version__ as raycpt_version
+    tags = {"raycpt.version": raycpt_version, "raycpt.ray_version": ray.__version__,
+            "raycpt.torch_version": torch.__version__, "raycpt.cuda_version": torch.version.cuda or "none",
+            "raycpt.mlflow_version": mlflow.__version__, "raycpt.python_version": sys.version.split()[0]}
+    try:
+        tags["raycpt.transformers_version"] = md.version("transformers")
+    except md.PackageNotFoundError:  # pragma: no cover - a dependency
+        pass
+    if torch.cuda.is_available():
+        tags["raycpt.gpu"] = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    commit = git_commit()
+    if commit:
+        tags["raycpt.git_commit"] = commit
+    if os.environ.get("RAYCPT_IMAGE"):
+        tags["raycpt.image"] = os.environ["RAYCPT_IMAGE"]
+    return tags
+
+
+def node_tags() -> dict[str, str]:
+    """``raycpt.node_id`` / ``raycpt.node_ip`` of the Ray node this process runs on (empty outside Ray)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return {}
+        ctx = ray.get_runtime_context()
+        return {"raycpt.node_id": ctx.get_node_id(), "raycpt.node_ip": ray.util.get_node_ip_address()}
+    except Exception:  # noqa: BLE001 - tags are informative; never fail a trial on them
+        return {}

