@@ -17,6 +17,7 @@ and returns every question's prediction with the scores (with ``out_dir``, also 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -390,6 +391,9 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
     order: dict[tuple[str, str], tuple[int, int]] = {}
     try:
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=eval_cfg.batch_size, **(lm_kwargs or {}))
+        # inside a torch.distributed group (a Ray Train worker) HFLM may take the group's rank and world
+        # size, and simple_evaluate returns nothing where LOCAL_RANK != 0; raycpt shards by itself
+        lm._rank, lm._world_size = 0, 1
         for mode in modes:
             t1 = time.perf_counter()
             tasks, owner, position = [], {}, {}
@@ -400,8 +404,9 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
                         tasks.append(t)
                         owner[t.config.task] = spec
             if tasks:
-                out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=eval_cfg.limit if shard is None else None,
-                                              log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
+                with _local_rank_zero():
+                    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=eval_cfg.limit if shard is None else None,
+                                                  log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
                 for task_name, samples in out["samples"].items():
                     spec = owner[task_name]
                     recs = (_records_logit if mode == "logit" else _records_generate)(task_name, samples, spec)
@@ -415,6 +420,20 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
         if was_training:
             model.train()
     return merged, order
+
+
+@contextlib.contextmanager
+def _local_rank_zero():
+    """``LOCAL_RANK=0`` for the call (Ray Train sets it per worker; lm-eval returns None elsewhere)."""
+    prev = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = "0"
+    try:
+        yield
+    finally:
+        if prev is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = prev
 
 
 def _shard_task(task, shard: tuple[int, int], limit: Optional[int]) -> bool:
