@@ -7,9 +7,9 @@ config, model, plan and blocks:
 * **plain**: ``run_loop(config, LocalSession(blocks))`` in this process: no Ray at all, the blocks
   come from a numpy array;
 * **ray**: a ``TorchTrainer`` with one worker (``ScalingConfig(num_workers=1,
-  resources_per_worker={"CPU": 1})``) running ``train_loop_per_worker``, reading its Ray Data
-  shard (the same blocks: the plain side gets them from the materialized dataset) through
-  ``ray.train.get_dataset_shard``, reporting checkpoints to Ray storage.
+  resources_per_worker={"CPU": 1})``) running ``train_loop_per_worker``, reading the packed-token
+  store memory-mapped (the same blocks: the plain side holds the store's blocks in an array; both
+  read them in the same seeded order), reporting checkpoints to Ray storage.
 
 Runs go plain, ray, plain (``--reps`` times ray): the plain figure is the mean of the runs around
 each ray run. Each run's throughput is the median over its steps after the first three (warm-up:
@@ -68,7 +68,8 @@ def main() -> None:
     import ray
 
     from raycpt.config import RayConfig, config_to_dict, load_config
-    from raycpt.data.corpus import prepare_shards
+    from raycpt.data.pack import ensure_packed
+    from raycpt.data.stream import PackedBlocks
     from raycpt.runtime import init_ray
     from raycpt.train.launch import prepare_plan, resolve_model_path
     from raycpt.train.loop import METRICS_FILE, LocalSession, run_loop, train_loop_per_worker
@@ -85,13 +86,15 @@ def main() -> None:
     t_init = time.time() - t0
     model_path = resolve_model_path(cfg)
     plan, counts, _ = prepare_plan(cfg, model_path)
-    datasets, n = prepare_shards(cfg.data, model_path, cfg.train.seed, 1, args.batch)
-    blocks = np.concatenate([b["input_ids"] for b in datasets["train_rank0"].iter_batches(batch_size=256)])
+    store, _ = ensure_packed(cfg.data, model_path, work)
+    n = store.num_blocks
+    blocks = PackedBlocks(store.path, store.manifest).rows(np.arange(n))
     tokens_per_step = args.batch * args.seq_len
 
     def config(run_dir: Path) -> dict:
         return {"cfg": config_to_dict(cfg), "model_path": model_path, "plan": plan.to_dict(), "run_dir": str(run_dir),
-                "mlflow": None, "resume_from": None, "shard_rows": int(n), "torch_threads": args.threads}
+                "mlflow": None, "resume_from": None, "store": str(store.path),
+                "store_build": store.build_id, "torch_threads": args.threads}
 
     def plain(i: int) -> tuple[float, float, float]:
         d = work / f"plain{i}"
@@ -101,7 +104,7 @@ def main() -> None:
         return (*throughput(recs, tokens_per_step), time.time() - t)
 
     def with_ray(i: int) -> tuple[float, float, float]:
-        from ray.train import CheckpointConfig, DataConfig, RunConfig, ScalingConfig
+        from ray.train import CheckpointConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
         d = work / f"ray{i}"
@@ -109,8 +112,7 @@ def main() -> None:
         TorchTrainer(train_loop_per_worker, train_loop_config=config(d),
                      scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
                      run_config=RunConfig(name=f"bench-{i}", storage_path=str(work / "ray"),
-                                          checkpoint_config=CheckpointConfig(num_to_keep=1)),
-                     datasets=datasets, dataset_config=DataConfig(datasets_to_split=[])).fit()
+                                          checkpoint_config=CheckpointConfig(num_to_keep=1))).fit()
         recs = [json.loads(x) for x in (d / METRICS_FILE).read_text().splitlines()]
         return (*throughput(recs, tokens_per_step), time.time() - t)
 

@@ -50,8 +50,8 @@ def trial_record(tdir: Path) -> dict:
     ev = _events(tdir / "train" / "train_metrics.jsonl")
     steps = [e["step_time_s"] for e in ev if "step_time_s" in e]
     start = next((e for e in ev if e.get("event") in ("start", "resume")), {})
-    ckpt = sum(e.get("seconds", 0.0) for e in ev if e.get("event") == "checkpoint")
-    evaluated = next((e for e in ev if e.get("event") == "evaluated"), {})
+    ckpt = sum(e.get("seconds", 0.0) for e in ev if e.get("timing") == "checkpoint")
+    evaluated = next((e for e in ev if e.get("timing") == "evaluated"), {})
     secs = _read_json(tdir / "eval" / "eval_result.json").get("seconds", {})
     eval_fwd = sum(float(secs.get(k, 0.0)) for k in ("logit", "generate", "heldout"))
     result = _read_json(tdir / "result.json")

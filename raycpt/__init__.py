@@ -5,3 +5,5 @@ __version__ = "0.1.0"
 # Cheap (no transformers import): lets AutoConfig / AutoModelForCausalLM load saved hybrids
 # (model_type raycpt_hybrid) in any process that imports raycpt - see raycpt/models/__init__.py.
 from raycpt import models as _models  # noqa: E402,F401
+# The plan registry (@register_plan) that config.PlanConfig checks plan.name against: cheap (no torch).
+from raycpt import strategies as _strategies  # noqa: E402,F401

@@ -22,10 +22,12 @@ config_app = typer.Typer(no_args_is_help=True, help="Show or validate a config."
 models_app = typer.Typer(no_args_is_help=True, help="Resolve model references into the local cache.")
 plan_app = typer.Typer(no_args_is_help=True, help="Layer plans: which layers train.")
 hybrid_app = typer.Typer(no_args_is_help=True, help="Hybrid builds: new layers + pretrained donor layers.")
+data_app = typer.Typer(no_args_is_help=True, help="The packed-token corpus store: pack once, reuse everywhere.")
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
 app.add_typer(plan_app, name="plan")
 app.add_typer(hybrid_app, name="hybrid")
+app.add_typer(data_app, name="data")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -152,17 +154,16 @@ def models_list(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)
 def ui(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
        port: int = typer.Option(5000, help="port on 127.0.0.1")):
     """Start the MLflow UI on the run root's store, bound to 127.0.0.1."""
-    import subprocess
-
     from raycpt.tracking import ensure_store, runs_url, tracking_uri
+    from raycpt.ui import check_port_free, serve_ui
 
     cfg = load(args)
+    check_port_free(port)
     exp_id = ensure_store(cfg.tracking)
     uri = tracking_uri(cfg.tracking)
     console.print(f"MLflow UI for {uri}: runs of experiment {cfg.tracking.experiment!r} at "
                   f"{runs_url(exp_id, port=port)}  (Ctrl-C to stop)", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-                                      "--host", "127.0.0.1", "--port", str(port)]))
+    raise typer.Exit(serve_ui(uri, port))
 
 
 # ---- sweep ----
@@ -212,23 +213,28 @@ def compare_cmd(args: Optional[List[str]] = typer.Argument(
                 config: Optional[List[str]] = typer.Option(None, "--config", "-c", hidden=True,
                                                            help="CONFIG.yaml and/or key=value overrides (repeatable; "
                                                                 "the same as giving them positionally)"),
-                max_prompts: int = typer.Option(64, help="prompts used for the representation metrics"),
-                max_len: int = typer.Option(64, help="tokens per prompt (longer ones are cut)"),
+                max_prompts: Optional[int] = typer.Option(None, help="prompts used for the representation metrics "
+                                                                     "(compare.max_prompts, 64)"),
+                max_len: Optional[int] = typer.Option(None, help="tokens per prompt, longer ones are cut "
+                                                                 "(compare.max_len, 64)"),
                 swap_blocks: Optional[int] = typer.Option(
                     None, help="layer swap: number of contiguous blocks (default min(5, layers); 0 = no swaps)"),
-                alpha: float = typer.Option(1.0, help="order of the matrix-based Renyi entropy (1 = von Neumann)"),
-                outlier_factor: float = typer.Option(
-                    10.0, help="leave out massive-activation tokens (norm > factor x median; 0 = keep all)"),
+                alpha: Optional[float] = typer.Option(None, help="order of the matrix-based Renyi entropy (1 = von "
+                                                                 "Neumann)"),
+                outlier_factor: Optional[float] = typer.Option(
+                    None, help="leave out massive-activation tokens (norm > factor x median; 0 = keep all; default 10)"),
                 resume: bool = typer.Option(False, help="re-open the newest compare run folder; skip finished pairs")):
-    """Base vs tuned, per layer: CKA, cosine, mean shift, entropy, effective rank, weight change, probe, swaps."""
+    """Base vs tuned, per layer: CKA, cosine, mean shift, entropy, effective rank, weight change, probe, swaps.
+
+    The options set the config's ``compare`` section (and so land in the run folder's config.yaml)."""
     from raycpt.jobs.compare import run_compare
 
     path, overrides, models = sort_words(list(args or []) + list(config or []), rest=2, what="BASE TUNED and")
-    cfg = load([path] if path else None, overrides)
+    options = {"prompts": prompts, "max_prompts": max_prompts, "max_len": max_len, "swap_blocks": swap_blocks,
+               "alpha": alpha, "outlier_factor": outlier_factor}
+    cfg = load([path] if path else None, overrides + [f"compare.{k}={v}" for k, v in options.items() if v is not None])
     base, tuned = (models + [None, None])[:2]
-    res = run_compare(cfg, base, tuned, prompts=prompts, sweep=sweep, max_prompts=max_prompts, max_len=max_len,
-                      swap_blocks=swap_blocks, alpha=alpha, resume=resume, console=console,
-                      outlier_factor=outlier_factor)
+    res = run_compare(cfg, base, tuned, sweep=sweep, resume=resume, console=console)
     from rich.table import Table
 
     for child in res.children:
@@ -329,7 +335,7 @@ def contribution_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_
     if "jaccard" in a:
         console.print(f"mean Jaccard of newly solved questions (top-{len(a['top_k'])}): {a['jaccard']['mean']:.3f}")
     if "spearman" in a:
-        console.print(f"Spearman vs {cfg.contribution.get('against')}: rho {a['spearman']['rho']:.3f}, "
+        console.print(f"Spearman vs {cfg.contribution.against}: rho {a['spearman']['rho']:.3f}, "
                       f"p {a['spearman']['p_value']:.3g}")
     console.print(f"ranking -> {res.ranking_file} (use with plan.name=elite plan.ranking_file=...); "
                   f"finished in {res.wall_s:.1f}s; MLflow parent run {res.parent_run_id}")
@@ -341,12 +347,14 @@ def hybrid_build(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP
                  out: Optional[str] = typer.Option(None, help="folder to write the builds into (default: a new run "
                                                               "folder <run_root>/hybrid-build-<name>-<id>)"),
                  build: Optional[str] = typer.Option(None, help="only this build: new_shallow, new_deep or custom "
-                                                                "(default: every build in hybrid.builds)")):
+                                                                "(default: every build in hybrid.builds)"),
+                 overwrite: bool = typer.Option(False, help="replace an existing non-empty --out/<build> folder")):
     """Assemble the hybrid(s) of the config's ``hybrid`` section, save each (safetensors) and print its segment map."""
-    from raycpt.jobs.hybrid import build_hybrids, counts_line, segment_table
+    from raycpt.jobs.hybrid import build_hybrids
+    from raycpt.report.hybrid import counts_line, segment_table
 
     cfg = load(args)
-    root, built = build_hybrids(cfg, builds=[build] if build else None, out=out, progress=True)
+    root, built = build_hybrids(cfg, builds=[build] if build else None, out=out, progress=True, overwrite=overwrite)
     for b in built:
         console.print(segment_table(b))
         console.print(counts_line(b), markup=False, highlight=False)
@@ -456,11 +464,61 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     first = f"{res.losses[0]:.4f}" if res.losses else "n/a"
     last = f"{res.losses[-1]:.4f}" if res.losses else "n/a"
     resumed = f" (resumed at step {res.resumed_from_step})" if res.resumed_from_step else ""
+    if res.reused:
+        console.print("run already finished: nothing re-run; its saved result follows", markup=False)
     console.print(f"plan {res.plan['name']}: {res.trainable_params:,} trainable / {res.frozen_params:,} frozen "
                   f"parameters; {len(res.steps)} steps{resumed}; loss {first} -> {last}; "
                   f"{res.tokens_per_s:,.0f} tokens/s (median); wall {res.wall_s:.1f}s", markup=False, highlight=False, soft_wrap=True)
     console.print(f"final model {res.final_model_dir}; run folder {res.run_dir}; MLflow run {res.mlflow_run_id}",
                   markup=False, highlight=False, soft_wrap=True)
+
+
+# ---- data ----
+@data_app.command("prepare")
+def data_prepare(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
+                 rebuild: bool = typer.Option(False, help="pack again even when a store exists (e.g. the corpus "
+                                                          "changed)")):
+    """Pack cfg.data.corpus once into the packed-token store (every later run reuses it)."""
+    import contextlib
+
+    from raycpt.data.corpus import check_corpus
+    from raycpt.data.pack import find_packed
+    from raycpt.runtime import ray_session
+    from raycpt.tracking import run_root
+    from raycpt.train.launch import packed_corpus, resolve_model_path
+
+    cfg = load(args)
+    model_path = resolve_model_path(cfg)
+    cfg.train.num_workers = cfg.train.micro_batch_size = 1  # any non-empty store is a valid pack
+    hit = not rebuild and find_packed(cfg.data, model_path, run_root(cfg.tracking)) is not None
+    if not hit:
+        check_corpus(cfg.data)  # bad files are one line before Ray starts
+    with contextlib.nullcontext() if hit else ray_session(cfg.ray):  # Ray only to pack
+        packed_corpus(cfg, model_path, quiet=False, rebuild=rebuild)
+
+
+@data_app.command("info")
+def data_info(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)):
+    """List the packed stores under the config's store folder (data.store_dir or <run_root>/packed)."""
+    from raycpt.data.store import builds_logged, changed_files, list_stores, store_root
+    from raycpt.tracking import run_root
+
+    cfg = load(args)
+    root = store_root(cfg.data, run_root(cfg.tracking))
+    stores = list_stores(root)
+    if not stores:
+        console.print(f"no packed stores under {root} (raycpt data prepare [CONFIG] packs one)", markup=False)
+        return
+    for st in stores:
+        try:
+            fresh = changed_files(st.manifest["fingerprints"], st.manifest["sources"]) or "current"
+        except RaycptError as e:
+            fresh = str(e)
+        m = st.manifest
+        console.print(f"{st.key}  {', '.join(m['sources'])}  seq_len={m['seq_len']} text_field={m['text_field']} "
+                      f"max_documents={m['max_documents']}: {st.describe()}; {st.disk_bytes() / 1e6:,.1f} MB on disk "
+                      f"({m['bytes_per_token']} bytes/token); packed {len(builds_logged(root, st.key))} time(s); "
+                      f"corpus: {fresh}", markup=False, highlight=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------------------- entry

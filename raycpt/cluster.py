@@ -72,10 +72,16 @@ def probe_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
 
 
 def check_run_root(root: Path) -> None:
-    """Create ``root`` and write a file in it; one line when the process cannot."""
+    """One line when the process could not create ``root`` or write in it. Creates nothing: a probe
+    file is written (and removed) in ``root`` or, when it does not exist yet, its nearest existing parent,
+    so a command refused later for another reason leaves no empty run root behind."""
+    existing = root
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".raycpt-write-check-{uuid.uuid4().hex[:8]}"
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(existing))
+        probe = existing / f".raycpt-write-check-{uuid.uuid4().hex[:8]}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
@@ -122,8 +128,11 @@ def storage_verdict(root: Path, token: str, seen: Mapping[str, str]) -> None:
 
 
 def alive_nodes() -> list[dict]:
+    """The alive nodes of the Ray this process is connected to (none when Ray is not up: nothing to check)."""
     import ray
 
+    if not ray.is_initialized():
+        return []
     return [n for n in ray.nodes() if n.get("Alive")]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -23,7 +24,13 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from raycpt.errors import ConfigError, RaycptError
+from raycpt.errors import ConfigError, RaycptError, read_user_text
+
+
+PLANS: dict[str, Any] = {}
+"""The plan registry, filled by ``@register_plan`` in :mod:`raycpt.strategies` (which the package root imports,
+so it is complete before any config is built): ``plan.name`` is checked against it, and a new plan is one
+decorated function."""
 
 
 def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
@@ -57,10 +64,15 @@ class DataConfig:
     """Read at most this many documents (None = all)."""
     shuffle_seed: Optional[int] = None
     """Seed of the deterministic block shuffle; None = ``train.seed``."""
+    store_dir: Optional[str] = None
+    """Where packed-token stores live (shared storage on a cluster); None = ``<tracking.run_root>/packed``."""
+    shuffle_window: int = 65536
+    """Blocks permuted together after the per-epoch permutation of the shard files (see docs/train.md)."""
 
     def __post_init__(self):
         _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
         _check(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
+        _check(self.shuffle_window >= 1, "data.shuffle_window", self.shuffle_window, "an integer >= 1")
 
 
 @dataclass
@@ -87,6 +99,8 @@ class TraceConfig:
     """GPUs per trace actor (0 on CPU)."""
     cpus_per_actor: float = 1.0
     """CPUs per trace actor."""
+    schedule: Literal["shared_context", "stacked", "per_layer"] = "shared_context"
+    """Perturbation schedule (same numbers): zeroed context once per prefix group, or per prompt."""
 
     def __post_init__(self):
         _check(self.top_k >= 0, "trace.top_k", self.top_k, "an integer >= 0 (0 = full vocabulary)")
@@ -101,13 +115,10 @@ class TraceConfig:
                "an integer >= 1 or null")
 
 
-PLAN_NAMES = ("full", "train_shallow", "train_deep", "blocks", "layers", "single", "elite", "middle")
-
-
 @dataclass
 class PlanConfig:
-    name: Literal["full", "train_shallow", "train_deep", "blocks", "layers", "single", "elite", "middle"] = "train_shallow"
-    """Layer plan (see ``raycpt plan show``)."""
+    name: str = "train_shallow"
+    """Layer plan: a name of the ``@register_plan`` registry (see ``raycpt plan show``)."""
     split: float = 0.5
     """Split ratio r for train_shallow / train_deep: shallow = layers [0, round(r*N))."""
     pattern: str = ""
@@ -134,6 +145,9 @@ class PlanConfig:
     """Whether the LM head trains (with tied embeddings: the shared matrix)."""
 
     def __post_init__(self):
+        close = difflib.get_close_matches(self.name, list(PLANS), n=1)
+        _check(self.name in PLANS, "plan.name", self.name,
+               "one of " + ", ".join(PLANS) + (f" (did you mean {close[0]!r}?)" if close else ""))
         _check(0 < self.split < 1, "plan.split", self.split, "a ratio strictly between 0 and 1")
         _check(all(c in "01" for c in self.pattern), "plan.pattern", self.pattern, "a string of 0 and 1, e.g. 01100")
         _check(self.k >= 1, "plan.k", self.k, "an integer >= 1")
@@ -263,8 +277,8 @@ class SweepConfig:
     """Named trials usable in ``strategies``: {name: {dotted.key: value}}, e.g.
     ``{middle5: {plan.name: middle, plan.k: 5}}`` (see ``configs/recipes.yaml``)."""
     data_cpus_per_trial: float = 1.0
-    """CPUs of a second bundle in each trial's placement group for the Ray Data tasks the trial
-    launches (corpus tokenising); Tune captures a trial's child tasks into its placement group."""
+    """CPUs of a second bundle in each trial's placement group: the trial's evaluation threads use
+    ``cpus_per_trial`` + these (the corpus is packed once before the trials, not in them)."""
     heldout_docs: int = 0
     """Documents of ``data.corpus`` after the first ``data.max_documents`` (never trained on) on which
     every trial's final model gets a held-out LM loss, shown next to its scores; 0 = off. Needs
@@ -373,6 +387,92 @@ class HybridConfig:
 
 
 @dataclass
+class ContributionConfig:
+    """``raycpt contribution``: the single-layer training scan (one Tune trial per scanned layer)."""
+
+    layers: Union[list[int], str] = "all"
+    """Layers trained alone (plan ``single``): ``all``, ``every:K`` (every K-th layer) or a list of indices."""
+    band: list[float] = field(default_factory=lambda: [0.4, 0.6])
+    """Relative-depth band [lo, hi] marked in the plot and averaged in the table."""
+    threshold: float = 1.0
+    """Count the layers whose contribution exceeds this (1.0 = as good as full training)."""
+    top_k: int = 7
+    """Majority vote and Jaccard of newly solved questions over the top-k single-layer models."""
+    against: Optional[str] = None
+    """A ranking file to correlate with (Spearman), e.g. a scan on another corpus; null = none."""
+    keep_models: bool = True
+    """false = delete each trial's trained weights once measured (answers and L2 change are kept)."""
+    score: Literal["accuracy", "gold_prob", "heldout_loss"] = "accuracy"
+    """What a trial is judged by: accuracy = the benchmark's overall accuracy in the first mode; gold_prob =
+    the mean probability of the gold letter among A-D in logit mode (moves with short runs); heldout_loss =
+    minus the LM loss on ``heldout_docs`` documents after the first ``data.max_documents`` (never trained on)."""
+    heldout_docs: int = 64
+    """Documents of the held-out loss (``score: heldout_loss``)."""
+    max_concurrent_trials: int = 1
+    """Tune trials running at once."""
+    cpus_per_trial: float = 1.0
+    """CPUs reserved by a trial's driver (its TorchTrainer asks for its own workers)."""
+    data_cpus_per_trial: float = 1.0
+    """CPUs of a second bundle in each trial's placement group for the Ray Data tasks the trial launches."""
+
+    def __post_init__(self):
+        if isinstance(self.layers, str) and self.layers != "all":
+            k = self.layers.split(":", 1)[1] if self.layers.startswith("every:") else ""
+            _check(k.isdigit() and int(k) >= 1, "contribution.layers", self.layers,
+                   "all, a list of layer indices, or every:K with an integer K >= 1")
+        _check(not isinstance(self.layers, list) or len(self.layers) > 0, "contribution.layers", self.layers,
+               "all, every:K or a non-empty list of layer indices")
+        _check(len(self.band) == 2 and 0 <= self.band[0] < self.band[1] <= 1, "contribution.band", self.band,
+               "two relative depths [lo, hi] with 0 <= lo < hi <= 1")
+        _check(self.top_k >= 1, "contribution.top_k", self.top_k, "an integer >= 1")
+        _check(self.heldout_docs >= 1, "contribution.heldout_docs", self.heldout_docs, "an integer >= 1")
+        _check(self.max_concurrent_trials >= 1, "contribution.max_concurrent_trials", self.max_concurrent_trials,
+               "an integer >= 1")
+
+    def layer_list(self, num_layers: int) -> list[int]:
+        """The scanned layers of an N-layer model, sorted; a layer outside 0..N-1 is a one-line error."""
+        if self.layers == "all":
+            return list(range(num_layers))
+        if isinstance(self.layers, str):
+            return list(range(0, num_layers, int(self.layers.split(":", 1)[1])))
+        for i in self.layers:
+            _check(0 <= i < num_layers, "contribution.layers", i,
+                   f"not a layer of this {num_layers}-layer model (0..{num_layers - 1})")
+        return sorted(set(self.layers))
+
+
+@dataclass
+class CompareConfig:
+    """``raycpt compare``: base vs tuned per layer (its CLI options override these)."""
+
+    prompts: Optional[str] = None
+    """Prompt set: .jsonl of {text} or {s1, s2}, .txt (one per line) or builtin:wordnet-lexical;
+    null = WordNet glosses."""
+    max_prompts: int = 64
+    """Prompts used for the representation metrics."""
+    max_len: int = 64
+    """Tokens per prompt (longer ones are cut)."""
+    swap_blocks: Optional[int] = None
+    """Layer swap: number of contiguous blocks (null = min(5, layers); 0 = no swaps)."""
+    alpha: float = 1.0
+    """Order of the matrix-based Renyi entropy (1 = von Neumann)."""
+    outlier_factor: float = 10.0
+    """Leave out massive-activation tokens (norm > factor x median token norm); 0 = keep all."""
+    batch_size: int = 8
+    """Prompts per forward batch of the hidden-state tasks."""
+
+    def __post_init__(self):
+        _check(self.max_prompts >= 1, "compare.max_prompts", self.max_prompts, "an integer >= 1")
+        _check(self.max_len >= 2, "compare.max_len", self.max_len, "an integer >= 2")
+        _check(self.alpha > 0, "compare.alpha", self.alpha, "the Renyi order must be > 0 (1 = von Neumann)")
+        _check(self.outlier_factor == 0 or self.outlier_factor > 1, "compare.outlier_factor", self.outlier_factor,
+               "0 (keep every token) or a factor > 1 of the median token norm")
+        _check(self.swap_blocks is None or self.swap_blocks >= 0, "compare.swap_blocks", self.swap_blocks,
+               "an integer >= 0 (0 = no swaps) or null")
+        _check(self.batch_size >= 1, "compare.batch_size", self.batch_size, "an integer >= 1")
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"
     """Name of the experiment; run folders are ``<run_root>/<command>-<name>-<id>``."""
@@ -387,8 +487,13 @@ class ExperimentConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     hybrid: Optional[HybridConfig] = None
     """Hybrid build spec (see ``raycpt hybrid``); None = not a hybrid experiment."""
-    contribution: Optional[dict] = None
-    """Contribution-scan settings (see ``raycpt contribution``)."""
+    contribution: ContributionConfig = field(default_factory=ContributionConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
+
+    def __post_init__(self):
+        _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None
+               and self.name not in (".", ".."), "name", self.name,
+               "1-100 letters, digits, '-', '_' or '.' (it names run folders: no path separators)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -426,7 +531,7 @@ def _coerce(value: Any, tp, name: str):
         return _build(tp, value, name)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None and type(None) in args:
+        if (value is None or value == "") and type(None) in args:
             return None
         non_none = [a for a in args if a is not type(None)]
         if len(non_none) == 1 and dataclasses.is_dataclass(non_none[0]):  # Optional[Section]: keep its own error
@@ -490,14 +595,19 @@ def _coerce_scalar(value: Any, tp, name: str):
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(name, value, "a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+        out = None
+        if isinstance(value, (int, float, str)):
             try:
-                return float(value)
+                out = float(value)
             except ValueError:
                 pass
-        raise ConfigError(name, value, "a number")
+            except OverflowError:  # an integer beyond float range
+                out = math.inf
+        if out is None:
+            raise ConfigError(name, value, "a number")
+        if not math.isfinite(out):
+            raise ConfigError(name, value, "a finite number (inf and nan are not accepted)")
+        return out
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -551,7 +661,10 @@ for _ch in "-+0":
 
 
 def _parse_scalar(text: str):
-    """Parse an override value with YAML rules (``1e-4`` -> float, ``[1,2]`` -> list, ``null``)."""
+    """Parse an override value with YAML rules (``1e-4`` -> float, ``[1,2]`` -> list, ``null``);
+    an empty value is the empty string (null for an optional field)."""
+    if not text.strip():
+        return ""
     try:
         value = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError:
@@ -573,21 +686,36 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
             raise RaycptError(f"bad override {item!r}: empty key")
-        node = data
-        for p in parts[:-1]:
-            if not isinstance(node.get(p), dict):
-                node[p] = {}
-            node = node[p]
-        node[parts[-1]] = _parse_scalar(text)
+        set_dotted(data, parts, _parse_scalar(text))
     return data
+
+
+def set_dotted(data: dict, key, value) -> dict:
+    """``data[a][b][c] = value`` for ``key`` ``"a.b.c"`` (or its parts), making the inner mappings."""
+    parts = key.split(".") if isinstance(key, str) else list(key)
+    node = data
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[parts[-1]] = value
+    return data
+
+
+def config_with(cfg: ExperimentConfig, settings: dict) -> ExperimentConfig:
+    """A validated copy of ``cfg`` with typed values set at dotted keys, e.g. ``{"plan.name": "single"}``
+    (``cfg`` itself is untouched)."""
+    data = config_to_dict(cfg)
+    for key, value in settings.items():
+        set_dotted(data, key, value)
+    return config_from_dict(data)
 
 
 def read_yaml(path: str | os.PathLike) -> dict:
     p = Path(path)
-    if not p.is_file():
-        raise RaycptError(f"config file not found: {p}")
+    text = read_user_text(p, "config file")
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_YamlLoader)
+        data = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

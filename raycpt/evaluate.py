@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from raycpt.config import EvalConfig
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, read_user_text
 from raycpt.report.eval import write_results
 from raycpt.report.eval import render_table, table_text  # noqa: F401 - re-export (moved)
 from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, SCORE_KEYS, TASKS_DIR, subject_category
@@ -85,9 +85,12 @@ def read_questions(path: str | os.PathLike) -> list[dict]:
     ``id, question, A, B, C, D, answer, category`` (strings).
     """
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise RaycptError(f"question file {p} is a directory; expected a JSONL file")
     if not p.is_file():
         raise RaycptError(f"question file not found: {p}")
     rows = []
+    read_user_text(p, "question file")  # one line for a binary file, before the line-by-line checks
     with p.open(encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():

@@ -1,8 +1,10 @@
 """Ray bootstrap: join a cluster when one is named, otherwise start a local Ray fit for this machine.
 
-Only what this module started is shut down. Token authentication (on by default in Ray 2.60) is
-disabled for the local Ray we start ourselves, so CLI clients on the same machine work; on a cluster
-the caller's ``RAY_AUTH_MODE`` / token is left as it is.
+Only what this module started is shut down. The local Ray we start ourselves is private: every
+server it runs (GCS, raylet, object manager, workers, dashboard and its agents, runtime-env agent)
+listens on 127.0.0.1 only (:func:`loopback_only`), so turning token authentication (on by default
+in Ray 2.60) off for it, which lets CLI clients on the same machine work, exposes nothing to the
+network. On a cluster the caller's ``RAY_AUTH_MODE`` / token is left as it is.
 """
 
 from __future__ import annotations
@@ -96,6 +98,69 @@ def cluster_address(cfg: RayConfig) -> str | None:
     return cfg.address or os.environ.get("RAY_ADDRESS") or None
 
 
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """While a local Ray starts: make it advertise and bind 127.0.0.1 (the node IP every process gets).
+
+    ``ray.init(_node_ip_address="127.0.0.1")`` alone is turned back into the machine's address
+    (``services.resolve_ip_for_localhost``) unless Ray's single-machine mode is on - the switch
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets at import time, set here for this start only. With a
+    loopback node IP Ray's gRPC servers and agents bind 127.0.0.1 instead of every interface
+    (checked by tests/integration/test_private_ray.py, which lists the sockets of a real run)."""
+    from ray._private import ray_constants
+
+    old = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def private_worker_setup() -> None:
+    """``worker_process_setup_hook`` of the local Ray: torch.distributed's rendezvous store (the
+    TCPStore rank 0 hosts for a multi-worker run) listens on the loopback master address only.
+
+    torch binds that store to every interface and has no bind-address option; it does take an
+    already-listening socket (``master_listen_fd``), which this gives it when the master address
+    Ray Train hands out is loopback (always, with the local Ray of :func:`init_ray`)."""
+    import importlib
+    import socket
+
+    try:  # never fail a worker's start over this: without it the store is as torch makes it
+        rdzv = importlib.import_module("torch.distributed.rendezvous")  # (the package attribute is a function)
+        from torch.distributed import TCPStore
+
+        original = rdzv._create_c10d_store
+    except (ImportError, AttributeError) as e:  # pragma: no cover - torch without distributed / renamed
+        log.warning("torch rendezvous store not moved to loopback: %s", e)
+        return
+    if getattr(rdzv, "_raycpt_loopback", False):
+        return
+
+    def create(hostname, port, rank, world_size, timeout, use_libuv=True):
+        if rank != 0 or not port or not _is_loopback(hostname):
+            return original(hostname, port, rank, world_size, timeout, use_libuv)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1024)
+        return TCPStore(host_name=hostname, port=port, world_size=world_size, is_master=True, timeout=timeout,
+                        multi_tenant=True, master_listen_fd=sock.detach(), use_libuv=use_libuv)
+
+    rdzv._create_c10d_store = create
+    rdzv._raycpt_loopback = True
+
+
 def init_ray(cfg: RayConfig) -> bool:
     """Initialise Ray once; return True when this call started it (and so must shut it down)."""
     import ray
@@ -105,18 +170,28 @@ def init_ray(cfg: RayConfig) -> bool:
         return False
     address = cluster_address(cfg)
     if address:
-        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+        host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+        # a loopback address stays loopback (Ray would turn 127.0.0.1 into this machine's IP, which a
+        # private Ray does not listen on)
+        with loopback_only() if _is_loopback(host) else contextlib.nullcontext():
+            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.ERROR)
         return True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     num_cpus = cfg.num_cpus or max(4, os.cpu_count() or 1)
-    ray.init(
-        num_cpus=num_cpus,
-        object_store_memory=cfg.object_store_memory,
-        include_dashboard=cfg.include_dashboard,
-        log_to_driver=False,
-        logging_level=logging.ERROR,
-        configure_logging=True,
-    )
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torch.distributed (gloo) pairs on loopback too
+    with loopback_only():
+        ray.init(
+            address="local",  # always a new private instance, never a `ray start` cluster found on this machine
+            num_cpus=num_cpus,
+            object_store_memory=cfg.object_store_memory,
+            include_dashboard=cfg.include_dashboard,
+            dashboard_host="127.0.0.1",
+            _node_ip_address="127.0.0.1",
+            runtime_env={"worker_process_setup_hook": "raycpt.runtime.private_worker_setup"},
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            configure_logging=True,
+        )
     try:
         from ray.data import DataContext
 

@@ -44,7 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from raycpt.errors import RaycptError
+from raycpt.config import PLANS as CONFIG_PLANS
+from raycpt.errors import RaycptError, read_user_text
+from raycpt.splits import check_split, split_index  # noqa: F401 - split_index re-exported
 
 # ------------------------------------------------------------------------------------ the value
 
@@ -129,7 +131,7 @@ class PlanSpec:
     train_head: Optional[bool] = None
 
 
-PLANS: dict[str, Callable[[Any, int], PlanSpec]] = {}
+PLANS: dict[str, Callable[[Any, int], PlanSpec]] = CONFIG_PLANS  # the one registry, which the config checks
 
 
 def register_plan(name: str):
@@ -140,21 +142,6 @@ def register_plan(name: str):
         return fn
 
     return deco
-
-
-def split_index(ratio: float, num_layers: int) -> int:
-    """b = round(r * N): the shallow side is layers [0, b)."""
-    return int(round(float(ratio) * num_layers))
-
-
-def _split(pcfg, n: int) -> int:
-    b = split_index(pcfg.split, n)
-    if b <= 0 or b >= n:
-        side = "shallow" if b <= 0 else "deep"
-        raise RaycptError(f"plan.split={pcfg.split} gives b = round({pcfg.split}*{n}) = {b}, which leaves the "
-                          f"{side} side empty for this {n}-layer model; use a split in "
-                          f"({0.5 / n:.3g}, {1 - 0.5 / n:.3g})")
-    return b
 
 
 def _check_layer(i: Any, n: int, what: str) -> int:
@@ -171,14 +158,14 @@ def _full(pcfg, n: int) -> PlanSpec:
 
 @register_plan("train_shallow")
 def _train_shallow(pcfg, n: int) -> PlanSpec:
-    b = _split(pcfg, n)
+    b = check_split(pcfg.split, n, "plan.split")
     return PlanSpec(range(0, b), notes=[f"split {pcfg.split:g}: b = round({pcfg.split:g}*{n}) = {b}; "
                                         f"layers 0..{b - 1} train, {b}..{n - 1} frozen"])
 
 
 @register_plan("train_deep")
 def _train_deep(pcfg, n: int) -> PlanSpec:
-    b = _split(pcfg, n)
+    b = check_split(pcfg.split, n, "plan.split")
     return PlanSpec(range(b, n), notes=[f"split {pcfg.split:g}: b = round({pcfg.split:g}*{n}) = {b}; "
                                         f"layers 0..{b - 1} frozen, {b}..{n - 1} train"])
 
@@ -467,15 +454,16 @@ def write_ranking(path, model: str, num_layers: int, scores: dict[int, float], m
 def read_ranking(path, num_layers: Optional[int] = None) -> dict:
     """Read and check a ranking file (see :func:`write_ranking`); the ranking comes back best first."""
     p = Path(path)
-    if not p.is_file():
-        raise RaycptError(f"ranking file not found: {p}")
+    text = read_user_text(p, "ranking file")
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
+        doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise RaycptError(f"ranking file {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("ranking"), list) or not doc["ranking"]:
         raise RaycptError(f"ranking file {p} needs a non-empty \"ranking\": [{{\"layer\": i, \"score\": x}}, ...]")
     n = doc.get("num_layers")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise RaycptError(f"ranking file {p}: \"num_layers\" is {n!r}; expected a positive integer")
     if num_layers is not None and n is not None and int(n) != num_layers:
         raise RaycptError(f"ranking file {p} is for a {n}-layer model, this model has {num_layers} layers")
     limit = num_layers if num_layers is not None else (int(n) if n is not None else None)
@@ -483,13 +471,16 @@ def read_ranking(path, num_layers: Optional[int] = None) -> dict:
     for r in doc["ranking"]:
         if not isinstance(r, dict) or "layer" not in r:
             raise RaycptError(f"ranking file {p}: entry {r!r} needs a \"layer\"")
-        i = r["layer"]
+        i, s = r["layer"], r.get("score")
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise RaycptError(f"ranking file {p}: layer {i!r} is not an integer")
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))):
+            raise RaycptError(f"ranking file {p}: layer {i} has score {s!r}; expected a number or null")
         if limit is not None:
             _check_layer(i, limit, f"ranking file {p.name}: layer")
         if i in seen:
             raise RaycptError(f"ranking file {p}: layer {i} is listed twice")
         seen.add(i)
-        s = r.get("score")
         rows.append({"layer": int(i), "score": None if s is None else float(s)})
 
     def key(item):

@@ -144,22 +144,6 @@ def _pop_active(run_id: str) -> None:
         mlflow.end_run(status=mlflow.get_run(run_id).info.status)
 
 
-def end_stale_runs(cfg: TrackingConfig, status: str = "KILLED") -> int:
-    """Mark runs left RUNNING by a killed driver as ``status``; return how many were fixed."""
-    import mlflow
-
-    ensure_store(cfg)
-    client = mlflow.tracking.MlflowClient()
-    exp = client.get_experiment_by_name(cfg.experiment)
-    if exp is None:
-        return 0
-    n = 0
-    for r in client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'"):
-        client.set_terminated(r.info.run_id, status=status)
-        n += 1
-    return n
-
-
 class ChildRun:
     """A nested MLflow run for one unit of a multi-run job (a sweep trial, a scan trial, a hybrid
     build) whose id is kept in a small JSON file next to that unit's work (``meta_path``), so an

@@ -1,4 +1,4 @@
-"""The training corpus as Ray Data: read, tokenize in batches, pack into ``seq_len`` blocks, shuffle.
+"""Corpus sources -> documents, in a fixed order, cut into *chunks* that pack independently.
 
 Sources (``data.corpus``, a list; several are concatenated in order):
 
@@ -9,28 +9,23 @@ Sources (``data.corpus``, a list; several are concatenated in order):
   at run time from ``/usr/share/games/fortunes/`` (GPL: its text is never copied into raycpt);
 * files or globs: ``*.jsonl`` / ``*.json`` (one record per line, text in ``data.text_field``,
   ``.gz`` allowed), ``*.parquet`` (column ``data.text_field``), ``*.txt`` (one document per line);
-* ``hf:DATASET_ID`` or ``hf:DATASET_ID:SPLIT`` - a Hugging Face hub dataset (needs the hub, i.e. a
-  cluster with internet; offline this is one clear error line).
+* ``hf:DATASET_ID`` or ``hf:DATASET_ID:SPLIT`` - a Hugging Face hub dataset, read as a stream over
+  its Parquet files (needs the hub; offline this is one clear error line).
 
-Pipeline (all Ray Data, order preserved): read -> keep ``data.max_documents`` -> ``map_batches``
-of :data:`PACK_DOCS` documents: tokenize the batch (fast tokenizer, no special tokens), append EOS
-to every document, concatenate and cut into ``seq_len`` blocks (the tail shorter than a block is
-dropped, as Hugging Face's ``run_clm`` ``group_texts`` does) -> a 64-bit key per block from
-``blake2b(seed, tokens)`` -> ``sort(key)``: a shuffle that depends only on the seed and the blocks'
-contents, never on how Ray partitioned the data -> ``split(num_workers, equal=True)``: worker ``r``
-reads the dataset named ``train_rank{r}`` (``ray.train.get_dataset_shard``), its own equal share,
-in a fixed order, so a resumed worker skips exactly the micro-batches it had consumed.
-
-The pure pieces (:func:`pack_token_lists`, :func:`block_keys`, :func:`shuffle_order`,
-:func:`fortunes_documents`, :func:`iter_documents`, :func:`local_blocks`) need no Ray.
+A *chunk* is the unit of packing work (one Ray Data task): a byte range of :data:`CHUNK_BYTES`
+of an uncompressed JSONL/text file (it owns the lines that *start* inside it), a run of row groups
+of a Parquet file, a whole ``.gz`` file, a whole hub Parquet file, or a whole builtin source.
+Chunk boundaries depend only on the files, never on how many CPUs or Ray blocks there are, so
+the packed store is the same wherever it is built. A document is a non-blank text; the order of
+documents is the order of the sources, files (sorted glob), and lines - the same order
+:func:`iter_documents` gives, which the held-out documents (after ``data.max_documents``) use.
 """
 
 from __future__ import annotations
 
-import functools
 import glob
+import itertools
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -45,14 +40,21 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 GLOSSES = ASSETS / "wordnet_glosses.jsonl.gz"
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 FORTUNE_FILES = ("chinese", "tang300", "song100")
-PACK_DOCS = 512
-"""Documents tokenized and packed together in one ``map_batches`` batch."""
-SHARD_PREFIX = "train_rank"
+MIN_CHUNK_BYTES = 1 << 20
+MAX_CHUNK_BYTES = 64 << 20
+CHUNKS_TARGET = 64
+"""A chunk holds ``clamp(corpus bytes / CHUNKS_TARGET, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)`` bytes of
+text (uncompressed JSONL/text, compressed Parquet row groups): a 5 MB corpus packs as 5 tasks, a
+1 TB one as ~16k. The size depends only on the corpus, so the store does too."""
+GZ_SPLIT_MAX = 64 << 20
+"""``.gz`` files up to this size are split by lines (each task decompresses up to its range);
+larger ones are one chunk each (split such a corpus into several files)."""
+SNIFF_BYTES = 8192
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-# ------------------------------------------------------------------------------------ pure pieces
+# ------------------------------------------------------------------------------------ packing
 
 def pack_token_lists(token_lists: Iterable[Sequence[int]], seq_len: int, eos_id: int) -> np.ndarray:
     """Concatenate documents, each followed by ``eos_id``, and cut into full ``seq_len`` blocks.
@@ -70,19 +72,11 @@ def pack_token_lists(token_lists: Iterable[Sequence[int]], seq_len: int, eos_id:
     return flat[: n * seq_len].reshape(n, seq_len).astype(np.int32)
 
 
-def block_keys(blocks: np.ndarray, seed: int) -> np.ndarray:
-    """A uint64 key per block: ``blake2b(seed || tokens)``; sorting by it shuffles deterministically."""
-    salt = int(seed).to_bytes(8, "little", signed=True)
-    blocks = np.ascontiguousarray(blocks, dtype=np.int32)
-    out = np.empty(len(blocks), dtype=np.uint64)
-    for i, row in enumerate(blocks):
-        out[i] = int.from_bytes(hashlib.blake2b(salt + row.tobytes(), digest_size=8).digest(), "little")
-    return out
-
-
-def shuffle_order(blocks: np.ndarray, seed: int) -> np.ndarray:
-    """Indices that put ``blocks`` in the seeded order (stable for equal keys, i.e. equal blocks)."""
-    return np.argsort(block_keys(blocks, seed), kind="stable")
+def eos_id_of(tokenizer) -> int:
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise RaycptError("the tokenizer of the model has no EOS token: packing needs one between documents")
+    return int(eos)
 
 
 def fortunes_documents(root: Path = FORTUNES_DIR, files: Sequence[str] = FORTUNE_FILES) -> list[str]:
@@ -104,18 +98,26 @@ def fortunes_documents(root: Path = FORTUNES_DIR, files: Sequence[str] = FORTUNE
     return docs
 
 
-def _expand(source: str) -> list[str]:
-    paths = sorted(glob.glob(os.path.expanduser(source))) if any(c in source for c in "*?[") else \
-        [os.path.expanduser(source)]
-    out = []
-    for p in paths:
-        if os.path.isdir(p):
-            out += sorted(str(q) for q in Path(p).rglob("*") if q.is_file() and _kind(str(q)) is not None)
-        else:
-            out.append(p)
-    if not out or not all(os.path.exists(p) for p in out):
-        raise RaycptError(f"data.corpus: {source!r} matches no file")
-    return [str(Path(p).resolve()) for p in out]
+# ------------------------------------------------------------------------------------ files
+
+def expand_source(source: str) -> list[str]:
+    """The files of a file/glob source, sorted, absolute. One line for a glob matching nothing,
+    a missing file, or a directory."""
+    path = os.path.expanduser(source)
+    if any(c in source for c in "*?["):
+        paths = sorted(p for p in glob.glob(path) if not os.path.isdir(p))
+        if not paths:
+            raise RaycptError(f"data.corpus: {source!r} matches no file")
+    else:
+        if os.path.isdir(path):
+            raise RaycptError(f"data.corpus: {source} is a directory; name its files, e.g. {source.rstrip('/')}/*.jsonl")
+        if not os.path.exists(path):
+            raise RaycptError(f"data.corpus: {source!r} matches no file")
+        paths = [path]
+    out = [str(Path(p).resolve()) for p in paths]
+    for p in out:
+        _file_kind(p, source)
+    return out
 
 
 def _kind(path: str) -> Optional[str]:
@@ -136,6 +138,89 @@ def _file_kind(path: str, source: str) -> str:
     return kind
 
 
+def check_file(path: str, kind: str, text_field: str) -> None:
+    """Cheap checks of a corpus file before any work: readable text (not binary), the text field in
+    the first record. One line each."""
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            names = pq.read_schema(path).names
+        except Exception:  # noqa: BLE001 - any unreadable file
+            raise RaycptError(f"data.corpus: {path} is not a readable Parquet file") from None
+        if text_field not in names:
+            raise RaycptError(f"data.corpus: {path} has no column {text_field!r} (data.text_field)")
+        return
+    try:
+        with _open_binary(path) as f:
+            head = f.read(SNIFF_BYTES)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        raise RaycptError(f"data.corpus: {path} is not a readable {'gzip' if path.endswith('.gz') else 'text'} "
+                          "file") from None
+    if b"\x00" in head or not _utf8_prefix(head):
+        raise RaycptError(f"data.corpus: {path} is a binary file, not UTF-8 text (JSONL, text or Parquet expected)")
+    if kind == "json":
+        with _open_binary(path) as f:
+            for _ in _json_docs(_lines_of(f, path), path, text_field):
+                break  # the first record only
+
+
+def _utf8_prefix(data: bytes) -> bool:
+    for cut in range(4):  # the sniffed prefix may end inside a multi-byte character
+        try:
+            data[: len(data) - cut].decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            continue
+    return False
+
+
+def _open_binary(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _lines_of(f, path: str, start: int = 0, end: Optional[int] = None) -> Iterator[tuple[int, str]]:
+    """``(byte offset or line number, text)`` of the lines that start in ``[start, end)``."""
+    if start > 0:
+        f.seek(start - 1)
+        f.readline()  # the line holding byte start-1 belongs to the previous chunk
+    pos = f.tell() if end is not None else 0
+    n = 0
+    while end is None or pos < end:
+        raw = f.readline()
+        if not raw:
+            break
+        n += 1
+        at = pos if end is not None else n
+        pos += len(raw)
+        try:
+            yield at, raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            raise RaycptError(f"data.corpus: {path} {_where(at, end)} is not UTF-8 text (a binary file?)") from None
+
+
+def _where(at: int, end: Optional[int]) -> str:
+    return f"at byte {at}" if end is not None else f"line {at}"
+
+
+def _json_docs(lines: Iterable[tuple[int, str]], path: str, text_field: str, ranged: bool = False
+               ) -> Iterator[str]:
+    for at, line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise RaycptError(f"data.corpus: {path} {_where(at, 0 if ranged else None)} is not JSON") from None
+        if not isinstance(rec, dict) or text_field not in rec:
+            raise RaycptError(f"data.corpus: {path} {_where(at, 0 if ranged else None)} has no field "
+                              f"{text_field!r} (data.text_field)")
+        yield str(rec[text_field] or "")
+
+
+# ------------------------------------------------------------------------------------ hub
+
 def _hf_parts(source: str) -> tuple[str, str]:
     rest = source[len("hf:"):]
     name, _, split = rest.partition(":")
@@ -144,7 +229,7 @@ def _hf_parts(source: str) -> tuple[str, str]:
     return name, split or "train"
 
 
-def _offline() -> bool:
+def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or \
         os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes")
 
@@ -155,207 +240,195 @@ def _hf_error(source: str, e: Exception | None = None) -> RaycptError:
                        "use JSONL/Parquet/text files or builtin:wordnet-glosses")
 
 
-def iter_documents(sources: Sequence[str], text_field: str = "text", max_documents: Optional[int] = None
-                   ) -> Iterator[str]:
-    """Documents of the corpus in order, without Ray (tests, the plain-process benchmark)."""
-    n = 0
+def hf_parquet_files(source: str) -> list[dict]:
+    """The Parquet files of a hub dataset split, as ``{"url": "hf://...", "size": bytes}``: the
+    dataset's own ``*.parquet`` files of that split, else the hub's Parquet conversion
+    (``refs/convert/parquet``). Nothing is downloaded here; the pack tasks stream them."""
+    from urllib.parse import quote
+
+    name, split = _hf_parts(source)
+    if offline():
+        raise _hf_error(source)
+    try:
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+        picked, rev = [], "main"
+        for rev in ("main", "refs/convert/parquet"):
+            tree = api.list_repo_tree(name, repo_type="dataset", revision=rev, recursive=True)
+            files = [f for f in tree if getattr(f, "path", "").endswith(".parquet")]
+            picked = [f for f in files if split in Path(f.path).parts or Path(f.path).name.startswith(f"{split}-")]
+            if picked:
+                break
+    except Exception as e:  # noqa: BLE001 - any hub failure is one line for the user
+        raise _hf_error(source, e) from None
+    if not picked:
+        raise RaycptError(f"data.corpus: {source}: the dataset has no Parquet files for split {split!r}")
+    return [{"url": f"hf://datasets/{name}@{quote(rev, safe='')}/{f.path}", "size": int(getattr(f, "size", 0) or 0)}
+            for f in sorted(picked, key=lambda f: f.path)]
+
+
+# ------------------------------------------------------------------------------------ chunks
+
+def check_corpus(data_cfg) -> list[dict]:
+    """:func:`plan_chunks` of ``data_cfg`` (every file checked), and one line for a corpus of
+    empty files; cheap (no tokenising), so commands call it before starting Ray."""
+    chunks = plan_chunks(data_cfg.corpus, data_cfg.text_field)
+    if all("start" in c and c["end"] == 0 for c in chunks):  # only empty files (or Parquet without rows)
+        raise RaycptError(f"data.corpus {list(data_cfg.corpus)} is empty (no bytes): it gives no full "
+                          f"{data_cfg.seq_len}-token blocks")
+    return chunks
+
+
+def chunk_size_for(total_bytes: int) -> int:
+    return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, total_bytes // CHUNKS_TARGET)))
+
+
+def plan_chunks(sources: Sequence[str], text_field: str = "text", chunk_bytes: Optional[int] = None) -> list[dict]:
+    """Every chunk of the corpus in document order (see the module docstring), after checking each
+    file (:func:`check_file`). Raises RaycptError (one line) for any bad source."""
+    if chunk_bytes is None:
+        chunk_bytes = chunk_size_for(sum(_source_bytes(s) for s in sources))
+    out: list[dict] = []
     for source in sources:
-        for doc in _iter_source(source, text_field):
-            if max_documents is not None and n >= max_documents:
-                return
-            if doc and doc.strip():
-                n += 1
-                yield doc
+        for c in _source_chunks(source, text_field, chunk_bytes):
+            out.append({**c, "index": len(out), "source": source})
+    return out
 
 
-def _open(path: str):
-    return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
+def _source_bytes(source: str) -> int:
+    if source.startswith(("builtin:", "debian:", "hf:")):
+        return GLOSSES.stat().st_size if source == "builtin:wordnet-glosses" and GLOSSES.is_file() else 0
+    return sum(os.path.getsize(p) for p in expand_source(source))
 
 
-def _iter_source(source: str, text_field: str) -> Iterator[str]:
-    if source == "builtin:wordnet-glosses":
-        yield from _iter_json(str(GLOSSES), "text")
-    elif source == "debian:fortunes-zh":
-        yield from fortunes_documents()
-    elif source.startswith("hf:"):
-        name, split = _hf_parts(source)
-        if _offline():
-            raise _hf_error(source)
-        try:
-            import datasets
-
-            ds = datasets.load_dataset(name, split=split, streaming=True)
-        except Exception as e:  # noqa: BLE001 - any hub failure is one line for the user
-            raise _hf_error(source, e) from None
-        for rec in ds:
-            yield str(rec.get(text_field) or "")
-    elif source.startswith("builtin:") or source.startswith("debian:"):
-        raise RaycptError(f"data.corpus: unknown source {source!r}: use builtin:wordnet-glosses, debian:fortunes-zh, "
-                          "hf:DATASET_ID, or JSONL/Parquet/text files")
-    else:
-        for path in _expand(source):
-            kind = _file_kind(path, source)
-            if kind == "json":
-                yield from _iter_json(path, text_field)
-            elif kind == "parquet":
-                import pyarrow.parquet as pq
-
-                table = pq.read_table(path, columns=[text_field])
-                yield from (str(t or "") for t in table.column(text_field).to_pylist())
-            else:
-                with _open(path) as f:
-                    yield from (line.rstrip("\n") for line in f)
+def _gz_chunks(path: str, kind: str, text_field: str, chunk_bytes: int) -> list[dict]:
+    if os.path.getsize(path) > GZ_SPLIT_MAX:
+        return [{"kind": kind, "path": path, "field": text_field}]
+    size = lines = 0
+    last = b"\n"
+    with gzip.open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            size, lines, last = size + len(block), lines + block.count(b"\n"), block
+    lines += 0 if last.endswith(b"\n") else 1
+    n = max(1, -(-size // chunk_bytes))
+    per = max(1, -(-lines // n))
+    return [{"kind": kind, "path": path, "field": text_field, "line_start": a, "line_end": min(a + per, lines)}
+            for a in range(0, max(lines, 1), per)]
 
 
-def _iter_json(path: str, text_field: str) -> Iterator[str]:
-    with _open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise RaycptError(f"data.corpus: {path} line {lineno} is not JSON") from None
-            if not isinstance(rec, dict) or text_field not in rec:
-                raise RaycptError(f"data.corpus: {path} line {lineno} has no field {text_field!r} (data.text_field)")
-            yield str(rec[text_field] or "")
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def eos_id_of(tokenizer) -> int:
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise RaycptError(f"the tokenizer of the model has no EOS token: packing needs one between documents")
-    return int(eos)
-
-
-def tokenize_and_pack(texts: Sequence[str], tokenizer, seq_len: int, seed: int) -> dict[str, np.ndarray]:
-    """One batch: tokenize (no special tokens), pack with EOS, key each block. The map_batches body."""
-    texts = [t for t in (str(x) for x in texts) if t.strip()]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    blocks = pack_token_lists(ids, seq_len, eos_id_of(tokenizer))
-    return {"input_ids": blocks, "key": block_keys(blocks, seed)}
-
-
-def local_blocks(sources: Sequence[str], tokenizer, seq_len: int, seed: int, text_field: str = "text",
-                 max_documents: Optional[int] = None, pack_docs: int = PACK_DOCS) -> np.ndarray:
-    """The packed, shuffled blocks without Ray (same batching rule as the Ray pipeline)."""
-    blocks, batch = [], []
-    for doc in iter_documents(sources, text_field, max_documents):
-        batch.append(doc)
-        if len(batch) == pack_docs:
-            blocks.append(tokenize_and_pack(batch, tokenizer, seq_len, seed)["input_ids"])
-            batch = []
-    if batch:
-        blocks.append(tokenize_and_pack(batch, tokenizer, seq_len, seed)["input_ids"])
-    allb = np.concatenate(blocks) if blocks else np.zeros((0, seq_len), dtype=np.int32)
-    return allb[shuffle_order(allb, seed)]
-
-
-# ------------------------------------------------------------------------------------ Ray Data
-
-def _read_source(source: str, text_field: str):
-    import ray.data as rd
-
+def _source_chunks(source: str, text_field: str, chunk_bytes: int) -> list[dict]:
     if source == "builtin:wordnet-glosses":
         if not GLOSSES.is_file():
             raise RaycptError(f"builtin:wordnet-glosses: {GLOSSES} is missing; run scripts/make_wordnet_glosses.py")
-        return rd.read_json(str(GLOSSES), override_num_blocks=1,
-                            arrow_open_stream_args={"compression": "gzip"}).select_columns(["text"])
+        return _gz_chunks(str(GLOSSES), "json", "text", chunk_bytes)
     if source == "debian:fortunes-zh":
-        return rd.from_items([{"text": t} for t in fortunes_documents()], override_num_blocks=1)
+        fortunes_documents()  # raises when the package is missing
+        return [{"kind": "fortunes"}]
     if source.startswith("hf:"):
-        name, split = _hf_parts(source)
-        if _offline():
-            raise _hf_error(source)
-        try:
-            import datasets
-
-            hf = datasets.load_dataset(name, split=split)
-            ds = rd.from_huggingface(hf)
-        except Exception as e:  # noqa: BLE001
-            raise _hf_error(source, e) from None
-        return ds.select_columns([text_field]).rename_columns({text_field: "text"}) if text_field != "text" else \
-            ds.select_columns(["text"])
-    parts = []
-    for path in _expand(source):
+        return [{"kind": "hf", "path": f["url"], "field": text_field} for f in hf_parquet_files(source)]
+    if source.startswith(("builtin:", "debian:")):
+        raise RaycptError(f"data.corpus: unknown source {source!r}: use builtin:wordnet-glosses, debian:fortunes-zh, "
+                          "hf:DATASET_ID, or JSONL/Parquet/text files")
+    chunks = []
+    for path in expand_source(source):
         kind = _file_kind(path, source)
-        if kind == "json":
-            # Validate the first record here so a wrong field is one line, not a Ray stack trace.
-            for _ in _iter_json(path, text_field):
-                break
-            kw = {"arrow_open_stream_args": {"compression": "gzip"}} if path.endswith(".gz") else {}
-            ds = rd.read_json(path, override_num_blocks=1, **kw)
-        elif kind == "parquet":
-            import pyarrow.parquet as pq
-
-            if text_field not in pq.read_schema(path).names:
-                raise RaycptError(f"data.corpus: {path} has no column {text_field!r} (data.text_field)")
-            ds = rd.read_parquet(path, columns=[text_field], override_num_blocks=1)
+        check_file(path, kind, text_field)
+        if kind == "parquet":
+            chunks += _parquet_chunks(path, text_field, chunk_bytes)
+        elif path.endswith(".gz"):
+            chunks += _gz_chunks(path, kind, text_field, chunk_bytes)
         else:
-            kw = {"arrow_open_stream_args": {"compression": "gzip"}} if path.endswith(".gz") else {}
-            ds = rd.read_text(path, override_num_blocks=1, **kw)
-            parts.append(ds)
-            continue
-        ds = ds.select_columns([text_field])
-        if text_field != "text":
-            ds = ds.rename_columns({text_field: "text"})
-        parts.append(ds)
-    ds = parts[0]
-    return ds.union(*parts[1:]) if len(parts) > 1 else ds
+            size = os.path.getsize(path)
+            for start in range(0, max(size, 1), chunk_bytes):
+                chunks.append({"kind": kind, "path": path, "field": text_field, "start": start,
+                               "end": min(start + chunk_bytes, size)})
+    return chunks
 
 
-def _pack_batch(batch: dict, tokenizer_path: str, seq_len: int, seed: int) -> dict:
-    return tokenize_and_pack(list(batch["text"]), _tokenizer(tokenizer_path), seq_len, seed)
+def _parquet_chunks(path: str, text_field: str, chunk_bytes: int) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    chunks, first, acc = [], 0, 0
+    for g in range(meta.num_row_groups):
+        acc += meta.row_group(g).total_byte_size
+        if acc >= chunk_bytes or g == meta.num_row_groups - 1:
+            chunks.append({"kind": "parquet", "path": path, "field": text_field, "start": first, "end": g + 1})
+            first, acc = g + 1, 0
+    return chunks
 
 
-def build_dataset(data_cfg, tokenizer_path: str, seed: int):
-    """The lazy Ray Dataset of packed, seeded-shuffled blocks: rows ``{"input_ids": int32[seq_len]}``."""
-    import logging
-
-    from ray.data import DataContext
-
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
-    ctx = DataContext.get_current()
-    ctx.execution_options.preserve_order = True
-    ctx.enable_progress_bars = False
-    parts = [_read_source(s, data_cfg.text_field) for s in data_cfg.corpus]
-    ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-    if data_cfg.max_documents is not None:
-        ds = ds.limit(data_cfg.max_documents)
-    ds = ds.map_batches(_pack_batch, batch_size=PACK_DOCS, batch_format="numpy",
-                        fn_kwargs=dict(tokenizer_path=str(tokenizer_path), seq_len=int(data_cfg.seq_len),
-                                       seed=int(seed)))
-    return ds.sort("key").drop_columns(["key"])
+def chunk_documents(chunk: dict) -> Iterator[str]:
+    """The non-blank documents of one chunk, in order."""
+    kind = chunk["kind"]
+    if kind == "fortunes":
+        raw: Iterable[str] = fortunes_documents()
+    elif kind == "hf":
+        raw = _hf_texts(chunk["path"], chunk["field"])
+    elif kind == "parquet":
+        raw = _parquet_texts(chunk["path"], chunk["field"], chunk["start"], chunk["end"])
+    else:
+        raw = _file_texts(chunk)
+    for doc in raw:
+        if doc and doc.strip():
+            yield doc
 
 
-def prepare_shards(data_cfg, tokenizer_path: str, seed: int, num_workers: int, micro_batch_size: int):
-    """Build, materialize and split the corpus; ``({"train_rank0": ds0, ...}, total_blocks)``.
+def _file_texts(chunk: dict) -> Iterator[str]:
+    path, start, end = chunk["path"], chunk.get("start", 0), chunk.get("end")
+    with _open_binary(path) as f:
+        lines = _lines_of(f, path, start, end)
+        if "line_start" in chunk:  # a line range of a .gz file (line numbers count from 1)
+            a, b = chunk["line_start"], chunk["line_end"]
+            lines = (x for x in itertools.takewhile(lambda x: x[0] <= b, lines) if x[0] > a)
+        if chunk["kind"] == "json":
+            yield from _json_docs(lines, path, chunk["field"], ranged=end is not None)
+        else:
+            yield from (line for _, line in lines)
 
-    Raises RaycptError when the corpus gives fewer blocks than one micro-batch per worker."""
-    ds = build_dataset(data_cfg, tokenizer_path, seed).materialize()
-    n = ds.count()
-    need = num_workers * micro_batch_size
-    if n < need:
-        what = "no" if n == 0 else f"only {n}"
-        raise RaycptError(f"data.corpus {list(data_cfg.corpus)} gives {what} full {data_cfg.seq_len}-token blocks; "
-                          f"{num_workers} worker(s) x train.micro_batch_size={micro_batch_size} need at least {need} "
-                          "(add documents or lower data.seq_len)")
-    shards = ds.split(num_workers, equal=True) if num_workers > 1 else [ds]
-    return {f"{SHARD_PREFIX}{r}": s for r, s in enumerate(shards)}, n
+
+def _parquet_texts(path: str, field: str, first: int, last: int) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    for batch in pf.iter_batches(batch_size=4096, row_groups=list(range(first, last)), columns=[field]):
+        yield from (str(t or "") for t in batch.column(0).to_pylist())
+
+
+def _hf_texts(url: str, field: str) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        from huggingface_hub import HfFileSystem
+
+        f = HfFileSystem().open(url.removeprefix("hf://"), "rb")
+        pf = pq.ParquetFile(f)
+    except Exception as e:  # noqa: BLE001
+        raise _hf_error(url, e) from None
+    if field not in pf.schema_arrow.names:
+        raise RaycptError(f"data.corpus: {url} has no column {field!r} (data.text_field)")
+    with f:
+        for batch in pf.iter_batches(batch_size=4096, columns=[field]):
+            yield from (str(t or "") for t in batch.column(0).to_pylist())
+
+
+def iter_documents(sources: Sequence[str], text_field: str = "text", max_documents: Optional[int] = None
+                   ) -> Iterator[str]:
+    """Documents of the corpus in order, without Ray (held-out documents, tests, the plain benchmark)."""
+    n = 0
+    for chunk in plan_chunks(sources, text_field):
+        for doc in chunk_documents(chunk):
+            if max_documents is not None and n >= max_documents:
+                return
+            n += 1
+            yield doc
 
 
 def heldout_blocks(data_cfg, tokenizer_path: str, num_docs: int, setting: str = "held-out loss",
                    raise_key: str = "the held-out document count") -> list[list[int]]:
     """``num_docs`` documents of ``data.corpus`` that follow the first ``data.max_documents`` (which the
-    training reads, so these are never trained on), packed into ``data.seq_len`` blocks the way the
+    packed store holds, so these are never trained on), packed into ``data.seq_len`` blocks the way the
     training data is. Raises RaycptError (naming ``setting``) when there are none or too few tokens."""
     from transformers import AutoTokenizer
 

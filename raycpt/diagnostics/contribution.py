@@ -124,6 +124,35 @@ def gold_probability(logprobs: Sequence[float], gold_index: int) -> float:
     return exps[gold_index] / sum(exps)
 
 
+def primary_score(cells: dict[str, float], eval_cfg) -> tuple[str, float]:
+    """The one number a model is judged by: ``<first task>/overall/<first mode>`` (accuracy over all
+    questions, percent), else that task's ``average``, else the mean of all cells."""
+    task, mode = eval_cfg.tasks[0], eval_cfg.modes[0]
+    for key in (f"{task}/overall/{mode}", f"{task}/average/{mode}"):
+        if key in cells:
+            return key, float(cells[key])
+    vals = [float(v) for v in cells.values() if isinstance(v, (int, float))]
+    return "mean", (sum(vals) / len(vals) if vals else float("nan"))
+
+
+def answers_of(questions: list[dict], mode: str) -> dict[str, dict]:
+    """Per-question ``{pred, gold, correct}`` of one task's evaluated questions in ``mode``."""
+    out = {}
+    for q in questions:
+        rec = q.get(mode)
+        if rec:
+            pred = rec.get("prediction") if mode == "logit" else rec.get("extracted")
+            out[str(q["id"])] = {"pred": pred, "gold": q.get("gold"), "correct": bool(rec.get("correct"))}
+    return out
+
+
+def gold_prob_of(questions: list[dict]) -> Optional[float]:
+    """Mean probability (percent) of the gold letter among A-D in logit mode; None without logit records."""
+    vals = [gold_probability(q["logit"]["logprobs"], "ABCD".index(q["gold"])) for q in questions
+            if q.get("logit") and q["logit"].get("logprobs") and q.get("gold") in "ABCD"]
+    return 100.0 * sum(vals) / len(vals) if vals else None
+
+
 def accuracy(pred: Mapping[Hashable, Any], gold: Mapping[Hashable, Any]) -> float:
     """Share of the questions in ``gold`` whose prediction equals the gold answer."""
     if not gold:

@@ -127,6 +127,8 @@ def load_prompt_records(source: str) -> list[PromptRecord]:
         path = builtin_path(source)
     else:
         path = Path(source).expanduser()
+        if path.is_dir():
+            raise RaycptError(f"prompt file {path} is a directory; expected a JSONL file of {{s1, s2, group}} records")
         if not path.is_file():
             raise RaycptError(f"prompt file not found: {path} (expected JSONL of {{s1, s2, group}} records)")
     try:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from raycpt.errors import RaycptError
+from raycpt.splits import check_split, split_index
 
 EPS = 1e-6
 
@@ -116,27 +117,6 @@ def profiles(ratio_rows: np.ndarray, djs_rows: np.ndarray, groups: Optional[Sequ
     return out
 
 
-# ---------------------------------------------------------------------------------------- splits
-def split_layer(r: float, num_layers: int) -> int:
-    """b = round(r * N): the plan registry's own rule (:func:`raycpt.strategies.split_index`), so the
-    b scored here is the b a ``train_shallow`` / ``train_deep`` plan with the same ratio trains."""
-    from raycpt.strategies import split_index
-
-    return split_index(r, num_layers)
-
-
-def check_split(r: float, num_layers: int, what: str = "split") -> int:
-    """b for ratio r, or a RaycptError when r is outside (0, 1) or leaves a side empty for this model."""
-    if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0 < r < 1) or math.isnan(r):
-        raise RaycptError(f"{what} {r!r}: expected a ratio strictly between 0 and 1")
-    b = split_layer(r, num_layers)
-    if b <= 0 or b >= num_layers:
-        side = "shallow" if b <= 0 else "deep"
-        raise RaycptError(f"{what} {r:g} gives split layer b={b} for this {num_layers}-layer model, which leaves the "
-                          f"{side} side empty: use a ratio with 1 <= round(r*{num_layers}) <= {num_layers - 1}")
-    return b
-
-
 def boundary_score(tp_norm: np.ndarray, ls_norm: np.ndarray, b: int) -> float:
     """S(b) = mean LS^[0:b) + mean TP^[b:N) - mean TP^[0:b) - mean LS^[b:N) (eq. 7, 0-based)."""
     tp = np.asarray(tp_norm, dtype=np.float64)
@@ -174,7 +154,7 @@ def recommend_split(tp_norm: np.ndarray, ls_norm: np.ndarray, grid: Sequence[flo
     n = np.asarray(tp_norm).shape[-1]
     scores = []
     for r in grid_ratios(grid):
-        b = split_layer(r, n)
+        b = split_index(r, n)
         if 0 < b < n:
             scores.append((r, b, boundary_score(tp_norm, ls_norm, b)))
     if not scores:

@@ -6,7 +6,9 @@
    every block's call arguments;
 2. P, t* and P_t(i) come from the logit lens at each row's last position only;
 3. Q(i) for i = -1..N-1 re-runs only the blocks after i, all perturbations stacked into few large
-   calls (:func:`raycpt.diagnostics.perturb.perturbed_logits`), head at the last position only;
+   calls, the zeroed context rows computed once per group of prompts with the same prefix and
+   only each prompt's own query rows run per prompt
+   (:func:`raycpt.diagnostics.perturb.perturbed_logits`), head at the last position only;
 4. JS, Ratio and dJS are computed from those (:mod:`raycpt.diagnostics.scores`).
 
 Everything runs under ``torch.inference_mode()``.
@@ -28,7 +30,7 @@ def model_device(stack) -> torch.device:
     return next(stack.model.parameters()).device
 
 
-def trace_batch(stack, batch: dict, top_k: int = 10, eps: float = EPS, schedule: str = "stacked",
+def trace_batch(stack, batch: dict, top_k: int = 10, eps: float = EPS, schedule: str = "shared_context",
                 max_rows: Optional[int] = None) -> dict[str, np.ndarray]:
     """LayerTracer metrics of one batch (see :func:`raycpt.diagnostics.prompts.collate` for ``batch``).
 
@@ -49,7 +51,8 @@ def trace_batch(stack, batch: dict, top_k: int = 10, eps: float = EPS, schedule:
         idx = support(p_logits, top_k)
         n = stack.num_layers
         js = torch.zeros(input_ids.shape[0], n + 1, dtype=torch.float64)
-        for i, q_logits in perturbed_logits(stack, tr, context_mask, last, schedule=schedule, max_rows=max_rows):
+        for i, q_logits in perturbed_logits(stack, tr, context_mask, last, schedule=schedule,
+                                            max_rows=max_rows, input_ids=input_ids):
             js[:, i + 1] = topk_js(p_logits, q_logits, top_k, idx=idx).cpu()
     p_t_np = p_t.double().cpu().numpy()
     js_np = js.numpy()

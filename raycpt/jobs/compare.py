@@ -1,6 +1,6 @@
 """``raycpt compare``: layer-wise base-vs-tuned analysis (seed 002), with the heavy parts as Ray tasks.
 
-``run_compare(cfg, base, tuned, prompts=...)``:
+``run_compare(cfg, base, tuned)`` (settings: the config's ``compare`` section, which the CLI options set):
 
 1. resolves BASE and TUNED (model references, model folders, or run folders of ``raycpt train`` /
    sweep trials) and checks, before any Ray or MLflow work, that both have one architecture and one
@@ -21,16 +21,19 @@ nested MLflow run and one sub-folder per trial).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from raycpt.config import ExperimentConfig
-from raycpt.diagnostics import prompts as P
+from raycpt.diagnostics.contribution import primary_score  # noqa: F401 - re-exported
+from raycpt.diagnostics.texts import load_prompt_texts, tokenize  # noqa: F401 - load_prompt_texts re-exported
 from raycpt.errors import RaycptError
-from raycpt.io import atomic_write_json, atomic_write_text
+from raycpt.report.compare import build_rows, write_outputs
 from raycpt.runs import open_run_dir
 
 
@@ -69,6 +72,12 @@ def find_model_in_run(run_dir: Path) -> Optional[Path]:
     return max(pool, key=lambda p: p.stat().st_mtime)
 
 
+def _refuse_same(base: str, tuned: str, a: str, b: str) -> None:
+    if os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b)):
+        raise RaycptError(f"BASE and TUNED are the same model ({base!r} and {tuned!r}): every metric would be "
+                          "trivially identical; give the base model and a trained one")
+
+
 def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
     """A model folder for ``ref``: a model folder as is, a run folder's final model, or a resolved reference."""
     p = Path(ref).expanduser()
@@ -83,6 +92,12 @@ def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
     from raycpt.models.sources import resolve_model_path
 
     return resolve_model_path(cfg.model, ref, progress=True)
+
+
+def _refuse_same(base: str, tuned: str, a: str, b: str) -> None:
+    if os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b)):
+        raise RaycptError(f"BASE and TUNED are the same model ({base!r} and {tuned!r}): every metric would be "
+                          "trivially identical; give the base model and a trained one")
 
 
 def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
@@ -104,69 +119,6 @@ def check_pair(base_path: str, tuned_path: str) -> tuple[str, int]:
         if va != vb:
             raise RaycptError(f"BASE and TUNED differ in {key}: {va} vs {vb}; compare needs one architecture")
     return ta, int(na)
-
-
-# ------------------------------------------------------------------------------------- prompts
-def load_prompt_texts(spec: Optional[str], limit: int) -> list[str]:
-    """Prompt texts from ``spec``: a JSONL of {text} or {s1, s2} or {prompt}, a .txt (one per line),
-    ``builtin:wordnet-glosses``, or the trace prompt set name (when the prompts module knows it)."""
-    if limit < 2:
-        raise RaycptError(f"--max-prompts={limit}: need at least 2 prompts (dataset entropy compares samples)")
-    if spec is None or spec == P.GLOSSES:
-        return P.gloss_texts(limit)
-    p = Path(spec).expanduser()
-    if not p.is_file():
-        if spec in P.BUILTIN:  # a named prompt set of the trace module (builtin:wordnet-lexical)
-            return [_record_text(r) for r in P.load_prompt_records(spec)][:limit]
-        raise RaycptError(f"--prompts {spec}: file not found (expected a .jsonl of {{text}} or {{s1, s2}} records, "
-                          "or a .txt with one prompt per line)")
-    texts: list[str] = []
-    if p.suffix == ".jsonl":
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise RaycptError(f"--prompts {p}: line {i} is not valid JSON") from None
-            t = _record_text(rec)
-            if not t:
-                raise RaycptError(f"--prompts {p}: line {i} has none of the fields text, prompt, s1/s2")
-            texts.append(t)
-    else:
-        texts = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    texts = texts[:limit]
-    if len(texts) < 2:
-        raise RaycptError(f"--prompts {p}: found {len(texts)} prompt(s); need at least 2")
-    return texts
-
-
-def _record_text(rec: Any) -> str:
-    if isinstance(rec, str):
-        return rec
-    if not isinstance(rec, dict):
-        import dataclasses
-
-        rec = dataclasses.asdict(rec) if dataclasses.is_dataclass(rec) else getattr(rec, "__dict__", {})
-    if rec.get("text"):
-        return str(rec["text"])
-    if rec.get("prompt"):
-        return str(rec["prompt"])
-    if rec.get("s2") is not None:
-        return f"{rec.get('s1') or ''}{rec['s2']}"
-    return ""
-
-
-def tokenize(tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
-    """Token ids per text (the tokenizer's own special tokens), cut to ``max_len``; empty ones dropped."""
-    out = []
-    for t in texts:
-        ids = tokenizer(t, add_special_tokens=True)["input_ids"][:max_len]
-        if len(ids) >= 3:
-            out.append(list(ids))
-    if len(out) < 2:
-        raise RaycptError("fewer than 2 prompts left after tokenising (each needs >= 3 tokens)")
-    return out
 
 
 # ------------------------------------------------------------------------------------- Ray tasks
@@ -205,17 +157,6 @@ def weights_task(base_path: str, tuned_path: str):
     a, _ = load_model(base_path, dtype="float32", device="cpu")
     b, _ = load_model(tuned_path, dtype="float32", device="cpu")
     return weight_change(a, b)
-
-
-def primary_score(cells: dict[str, float], eval_cfg) -> tuple[str, float]:
-    """The one number a model is judged by: ``<first task>/overall/<first mode>`` (accuracy over all
-    questions, percent), else that task's ``average``, else the mean of all cells."""
-    task, mode = eval_cfg.tasks[0], eval_cfg.modes[0]
-    for key in (f"{task}/overall/{mode}", f"{task}/average/{mode}"):
-        if key in cells:
-            return key, float(cells[key])
-    vals = [float(v) for v in cells.values() if isinstance(v, (int, float))]
-    return "mean", (sum(vals) / len(vals) if vals else float("nan"))
 
 
 def evaluate_cells(model_or_path, tokenizer, eval_cfg, out_dir: Path, name: str) -> dict[str, float]:
@@ -262,23 +203,6 @@ class CompareResult:
     wall_s: float = 0.0
     mlflow_run_id: Optional[str] = None
     children: list["CompareResult"] = field(default_factory=list)
-
-
-def build_rows(pair: list[dict], base_m: list[dict], tuned_m: list[dict], wc: list[dict]) -> list[dict]:
-    """One table row per layer from the pieces the tasks returned."""
-    n = len(pair)
-    rows = []
-    for l in range(n):
-        r: dict[str, Any] = {"layer": l, "depth": round((l + 0.5) / n, 4)}
-        r.update(pair[l])
-        for k in ("prompt_entropy", "dataset_entropy", "effective_rank", "probe_accuracy", "massive_tokens"):
-            r[f"{k}_base"] = base_m[l][k]
-            r[f"{k}_tuned"] = tuned_m[l][k]
-        for k in ("q", "k", "v", "o", "attn", "mlp", "ssm", "total", "rel_attn", "rel_mlp", "rel_total"):
-            if k in wc[l]:
-                r[f"wc_{k}"] = wc[l][k]
-        rows.append(r)
-    return rows
 
 
 def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: list[list[int]], out_dir: Path,
@@ -331,34 +255,6 @@ def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: l
     return dict(rows=rows, swaps=swaps, base_score=base_score, tuned_score=tuned_score, num_tasks=len(refs))
 
 
-def write_outputs(out_dir: Path, res: dict, base_label: str, tuned_label: str, meta: dict) -> list[Path]:
-    """Tables, plots and summary of one pair into ``out_dir``; returns the written files."""
-    from raycpt.report.compare import markdown_table, plot_compare, plot_swaps, write_csv
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = [write_csv(res["rows"], out_dir / "layers.csv")]
-    cols = ["layer", "depth", "cka", "cosine", "mean_shift", "wc_attn", "wc_mlp", "prompt_entropy_base",
-            "prompt_entropy_tuned", "dataset_entropy_base", "dataset_entropy_tuned", "effective_rank_base",
-            "effective_rank_tuned", "probe_accuracy_base", "probe_accuracy_tuned"]
-    cols = [c for c in cols if c in res["rows"][0]]
-    md = f"# compare\n\nbase: `{base_label}`  \ntuned: `{tuned_label}`\n\n" + markdown_table(res["rows"], cols)
-    if res["swaps"]:
-        files.append(write_csv(res["swaps"], out_dir / "swaps.csv"))
-        md += (f"\n## Layer swap ({res['swaps'][0]['score_key']})\n\nbase {res['base_score']:.4f}, "
-               f"tuned {res['tuned_score']:.4f}\n\n" + markdown_table(res["swaps"],
-                                                                       ["block", "layers", "direction", "score"]))
-    files.append(atomic_write_text(out_dir / "layers.md", md))
-    plots = plot_compare(res["rows"], out_dir / "plots", "base", "tuned",
-                         title=f"{Path(base_label).name} vs {Path(tuned_label).name}")
-    if res["swaps"]:
-        plots.append(plot_swaps(res["swaps"], res["base_score"], res["tuned_score"], out_dir / "plots" / "swap.png"))
-    files += plots
-    summary = dict(meta, base_score=res["base_score"], tuned_score=res["tuned_score"], swaps=res["swaps"],
-                   layers=res["rows"])
-    files.append(atomic_write_json(out_dir / "summary.json", summary))
-    return files
-
-
 def _log_pair(res: dict, files: list[Path], out_dir: Path) -> None:
     import mlflow
 
@@ -398,56 +294,68 @@ def _sweep_pairs(sweep_dir: Path, cfg: ExperimentConfig) -> tuple[str, list[tupl
     return base_ref, pairs
 
 
-def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], prompts: Optional[str] = None,
-                sweep: Optional[str] = None, max_prompts: int = 64, max_len: int = 64,
-                swap_blocks: Optional[int] = None,
-                alpha: float = 1.0, batch_size: int = 8, resume: bool = False, console=None,
-                outlier_factor: float = 10.0) -> CompareResult:
-    """The ``raycpt compare`` command (see the module docstring): check the options and every pair
-    (:func:`_check_options`, :func:`_pairs`), tokenise the prompts, then in one MLflow run compare each
-    pair on Ray (:func:`_compare_one`)."""
-    from rich.progress import Progress
+def _pairs(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str]):
+    """``(base label, [(name, base path, tuned path, tuned label)])``: BASE TUNED, or every trial of a sweep."""
+    if sweep:
+        if base or tuned:
+            raise RaycptError("give either BASE TUNED or --sweep RUN, not both")
+        base_ref, trial_pairs = _sweep_pairs(Path(sweep), cfg)
+        base_path = resolve_ref(base_ref, cfg)
+        return base_ref, [(name, base_path, path, path) for name, path in
+                          ((name, resolve_ref(p, cfg)) for name, p in trial_pairs)]
+    if not base or not tuned:
+        raise RaycptError("compare needs BASE and TUNED (model references, model folders or run folders), "
+                          "or --sweep RUN")
+    _refuse_same(base, tuned, base, tuned)  # before resolving anything
+    base_path, tuned_path = resolve_ref(base, cfg), resolve_ref(tuned, cfg)
+    _refuse_same(base, tuned, base_path, tuned_path)
+    return base, [("tuned", base_path, tuned_path, tuned)]
 
+
+def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str] = None,
+                resume: bool = False, console=None) -> CompareResult:
+    """The ``raycpt compare`` command (see the module docstring); settings in ``cfg.compare``."""
     from raycpt.models.sources import load_model
+    from raycpt.report.progress import count_progress
     from raycpt.runtime import ray_session
-    from raycpt.tracking import ensure_store, log_config, mlflow_run
+    from raycpt.tracking import log_config, mlflow_run
 
-    t0 = time.time()
-    _check_options(alpha, outlier_factor, swap_blocks)
-    pairs, base_path, base_label = _pairs(cfg, base, tuned, sweep)
-    n = 0
-    for _, bp, tp in pairs:  # validate every pair before starting anything
-        _, n = check_pair(bp, tp)
-    if swap_blocks is None:
-        swap_blocks = min(5, n)
+    t0, c = time.time(), cfg.compare
+    base_label, pairs = _pairs(cfg, base, tuned, sweep)
+    n = max(check_pair(bp, tp)[1] for _, bp, tp, _ in pairs)  # validate every pair before starting anything
+    swap_blocks = min(5, n) if c.swap_blocks is None else c.swap_blocks
     if swap_blocks > n:
         raise RaycptError(f"--swap-blocks={swap_blocks}: more blocks than the model's {n} layers")
-    texts = load_prompt_texts(prompts, max_prompts)
-    _, tok = load_model(base_path, dtype="float32", device="cpu")
-    seqs = tokenize(tok, texts, max_len)
-
+    _, tok = load_model(pairs[0][1], dtype="float32", device="cpu")
+    seqs = tokenize(tok, load_prompt_texts(c.prompts, c.max_prompts), c.max_len)
     run_dir = open_run_dir(cfg, "compare", resume=resume)
-    ensure_store(cfg.tracking)
     result = CompareResult(run_dir=run_dir, rows=[])
     with mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "compare"}) as parent:
-        result.mlflow_run_id = parent.info.run_id
-        log_config(cfg)
         import mlflow
 
+        result.mlflow_run_id = parent.info.run_id
+        log_config(cfg)
         mlflow.log_params({"compare.base": base_label[:250], "compare.num_prompts": len(seqs),
-                           "compare.swap_blocks": swap_blocks, "compare.alpha": alpha,
-                           "compare.outlier_factor": outlier_factor,
+                           "compare.swap_blocks_used": swap_blocks,
                            "compare.pairs": ",".join(p[0] for p in pairs)[:250]})
-        opts = dict(seqs=seqs, base_label=base_label, tuned=tuned, sweep=sweep, swap_blocks=swap_blocks, alpha=alpha,
-                    batch_size=batch_size, outlier_factor=outlier_factor, resume=resume,
-                    parent_run_id=parent.info.run_id)
-        with ray_session(cfg.ray):
-            per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
-            with Progress(console=console, transient=True) as bar:
-                task = bar.add_task("compare (Ray tasks)", total=per_pair * len(pairs))
-                for name, bp, tp in pairs:
-                    out_dir = run_dir if len(pairs) == 1 and not sweep else run_dir / "trials" / name
-                    result.children.append(_compare_one(cfg, name, bp, tp, out_dir, bar, task, per_pair, **opts))
+        per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
+        with ray_session(cfg.ray), count_progress("compare", per_pair * len(pairs), unit="Ray tasks", console=console,
+                                                  transient=True) as advance:
+            for name, bp, tp, label in pairs:
+                out_dir = run_dir if not sweep else run_dir / "trials" / name
+                res = _compare_or_reuse(cfg, bp, tp, seqs, out_dir, swap_blocks, resume, advance, per_pair)
+                meta = dict(base=base_label, base_path=bp, tuned=label, tuned_path=tp, trial=name,
+                            num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs), alpha=c.alpha,
+                            swap_blocks=swap_blocks, outlier_factor=c.outlier_factor, eval_tasks=cfg.eval.tasks,
+                            eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
+                files = write_outputs(out_dir, res, base_label, label, meta)
+                with (mlflow_run(cfg.tracking, run_name=name, parent_run_id=parent.info.run_id,
+                                 tags={"raycpt.command": "compare", "raycpt.trial": name})
+                      if sweep else contextlib.nullcontext()):
+                    _log_pair(res, files, out_dir)
+                result.children.append(CompareResult(
+                    run_dir=out_dir, rows=res["rows"], swaps=res["swaps"], base_score=res["base_score"],
+                    tuned_score=res["tuned_score"], plots=[f for f in files if str(f).endswith(".png")]))
         result.wall_s = time.time() - t0
         mlflow.log_metric("wall_time_s", result.wall_s)
     first = result.children[0]
@@ -456,59 +364,15 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
     return result
 
 
-def _check_options(alpha: float, outlier_factor: float, swap_blocks: Optional[int]) -> None:
-    if alpha <= 0:
-        raise RaycptError(f"--alpha={alpha}: the Renyi order must be > 0 (1 = von Neumann)")
-    if outlier_factor < 0 or (0 < outlier_factor <= 1):
-        raise RaycptError(f"--outlier-factor={outlier_factor}: 0 (keep every token) or a factor > 1 of the median "
-                          "token norm")
-    if swap_blocks is not None and swap_blocks < 0:
-        raise RaycptError(f"--swap-blocks={swap_blocks}: must be >= 0 (0 = no swaps)")
-
-
-def _pairs(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str]
-           ) -> tuple[list[tuple[str, str, str]], str, str]:
-    """``([(name, base folder, tuned folder)], base folder, base label)`` of BASE TUNED or of ``--sweep RUN``."""
-    if sweep:
-        if base or tuned:
-            raise RaycptError("give either BASE TUNED or --sweep RUN, not both")
-        base_ref, trial_pairs = _sweep_pairs(Path(sweep), cfg)
-        base_path = resolve_ref(base_ref, cfg)
-        return [(name, base_path, resolve_ref(p, cfg)) for name, p in trial_pairs], base_path, base_ref
-    if not base or not tuned:
-        raise RaycptError("compare needs BASE and TUNED (model references, model folders or run folders), "
-                          "or --sweep RUN")
-    base_path, tuned_path = resolve_ref(base, cfg), resolve_ref(tuned, cfg)
-    return [("tuned", base_path, tuned_path)], base_path, base
-
-
-def _compare_one(cfg: ExperimentConfig, name: str, bp: str, tp: str, out_dir: Path, bar, task, per_pair: int, *,
-                 seqs, base_label, tuned, sweep, swap_blocks, alpha, batch_size, outlier_factor, resume,
-                 parent_run_id) -> CompareResult:
-    """One pair: its Ray tasks (or, resumed, its saved ``summary.json``), files and MLflow records
-    (a nested run per trial of a sweep)."""
-    from raycpt.tracking import mlflow_run
-
+def _compare_or_reuse(cfg, bp: str, tp: str, seqs, out_dir: Path, swap_blocks: int, resume: bool, advance,
+                      per_pair: int) -> dict:
+    """One pair's results: read back from its ``summary.json`` on resume, else computed on Ray."""
     done_json = out_dir / "summary.json"
     if resume and done_json.is_file():
         data = json.loads(done_json.read_text())
-        res = dict(rows=data["layers"], swaps=data["swaps"], base_score=data["base_score"],
-                   tuned_score=data["tuned_score"])
-        bar.advance(task, per_pair)
-    else:
-        res = compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, alpha, batch_size,
-                           progress=lambda k: bar.advance(task, k), outlier_factor=outlier_factor)
-    meta = dict(base=base_label, base_path=bp, tuned=tp if sweep else tuned, tuned_path=tp,
-                trial=name, num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs),
-                alpha=alpha, swap_blocks=swap_blocks, outlier_factor=outlier_factor, eval_tasks=cfg.eval.tasks,
-                eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
-    files = write_outputs(out_dir, res, base_label, tp if sweep else tuned, meta)
-    if sweep:
-        with mlflow_run(cfg.tracking, run_name=name, parent_run_id=parent_run_id,
-                        tags={"raycpt.command": "compare", "raycpt.trial": name}):
-            _log_pair(res, files, out_dir)
-    else:
-        _log_pair(res, files, out_dir)
-    return CompareResult(run_dir=out_dir, rows=res["rows"], swaps=res["swaps"],
-                         base_score=res["base_score"], tuned_score=res["tuned_score"],
-                         plots=[f for f in files if str(f).endswith(".png")])
+        advance(per_pair)
+        return dict(rows=data["layers"], swaps=data["swaps"], base_score=data["base_score"],
+                    tuned_score=data["tuned_score"])
+    c = cfg.compare
+    return compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, c.alpha, c.batch_size, progress=advance,
+                        outlier_factor=c.outlier_factor)

@@ -33,6 +33,9 @@ import numpy as np
 from raycpt.config import ExperimentConfig
 from raycpt.diagnostics.prompts import seam_note
 from raycpt.errors import RaycptError
+from raycpt.jobs.grid import model_layers
+from raycpt.report.progress import count_progress
+from raycpt.splits import check_ratio, check_split
 
 
 # ------------------------------------------------------------------------------------------ result
@@ -91,7 +94,8 @@ class TraceActor:
     """Ray Data class UDF: loads the model once, then turns batches of token ids into metric rows."""
 
     def __init__(self, model_path: str, dtype: str = "auto", top_k: int = 10, eps: float = 1e-6,
-                 use_gpu: bool = False, num_threads: int = 0, schedule: str = "stacked", pad_id: int = 0):
+                 use_gpu: bool = False, num_threads: int = 0, schedule: str = "shared_context",
+                 pad_id: int = 0):
         import torch
 
         from raycpt.models.sources import load_model
@@ -130,25 +134,11 @@ class _Prepared:
     splits: list[float]
 
 
-def _resolve_model(cfg: ExperimentConfig) -> str:
-    from raycpt.models.sources import resolve_model_path
-
-    return resolve_model_path(cfg.model)
-
-
-def _num_layers(path: str) -> int:
-    from transformers import AutoConfig
-
-    conf = AutoConfig.from_pretrained(path)
-    return int(getattr(conf, "num_hidden_layers"))
-
-
 def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, prompts: Optional[str] = None,
                   top_k: Optional[int] = None) -> _Prepared:
     """Every user-input check of a trace, with no Ray and no MLflow: returns the effective config,
     the resolved model path and depth, and the encoded prompts. Raises RaycptError (one line)."""
     from raycpt.diagnostics.prompts import encode_prompts, load_prompt_records
-    from raycpt.diagnostics.scores import check_split
 
     t = cfg.trace
     splits = list(t.splits if splits is None else splits)
@@ -159,10 +149,8 @@ def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, p
     if not splits:
         raise RaycptError("splits: no split ratios given (expected e.g. 0.33,0.5,0.66)")
     for r in splits:
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < 1:
-            raise RaycptError(f"split {r!r}: expected a ratio strictly between 0 and 1")
-    path = _resolve_model(cfg)
-    n = _num_layers(path)
+        check_ratio(r)
+    model_path, n = model_layers(cfg)
     for r in splits:
         check_split(float(r), n)
     records = load_prompt_records(prompts)
@@ -170,11 +158,11 @@ def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, p
         records = records[:t.max_prompts]
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(model_path)
     encoded = encode_prompts(records, tok)
     eff = dataclasses.replace(cfg, trace=dataclasses.replace(t, splits=[float(r) for r in splits], top_k=int(top_k),
                                                              prompts=prompts))
-    return _Prepared(cfg=eff, model_path=path, num_layers=n, tokenizer=tok, records=records,
+    return _Prepared(cfg=eff, model_path=model_path, num_layers=n, tokenizer=tok, records=records,
                      encoded=encoded, splits=[float(r) for r in splits])
 
 
@@ -201,7 +189,7 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
         TraceActor,
         fn_constructor_kwargs=dict(model_path=prep.model_path, dtype=prep.cfg.model.dtype, top_k=t.top_k, eps=t.eps,
                                    use_gpu=t.gpus_per_actor > 0, num_threads=max(1, int(round(t.cpus_per_actor))),
-                                   pad_id=pad_id_of(prep.tokenizer)),
+                                   pad_id=pad_id_of(prep.tokenizer), schedule=t.schedule),
         compute=ray.data.ActorPoolStrategy(size=t.num_actors),
         batch_size=t.batch_size,
         batch_format="numpy",
@@ -209,7 +197,7 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
         num_gpus=t.gpus_per_actor,
     )
     parts: list[dict[str, np.ndarray]] = []
-    with _progress(progress, len(items)) as advance:
+    with count_progress("trace", len(items), progress, unit="prompts") as advance:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
             parts.append({k: np.asarray(v) for k, v in batch.items()})
             advance(len(batch["index"]))
@@ -219,29 +207,6 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
     if len(rows["index"]) != len(items) or not np.array_equal(rows["index"], np.arange(len(items))):
         raise RuntimeError(f"trace returned {len(rows['index'])} rows for {len(items)} prompts")
     return rows
-
-
-class _progress:
-    """A rich progress bar over prompts (a no-op when disabled)."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total = enabled, total
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda n: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(TextColumn("trace"), BarColumn(), MofNCompleteColumn(), TextColumn("prompts"),
-                            TimeElapsedColumn(), transient=False)
-        self.bar.start()
-        task = self.bar.add_task("trace", total=self.total)
-        return lambda n: self.bar.advance(task, n)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.stop()
-        return False
 
 
 def aggregate(prep: _Prepared, rows: dict[str, np.ndarray]) -> dict:

@@ -9,7 +9,11 @@ maps each supported architecture onto that view and offers three operations on t
 * :meth:`LayerStack.lens` - the logit lens: final norm + head (+ the model's own logit soft-capping)
   applied to any residual-stream state;
 * :meth:`LayerStack.run_from` - finish the forward from the state after block ``i`` (possibly
-  modified), re-using the recorded per-layer arguments, so no earlier block is recomputed.
+  modified), re-using the recorded per-layer arguments, so no earlier block is recomputed;
+* :meth:`LayerStack.run_prefix_block` / :meth:`LayerStack.run_suffix_block` - run one block on the
+  first positions of one recorded row (recording its keys/values), or on later positions of many
+  rows against such recorded keys/values (the shared-context schedule of
+  :mod:`raycpt.diagnostics.perturb`); :meth:`LayerStack.kv_reuse_blocker` says when a model cannot.
 
 Recording the arguments each decoder layer actually received (a forward pre-hook with kwargs)
 makes ``run_from`` architecture-agnostic: Gemma 3's per-layer sliding-window masks and dual rotary
@@ -22,6 +26,7 @@ Layer indexing: decoder layers are 0..N-1; index -1 is "before block 0" (the emb
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -198,6 +203,91 @@ class LayerStack:
             h = h[torch.arange(h.shape[0], device=h.device), positions]
         return self.lens(h)
 
+    # ------------------------------------------------------------------ shared-context blocks
+    def kv_reuse_blocker(self, trace: Trace) -> Optional[str]:
+        """Why this model cannot run later positions against handed-in keys/values (None = it can).
+
+        Supported: blocks whose only cross-position operation is causal attention that calls
+        ``cache.update(key, value, layer_idx, ...)`` (Llama, Qwen2, Qwen3, Gemma 3 and the raycpt
+        hybrid of those), with the ``sdpa`` or ``eager`` attention implementation, plus
+        position-wise blocks (NemotronH's MLP). Recurrent blocks (Mamba2 mixers) carry a conv and an
+        SSM state per position instead, which these blocks do not take from outside here."""
+        if getattr(self.config, "use_bidirectional_attention", False):
+            return "bidirectional attention: context positions see later positions"
+        for i, layer in enumerate(self.layers):
+            recurrent = [type(m).__name__ for m in layer.modules() if "mamba" in type(m).__name__.lower()]
+            if recurrent:
+                return f"layer {i} is recurrent ({recurrent[0]}): its conv/SSM state is not handed in"
+            impl = _attn_impl(layer)
+            if impl is not None and impl not in ("sdpa", "eager"):
+                return f"layer {i}: attention implementation {impl!r} (needs sdpa or eager)"
+            if impl is not None and "cache" not in inspect.signature(layer.forward).parameters:
+                return f"layer {i} ({type(layer).__name__}) takes no cache argument"
+            unknown = set(trace.layer_kwargs[i]) - _SHARED_KWARGS
+            if trace.layer_args[i] or unknown:
+                return f"layer {i} takes arguments {sorted(unknown) or 'by position'} this schedule does not map"
+            mask = trace.layer_kwargs[i].get("attention_mask")
+            if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 4):
+                return f"layer {i} takes a mask that is not (batch, 1, query, key)"
+        return None
+
+    def run_prefix_block(self, i: int, hidden: torch.Tensor, trace: Trace, row: int,
+                         length: int) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """Block ``i`` on positions ``0..length-1`` of recorded row ``row`` (``hidden``: (k, length, d),
+        any k states of those positions). Returns the output and the keys/values the block's
+        attention computed (``(k, kv_heads, length, head_dim)`` after rotary; None without attention).
+
+        Mask (causal, sliding window, padding) and rotary tables are the recorded ones of that row,
+        cut to ``length``: the same absolute positions as in the clean pass."""
+        cache = KVCache()
+        kwargs = {}
+        for key, v in trace.layer_kwargs[i].items():
+            if key == "attention_mask" and v is not None:
+                v = _row(v, row)[..., :length, :length]
+            elif key == "position_embeddings":
+                v = tuple(_row(x, row)[:, :length] for x in v)
+            elif key == "position_ids" and v is not None:
+                v = _row(v, row)[:, :length]
+            kwargs[key] = v
+        if "cache" in inspect.signature(self.layers[i].forward).parameters:
+            kwargs["cache"] = cache
+        out = _first_tensor(self.layers[i](hidden, **kwargs))
+        return out, cache.key, cache.value
+
+    def run_suffix_block(self, i: int, hidden: torch.Tensor, trace: Trace, rows: torch.Tensor, pos: torch.Tensor,
+                         lengths: torch.Tensor, past_key: Optional[torch.Tensor],
+                         past_value: Optional[torch.Tensor]) -> torch.Tensor:
+        """Block ``i`` on later positions of many rows, attending to handed-in keys/values.
+
+        ``hidden`` (R, M, d): row r holds positions ``pos[r]`` (absolute, (R, M)) of recorded prompt
+        ``rows[r]``, the first ``lengths[r]`` of them real (the rest padding, ignored). ``past_key`` /
+        ``past_value`` (R, kv_heads, K, head_dim) hold keys/values for positions 0..K-1; row r uses
+        those before its own first position ``pos[r, 0]``. The row's own keys/values are placed at
+        their absolute positions, so every real query sees exactly the key layout and the mask row
+        (causality, sliding window, padding) of the clean pass, taken from the recorded mask;
+        rotary tables are the recorded ones at ``pos``."""
+        width = trace.hidden[0].shape[1]  # every position of the batch: the clean pass's key layout, to the bit
+        real = torch.arange(pos.shape[1], device=pos.device)[None, :] < lengths[:, None]
+        kwargs = {}
+        for key, v in trace.layer_kwargs[i].items():
+            if key == "attention_mask":
+                v = _suffix_mask(v, rows, pos, real, width, hidden.dtype, _attn_impl(self.layers[i]))
+            elif key == "position_embeddings":
+                v = tuple(_take(x, rows, pos) for x in v)
+            elif key == "position_ids" and v is not None:
+                v = _take(v, rows, pos)
+            kwargs[key] = v
+        if "cache" in inspect.signature(self.layers[i].forward).parameters:
+            kwargs["cache"] = KVCache(past_key, past_value, slots=pos, real=real, width=width)
+        return _first_tensor(self.layers[i](hidden, **kwargs))
+
+    def select_rows(self, trace: Trace, idx: torch.Tensor) -> Trace:
+        """The trace restricted to batch rows ``idx`` (states and recorded arguments alike)."""
+        batch = trace.hidden[0].shape[0]
+        return Trace(hidden=[h[idx] for h in trace.hidden], logits=None,
+                     layer_args=[_select(a, idx, batch) for a in trace.layer_args],
+                     layer_kwargs=[_select(k, idx, batch) for k in trace.layer_kwargs])
+
     @contextlib.contextmanager
     def hooks(self, fwd_hooks: list[tuple[int, Callable[[torch.Tensor], torch.Tensor]]]):
         """Temporarily replace the output of block ``i`` by ``fn(output)`` (i = -1: embedding output).
@@ -238,3 +328,85 @@ def repeat_batch(x: Any, reps: int, batch: int) -> Any:
     if isinstance(x, dict):
         return {k: repeat_batch(v, reps, batch) for k, v in x.items()}
     return x
+
+
+# keyword arguments of a decoder layer that the shared-context blocks know how to cut and gather
+_SHARED_KWARGS = {"attention_mask", "position_embeddings", "position_ids", "cache", "use_cache"}
+
+
+class KVCache:
+    """A stand-in for a transformers ``Cache`` during one call of one block.
+
+    Every supported attention module calls ``cache.update(key, value, layer_idx, ...)`` with its
+    new keys/values (after rotary, before the grouped-query repeat) and attends to what it returns.
+    This one keeps the new ones (``key``, ``value``). Without ``past_key`` it returns them as they
+    are; with it, it returns a (R, heads, width, hd) buffer holding ``past_key`` / ``past_value`` at
+    positions 0..K-1 and the new ones of the ``real`` (R, M) entries written at their positions
+    ``slots`` (R, M). Nothing persists between calls."""
+
+    def __init__(self, past_key: Optional[torch.Tensor] = None, past_value: Optional[torch.Tensor] = None,
+                 slots: Optional[torch.Tensor] = None, real: Optional[torch.Tensor] = None, width: int = 0):
+        self.past_key, self.past_value, self.slots, self.real, self.width = past_key, past_value, slots, real, width
+        self.key: Optional[torch.Tensor] = None
+        self.value: Optional[torch.Tensor] = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int = 0, *args, **kwargs):
+        self.key, self.value = key_states, value_states
+        if self.past_key is None:
+            return key_states, value_states
+        return self._place(self.past_key, key_states), self._place(self.past_value, value_states)
+
+    def _place(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        out = torch.nn.functional.pad(past, (0, 0, 0, self.width - past.shape[-2])).clone()
+        r, q = torch.nonzero(self.real, as_tuple=True)
+        out[r, :, self.slots[r, q]] = new[r, :, q]
+        return out
+
+
+def _row(x: torch.Tensor, row: int) -> torch.Tensor:
+    """Row ``row`` of a recorded batch-shaped tensor, kept 1 long (broadcast tensors stay as they are)."""
+    return x[row:row + 1] if x.shape[0] > 1 else x
+
+
+def _take(x: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``x[rows[r], pos[r, q]]`` for a recorded (batch or 1, seq, ...) tensor -> (R, M, ...)."""
+    r = rows if x.shape[0] > 1 else torch.zeros_like(rows)
+    return x[r[:, None], pos]
+
+
+def _select(x: Any, idx: torch.Tensor, batch: int) -> Any:
+    """Batch-shaped tensors (leading dim = batch, dim >= 2) restricted to rows ``idx``."""
+    if isinstance(x, torch.Tensor):
+        return x[idx.to(x.device)] if x.dim() >= 2 and x.shape[0] == batch else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_select(v, idx, batch) for v in x)
+    if isinstance(x, dict):
+        return {k: _select(v, idx, batch) for k, v in x.items()}
+    return x
+
+
+def _attn_impl(layer: nn.Module) -> Optional[str]:
+    """The attention implementation a block's attention module runs (None: no attention module)."""
+    for m in layer.modules():
+        if type(m).__name__.endswith("Attention") and hasattr(m, "config"):
+            return getattr(m.config, "_attn_implementation", None) or "eager"
+    return None
+
+
+def _suffix_mask(mask, rows, pos, real, width: int, dtype, impl: Optional[str]) -> torch.Tensor:
+    """(R, 1, M, width) mask over absolute key positions for the suffix rows of
+    :meth:`LayerStack.run_suffix_block`: a real query gets its row of the recorded mask, a padding
+    query sees only position 0 (finite, never read). Bool, or additive where the model recorded an
+    additive mask or attends eagerly."""
+    dev = pos.device
+    kk = torch.arange(width, device=dev)
+    if mask is None:  # the model relied on is_causal: plain causal over absolute positions
+        ok = kk[None, None, :] <= pos[:, :, None]
+    else:
+        r = (rows if mask.shape[0] > 1 else torch.zeros_like(rows))[:, None, None]
+        allowed = mask if mask.dtype == torch.bool else mask == 0
+        ok = allowed[r, 0, pos[:, :, None], kk[None, None, :]]
+    ok = torch.where(real[:, :, None], ok, kk[None, None, :] == 0)[:, None]
+    if (mask is not None and mask.dtype != torch.bool) or (mask is None and impl == "eager"):
+        return torch.zeros(ok.shape, dtype=dtype, device=dev).masked_fill(~ok, torch.finfo(dtype).min)
+    return ok

@@ -10,7 +10,9 @@ import math
 import os
 import uuid
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
+
+from raycpt.io import atomic_write_json, atomic_write_text
 
 # (key in the table, title, y label, per-model?) - per-model metrics have ``<key>_base`` / ``<key>_tuned``
 COMPARE_PANELS = [
@@ -189,6 +191,47 @@ def write_csv(rows: Sequence[dict], path: Path) -> Path:
     w.writeheader()
     for r in rows:
         w.writerow({k: fmt(v, 8) if isinstance(v, (list, tuple)) else v for k, v in r.items()})
-    from raycpt.io import atomic_write_text
-
     return atomic_write_text(Path(path), buf.getvalue())
+
+
+def build_rows(pair: list[dict], base_m: list[dict], tuned_m: list[dict], wc: list[dict]) -> list[dict]:
+    """One table row per layer from the pieces the tasks returned."""
+    n = len(pair)
+    rows = []
+    for l in range(n):
+        r: dict[str, Any] = {"layer": l, "depth": round((l + 0.5) / n, 4)}
+        r.update(pair[l])
+        for k in ("prompt_entropy", "dataset_entropy", "effective_rank", "probe_accuracy", "massive_tokens"):
+            r[f"{k}_base"] = base_m[l][k]
+            r[f"{k}_tuned"] = tuned_m[l][k]
+        for k in ("q", "k", "v", "o", "attn", "mlp", "ssm", "total", "rel_attn", "rel_mlp", "rel_total"):
+            if k in wc[l]:
+                r[f"wc_{k}"] = wc[l][k]
+        rows.append(r)
+    return rows
+
+
+def write_outputs(out_dir: Path, res: dict, base_label: str, tuned_label: str, meta: dict) -> list[Path]:
+    """Tables, plots and summary of one pair into ``out_dir``; returns the written files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [write_csv(res["rows"], out_dir / "layers.csv")]
+    cols = ["layer", "depth", "cka", "cosine", "mean_shift", "wc_attn", "wc_mlp", "prompt_entropy_base",
+            "prompt_entropy_tuned", "dataset_entropy_base", "dataset_entropy_tuned", "effective_rank_base",
+            "effective_rank_tuned", "probe_accuracy_base", "probe_accuracy_tuned"]
+    cols = [c for c in cols if c in res["rows"][0]]
+    md = f"# compare\n\nbase: `{base_label}`  \ntuned: `{tuned_label}`\n\n" + markdown_table(res["rows"], cols)
+    if res["swaps"]:
+        files.append(write_csv(res["swaps"], out_dir / "swaps.csv"))
+        md += (f"\n## Layer swap ({res['swaps'][0]['score_key']})\n\nbase {res['base_score']:.4f}, "
+               f"tuned {res['tuned_score']:.4f}\n\n" + markdown_table(res["swaps"],
+                                                                       ["block", "layers", "direction", "score"]))
+    files.append(atomic_write_text(out_dir / "layers.md", md))
+    plots = plot_compare(res["rows"], out_dir / "plots", "base", "tuned",
+                         title=f"{Path(base_label).name} vs {Path(tuned_label).name}")
+    if res["swaps"]:
+        plots.append(plot_swaps(res["swaps"], res["base_score"], res["tuned_score"], out_dir / "plots" / "swap.png"))
+    files += plots
+    summary = dict(meta, base_score=res["base_score"], tuned_score=res["tuned_score"], swaps=res["swaps"],
+                   layers=res["rows"])
+    files.append(atomic_write_json(out_dir / "summary.json", summary))
+    return files

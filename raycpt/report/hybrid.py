@@ -1,4 +1,5 @@
-"""Plot of a hybrid run: every build's LayerTracer profiles over its segment map.
+"""Reports of the hybrid commands: every build's LayerTracer profiles over its segment map (a plot), and a
+build's segment table and parameter counts (the terminal).
 
 One panel per build: normalised TP (Task Particle) and LS (Layer-wise Sensitivity) against the
 layer index, with each segment shaded by its kind and frozen segments hatched - so the paper's
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from rich.table import Table
 
 PALETTE = ["tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:olive", "tab:cyan"]
 
@@ -68,3 +70,23 @@ def plot_profiles(results: Sequence[dict], path: Path) -> Path:
     plt.close(fig)
     os.replace(tmp, path)
     return path
+
+
+def segment_table(b):
+    """rich Table: segment, kind, layers, source, trainable, params."""
+    t = Table(title=f"{b.display} ({b.build})  ->  {b.folder}")
+    for col in ("segment", "kind", "layers", "source", "trainable", "params"):
+        t.add_column(col, justify="right" if col == "params" else "left")
+    for r in b.rows:
+        tr = "-" if r["trainable"] is None else ("yes" if r["trainable"] else "frozen")
+        t.add_row(str(r["segment"]), str(r["kind"]), str(r["layers"]), str(r["source"]), tr, f"{r['params']:,}")
+    return t
+
+
+def counts_line(b) -> str:
+    """One line of a built hybrid's parameter counts (a :class:`raycpt.jobs.hybrid.BuiltHybrid`)."""
+    c = b.counts
+    share = 100.0 * c["trainable_layers"] / c["total"] if c["total"] else 0.0
+    return (f"{b.build}: {c['total']:,} parameters; trainable segments {c['trainable_layers']:,} ({share:.1f}%), "
+            f"frozen segments {c['frozen_layers']:,}, embeddings/norm/head {c['other']:,}; "
+            f"trainable layers {b.trainable_layers}")

@@ -5,11 +5,13 @@ every trial writes ``<trial>/train/train_metrics.jsonl`` (rank 0, one line per s
 events) and ``<trial>/result.json`` when done. :func:`trial_state` turns those files into one line;
 :class:`TrialsProgress` shows a bar over trials with the running trial's step, and prints one line
 per finished trial; :class:`StepProgress` is ``raycpt train``'s bar over steps. Both are
-:class:`FilePoller` s: a driver thread polling files. Works the same on a cluster whose run folder is on shared storage.
+:class:`FilePoller` s: a driver thread polling files. :func:`count_progress` is the bar over counted
+items (a trace's prompts, a compare's Ray tasks) that the driver advances itself. Works the same on a cluster whose run folder is on shared storage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from dataclasses import dataclass
@@ -227,3 +229,17 @@ class TrialsProgress(FilePoller):
             elif st.phase != "pending":
                 running.append(describe(st, self.max_steps))
         bar.update(task, completed=done, info="; ".join(running))
+
+
+@contextlib.contextmanager
+def count_progress(label: str, total: int, enabled: bool = True, unit: str = "", console=None, transient: bool = False):
+    """A rich bar over ``total`` items the caller counts: yields ``advance(n)`` (a no-op when disabled)."""
+    if not enabled:
+        yield lambda n: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(),
+                  console=console, transient=transient) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)

@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from raycpt.splits import split_index
+
 
 def _aside(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,8 +127,6 @@ def heatmap(matrix: np.ndarray, groups: Sequence[str], title: str, cmap: str, pa
 def profile_plot(profiles: dict, recommended: dict, requested: Sequence[float], path: Path, title: str = "") -> Path:
     """Normalised TP and LS against layer; the recommended split solid, the requested splits dashed
     (Fig. 10: shallow side shaded green, deep side red, for the recommended split)."""
-    from raycpt.diagnostics.scores import split_layer
-
     plt = _plt()
     tp, ls = np.asarray(profiles["tp_norm"]), np.asarray(profiles["ls_norm"])
     n = len(tp)
@@ -139,7 +139,7 @@ def profile_plot(profiles: dict, recommended: dict, requested: Sequence[float], 
     ax.plot(x, ls, "-s", color="tab:red", ms=3, label="LS^ (mean dJS, normalised)")
     ax.axvline(b - 0.5, color="black", lw=1.5, label=f"recommended r={recommended['ratio']:g} (b={b})")
     for r in requested:
-        rb = split_layer(r, n)
+        rb = split_index(r, n)
         ax.axvline(rb - 0.5, color="gray", lw=1, ls="--")
         ax.text(rb - 0.5, 1.04, f"{r:g}", ha="center", va="bottom", fontsize=7, color="gray")
     step = 1 if n <= 32 else 2

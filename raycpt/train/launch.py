@@ -1,14 +1,15 @@
-"""``run_training(cfg)``: validate, build the corpus, launch the ``TorchTrainer``, collect the result.
+"""``run_training(cfg)``: validate, pack (or reuse) the corpus, launch the ``TorchTrainer``, collect the result.
 
 Order of work (so bad input ends with one line and no MLflow run): resolve the model on the driver
 -> build the plan on a weightless (meta-device) copy of the model -> check ``data.seq_len``
-against the model's position limit -> build, materialize and split the corpus (empty -> error)
--> only then open the MLflow run and call ``TorchTrainer.fit()``.
+against the model's position limit -> the packed-token store of the corpus (packed once per
+corpus/tokenizer/seq_len, reused by every later run; empty or too small -> error) -> only then
+open the MLflow run and call ``TorchTrainer.fit()``.
 
 The trainer: ``ScalingConfig(num_workers, use_gpu, resources_per_worker={"CPU": cpus_per_worker})``
-(fractional CPUs so Ray Data tasks are never starved), ``RunConfig(name=<unique per attempt>,
-storage_path=<run_dir>/ray, FailureConfig(max_failures), CheckpointConfig(num_to_keep))``, one
-dataset per rank (``train_rank{r}``, not split again by Ray). It never calls ``ray.init``: the CLI
+``RunConfig(name=<unique per attempt>, storage_path=<run_dir>/ray, FailureConfig(max_failures),
+CheckpointConfig(num_to_keep))``, no Ray Datasets: each worker memory-maps the store and reads its
+own share (:mod:`raycpt.data.stream`). It never calls ``ray.init``: the CLI
 wraps it in :func:`raycpt.runtime.ray_session`, and inside a Ray Tune function trainable (Train V2
 runs a TorchTrainer launched from a trial) it uses the cluster it is already on.
 
@@ -32,6 +33,8 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import LayerPlan, build_plan, is_tied
+from raycpt.train.checkpoint import find_checkpoints, publish_model, verify_model_folder
+from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
 
 FINAL_MODEL = "final_model"
 log = logging.getLogger(__name__)
@@ -54,6 +57,8 @@ class TrainResult:
     last_checkpoint: Optional[Path] = None
     resumed_from_step: Optional[int] = None
     step_times: list[float] = field(default_factory=list)
+    reused: bool = False
+    """True when ``--resume`` found the run finished and re-ran nothing (the figures are the saved ones)."""
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -123,19 +128,20 @@ def check_train_config(cfg: ExperimentConfig) -> None:
 
 # ------------------------------------------------------------------------------------ checkpoints
 
-def latest_checkpoint(run_dir: Path) -> Optional[tuple[int, Path]]:
-    """The newest complete checkpoint of any attempt of this run: (step, folder)."""
-    from raycpt.train.loop import find_checkpoints
-
-    cps = find_checkpoints(Path(run_dir) / "ray")
+def latest_checkpoint(run_dir: Path, report: bool = False) -> Optional[tuple[int, Path]]:
+    """The newest verified checkpoint of any attempt of this run: (step, folder). ``report``: one
+    warning line for each checkpoint that fails its manifest check (and so is skipped)."""
+    failed: list = []
+    cps = find_checkpoints(Path(run_dir) / "ray", failed)
+    if report:
+        for folder, why in failed:
+            log.warning("warning: skipping checkpoint %s: %s", folder, why)
     return cps[-1] if cps else None
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
     """Keep the newest ``keep`` complete checkpoints over all attempts; delete the rest (Ray prunes
     only the checkpoints it registered; one cut short by a worker kill is not)."""
-    from raycpt.train.loop import find_checkpoints
-
     complete = find_checkpoints(Path(run_dir) / "ray")
     keep_set = {p.resolve() for _, p in complete[-keep:]}
     removed = []
@@ -165,6 +171,30 @@ def _faults_from_env() -> dict:
         raise RaycptError(f"RAYCPT_FAULTS is not a JSON object: {text!r}") from None
 
 
+# ------------------------------------------------------------------------------------ data
+
+def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
+    """The packed-token store of ``cfg.data`` (packed now when missing; one line either way unless
+    ``quiet``), checked to hold at least one micro-batch per worker. No corpus pass: counts are the
+    manifest's."""
+    from raycpt.data.pack import describe_build, describe_hit, ensure_packed
+    from raycpt.tracking import run_root
+
+    store, built = ensure_packed(cfg.data, model_path, run_root(cfg.tracking), rebuild=rebuild, progress=not quiet)
+    line = describe_build(store) if built else describe_hit(store)
+    log.info(line)
+    if not quiet:
+        print(line, flush=True)
+    t = cfg.train
+    need = t.num_workers * t.micro_batch_size
+    if store.num_blocks < need:
+        raise RaycptError(f"data.corpus {list(cfg.data.corpus)} gives only {store.num_blocks} full "
+                          f"{cfg.data.seq_len}-token blocks; {t.num_workers} worker(s) x "
+                          f"train.micro_batch_size={t.micro_batch_size} need at least {need} (add documents or lower "
+                          "data.seq_len)")
+    return store
+
+
 @dataclass
 class _Prepared:
     """What :func:`run_training` checked and built before any MLflow run exists."""
@@ -174,23 +204,22 @@ class _Prepared:
     counts: dict
     resume_from: Optional[str]
     resumed_step: Optional[int]
-    datasets: dict
+    store: object
+    """The packed-token store (:class:`raycpt.data.store.StoreInfo`)."""
     n_blocks: int
-    shard_rows: int
 
 
 def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
                  parent_run_id: Optional[str] = None, mlflow_run_id: Optional[str] = None,
                  name: Optional[str] = None, progress: bool = False, faults: Optional[dict] = None,
-                 callbacks: Optional[list] = None, evaluate: Optional[dict] = None) -> TrainResult:
+                 callbacks: Optional[list] = None, evaluate: Optional[EvalRequest] = None) -> TrainResult:
     """Train ``cfg.model`` with ``cfg.plan`` on ``cfg.data`` under a Ray ``TorchTrainer``.
 
     ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
     sweep trial's folder) = use it. ``mlflow_run_id`` continues an existing run (a sweep's child
-    run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (``{"eval": EvalConfig dict,
-    "out_dir": ..., "name": ..., "heldout_path": ...}``) makes the workers evaluate the final weights (each its
-    share of the questions, gathered on rank 0) right after training (not with FSDP); read it with
-    :func:`final_evaluation`. Needs Ray.
+    run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (an :class:`EvalRequest`) makes
+    the workers evaluate the final weights with ``cfg.eval`` (each its share of the questions, gathered on
+    rank 0) in the worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray.
 
     The steps: :func:`_open_run` (the folder; a finished run resumed returns its saved result) ->
     :func:`_prepare` (validate, plan, checkpoint to resume, corpus) -> in the MLflow run:
@@ -208,8 +237,12 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     t_start = time.time()
     run_dir, state = _open_run(cfg, run_dir, resume)
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
-        return _result_from_files(run_dir, state)
-    prep = _prepare(cfg, run_dir, resume)  # everything is validated before any MLflow run (or new run folder)
+        why = verify_model_folder(run_dir / FINAL_MODEL)
+        if why is None:
+            return _result_from_files(run_dir, state)
+        log.warning("warning: %s fails its manifest check (%s): publishing it again from the last verified checkpoint",
+                    run_dir / FINAL_MODEL, why)
+    prep = _prepare(cfg, run_dir, resume, progress)  # everything is validated before any MLflow run (or new run folder)
     if run_dir is None:
         run_dir = open_run_dir(cfg, "train")
 
@@ -242,6 +275,7 @@ def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> t
 
     if run_dir is None and resume:
         run_dir = open_run_dir(cfg, "train", resume=True)
+        _check_resume_settings(run_dir, cfg)
     elif run_dir is not None:
         run_dir = Path(run_dir).resolve()
         _make_absolute(cfg)
@@ -250,26 +284,21 @@ def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> t
     return run_dir, (read_state(run_dir) if run_dir is not None else {})
 
 
-def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> _Prepared:
+def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progress: bool = False) -> _Prepared:
     """Validate the train settings, resolve the model, build the plan, find the checkpoint to resume,
-    build the corpus shards: every bad input fails here, before any MLflow run."""
-    from raycpt.data.corpus import prepare_shards
-
+    find (or pack) the corpus's packed store: every bad input fails here, before any MLflow run."""
     check_train_config(cfg)
     model_path = resolve_model_path(cfg)
     plan, counts, _ = prepare_plan(cfg, model_path)
     resume_from, resumed_step = None, None
     if resume:
-        found = latest_checkpoint(run_dir)
+        found = latest_checkpoint(run_dir, report=True)
         if found is not None:
             resumed_step, ckpt = found
             resume_from = str(ckpt)
-    datasets, n_blocks = prepare_shards(cfg.data, model_path, cfg.data.shuffle_seed if cfg.data.shuffle_seed
-                                        is not None else cfg.train.seed, cfg.train.num_workers,
-                                        cfg.train.micro_batch_size)
-    shard_rows = n_blocks // cfg.train.num_workers if cfg.train.num_workers > 1 else n_blocks
+    store = packed_corpus(cfg, model_path, quiet=not progress)
     return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
-                     resumed_step=resumed_step, datasets=datasets, n_blocks=n_blocks, shard_rows=shard_rows)
+                     resumed_step=resumed_step, store=store, n_blocks=store.num_blocks)
 
 
 def _log_start(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared) -> None:
@@ -289,26 +318,25 @@ def _log_start(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared) -> None:
 
 
 def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: str, ray_name: str,
-                 faults: Optional[dict], callbacks: Optional[list], evaluate: Optional[dict]) -> dict:
+                 faults: Optional[dict], callbacks: Optional[list], evaluate: Optional[EvalRequest]) -> dict:
     """The workers' config (:func:`raycpt.train.loop.run_loop`); an old evaluation file is removed."""
     from raycpt.train.callbacks import callbacks_for
-    from raycpt.train.loop import EVAL_RESULT_FILE
 
     loop_config = {
         "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
         "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": prep.resume_from,
-        "shard_rows": prep.shard_rows, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
+        "store": str(prep.store.path), "store_build": prep.store.build_id, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
     }
     if evaluate:
-        (Path(evaluate["out_dir"]) / EVAL_RESULT_FILE).unlink(missing_ok=True)
+        (Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
     return loop_config
 
 
 def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dict, ray_name: str, progress: bool,
          t_start: float) -> None:
     """Build the ``TorchTrainer`` and run it with the step bar; a worker's RaycptError stays one line."""
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from raycpt.report.progress import StepProgress
@@ -324,7 +352,6 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
         run_config=RunConfig(name=ray_name, storage_path=str(run_dir / "ray"),
                              failure_config=FailureConfig(max_failures=t.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),
-        datasets=prep.datasets, dataset_config=DataConfig(datasets_to_split=[]),
     )
     with StepProgress(run_dir / METRICS_FILE, t.max_steps, prep.resumed_step or 0, progress):
         try:
@@ -348,8 +375,9 @@ def _check_status(run_dir: Path) -> None:
         last = latest_checkpoint(run_dir)
         where = f"step {last[0]} at {last[1]}" if last else "none (no checkpoint was written before it)"
         write_state(run_dir, status="nonfinite")
-        raise RaycptError(f"training stopped at step {status['step']}: the {status['what']} is "
-                          f"{status['value']}; the last good checkpoint is {where}")
+        what = (f"the weights are not finite after its update ({status['value']}; is train.lr too high?)"
+                if status["what"] == "weights" else f"the {status['what']} is {status['value']}")
+        raise RaycptError(f"training stopped at step {status['step']}: {what}; the last good checkpoint is {where}")
 
 
 def _publish(run_dir: Path, keep: int) -> Path:
@@ -358,7 +386,9 @@ def _publish(run_dir: Path, keep: int) -> Path:
     ckpt_dir = found[1] if found else None
     if ckpt_dir is None:
         raise RuntimeError(f"training finished but left no checkpoint under {run_dir / 'ray'}")
-    _publish_model(ckpt_dir / "model", run_dir / FINAL_MODEL)
+    published = publish_model(ckpt_dir, run_dir / FINAL_MODEL)  # a verified copy (or reflink), never a hard link
+    log.info("final_model: %d files, %.0f MB by %s in %.2fs", published["files"], published["bytes"] / 1e6,
+             published["how"], published["seconds"])
     prune_checkpoints(run_dir, keep)
     return ckpt_dir
 
@@ -408,19 +438,16 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _publish_model(src: Path, dest: Path) -> None:
-    """Publish the last checkpoint's model folder as ``dest``, atomically. Files are hard-linked
-    (a checkpoint is never modified in place, and pruning it later leaves the links intact), so a
-    sweep does not hold every trial's weights twice; a copy where links are impossible."""
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        shutil.copytree(src, tmp, copy_function=os.link)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+def _check_resume_settings(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """``--resume`` continues a run with the settings it was made with; one line when ``cfg`` differs."""
+    from raycpt.runs import resume_changes
+
+    changed = resume_changes(run_dir, cfg)
+    if changed:
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise RaycptError(f"--resume: {run_dir} was made with other settings: {'; '.join(changed[:3])}{more}. "
+                          "A resume continues a run with its own settings (its learning-rate schedule depends on "
+                          "them): drop the change, or start a new run without --resume")
 
 
 def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
@@ -430,7 +457,7 @@ def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
                        trainable_params=d["trainable_params"], frozen_params=d["frozen_params"],
                        mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
                        last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,
-                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []))
+                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []), reused=True)
 
 
 def _training_error(e: Exception) -> Exception:
@@ -450,17 +477,15 @@ def _training_error(e: Exception) -> Exception:
     return e
 
 
-def final_evaluation(final_model_dir, eval_cfg, out_dir: Path, name: str, heldout_blocks=None,
-                     threads: Optional[int] = None):
+def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optional[int] = None):
     """``(EvalResult, held-out loss or None)`` of a training run's final model.
 
-    What the training worker wrote with ``run_training(evaluate={..., "out_dir": out_dir})`` when it
-    did; else (FSDP, the base model of a scan, a file from before) the same bridge runs here on the
-    saved folder, with ``threads`` torch threads, and the held-out loss on ``heldout_blocks``."""
+    What the training worker wrote with ``run_training(evaluate=req)`` when it did; else (FSDP, the base
+    model of a scan, a file from before) the same bridge runs here on the saved folder, with ``threads``
+    torch threads, and the held-out loss on the blocks of ``req.heldout_path``."""
     from raycpt.evaluate import EvalResult, evaluate_model, lm_loss
-    from raycpt.train.loop import EVAL_RESULT_FILE
 
-    done = _read_json(Path(out_dir) / EVAL_RESULT_FILE)
+    done = _read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
     if done:
         return EvalResult.from_dict(done), done.get("heldout_loss")
     import torch
@@ -470,6 +495,8 @@ def final_evaluation(final_model_dir, eval_cfg, out_dir: Path, name: str, heldou
     if threads:
         torch.set_num_threads(threads)
     model, tok = load_model(str(final_model_dir))
-    ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=out_dir, name=name)
-    heldout = lm_loss(model, heldout_blocks, batch_size=eval_cfg.batch_size) if heldout_blocks else None
+    ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=req.out_dir, name=req.name)
+    heldout = None
+    if req.heldout_path:
+        heldout = lm_loss(model, json.loads(Path(req.heldout_path).read_text()), batch_size=eval_cfg.batch_size)
     return ev, heldout

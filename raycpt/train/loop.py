@@ -21,17 +21,22 @@ Freezing saves compute, not only memory:
   unaffected: every parameter it tracks is used in every forward, so ``find_unused_parameters``
   stays off.
 
-Checkpoints (every ``train.checkpoint_every`` steps and at the end): ``model/`` (HF safetensors
-folder with the tokenizer), ``train_state.pt`` (optimizer, scheduler, every rank's RNG states,
-step, data position, the per-step loss history, the plan) and ``train_state.json`` (readable
-summary). A restarted worker (``FailureConfig``) resumes from ``ray.train.get_checkpoint()``; a
-resumed run (``--resume``) passes ``resume_from`` in the loop config. The data position is the
-number of micro-batches each rank consumed (``step * grad_accum``): the shard is read in a fixed
-order, so no block is skipped or seen twice.
+Checkpoints (every ``train.checkpoint_every`` steps and at the end) are written by
+:mod:`raycpt.train.checkpoint`: ``model/`` (safetensors in the training dtype), ``train_state.pt``
+(tensors only, loaded with ``weights_only=True``), ``train_state.json`` (step, data position, loss
+history, plan, numpy/python RNG states) and ``manifest.json`` (sizes and sha256, written last); only
+verified checkpoints are resumed. A restarted worker (``FailureConfig``) resumes from
+``ray.train.get_checkpoint()``; a resumed run (``--resume``) passes ``resume_from`` in the loop
+config. The data position is the number of micro-batches each rank consumed (``step * grad_accum``):
+each rank reads its share of the packed store in a seeded order per epoch (:mod:`raycpt.data.stream`),
+so a resume skips by arithmetic and no block is skipped or seen twice.
 
-A NaN/inf loss or gradient norm stops the run before the optimizer step: rank 0 writes
-``train_status.json`` and every rank returns; the launcher turns it into one error line, and the
-last good checkpoint stays.
+A NaN/inf loss or gradient norm stops the run before the optimizer step, and weights that are not
+finite at a checkpoint step stop it without writing that checkpoint: rank 0 writes
+``train_status.json`` and every rank returns; the launcher turns it into one error line naming the
+last checkpoint that passes its manifest check. ``train_metrics.jsonl`` is strict JSON (a non-finite
+value is written as a string). MLflow gets one point per step: a resumed attempt does not re-log
+the steps the run already logged.
 
 Extension point: :class:`raycpt.train.callbacks.StepCallback` objects (``config["callbacks"]``; the
 launcher adds those of the factories registered there) run on every rank every ``callback.every``
@@ -47,7 +52,6 @@ import os
 import random
 import shutil
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,8 +60,14 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
+from raycpt.data.store import read_store
+from raycpt.data.stream import ArrayBlocks, PackedBlocks, iter_micro_batches
+from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.strategies import LayerPlan, apply_plan, param_groups
+from raycpt.train.checkpoint import (checkpoint, checkpoint_step, find_checkpoints, json_safe, load_master_weights,
+                                     load_optim_state, read_train_state, set_rng_state, verify_checkpoint,
+                                     weights_dtype)
 from raycpt.train.background import BackgroundCalls
 from raycpt.train.callbacks import LoopState
 from raycpt.train.callbacks import StepCallback, callbacks_for, register_step_callback  # noqa: F401 - re-export (moved)
@@ -182,21 +192,6 @@ def train_step(wrapped, optimizer, scheduler, micro_batches, precision="fp32", d
     return {"loss": loss, "grad_norm": gn}
 
 
-def rng_state() -> dict:
-    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def set_rng_state(st: dict) -> None:
-    torch.set_rng_state(st["torch"])
-    np.random.set_state(st["numpy"])
-    random.setstate(st["python"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
@@ -216,23 +211,27 @@ class MetricsLogger:
         self.path = Path(run_dir) / METRICS_FILE if run_dir else None
         self.client = None
         self.run_id = None
+        self.logged_through = 0
         self._queue: Optional[BackgroundCalls] = None
         if mlflow_cfg and mlflow_cfg.get("run_id"):
             from mlflow.tracking import MlflowClient
 
             self.client = MlflowClient(tracking_uri=mlflow_cfg["uri"])
             self.run_id = mlflow_cfg["run_id"]
+            # a resumed attempt re-runs the steps after its checkpoint: MLflow keeps one point per step
+            self.logged_through = max((m.step for m in self.client.get_metric_history(self.run_id, "loss")),
+                                      default=0)
             self.system = StepSystemMetrics()  # CPU / memory / GPU of this step window, logged with the step
 
     def event(self, record: dict) -> None:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
                 f.flush()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if self.client is None:
+        if self.client is None or step <= self.logged_through:
             return
         from mlflow.entities import Metric
 
@@ -331,10 +330,10 @@ class RaySession(_Session):
 
         ckpt = ray.train.get_checkpoint()
         with (ckpt.as_directory() if ckpt is not None else contextlib.nullcontext(None)) as d:
-            cands = [(checkpoint_step(d), d)] if d else []
+            cands = [(checkpoint_step(d), d)] if d and verify_checkpoint(d) is None else []
             if checkpoint_root:
                 cands += [(st, str(p)) for st, p in find_checkpoints(checkpoint_root)]
-            if resume_from and not cands:
+            if resume_from and not cands and verify_checkpoint(resume_from) is None:
                 cands.append((checkpoint_step(resume_from), str(resume_from)))
             best = max(cands, key=lambda c: c[0])[1] if cands else None
             yield self.all_gather_object(best)[0]
@@ -360,13 +359,12 @@ class RaySession(_Session):
         ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
 
     def batches(self, config: dict):
-        import ray.train
-
-        from raycpt.data.corpus import SHARD_PREFIX
-
-        shard = ray.train.get_dataset_shard(f"{SHARD_PREFIX}{self.rank}")
-        return lambda mbs: shard.iter_batches(batch_size=mbs, batch_format="numpy", drop_last=True,
-                                              prefetch_batches=2)
+        """The packed store the launcher chose (``config["store"]``), memory-mapped; no Ray Data."""
+        store = read_store(Path(config["store"]))
+        if store is None or store.build_id != config.get("store_build", store.build_id):
+            raise RaycptError(f"the packed store {config['store']} was removed or re-packed while this run used it; "
+                              "run it again")
+        return PackedBlocks(store.path, store.manifest)
 
     def _dist(self):
         import torch.distributed as dist
@@ -417,119 +415,18 @@ class LocalSession(_Session):
         self.reports.append((metrics, str(dest) if dest else None))
 
     def batches(self, config: dict):
-        def it(mbs):
-            for i in range(0, len(self.blocks) - mbs + 1, mbs):
-                yield {"input_ids": self.blocks[i:i + mbs]}
-        return it
+        return ArrayBlocks(self.blocks)
 
 
-def micro_batches(iter_fn, mbs: int, rows: Optional[int], skip: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """Endless ``(epoch, (mbs, seq) LongTensor)`` over the shard, epoch after epoch, skipping ``skip``.
+def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, skip: int
+                  ) -> Iterator[tuple[int, torch.Tensor]]:
+    """Endless ``(epoch, (mbs, seq) LongTensor)`` of this rank's share of ``source`` in the seeded
+    order of each epoch (:mod:`raycpt.data.stream`), starting after ``skip`` micro-batches."""
+    seed = data_cfg.shuffle_seed if data_cfg.shuffle_seed is not None else seed
+    for epoch, rows in iter_micro_batches(source, mbs, rank=rank, world=world, seed=seed,
+                                          window=data_cfg.shuffle_window, skip=skip):
+        yield epoch, torch.from_numpy(rows)
 
-    ``rows`` (the shard's size) lets whole epochs be skipped without reading them."""
-    per_epoch = rows // mbs if rows else None
-    epoch = 0
-    if per_epoch:
-        epoch, skip = divmod(skip, per_epoch)
-    while True:
-        got = 0
-        for batch in iter_fn(mbs):
-            got += 1
-            if skip > 0:
-                skip -= 1
-                continue
-            yield epoch, torch.from_numpy(np.asarray(batch["input_ids"], dtype=np.int64))
-        if got == 0:
-            raise RuntimeError("the data shard is empty: fewer blocks than one micro-batch")
-        epoch += 1
-
-
-# ------------------------------------------------------------------------------------ checkpoints
-
-def checkpoint_step(folder) -> int:
-    """The step of a checkpoint folder (from its ``train_state.json``), -1 if unreadable."""
-    try:
-        return int(json.loads((Path(folder) / "train_state.json").read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return -1
-
-
-def is_complete_checkpoint(folder) -> bool:
-    """All files a resume needs are there and their headers read (a cut upload fails here)."""
-    d = Path(folder)
-    if not ((d / "train_state.json").is_file() and (d / "train_state.pt").is_file()
-            and (d / "model" / "config.json").is_file()):
-        return False
-    weights = list((d / "model").glob("*.safetensors"))
-    if not weights:
-        return False
-    try:
-        from safetensors import safe_open
-
-        for w in weights:
-            with safe_open(str(w), framework="pt") as f:
-                f.keys()
-        import zipfile
-
-        with zipfile.ZipFile(d / "train_state.pt") as z:  # torch.save writes a zip; a cut file has no directory
-            z.namelist()
-    except Exception:  # noqa: BLE001
-        return False
-    return checkpoint_step(d) >= 0
-
-
-def find_checkpoints(root) -> list[tuple[int, Path]]:
-    """Complete checkpoints ``checkpoint_*`` at any depth under ``root`` as (step, folder), oldest first."""
-    out = []
-    root = Path(root)
-    if not root.is_dir():
-        return out
-    for st in root.rglob("checkpoint_*/train_state.json"):
-        d = st.parent
-        if is_complete_checkpoint(d):
-            out.append((checkpoint_step(d), d))
-    out.sort(key=lambda x: (x[0], x[1].stat().st_mtime))
-    return out
-
-
-def _model_state(model, wrapped, fsdp: bool) -> dict:
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return model.state_dict()
-
-
-def _optim_state(wrapped, optimizer, fsdp: bool) -> dict:
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        return get_optimizer_state_dict(wrapped, optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return optimizer.state_dict()
-
-
-def _load_optim_state(wrapped, optimizer, sd: dict, fsdp: bool) -> None:
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=sd,
-                                 options=StateDictOptions(full_state_dict=True))
-    else:
-        optimizer.load_state_dict(sd)
-
-
-def save_model_folder(model, tokenizer, state_dict: Optional[dict], out: Path) -> Path:
-    """HF safetensors folder + tokenizer."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    return out
-
-
-# ------------------------------------------------------------------------------------ the loop
 
 class FaultHooks:
     """Test-only fault injection, from ``config["faults"]`` (the launcher merges ``RAYCPT_FAULTS``).
@@ -600,7 +497,7 @@ def train_loop_per_worker(config: dict) -> None:
 def run_loop(config: dict, session: _Session) -> dict:
     """The loop, for any session. Config keys: ``cfg`` (ExperimentConfig as a dict), ``model_path``,
     ``plan`` (LayerPlan dict), ``run_dir``, ``mlflow`` ({uri, run_id} or None), ``resume_from``
-    (checkpoint folder or None), ``shard_rows``, ``callbacks`` (StepCallback list), ``faults`` (tests,
+    (checkpoint folder or None), ``store`` / ``store_build`` (the packed store), ``callbacks`` (StepCallback list), ``faults`` (tests,
     :class:`FaultHooks`), ``torch_threads``, ``evaluate`` (see :func:`evaluate_in_worker`). Returns a
     summary (rank 0's view).
 
@@ -619,9 +516,9 @@ def run_loop(config: dict, session: _Session) -> dict:
         if w.logger is not None:
             w.logger.event({"event": "evaluate", "step": state.step, "time": time.time()})
         t_eval = time.perf_counter()
-        evaluate_in_worker(w.model, w.tokenizer, config["evaluate"], session)
+        evaluate_in_worker(w.model, w.tokenizer, w.cfg.eval, config["evaluate"], session)
         if w.logger is not None:
-            w.logger.event({"event": "evaluated", "step": state.step, "time": time.time(),
+            w.logger.event({"timing": "evaluated", "step": state.step, "time": time.time(),
                             "seconds": time.perf_counter() - t_eval})
     return {"status": status, "losses": w.history, "step_times": w.step_times, "step_cpu": w.step_cpu,
             "counts": w.counts, "tokens_per_step": _tokens_per_step(w)}
@@ -656,9 +553,12 @@ def _load_model(w: _Worker) -> None:
         state = None
         model_path = config["model_path"]
         if ckpt is not None:
-            model_path = str(Path(ckpt) / "model")
-            state = torch.load(Path(ckpt) / "train_state.pt", map_location="cpu", weights_only=False)
+            state = read_train_state(ckpt)  # weights_only: tensors and plain containers only
+            if state["master"] is None:  # float32 checkpoint: its model/ holds the master weights
+                model_path = str(Path(ckpt) / "model")
         model, tokenizer = load_model(model_path, dtype="float32", device="cpu")  # wrap() moves it to the device
+        if state is not None and state["master"] is not None:  # bf16 checkpoint: base + float32 master copies
+            load_master_weights(model, state.pop("master"))
     model.train()
     model.config.use_cache = False
     w.model, w.tokenizer = model, tokenizer
@@ -678,7 +578,7 @@ def _load_model(w: _Worker) -> None:
 
 def _restore(w: _Worker, state: dict) -> None:
     """Optimizer, scheduler, this rank's RNG states, the step and the loss history of a checkpoint."""
-    _load_optim_state(w.wrapped, w.optimizer, state["optimizer"], w.fsdp)
+    load_optim_state(w.wrapped, w.optimizer, state["optimizer"], w.fsdp)
     w.scheduler.load_state_dict(state["scheduler"])
     rngs = state.get("rng") or []
     if w.rank < len(rngs):
@@ -696,7 +596,7 @@ def _data(w: _Worker) -> Iterator[tuple[int, torch.Tensor]]:
     """This rank's micro-batches, after the ones the steps before ``start_step`` consumed."""
     config, session, tcfg = w.config, w.session, w.cfg.train
     ga, mbs, start_step = tcfg.grad_accum, tcfg.micro_batch_size, w.start_step
-    return micro_batches(session.batches(config), mbs, config.get("shard_rows"), skip=start_step * ga)
+    return micro_batches(session.batches(config), w.cfg.data, mbs, w.rank, w.world, tcfg.seed, skip=start_step * ga)
 
 
 def _start(w: _Worker) -> LoopState:
@@ -732,14 +632,18 @@ def _train(w: _Worker, data, state: LoopState) -> dict:
         _after_step(w, state, step, metrics)
         if step % tcfg.checkpoint_every == 0 or step == tcfg.max_steps:
             t_ckpt = time.perf_counter()
-            _checkpoint(w.session, w.model, w.wrapped, w.tokenizer, w.optimizer, w.scheduler, step, w.history,
-                        w.plan, w.fsdp, data_pos={"micro_batches_consumed": step * tcfg.grad_accum,
-                                                  "epoch": metrics["epoch"],
-                                                  "shard_rows": w.config.get("shard_rows")},
-                        metrics={"step": step, "loss": metrics["loss"]})
+            why = checkpoint(w.session, w.model, w.wrapped, w.tokenizer, w.optimizer, w.scheduler, step, w.history,
+                             w.plan, w.fsdp, data_pos={"micro_batches_consumed": step * tcfg.grad_accum,
+                                                       "epoch": metrics["epoch"],
+                                                       "store_build": w.config.get("store_build")},
+                             metrics={"step": step, "loss": metrics["loss"]},
+                             dtype=weights_dtype(tcfg.precision, w.device))
+            if why is not None:  # never a checkpoint from non-finite weights
+                return {"status": "nonfinite", "step": step, "what": "weights", "value": why,
+                        "last_checkpoint_step": last_ckpt}
             last_ckpt = step
             if w.logger is not None:
-                w.logger.event({"event": "checkpoint", "step": step, "seconds": time.perf_counter() - t_ckpt})
+                w.logger.event({"timing": "checkpoint", "step": step, "seconds": time.perf_counter() - t_ckpt})
     return {"status": "finished"}
 
 
@@ -805,7 +709,21 @@ def _finish(w: _Worker, state: LoopState, status: dict) -> None:
 EVAL_RESULT_FILE = "eval_result.json"
 
 
-def evaluate_in_worker(model, tokenizer, spec: dict, session: Optional[_Session] = None) -> Optional[Path]:
+@dataclass(frozen=True)
+class EvalRequest:
+    """Evaluate the final weights in the training worker (``run_training(evaluate=...)``) with the loop
+    config's own ``cfg.eval``; :func:`raycpt.train.launch.final_evaluation` reads what it wrote."""
+
+    out_dir: str
+    """Folder of the evaluation files and ``eval_result.json``."""
+    name: str
+    """Name of the evaluated model in those files."""
+    heldout_path: Optional[str] = None
+    """JSON file of token blocks: also write their language-model loss (``heldout_loss``)."""
+
+
+def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Optional[_Session] = None
+                       ) -> Optional[Path]:
     """Evaluate the trained model where it already is (this worker's device and threads), with the
     eval bridge, and write ``<out_dir>/eval_result.json`` (``EvalResult.to_dict()``, the flat ``metrics``,
     ``heldout_loss``); :func:`raycpt.train.launch.final_evaluation` reads it.
@@ -817,10 +735,7 @@ def evaluate_in_worker(model, tokenizer, spec: dict, session: Optional[_Session]
 
     The in-memory model equals the final checkpoint (it was saved from these weights), so nothing is
     reloaded; on a cluster the evaluation runs on the training GPU instead of a CPU-only trial actor.
-    ``spec``: ``{"eval": EvalConfig dict, "out_dir": str, "name": str, "heldout_path": optional JSON
-    file of token blocks}``; with ``heldout_path`` the file also holds ``heldout_loss``
-    (:func:`raycpt.evaluate.lm_loss`)."""
-    from raycpt.config import EvalConfig
+    With ``req.heldout_path`` the file also holds ``heldout_loss`` (:func:`raycpt.evaluate.lm_loss`)."""
     from raycpt.evaluate import evaluate_model, merge_shards
 
     rank, world = (session.rank, session.world_size) if session is not None else (0, 1)
@@ -830,47 +745,22 @@ def evaluate_in_worker(model, tokenizer, spec: dict, session: Optional[_Session]
     if ckpt:
         model.gradient_checkpointing_disable()
     try:
-        ecfg = EvalConfig(**spec["eval"])
         if world > 1:
-            part = evaluate_model(model, ecfg, tokenizer=tokenizer, name=spec.get("name"), shard=(rank, world))
+            part = evaluate_model(model, eval_cfg, tokenizer=tokenizer, name=req.name, shard=(rank, world))
             parts = session.all_gather_object(part)
             if rank != 0:
                 return None
-            res = merge_shards(parts, out_dir=spec["out_dir"])
+            res = merge_shards(parts, out_dir=req.out_dir)
         else:
-            res = evaluate_model(model, ecfg, tokenizer=tokenizer, out_dir=spec["out_dir"], name=spec.get("name"))
+            res = evaluate_model(model, eval_cfg, tokenizer=tokenizer, out_dir=req.out_dir, name=req.name)
     finally:
         model.config.use_cache = use_cache
     out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}
-    if spec.get("heldout_path"):
+    if req.heldout_path:
         from raycpt.evaluate import lm_loss
 
-        blocks = json.loads(Path(spec["heldout_path"]).read_text())
+        blocks = json.loads(Path(req.heldout_path).read_text())
         t0 = time.perf_counter()
-        out["heldout_loss"] = lm_loss(model, blocks, batch_size=ecfg.batch_size)
+        out["heldout_loss"] = lm_loss(model, blocks, batch_size=eval_cfg.batch_size)
         out["seconds"] = {**out.get("seconds", {}), "heldout": time.perf_counter() - t0}
-    return atomic_write_json(Path(spec["out_dir"]) / EVAL_RESULT_FILE, out)
-
-
-def _checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp, data_pos,
-                metrics) -> None:
-    """Every rank calls this (state gathering may be collective); rank 0 writes, all report."""
-    msd = _model_state(model, wrapped, fsdp)
-    osd = _optim_state(wrapped, optimizer, fsdp)
-    rngs = session.all_gather_object(rng_state())
-    tmp = None
-    if session.rank == 0:
-        tmp = tempfile.mkdtemp(prefix=f"raycpt-ckpt-{step:06d}-")
-        save_model_folder(model, tokenizer, msd, Path(tmp) / "model")
-        torch.save({"step": step, "optimizer": osd, "scheduler": scheduler.state_dict(), "rng": rngs,
-                    "data": data_pos, "losses": list(history), "plan": plan.to_dict()},
-                   Path(tmp) / "train_state.pt")
-        with open(Path(tmp) / "train_state.json", "w", encoding="utf-8") as f:
-            json.dump({"step": step, "loss": history[-1] if history else None, "data": data_pos,
-                       "plan": plan.describe(), "time": time.time()}, f, indent=2)
-    del msd, osd
-    try:
-        session.report(metrics, tmp, step)
-    finally:
-        if tmp is not None and os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+    return atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)

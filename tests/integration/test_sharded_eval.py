@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raycpt.config import EvalConfig, load_config
+from raycpt.config import load_config
 
 
 def _corpus(path: Path, n: int = 120) -> Path:
@@ -24,16 +24,17 @@ def test_two_workers_evaluate_shards_with_one_workers_predictions(ray_local, tmp
     from raycpt.evaluate import evaluate_model
     from raycpt.models.sources import load_model
     from raycpt.train.launch import run_training
-    from raycpt.train.loop import EVAL_RESULT_FILE
+    from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
 
     corpus = _corpus(tmp_path / "corpus.jsonl")
     cfg = load_config(None, [f"model.ref={tiny_dir}", f"data.corpus=[{corpus}]", "data.seq_len=32",
                              "plan.name=train_deep", f"tracking.run_root={tmp_path / 'runs'}", "train.max_steps=2",
                              "train.checkpoint_every=2", "train.num_workers=2", "train.cpus_per_worker=0.5",
-                             "train.micro_batch_size=2"])
-    ecfg = EvalConfig(tasks=["wordnet_mc"], modes=["logit", "generate"], limit=9, batch_size=4, max_gen_toks=4)
+                             "train.micro_batch_size=2", "eval.tasks=[wordnet_mc]", "eval.modes=[logit,generate]",
+                             "eval.limit=9", "eval.batch_size=4", "eval.max_gen_toks=4"])
+    ecfg = cfg.eval
     out = tmp_path / "eval"
-    res = run_training(cfg, evaluate={"eval": vars(ecfg), "out_dir": str(out), "name": "trial"})
+    res = run_training(cfg, evaluate=EvalRequest(out_dir=str(out), name="trial"))
     got = json.loads((out / EVAL_RESULT_FILE).read_text())
     model, tok = load_model(str(res.final_model_dir), dtype="float32", device="cpu")
     one = evaluate_model(model, ecfg, tokenizer=tok)

@@ -41,9 +41,9 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     # Tune saw every trial finish
     from ray import tune
 
-    from raycpt.jobs.sweep import _tune_trainable
+    from raycpt.jobs.grid import tune_trainable
 
-    grid = tune.Tuner.restore(str(res.run_dir / "tune"), trainable=_tune_trainable).get_results()
+    grid = tune.Tuner.restore(str(res.run_dir / "tune"), trainable=tune_trainable).get_results()
     assert len(grid) == 5 and not grid.errors
 
     # MLflow: one parent FINISHED, one child per trial under it, all FINISHED
@@ -108,6 +108,18 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
         assert t["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
         assert by_name[t["name"]]["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
     assert "held-out loss" in (summary / "summary.md").read_text()
+
+    # the corpus was tokenised exactly once for the whole sweep: one packed store, built once (the
+    # pack log has one line), holding the first 50 documents; every trial read it
+    from raycpt.data.store import builds_logged, list_stores
+
+    root = tmp_path / "runs" / "packed"
+    (store,) = list_stores(root)
+    assert store.manifest["build"] == 1 and len(builds_logged(root)) == 1
+    assert store.manifest["num_documents"] == 50 and store.manifest["seq_len"] == 32
+    for t in res.trials:
+        ck = sorted((res.run_dir / "trials").glob(f"{t['name']}/**/checkpoint_*/train_state.json"))
+        assert ck and json.loads(ck[-1].read_text())["data"]["store_build"] == store.build_id
     assert (summary / "heldout_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "summary/heldout_loss.png" in logged
 
@@ -119,13 +131,15 @@ def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, 
     from transformers import AutoModelForCausalLM
 
     from raycpt.evaluate import evaluate_model
-    from raycpt.jobs.sweep import trial_evaluation
+    from raycpt.train.launch import final_evaluation
+    from raycpt.train.loop import EvalRequest
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir)
     blocks = [[(7 * i + j) % 50 + 3 for j in range(16)] for i in range(3)]
     path = tmp_path / "heldout.json"
     path.write_text(json.dumps(blocks))
-    ev, heldout = trial_evaluation(str(tiny_dir), cfg, tmp_path / "eval", "t", str(path))
+    ev, heldout = final_evaluation(str(tiny_dir), cfg.eval, EvalRequest(str(tmp_path / "eval"), "t", str(path)),
+                                   threads=2)
     cells = ev.metrics()
     assert cells == pytest.approx(evaluate_model(str(tiny_dir), cfg.eval).metrics())
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, torch_dtype=torch.float32).eval()

@@ -4,40 +4,41 @@ import json
 
 import pytest
 
-from raycpt.config import ExperimentConfig, EvalConfig
+from raycpt.config import EvalConfig, ExperimentConfig, config_from_dict
 from raycpt.errors import RaycptError
 
 
 def cfg_with(contribution):
-    return ExperimentConfig(contribution=contribution)
+    """The config with a ``contribution`` section, built and validated as a YAML file's would be."""
+    return config_from_dict({"contribution": contribution})
 
 
 def test_scan_settings_layers_and_errors(tmp_path):
-    from raycpt.jobs.contribution import scan_settings, trial_names
+    from raycpt.jobs.contribution import scan_plan, scan_trials
     from raycpt.strategies import write_ranking
 
-    assert scan_settings(cfg_with(None), 6).layers == list(range(6))
-    assert scan_settings(cfg_with({"layers": "every:5"}), 30).layers == [0, 5, 10, 15, 20, 25]
-    s = scan_settings(cfg_with({"layers": [4, 1, 4], "top_k": 3}), 6)
-    assert s.layers == [1, 4] and s.top_k == 3
-    assert [t["name"] for t in trial_names(s)] == ["base", "full", "single-L01", "single-L04"]
+    assert scan_plan(cfg_with(None), 6)[0] == list(range(6))
+    assert scan_plan(cfg_with({"layers": "every:5"}), 30)[0] == [0, 5, 10, 15, 20, 25]
+    c = cfg_with({"layers": [4, 1, 4], "top_k": 3})
+    assert scan_plan(c, 6)[0] == [1, 4] and c.contribution.top_k == 3
+    assert [t.name for t in scan_trials(scan_plan(c, 6)[0])] == ["base", "full", "single-L01", "single-L04"]
     for bad, msg in (({"layers": [6]}, "not a layer of this 6-layer model"), ({"layers": "every:0"}, "every:K"),
                      ({"band": [0.6, 0.4]}, "0 <= lo < hi <= 1"), ({"top_k": 0}, "top_k"),
                      ({"topk": 3}, "unknown key")):
         with pytest.raises(RaycptError, match=msg):
-            scan_settings(cfg_with(bad), 6)
+            scan_plan(cfg_with(bad), 6)
     r = write_ranking(tmp_path / "r.json", "m", 30, {3: 1.0, 4: 0.5})
     with pytest.raises(RaycptError, match="is for a 30-layer model, this model has 6 layers"):
-        scan_settings(cfg_with({"against": str(r)}), 6)
+        scan_plan(cfg_with({"against": str(r)}), 6)
 
 
 def test_scan_trial_config_plans():
-    from raycpt.jobs.contribution import scan_trial_config
+    from raycpt.jobs.contribution import ScanTrial, scan_trial_config
 
     c = ExperimentConfig()
-    assert scan_trial_config(c, {"kind": "single", "layer": 7}).plan.name == "single"
-    assert scan_trial_config(c, {"kind": "single", "layer": 7}).plan.layer == 7
-    assert scan_trial_config(c, {"kind": "full", "layer": None}).plan.name == "full"
+    assert scan_trial_config(c, ScanTrial("single-L07", "single", 7)).plan.name == "single"
+    assert scan_trial_config(c, ScanTrial("single-L07", "single", 7)).plan.layer == 7
+    assert scan_trial_config(c, ScanTrial("full", "full")).plan.name == "full"
 
 
 def test_primary_score_picks_overall_of_first_task_and_mode():
@@ -86,7 +87,7 @@ def test_find_model_in_run_and_prompts(tmp_path):
 def test_trial_score_gold_prob_from_saved_questions(tmp_path):
     import math
 
-    from raycpt.jobs.contribution import gold_prob_of, scan_settings, trial_score
+    from raycpt.jobs.contribution import gold_prob_of, scan_plan, trial_score
 
     qs = [{"gold": "B", "logit": {"logprobs": [math.log(0.2), math.log(0.6), math.log(0.1), math.log(0.1)]}},
           {"gold": "A", "logit": {"logprobs": [0.0, 0.0, 0.0, 0.0]}}]
@@ -98,10 +99,10 @@ def test_trial_score_gold_prob_from_saved_questions(tmp_path):
     assert trial_score(t, "accuracy", tmp_path, "wordnet_mc") == 31.25
     assert trial_score(t, "gold_prob", tmp_path, "wordnet_mc") == pytest.approx(42.5)
     with pytest.raises(RaycptError, match="one of accuracy, gold_prob"):
-        scan_settings(cfg_with({"score": "loss"}), 4)
-    c = ExperimentConfig(contribution={"score": "gold_prob"}, eval=EvalConfig(modes=["generate"]))
+        scan_plan(cfg_with({"score": "loss"}), 4)
+    c = config_from_dict({"contribution": {"score": "gold_prob"}, "eval": {"modes": ["generate"]}})
     with pytest.raises(RaycptError, match="needs the logit mode"):
-        scan_settings(c, 4)
+        scan_plan(c, 4)
 
 
 def test_heldout_blocks_and_lm_loss(tiny_dir, tmp_path):
@@ -110,12 +111,14 @@ def test_heldout_blocks_and_lm_loss(tiny_dir, tmp_path):
     from tiny import tiny_model
 
     from raycpt.config import DataConfig
-    from raycpt.jobs.contribution import heldout_blocks, lm_loss
+    from raycpt.evaluate import lm_loss
+    from raycpt.jobs.grid import heldout_blocks
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document number {i} " * 3}) + "\n" for i in range(10)))
     cfg = ExperimentConfig(data=DataConfig(corpus=[str(corpus)], seq_len=16, max_documents=8))
-    blocks = heldout_blocks(cfg, str(tiny_dir), 5)  # only documents 8 and 9 exist after the first 8
+    blocks = heldout_blocks(cfg, str(tiny_dir), 5, "contribution.score=heldout_loss",
+                            "contribution.heldout_docs")  # only documents 8 and 9 exist after the first 8
     text = "".join(f"document number {i} " * 3 + "</s>" for i in (8, 9))
     assert len(blocks) == (len(text) - 2 * len("</s>") + 2) // 16 and all(len(b) == 16 for b in blocks)
     model = tiny_model("llama", 2)
@@ -126,7 +129,7 @@ def test_heldout_blocks_and_lm_loss(tiny_dir, tmp_path):
     assert lm_loss(model, blocks, batch_size=1) == pytest.approx(float(ref), rel=1e-5)
     cfg.data.max_documents = 10
     with pytest.raises(RaycptError, match="no documents after the first 10"):
-        heldout_blocks(cfg, str(tiny_dir), 5)
+        heldout_blocks(cfg, str(tiny_dir), 5, "contribution.score=heldout_loss", "contribution.heldout_docs")
 
 
 def test_sweep_pairs_reads_finished_trials(tmp_path):

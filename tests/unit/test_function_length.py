@@ -15,9 +15,6 @@ import pytest
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "raycpt"
 LIMIT = 80
 
-# The three job drivers issue 17 rebuilds on one trial-grid driver (raycpt/jobs/grid.py) in its own
-# branch; until that lands, their functions alone may still be longer. Nothing else may.
-PENDING_REWRITE = ("jobs/sweep.py", "jobs/contribution.py", "jobs/hybrid.py")
 
 
 def long_functions(source: str, limit: int = LIMIT) -> list[tuple[str, int, int]]:
@@ -39,14 +36,8 @@ def _rel(f: Path) -> str:
     return f.relative_to(PACKAGE_DIR).as_posix()
 
 
-@pytest.mark.parametrize("rel", [_rel(f) for f in _files() if _rel(f) not in PENDING_REWRITE])
+@pytest.mark.parametrize("rel", [_rel(f) for f in _files()])
 def test_no_function_longer_than_80_lines(rel):
-    assert long_functions((PACKAGE_DIR / rel).read_text(encoding="utf-8")) == []
-
-
-@pytest.mark.xfail(strict=False, reason="issue 17 rebuilds these drivers on jobs/grid.py")
-@pytest.mark.parametrize("rel", [r for r in PENDING_REWRITE if (PACKAGE_DIR / r).is_file()])
-def test_job_drivers_pending_rewrite(rel):
     assert long_functions((PACKAGE_DIR / rel).read_text(encoding="utf-8")) == []
 
 

@@ -96,7 +96,7 @@ def model_and_ref(request, encoded):
 
 
 @pytest.mark.parametrize("schedule,max_rows,top_k", [("stacked", None, 10), ("per_layer", None, 0),
-                                                     ("stacked", 12, 50)])
+                                                     ("stacked", 12, 50), ("shared_context", 12, 10)])
 def test_trace_batch_matches_naive_reference(model_and_ref, encoded, schedule, max_rows, top_k):
     model, refs = model_and_ref
     out = trace_batch(LayerStack(model), collate(encoded, pad_id=0), top_k=top_k, eps=EPS, schedule=schedule,

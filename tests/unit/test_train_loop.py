@@ -102,19 +102,24 @@ def test_frozen_prefix_runs_without_autograd():
 
 
 def test_micro_batches_skip_and_epochs():
+    from raycpt.config import DataConfig
+    from raycpt.data.stream import ArrayBlocks, EpochOrder
+
     blocks = np.arange(7 * 3).reshape(7, 3)
-
-    def it(mbs):
-        for i in range(0, len(blocks) - mbs + 1, mbs):
-            yield {"input_ids": blocks[i:i + mbs]}
-
-    seq = [(e, b[:, 0].tolist()) for _, (e, b) in zip(range(5), micro_batches(it, 2, rows=7, skip=0))]
-    # 3 full micro-batches per epoch (the 7th block is dropped), then the order repeats
-    assert seq == [(0, [0, 3]), (0, [6, 9]), (0, [12, 15]), (1, [0, 3]), (1, [6, 9])]
-    resumed = [(e, b[:, 0].tolist()) for _, (e, b) in zip(range(2), micro_batches(it, 2, rows=7, skip=3))]
+    data = DataConfig(shuffle_window=4)
+    seq = [(e, b[:, 0].tolist()) for _, (e, b) in zip(range(5), micro_batches(ArrayBlocks(blocks), data, 2, 0, 1,
+                                                                                seed=5, skip=0))]
+    # 3 full micro-batches per epoch (one block is left out), each epoch in its own seeded order
+    want = [(e, (3 * EpochOrder([7], 5, e, 4).full()[2 * k:2 * k + 2]).tolist()) for e, k in
+            [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]]
+    assert seq == want and seq[0][1] != seq[3][1]
+    resumed = [(e, b[:, 0].tolist()) for _, (e, b) in zip(range(2), micro_batches(ArrayBlocks(blocks), data, 2, 0, 1,
+                                                                                    seed=5, skip=3))]
     assert resumed == seq[3:5]
-    resumed = [(e, b[:, 0].tolist()) for _, (e, b) in zip(range(2), micro_batches(it, 2, rows=None, skip=4))]
-    assert resumed == [(1, [6, 9]), (1, [12, 15])]
+    # data.shuffle_seed wins over the train seed
+    pinned = DataConfig(shuffle_window=4, shuffle_seed=5)
+    _, first = next(micro_batches(ArrayBlocks(blocks), pinned, 2, 0, 1, seed=99, skip=0))
+    assert first.dtype == torch.int64 and first[:, 0].tolist() == seq[0][1]
 
 
 def _loop_config(tiny_dir, run_dir, plan_spec, **train):

@@ -1,0 +1,324 @@
+"""THE trial-grid driver of ``sweep``, ``contribution`` and ``hybrid run``.
+
+A job hands :func:`run_grid` a list of typed trial specs (frozen dataclasses with a ``name`` and a
+``run(trial)`` method: the trial body); the driver does everything else, once:
+
+- the MLflow *parent* run (:class:`ParentRun`: created, or re-opened with ``--resume``; ended
+  FINISHED, FAILED or KILLED, never left RUNNING) and one nested *child* run per trial
+  (:class:`raycpt.tracking.ChildRun`, whose id the trial keeps in ``<trial>/trial.json``);
+- the Ray Tune grid: a placement group per trial (one bundle for the trial driver, one for the Ray
+  Data tasks it launches), ``Tuner`` created or restored (``--resume`` finishes unfinished trials),
+  results collected from the Tune ``ResultGrid``; or, for jobs whose trials place their own Ray work
+  (``hybrid run``), the same trials one after the other in this process;
+- progress (:class:`raycpt.report.progress.TrialsProgress`) and interruption: trials that did not
+  finish end their child runs (:func:`end_unfinished`) and the command ends in one line that says
+  "continue with --resume".
+
+A trial's config crosses the Ray boundary once, as a plain dict in ``param_space``, and is validated
+when rebuilt (:func:`raycpt.config.config_from_dict`); so is its spec (``dataclasses.asdict`` and back).
+A finished trial (``<trial>/result.json``) is never redone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+from unittest import mock
+
+from raycpt.cluster import preflight, version_tags
+from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
+from raycpt.errors import RaycptError
+from raycpt.io import atomic_write_json
+from raycpt.runs import AttemptClock, assert_private_folder, read_state, write_state
+from raycpt.tracking import ChildRun, ensure_store, log_config
+
+RESULT = "result.json"
+
+
+class GridIncomplete(RaycptError):
+    """Some trials did not finish: failed (``status`` FAILED) or interrupted (KILLED, exit code 130)."""
+
+    def __init__(self, message: str, status: str):
+        super().__init__(message)
+        self.status = status
+        self.exit_code = 130 if status == "KILLED" else 2
+
+
+@dataclass
+class Grid:
+    """What a job asks of the driver: its trials (typed specs: frozen dataclasses with ``name`` and
+    ``run(trial) -> dict``) and where and how they run."""
+
+    command: str  # sweep, contribution, hybrid: the MLflow ``raycpt.command`` tag and the message prefix
+    specs: list
+    params: dict = field(default_factory=dict)  # parameters of the parent run (besides the config)
+    shared: dict = field(default_factory=dict)  # JSON-able values every trial gets, e.g. the held-out blocks file
+    folder: str = "trials"  # trials live in <run_dir>/<folder>/<name>
+    meta_file: str = "trial.json"  # the file in a trial's folder that keeps its MLflow run id
+    name_tag: str = "raycpt.trial"  # the child run's tag holding the trial name
+    cpus: float = 1.0  # CPUs of the trial driver's bundle (Tune only)
+    data_cpus: float = 0.0  # CPUs of a second bundle for the Ray Data tasks a trial launches (0 = none)
+    resources: dict = field(default_factory=dict)  # extra Ray resources in the trial's bundle (sweep.trial_resources)
+    max_concurrent: int = 1  # Tune trials running at once
+    inline: bool = False  # run the trials one after the other in this process instead of as Tune trials
+    max_steps: int = 0  # steps per trial, for the progress line
+    model_path: Optional[str] = None  # set: pack the corpus once (tokenizer of this model) before any trial
+
+
+@dataclass
+class Trial:
+    """What a trial body gets."""
+
+    cfg: ExperimentConfig
+    dir: Path
+    run: Any
+    """Its :class:`raycpt.tracking.ChildRun` (``run_id``, ``created``, ``elapsed``, ``meta``)."""
+    parent_run_id: str
+    shared: dict
+    threads: Optional[int] = None
+    """CPUs this trial reserved (torch threads of an evaluation in the trial process); None = inline."""
+    console: Any = None
+    clock: Any = None
+    """Its :class:`raycpt.runs.AttemptClock`: ``clock.elapsed`` sums every attempt, killed ones included."""
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds this trial has run over all its attempts."""
+        return self.clock.elapsed if self.clock is not None else self.run.elapsed
+
+    @contextlib.contextmanager
+    def logging(self):
+        """The trial's child run as MLflow's active run (``log_metrics`` / ``log_artifact`` inside)."""
+        import mlflow
+
+        mlflow.set_tracking_uri(self.cfg.tracking.uri)
+        with mlflow.start_run(run_id=self.run.run_id):
+            yield
+
+
+# ------------------------------------------------------------------------------------- parent run
+class ParentRun:
+    """The parent MLflow run of a grid job, its id kept in the run folder's ``state.json``.
+
+    Created (with the config, ``grid.params`` and the trial names) or, on resume, set RUNNING again. As a
+    context manager it ends FINISHED on success; on an error it first ends every child run still
+    RUNNING (:func:`end_unfinished`), then itself: KILLED for Ctrl-C or an interrupted grid, else FAILED."""
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, grid: Grid):
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.cfg, self.run_dir, self.grid = cfg, Path(run_dir), grid
+        self.t_start = time.time()
+        trials = [s.name for s in grid.specs]
+        self.experiment_id = ensure_store(cfg.tracking)
+        self.client = MlflowClient()
+        state = read_state(run_dir)
+        self.created = not state.get("parent_run_id")
+        if self.created:
+            run = self.client.create_run(self.experiment_id, run_name=self.run_dir.name,
+                                         tags={"raycpt.command": grid.command, "raycpt.run_dir": str(run_dir),
+                                               **version_tags()})
+            self.run_id = run.info.run_id
+            write_state(run_dir, command=grid.command, parent_run_id=self.run_id, trials=trials)
+            with self.active():
+                log_config(cfg)
+                mlflow.log_params({"trials": ",".join(trials)[:500], **grid.params})
+        else:
+            self.run_id = state["parent_run_id"]
+        self.client.update_run(self.run_id, status="RUNNING")
+
+    @contextlib.contextmanager
+    def active(self):
+        """The parent run as MLflow's active run (for ``log_metrics`` / ``log_artifact``), left RUNNING."""
+        import mlflow
+
+        mlflow.set_tracking_uri(self.cfg.tracking.uri)
+        with mlflow.start_run(run_id=self.run_id):
+            yield
+        self.client.update_run(self.run_id, status="RUNNING")
+
+    def __enter__(self) -> "ParentRun":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:  # this invocation's wall time (a resumed run logs its own)
+            self.client.log_metric(self.run_id, f"{self.grid.command}_wall_time_s", time.time() - self.t_start)
+            self.client.set_terminated(self.run_id, status="FINISHED")
+            return False
+        status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else getattr(exc, "status", "FAILED")
+        end_unfinished(self.client, self.run_dir / self.grid.folder, status, self.grid.meta_file)
+        if self.client.get_run(self.run_id).info.status == "RUNNING":
+            self.client.set_terminated(self.run_id, status=status)
+        return False
+
+
+def end_unfinished(client, trials_root: Path, status: str, meta_file: str = "trial.json") -> int:
+    """End every trial's child run still RUNNING with ``status`` (a trial actor stopped by Tune never
+    reaches its own handlers); ``--resume`` sets them RUNNING again and continues them, so no run is
+    duplicated. Returns how many it ended."""
+    n = 0
+    for meta in sorted(Path(trials_root).glob(f"*/{meta_file}")):
+        try:
+            run_id = json.loads(meta.read_text())["mlflow_run_id"]
+            if client.get_run(run_id).info.status == "RUNNING":
+                client.set_terminated(run_id, status=status)
+                n += 1
+        except Exception:  # noqa: BLE001 - best effort while already failing
+            continue
+    return n
+
+
+# ------------------------------------------------------------------------------------- one trial
+def run_trial(config: dict) -> dict:
+    """One trial from its ``param_space`` entry (in a Tune trial, or inline): rebuild and validate the
+    config and the spec, skip a finished trial, open its child run, run the body, keep its result."""
+    from mlflow.tracking import MlflowClient
+
+    cfg = config_from_dict(config["cfg"])
+    spec = config["spec_type"](**config["spec"])
+    tdir = Path(config["trials_root"]) / spec.name
+    tdir.mkdir(parents=True, exist_ok=True)
+    if (tdir / RESULT).is_file():  # finished before an interruption: never redo it
+        return json.loads((tdir / RESULT).read_text())
+    exp_id = ensure_store(cfg.tracking)
+    label = getattr(spec, "label", None) or spec.name
+    with ChildRun(MlflowClient(), tdir / config["meta_file"], exp_id, config["parent_run_id"], label,
+                  tags={"raycpt.command": config["command"], config["name_tag"]: spec.name},
+                  meta={"spec": config["spec"]}) as run, AttemptClock(tdir / "attempts.json") as clock:
+        trial = Trial(cfg=cfg, dir=tdir, run=run, parent_run_id=config["parent_run_id"], shared=config["shared"],
+                      threads=config.get("threads"), console=config.get("console"), clock=clock)
+        result = spec.run(trial)
+        atomic_write_json(tdir / RESULT, result)
+    return result
+
+
+def tune_trainable(config: dict) -> None:
+    """The Tune function trainable of every grid: one trial; reports its result."""
+    from ray import tune
+
+    tune.report({"done": 1, "result": run_trial(config)})
+
+
+# ------------------------------------------------------------------------------------- the driver
+def run_grid(parent: ParentRun, resume: bool = False, console=None) -> dict[str, dict]:
+    """Run every trial of ``parent.grid`` (Ray must be up) and return ``{name: result}`` in spec order.
+
+    Raises :class:`GridIncomplete` (one line ending in "continue with --resume") when a trial did not
+    finish; the :class:`ParentRun` then ends itself and the unfinished children."""
+    cfg, run_dir, grid = parent.cfg, parent.run_dir, parent.grid
+    names = [s.name for s in grid.specs]
+    space = {"cfg": config_to_dict(cfg), "spec_type": type(grid.specs[0]), "trials_root": str(run_dir / grid.folder),
+             "parent_run_id": parent.run_id, "shared": grid.shared, "command": grid.command,
+             "meta_file": grid.meta_file, "name_tag": grid.name_tag}
+    if console is not None:
+        console.print(f"{grid.command}: {len(names)} trials ({', '.join(names)}) -> {run_dir}")
+    results: dict[str, dict] = {}
+    errors: dict[str, str] = {}
+    preflight(cfg, grid.max_concurrent)  # shared storage on every node; the SQLite-with-concurrency warning
+    if grid.model_path is not None:
+        from raycpt.train.launch import packed_corpus
+
+        packed_corpus(cfg, grid.model_path, quiet=console is None)  # pack once; every trial then reads the store
+    try:
+        if grid.inline:
+            for s in grid.specs:
+                results[s.name] = run_trial({**space, "spec": dataclasses.asdict(s), "console": console})
+        else:
+            results, errors = _fit(run_dir, grid, space, resume, console)
+    except KeyboardInterrupt:  # Ctrl-C: the unfinished trials end KILLED, and one line says how to go on
+        pass
+    missing = [n for n in names if n not in results]
+    if missing:
+        status = "FAILED" if errors else "KILLED"  # no trial error: Tune (or the user) stopped the grid
+        why = f" ({'; '.join(f'{n}: {e}' for n, e in errors.items())})" if errors else ""
+        raise GridIncomplete(f"{grid.command} {'interrupted' if status == 'KILLED' else 'incomplete'}: "
+                             f"{', '.join(missing)} did not finish{why}; continue with --resume ({run_dir})", status)
+    return {n: results[n] for n in names}
+
+
+def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple[dict, dict]:
+    """Create (or restore) the Tuner, fit it with the progress bar, collect the ``ResultGrid``."""
+    from ray import tune
+
+    from raycpt.report.progress import TrialsProgress
+
+    bundles = [{"CPU": grid.cpus, **grid.resources}]
+    if grid.data_cpus > 0:  # Ray Data tasks also ask for a little "memory": the bundle must hold some
+        bundles.append({"CPU": grid.data_cpus, "memory": 1 << 30})
+    trainable = tune.with_resources(tune_trainable, tune.PlacementGroupFactory(bundles))
+    tune_path = run_dir / "tune"
+    if resume and tune_path.exists() and tune.Tuner.can_restore(str(assert_private_folder(tune_path))):
+        tuner = tune.Tuner.restore(str(tune_path), trainable=trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        threads = max(1, int(grid.cpus + grid.data_cpus))
+        param_space = {**space, "threads": threads,
+                       "spec": tune.grid_search([dataclasses.asdict(s) for s in grid.specs])}
+        tuner = tune.Tuner(
+            trainable, param_space=param_space,
+            # reuse_actors: later trials skip the imports and keep the lm-eval task manager
+            tune_config=tune.TuneConfig(max_concurrent_trials=grid.max_concurrent, reuse_actors=True,
+                                        trial_dirname_creator=lambda t: t.config["spec"]["name"],
+                                        trial_name_creator=lambda t: t.config["spec"]["name"]),
+            run_config=tune.RunConfig(name="tune", storage_path=str(run_dir), verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=1)))
+    # Tune's console reporter off (verbose=0 alone still prints its experiment box and paths): the grid shows
+    # its own per-trial progress, and the Tune results stay under <run>/tune
+    progress = TrialsProgress(run_dir / grid.folder, [s.name for s in grid.specs], grid.max_steps, console)
+    with mock.patch.dict(os.environ, {"RAY_AIR_NEW_OUTPUT": "0"}), progress:
+        result_grid = tuner.fit()
+    results, errors = {}, {}
+    for r in result_grid:
+        name = r.config["spec"]["name"]
+        if r.metrics and r.metrics.get("done"):
+            results[name] = r.metrics["result"]
+        elif r.error is not None:
+            lines = [ln for ln in str(r.error).splitlines() if ln.strip()]
+            errors[name] = lines[-1][:200] if lines else type(r.error).__name__
+    return results, errors
+
+
+# ------------------------------------------------------------------------------------- trial helpers
+def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress: bool = False):
+    """Train ``tcfg`` in the trial's ``train/`` folder under its child run; the training worker evaluates
+    the final weights (its GPU on a cluster). ``(TrainResult, EvalResult, held-out loss or None)``."""
+    from raycpt.train.launch import final_evaluation, run_training
+    from raycpt.train.loop import EvalRequest
+
+    req = EvalRequest(out_dir=str(trial.dir / "eval"), name=name, heldout_path=trial.shared.get("heldout_path"))
+    tdir = trial.dir / "train"
+    train = run_training(tcfg, run_dir=tdir, resume=(tdir / "state.json").exists() or (tdir / "ray").exists(),
+                         parent_run_id=trial.parent_run_id, mlflow_run_id=trial.run.run_id, name=name,
+                         progress=progress, evaluate=req)
+    ev, heldout = final_evaluation(train.final_model_dir, tcfg.eval, req, threads=trial.threads)
+    return train, ev, heldout
+
+
+def model_layers(cfg: ExperimentConfig) -> tuple[str, int]:
+    """(resolved model folder, number of decoder layers), read from its config (no weights loaded)."""
+    from transformers import AutoConfig
+
+    from raycpt.models.sources import resolve_model_path
+
+    path = resolve_model_path(cfg.model, progress=True)
+    conf = AutoConfig.from_pretrained(path)
+    n = int(getattr(conf, "num_hidden_layers", 0) or getattr(conf, "n_layer", 0) or 0)
+    if n < 1:
+        raise RaycptError(f"model {cfg.model.ref}: cannot read its number of decoder layers")
+    return path, n
+
+
+def heldout_blocks(cfg: ExperimentConfig, model_path: str, num_docs: int, setting: str, raise_key: str):
+    """The held-out token blocks (documents after the first ``data.max_documents``, never trained on)."""
+    from raycpt.data.corpus import heldout_blocks as _heldout
+
+    if cfg.data.max_documents is None:
+        raise RaycptError(f"{setting} needs data.max_documents: the held-out documents are the ones after the "
+                          "first data.max_documents, which training never reads")
+    return _heldout(cfg.data, model_path, num_docs, setting=setting, raise_key=raise_key)

@@ -1,0 +1,63 @@
+"""The contribution scan's files: the per-layer table, the markdown summary, the plots and summary.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raycpt.diagnostics.contribution import in_band, relative_depth
+from raycpt.report.compare import markdown_table, plot_contribution, plot_l2_change, write_csv
+from raycpt.io import atomic_write_json, atomic_write_text
+
+
+def write_outputs(run_dir: Path, a: dict, trials: dict[str, dict], n: int, s) -> list[Path]:
+    """contribution.csv / .md, plots (contribution vs depth with the band, L2 change), summary.json;
+    ``s`` is the :class:`raycpt.config.ContributionConfig`."""
+    rows = []
+    rank_of = {l: i + 1 for i, l in enumerate(a["ranking"])}
+    for l in sorted(a["contribution"]):
+        t = trials[f"single-L{l:02d}"]
+        rows.append({"layer": l, "depth": round(relative_depth(l, n), 4), "in_band": in_band(l, n, s.band),
+                     "score": t["score"], "contribution": a["contribution"][l], "rank": rank_of[l],
+                     "l2_single": a["l2_single"].get(l, float("nan")), "l2_full": a["l2_full"].get(l, float("nan")),
+                     "final_loss": t.get("final_loss", float("nan")), "wall_s": round(t.get("wall_s", 0.0), 1)})
+    files = [write_csv(rows, run_dir / "contribution.csv")]
+    key = a.get("score_key", trials["full"]["score_key"])
+    lines = [f"# Layer contribution ({key})", "",
+             f"base {a['base_score']:.2f}, full {a['full_score']:.2f}; {a['num_above']} of {len(rows)} scanned "
+             f"layers above {s.threshold:g}; mean contribution in the {s.band[0]:.0%}-{s.band[1]:.0%} band "
+             f"{a['band_mean']:.3f}, outside {a['outside_mean']:.3f}; ranking (best first): "
+             f"{', '.join(map(str, a['ranking']))}", ""]
+    lines.append(markdown_table(rows))
+    if "vote" in a:
+        v = a["vote"]
+        lines += ["", f"## Majority vote of the top-{v['k']} single-layer models (layers {v['models']})", "",
+                  f"vote {v['vote_acc']:.2f} vs best single (layer {v['best_single_layer']}) "
+                  f"{v['best_single_acc']:.2f} vs full {v['full_acc']:.2f} vs base {v['base_acc']:.2f} "
+                  f"on {v['num_questions']} questions"]
+    if "jaccard" in a:
+        j = a["jaccard"]
+        lines += ["", "## Newly solved questions (vs base) of the top-k models", "",
+                  f"mean pairwise Jaccard {j['mean']:.3f}; newly solved per layer {j['newly_solved']}"]
+        if j["pairs"]:
+            files.append(write_csv(j["pairs"], run_dir / "jaccard.csv"))
+    if "spearman" in a:
+        sp = a["spearman"]
+        lines += ["", f"## Spearman vs {s.against}", "",
+                  f"rho {sp['rho']:.3f}, p {sp['p_value']:.3g} over {sp['layers']} layers"]
+    files.append(atomic_write_text(run_dir / "contribution.md", "\n".join(lines) + "\n"))
+    files.append(plot_contribution(a["contribution"], n, run_dir / "plots" / "contribution.png", s.band,
+                                   title=f"contribution ({key}); {a['num_above']} layer(s) > {s.threshold:g}"))
+    if a["l2_single"]:
+        files.append(plot_l2_change(a["l2_single"], a["l2_full"], n, run_dir / "plots" / "l2_change.png"))
+    summary = {k: v for k, v in a.items()}
+    summary["contribution"] = {str(k): v for k, v in a["contribution"].items()}
+    summary["scores"] = {str(k): v for k, v in a["scores"].items()}
+    summary["l2_single"] = {str(k): v for k, v in a["l2_single"].items()}
+    summary["l2_full"] = {str(k): v for k, v in a["l2_full"].items()}
+    if "jaccard" in summary:
+        solved = {str(k): v for k, v in a["jaccard"]["newly_solved"].items()}
+        summary["jaccard"] = {**a["jaccard"], "newly_solved": solved}
+    summary["trials"] = {k: {kk: vv for kk, vv in t.items() if kk not in ("answers", "cells")}
+                         for k, t in trials.items()}
+    files.append(atomic_write_json(run_dir / "summary.json", summary))
+    return files

@@ -1,0 +1,414 @@
+"""Checkpoints: what a folder holds, how it is verified, loaded without unpickling code, and published.
+
+A checkpoint folder (``checkpoint_<step>``)::
+
+    model/              HF safetensors folder + tokenizer, in the training dtype (bf16 when training
+                        in bf16, else float32)
+    train_state.pt      tensors only (loaded with ``torch.load(weights_only=True)``): optimizer and
+                        scheduler state, every rank's torch/CUDA RNG state, and - when ``model/`` is
+                        bf16 - the float32 master copy of the trainable parameters
+    train_state.json    everything that is not a tensor: step, data position, loss history, plan,
+                        every rank's numpy/python RNG state (as lists), the weights dtype
+    manifest.json       written LAST: size and sha256 of every other file, the step, the
+                        finite-weights flag
+
+:func:`verify_checkpoint` checks a folder against its manifest (a cut upload, a truncated or
+edited file, a missing manifest all fail, with the reason); resume (:func:`find_checkpoints`) and
+publish (:func:`publish_model`) use only folders that pass. A checkpoint is written only from
+finite weights (:func:`all_finite`). ``final_model/`` is a copy of the verified checkpoint's
+``model/`` files (a reflink where the filesystem can, else a byte copy) checked against the same
+hashes, never a hard link: changing a checkpoint cannot change the published model.
+
+Ray Tune's restore, which unpickles ``tuner.pkl``, is guarded by
+:func:`raycpt.runs.assert_private_folder`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from raycpt.errors import RaycptError
+
+MANIFEST_FILE = "manifest.json"
+STATE_PT = "train_state.pt"
+STATE_JSON = "train_state.json"
+MODEL_DIR = "model"
+MANIFEST_FORMAT = "raycpt.checkpoint-manifest/1"
+_FICLONE = 0x40049409  # linux/fs.h: ioctl(dest_fd, FICLONE, src_fd) = reflink the whole file
+
+
+# ------------------------------------------------------------------------------------ small helpers
+
+def checkpoint_step(folder) -> int:
+    """The step of a checkpoint folder (from its ``train_state.json``), -1 if unreadable."""
+    try:
+        return int(json.loads((Path(folder) / STATE_JSON).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by its string (``"nan"``, ``"inf"``), so that
+    ``json.dumps(..., allow_nan=False)`` holds; ``float(x)`` still reads the strings back."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def weights_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The dtype checkpoints store weights in: bf16 when the loop trains in bf16 (see
+    :func:`raycpt.train.loop.autocast_for`), else float32."""
+    if precision == "bf16" or (precision == "auto" and torch.device(device).type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def all_finite(state_dict: dict) -> tuple[int, int]:
+    """``(non-finite floating tensors, floating tensors)`` of a state dict."""
+    bad = total = 0
+    for v in state_dict.values():
+        if torch.is_tensor(v) and v.is_floating_point():
+            total += 1
+            bad += int(not bool(torch.isfinite(v).all()))
+    return bad, total
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+
+
+# ------------------------------------------------------------------------------------ manifest
+
+def write_manifest(folder, step: int, finite: bool, extra: Optional[dict] = None) -> Path:
+    """Write ``manifest.json`` over every other file of ``folder`` (call it last)."""
+    folder = Path(folder)
+    files = {rel: {"size": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)} for rel in _files(folder)}
+    doc = {"format": MANIFEST_FORMAT, "step": int(step), "finite": bool(finite), "files": files,
+           "time": time.time(), **(extra or {})}
+    tmp = folder / f".{MANIFEST_FILE}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    os.replace(tmp, folder / MANIFEST_FILE)
+    return folder / MANIFEST_FILE
+
+
+def read_manifest(folder) -> Optional[dict]:
+    try:
+        doc = json.loads((Path(folder) / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else None
+
+
+_VERIFIED: dict[str, tuple] = {}  # folder -> stat signature of the files that passed (no re-hashing)
+
+
+def _signature(folder: Path, names) -> tuple:
+    out = []
+    for rel in sorted(names) + [MANIFEST_FILE]:
+        try:
+            st = (folder / rel).stat()
+            out.append((rel, st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            out.append((rel, None))
+    return tuple(out)
+
+
+def verify_checkpoint(folder, require: tuple[str, ...] = (STATE_JSON, STATE_PT, f"{MODEL_DIR}/config.json")
+                      ) -> Optional[str]:
+    """None when ``folder`` matches its manifest (every listed file there with its size and sha256,
+    the required files listed, finite weights); else the reason, in a few words."""
+    folder = Path(folder)
+    doc = read_manifest(folder)
+    if doc is None:
+        return f"no readable {MANIFEST_FILE} (cut short, or written by an older raycpt)"
+    files = doc["files"]
+    for rel in require:
+        if rel not in files:
+            return f"the manifest lists no {rel}"
+    if not any(rel.endswith(".safetensors") for rel in files):
+        return "the manifest lists no weights (*.safetensors)"
+    if not doc.get("finite", False):
+        return "its weights are not finite"
+    sig = _signature(folder, files)
+    if _VERIFIED.get(str(folder)) == sig:
+        return None
+    for rel, meta in files.items():
+        p = folder / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        size = p.stat().st_size
+        if size != meta.get("size"):
+            return f"{rel} has {size} bytes, the manifest says {meta.get('size')}"
+        if _sha256(p) != meta.get("sha256"):
+            return f"{rel} does not match its sha256 in the manifest"
+    _VERIFIED[str(folder)] = sig
+    return None
+
+
+def is_complete_checkpoint(folder) -> bool:
+    """The folder passes :func:`verify_checkpoint`."""
+    return verify_checkpoint(folder) is None
+
+
+def find_checkpoints(root, failed: Optional[list] = None) -> list[tuple[int, Path]]:
+    """Verified checkpoints ``checkpoint_*`` at any depth under ``root`` as (step, folder), oldest
+    first. The ones that fail go to ``failed`` as ``(folder, reason)`` when a list is given."""
+    out = []
+    root = Path(root)
+    if not root.is_dir():
+        return out
+    for d in sorted(p for p in root.rglob("checkpoint_*") if p.is_dir()):
+        why = verify_checkpoint(d)
+        if why is None:
+            out.append((checkpoint_step(d), d))
+        elif failed is not None:
+            failed.append((d, why))
+    out.sort(key=lambda x: (x[0], x[1].stat().st_mtime))
+    return out
+
+
+# ------------------------------------------------------------------------------------ state
+
+def rng_state() -> dict:
+    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    name, keys, pos, has_gauss, cached = st["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
+    version, internal, gauss = st["python"]
+    random.setstate((int(version), tuple(int(x) for x in internal), gauss))
+    if st.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def split_rng(rngs: list[dict]) -> tuple[dict, list[dict]]:
+    """Every rank's RNG states -> (tensors for ``train_state.pt``, plain lists for the JSON)."""
+    tensors = {"torch": [r["torch"] for r in rngs], "cuda": [list(r.get("cuda") or []) for r in rngs]}
+    plain = []
+    for r in rngs:
+        name, keys, pos, has_gauss, cached = r["numpy"]
+        version, internal, gauss = r["python"]
+        plain.append({"numpy": [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],
+                      "python": [int(version), list(internal), gauss]})
+    return tensors, plain
+
+
+def merge_rng(tensors: dict, plain: list[dict]) -> list[dict]:
+    out = []
+    for i, p in enumerate(plain):
+        cuda = tensors.get("cuda", [])[i] if i < len(tensors.get("cuda", [])) else []
+        out.append({"torch": tensors["torch"][i], "numpy": p["numpy"], "python": p["python"], "cuda": cuda or None})
+    return out
+
+
+def model_state(model, wrapped, fsdp: bool) -> dict:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return model.state_dict()
+
+
+def optim_state(wrapped, optimizer, fsdp: bool) -> dict:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(wrapped, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return optimizer.state_dict()
+
+
+def load_optim_state(wrapped, optimizer, sd: dict, fsdp: bool) -> None:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=sd,
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(sd)
+
+
+_model_state, _optim_state, _load_optim_state = model_state, optim_state, load_optim_state  # the old names
+
+
+def save_model_folder(model, tokenizer, state_dict: Optional[dict], out: Path,
+                      dtype: Optional[torch.dtype] = None) -> Path:
+    """HF safetensors folder + tokenizer; ``dtype`` casts the floating weights (and says so in
+    ``config.json``, so ``from_pretrained`` loads them as they are)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if dtype is not None and dtype != torch.float32:
+        state_dict = state_dict if state_dict is not None else model.state_dict()
+        state_dict = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
+                      for k, v in state_dict.items()}
+    model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
+    if dtype is not None and dtype != torch.float32:  # save_pretrained writes the in-memory model's dtype
+        conf = json.loads((out / "config.json").read_text(encoding="utf-8"))
+        conf["dtype"] = str(dtype).replace("torch.", "")
+        (out / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def write_checkpoint(folder, *, model, tokenizer, msd: dict, osd: dict, scheduler_state: dict, rngs: list[dict],
+                     step: int, history: list[float], plan: dict, plan_text: str, data_pos: dict,
+                     dtype: torch.dtype = torch.float32) -> Path:
+    """Write a complete checkpoint into ``folder`` (see the module docstring), manifest last.
+
+    ``msd`` must be finite (the caller checks with :func:`all_finite`)."""
+    folder = Path(folder)
+    save_model_folder(model, tokenizer, msd, folder / MODEL_DIR, dtype=dtype)
+    rng_tensors, rng_plain = split_rng(rngs)
+    tensors = {"optimizer": osd, "scheduler": scheduler_state, "rng": rng_tensors}
+    if dtype != torch.float32:  # the float32 master weights of what trains (the rest is the base model)
+        names = {n for n, p in model.named_parameters() if p.requires_grad}
+        tensors["master"] = {k: v.detach().to("cpu", torch.float32) for k, v in msd.items() if k in names}
+    torch.save(tensors, folder / STATE_PT)
+    summary = {"step": step, "loss": history[-1] if history else None, "data": data_pos, "plan": plan_text,
+               "plan_dict": plan, "losses": list(history), "rng": rng_plain,
+               "weights_dtype": str(dtype).replace("torch.", ""), "time": time.time()}
+    (folder / STATE_JSON).write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False), encoding="utf-8")
+    write_manifest(folder, step, finite=True, extra={"weights_dtype": summary["weights_dtype"]})
+    return folder
+
+
+def read_train_state(folder) -> dict:
+    """The state a resume needs, loaded without unpickling code: ``train_state.pt`` with
+    ``weights_only=True`` merged with ``train_state.json`` (keys: step, optimizer, scheduler, rng
+    (per rank), losses, data, master (or None), weights_dtype)."""
+    folder = Path(folder)
+    try:
+        tensors = torch.load(folder / STATE_PT, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickle.UnpicklingError for anything beyond tensors/containers
+        raise RaycptError(f"checkpoint {folder}: {STATE_PT} holds more than tensors and plain containers, "
+                          f"refused ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    meta = json.loads((folder / STATE_JSON).read_text(encoding="utf-8"))
+    return {"step": int(meta["step"]), "optimizer": tensors["optimizer"], "scheduler": tensors["scheduler"],
+            "rng": merge_rng(tensors.get("rng") or {"torch": []}, meta.get("rng") or []),
+            "losses": [float(x) for x in meta.get("losses", [])], "data": meta.get("data"),
+            "master": tensors.get("master"), "weights_dtype": meta.get("weights_dtype", "float32")}
+
+
+def load_master_weights(model, master: dict) -> None:
+    """Put the float32 master copies (a bf16 checkpoint's trainable parameters) into ``model``."""
+    params = dict(model.named_parameters())
+    missing = [k for k in master if k not in params]
+    if missing:
+        raise RaycptError(f"checkpoint master weights name parameters this model lacks: {missing[:3]}")
+    with torch.no_grad():
+        for k, v in master.items():
+            params[k].copy_(v)
+
+
+def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp, data_pos,
+               metrics, dtype: torch.dtype = torch.float32) -> Optional[str]:
+    """Every rank calls this (state gathering may be collective); rank 0 writes, all report.
+
+    Returns None when written, else why not (non-finite weights: nothing is written or reported)."""
+    msd = model_state(model, wrapped, fsdp)
+    bad, total = all_finite(msd) if session.rank == 0 else (0, 0)
+    bad, total = session.all_gather_object((bad, total))[0]
+    if bad:
+        del msd
+        return f"{bad} of {total} weight tensors are not finite"
+    osd = optim_state(wrapped, optimizer, fsdp)
+    rngs = session.all_gather_object(rng_state())
+    tmp = None
+    if session.rank == 0:
+        tmp = tempfile.mkdtemp(prefix=f"raycpt-ckpt-{step:06d}-")
+        write_checkpoint(tmp, model=model, tokenizer=tokenizer, msd=msd, osd=osd,
+                         scheduler_state=scheduler.state_dict(), rngs=rngs, step=step, history=history,
+                         plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype)
+    del msd, osd
+    try:
+        session.report(metrics, tmp, step)
+    finally:
+        if tmp is not None and os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return None
+
+
+# ------------------------------------------------------------------------------------ publish
+
+def copy_file(src: Path, dst: Path) -> str:
+    """Copy ``src`` to a new ``dst``: a reflink (``FICLONE``, shares blocks copy-on-write: writing
+    either file never changes the other) where the filesystem supports it, else a byte copy
+    (``shutil.copyfile``: ``copy_file_range``/``sendfile`` in the kernel). Returns "reflink" or "copy"."""
+    import fcntl
+
+    with open(src, "rb") as fs, open(dst, "wb") as fd:
+        try:
+            fcntl.ioctl(fd.fileno(), _FICLONE, fs.fileno())
+            return "reflink"
+        except OSError:
+            pass
+    shutil.copyfile(src, dst)
+    return "copy"
+
+
+def publish_model(ckpt, dest) -> dict:
+    """Publish a verified checkpoint's ``model/`` as ``dest`` (atomically: written aside, checked
+    against the checkpoint's sha256s, renamed into place) with its own ``manifest.json``.
+
+    Raises RaycptError when the checkpoint fails verification. Returns
+    ``{"files", "bytes", "seconds", "how"}`` (how = reflink or copy)."""
+    ckpt, dest = Path(ckpt), Path(dest)
+    why = verify_checkpoint(ckpt)
+    if why is not None:
+        raise RaycptError(f"checkpoint {ckpt} fails its manifest check ({why}): not published")
+    t0 = time.perf_counter()
+    files = {rel[len(MODEL_DIR) + 1:]: meta for rel, meta in read_manifest(ckpt)["files"].items()
+             if rel.startswith(MODEL_DIR + "/")}
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
+    how, total = set(), 0
+    try:
+        for rel, meta in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            how.add(copy_file(ckpt / MODEL_DIR / rel, tmp / rel))
+            if _sha256(tmp / rel) != meta["sha256"]:
+                raise RaycptError(f"publishing {ckpt}: the copy of {rel} differs from the checkpoint's")
+            total += meta["size"]
+        write_manifest(tmp, checkpoint_step(ckpt), finite=True, extra={"source": str(ckpt)})
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"files": len(files), "bytes": total, "seconds": time.perf_counter() - t0,
+            "how": "reflink" if how == {"reflink"} else "copy"}
+
+
+def verify_model_folder(folder) -> Optional[str]:
+    """:func:`verify_checkpoint` for a published model folder (``final_model/``)."""
+    return verify_checkpoint(folder, require=("config.json",))

@@ -1,0 +1,258 @@
+"""Run every known bad input through the real ``raycpt`` console script and print a table.
+
+    python scripts/bad_inputs.py [--fast] [--markdown OUT.md]
+
+Each case is one command line a new user or an unlucky operator could type. What should happen:
+exit code 2 and exactly one line on stderr (``error: ...``), never a traceback. The table lists
+input, exit code, the number of stderr lines and the last stderr line; the script exits 1 when any
+case breaks the rule. ``--fast`` skips the cases that start Ray (``train``). The fixtures (a tiny
+random model, binary files, malformed ranking files, a hybrid spec, ...) are made in a temporary
+folder. ``tests/integration/test_bad_inputs_cli.py`` runs the same cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Case:
+    label: str
+    args: list[str]
+    expect: str  # a substring of the one stderr line
+    ray: bool = False  # starts a local Ray (slow)
+    owner: str = "19"  # the issue whose work makes this case one line (others' run with --all)
+
+
+def fixtures(tmp: Path) -> dict:
+    """Files the cases point at."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import save_tiny
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    f = {"tmp": tmp, "model": str(save_tiny(tmp / "tiny")), "model2": str(save_tiny(tmp / "tiny2", seed=1))}
+    (tmp / "binary.bin").write_bytes(bytes(range(256)) * 4)
+    for name in ("binary.yaml", "binary.jsonl", "binary.json", "binary.txt"):
+        (tmp / name).write_bytes(bytes(range(256)) * 4)
+    (tmp / "adir").mkdir(exist_ok=True)
+    (tmp / "broken.yaml").write_text("train: [1, 2\n")
+    (tmp / "list.yaml").write_text("- 1\n- 2\n")
+    ok = {"format": "raycpt.layer-ranking/1", "model": "tiny", "num_layers": 4, "metric": "contribution",
+          "ranking": [{"layer": i, "score": 1.0 - i / 10} for i in range(4)]}
+    variants = {"ok": ok, "nl_text": {**ok, "num_layers": "many"},
+                "score_text": {**ok, "ranking": [{"layer": 0, "score": "high"}]},
+                "dup": {**ok, "ranking": [{"layer": 1, "score": 1.0}, {"layer": 1, "score": 0.5}]},
+                "nl9": {**ok, "num_layers": 9}, "empty": {**ok, "ranking": []},
+                "layer_text": {**ok, "ranking": [{"layer": "two", "score": 1.0}]},
+                "no_layer": {**ok, "ranking": [{"score": 1.0}]}}
+    for k, v in variants.items():
+        (tmp / f"rank_{k}.json").write_text(json.dumps(v))
+    (tmp / "rank_badjson.json").write_text("{\"ranking\": [")
+    (tmp / "empty.jsonl").write_text("")
+    runs = tmp / "runs"
+    hy = {"name": "h", "model": {"ref": f["model"]}, "tracking": {"run_root": str(runs)},
+          "hybrid": {"depth": 4, "new_kind": "qwen3", "builds": ["new_shallow"]}}
+    import yaml
+
+    (tmp / "hybrid.yaml").write_text(yaml.safe_dump(hy))
+    (tmp / "out" / "new_shallow").mkdir(parents=True, exist_ok=True)
+    (tmp / "out" / "new_shallow" / "my_notes.txt").write_text("the user's file")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    f.update(runs=str(runs), busy=busy, busy_port=busy.getsockname()[1])
+    return f
+
+
+def cases(f: dict) -> list[Case]:
+    t, m, runs = f["tmp"], f["model"], f["runs"]
+    rr = f"tracking.run_root={runs}"
+    plan = ["plan", "show", f"model.ref={m}", rr]
+    train = ["train", f"model.ref={m}", rr, "data.seq_len=32", "train.max_steps=2", "train.num_workers=1",
+             "ray.num_cpus=2"]
+    c = [
+        # config files and overrides
+        Case("config file missing", ["config", "validate", str(t / "nope.yaml")], "config file not found"),
+        Case("config is a directory", ["config", "validate", str(t / "adir")], "is a directory"),
+        Case("binary config", ["config", "validate", str(t / "binary.yaml")], "is not UTF-8 text"),
+        Case("broken YAML", ["config", "validate", str(t / "broken.yaml")], "is not valid YAML at line"),
+        Case("YAML list at top level", ["config", "validate", str(t / "list.yaml")], "must hold a mapping"),
+        Case("two config files", ["config", "validate", str(t / "list.yaml"), str(t / "broken.yaml")],
+             "unexpected argument"),
+        Case("unknown key", ["config", "validate", "train.lrr=1"], "unknown key (did you mean 'train.lr'?)"),
+        Case("unknown section", ["config", "validate", "trian.lr=1"], "unknown key"),
+        Case("empty override key", ["config", "validate", "=3"], "empty key"),
+        Case("int field given text", ["config", "validate", "train.max_steps=abc"], "an integer"),
+        Case("int field given 2.5", ["config", "validate", "train.max_steps=2.5"], "an integer"),
+        Case("train.max_steps=0", ["config", "validate", "train.max_steps=0"], "an integer >= 1"),
+        Case("train.max_steps=1e309", ["config", "validate", "train.max_steps=1e309"], "an integer"),
+        Case("train.lr=inf", ["config", "validate", "train.lr=inf"], "a finite number"),
+        Case("train.lr=1e309", ["config", "validate", "train.lr=1e309"], "a finite number"),
+        Case("train.lr=nan", ["config", "validate", "train.lr=nan"], "a finite number"),
+        Case("train.lr=-1", ["config", "validate", "train.lr=-1"], "a positive number"),
+        Case("train.lr=10**400", ["config", "validate", "train.lr=" + "1" + "0" * 400], "a finite number"),
+        Case("train.betas=[0.9,inf]", ["config", "validate", "train.betas=[0.9,inf]"], "a finite number"),
+        Case("train.betas=[0.9]", ["config", "validate", "train.betas=[0.9]"], "two numbers in [0, 1)"),
+        Case("train.warmup_ratio=1", ["config", "validate", "train.warmup_ratio=1"], "a number in [0, 1)"),
+        Case("train.precision=fp16", ["config", "validate", "train.precision=fp16"], "one of auto, fp32, bf16"),
+        Case("train.distributed=zero", ["config", "validate", "train.distributed=zero"], "one of ddp, fsdp"),
+        Case("train.use_gpu=maybe", ["config", "validate", "train.use_gpu=maybe"], "true or false"),
+        Case("data.seq_len=4", ["config", "validate", "data.seq_len=4"], "an integer >= 8"),
+        Case("data.corpus=[]", ["config", "validate", "data.corpus=[]"], "a non-empty list"),
+        Case("eval.modes=[fast]", ["config", "validate", "eval.modes=[fast]"], "one of logit, generate"),
+        Case("eval.limit=0", ["config", "validate", "eval.limit=0"], "an integer >= 1 or null"),
+        Case("trace.top_k=-1", ["config", "validate", "trace.top_k=-1"], "an integer >= 0"),
+        Case("trace.grid=[0.8,0.2,0.1]", ["config", "validate", "trace.grid=[0.8,0.2,0.1]"], "[start, stop, step]"),
+        Case("sweep.splits=[1.5]", ["config", "validate", "sweep.splits=[1.5]"], "ratios strictly between 0 and 1"),
+        Case("plan.name=bogus", ["config", "validate", "plan.name=bogus"], "one of full"),
+        Case("plan.split=1.5", ["config", "validate", "plan.split=1.5"], "a ratio strictly between 0 and 1"),
+        Case("plan.pattern=012", ["config", "validate", "plan.pattern=012"], "a string of 0 and 1"),
+        Case("plan.k=0", ["config", "validate", "plan.k=0"], "an integer >= 1"),
+        Case("plan.lr_scales={3: -1}", ["config", "validate", "plan.lr_scales={3: -1}"], "a positive multiplier"),
+        Case("hybrid.depth=3", ["config", "validate", "hybrid.depth=3"], "an even integer >= 2"),
+        Case("hybrid.builds=[bogus]", ["config", "validate", "hybrid.builds=[bogus]"], "one of new_shallow"),
+        Case("name with path separators", ["config", "validate", "name=x/../../../escaped"], "no path separators"),
+        Case("name empty", ["config", "validate", "name="], "1-100 letters"),
+        Case("name ..", ["config", "validate", "name=.."], "1-100 letters"),
+        Case("name with a space", ["config", "validate", "name=my run"], "1-100 letters"),
+        # plans on a model
+        Case("plan.name=blocks plan.pattern=", plan + ["plan.name=blocks", "plan.pattern="], "plan.pattern"),
+        Case("plan.name=blocks plan.pattern=00", plan + ["plan.name=blocks", "plan.pattern=00"], "trains nothing"),
+        Case("plan.layers out of range", plan + ["plan.name=layers", "plan.layers=[1,9]"], "out of range"),
+        Case("plan.split leaves a side empty", plan + ["plan.split=0.9"], "leaves the deep side empty"),
+        Case("elite without ranking", plan + ["plan.name=elite"], "plan.ranking_file is not set"),
+        Case("plan.ranking_file=/bin/ls", plan + ["plan.name=elite", "plan.ranking_file=/bin/ls"],
+             "is not UTF-8 text"),
+        Case("ranking file missing", plan + ["plan.name=elite", f"plan.ranking_file={t / 'nope.json'}"],
+             "ranking file not found"),
+        Case("ranking file is a directory", plan + ["plan.name=elite", f"plan.ranking_file={t / 'adir'}"],
+             "is a directory"),
+        Case("ranking file broken JSON", plan + ["plan.name=elite", f"plan.ranking_file={t / 'rank_badjson.json'}"],
+             "is not valid JSON"),
+        Case("ranking num_layers='many'", plan + ["plan.name=elite", f"plan.ranking_file={t / 'rank_nl_text.json'}"],
+             "\"num_layers\" is 'many'"),
+        Case("ranking score='high'", plan + ["plan.name=elite", f"plan.ranking_file={t / 'rank_score_text.json'}"],
+             "has score 'high'"),
+        Case("ranking layer='two'", plan + ["plan.name=elite", f"plan.ranking_file={t / 'rank_layer_text.json'}"],
+             "is not an integer"),
+        Case("ranking entry without layer", plan + ["plan.name=elite", f"plan.ranking_file={t / 'rank_no_layer.json'}"],
+             "needs a \"layer\""),
+        Case("ranking layer twice", plan + ["plan.name=elite", f"plan.ranking_file={t / 'rank_dup.json'}"],
+             "listed twice"),
+        Case("ranking for a 9-layer model", plan + ["plan.name=elite", f"plan.ranking_file={t / 'rank_nl9.json'}"],
+             "is for a 9-layer model"),
+        Case("ranking empty", plan + ["plan.name=elite", f"plan.ranking_file={t / 'rank_empty.json'}"],
+             "needs a non-empty"),
+        Case("plan.k beyond the ranking", plan + ["plan.name=elite", f"plan.ranking_file={t / 'rank_ok.json'}",
+                                                  "plan.k=9"], "lists only 4 layers"),
+        Case("model.ref missing folder", ["plan", "show", f"model.ref={t / 'nope'}", rr], "nope"),
+        Case("model.ref is a binary file", ["plan", "show", f"model.ref={t / 'binary.bin'}", rr], ""),
+        # contribution --spearman
+        Case("--spearman one file", ["contribution", "--spearman", str(t / "rank_ok.json")], "exactly two"),
+        Case("--spearman binary file", ["contribution", "--spearman", f"{t / 'binary.json'},{t / 'rank_ok.json'}"],
+             "is not UTF-8 text"),
+        Case("--spearman a directory", ["contribution", "--spearman", f"{t / 'adir'},{t / 'rank_ok.json'}"],
+             "is a directory"),
+        # compare
+        Case("compare X X", ["compare", m, m, "-c", rr], "are the same model"),
+        Case("compare X X (one via ./)", ["compare", m, m + "/.", "-c", rr], "are the same model"),
+        Case("compare with one model", ["compare", m, "-c", rr], "compare needs BASE and TUNED"),
+        Case("compare --alpha 0", ["compare", m, m, "--alpha", "0", "-c", rr], "--alpha=0.0"),
+        Case("compare --prompts a directory", ["compare", m, f["model2"], "--prompts", str(t / "adir"), "-c", rr],
+             "is a directory"),
+        Case("compare --prompts binary", ["compare", m, f["model2"], "--prompts", str(t / "binary.jsonl"), "-c", rr],
+             "is not UTF-8 text"),
+        Case("compare --sweep and models", ["compare", m, m, "--sweep", str(t / "adir"), "-c", rr], "not both"),
+        # eval
+        Case("eval --checkpoints ','", ["eval", rr, "--checkpoints", ","], "no checkpoint given"),
+        Case("eval --modes fast", ["eval", rr, "--modes", "fast"], "one of logit, generate"),
+        Case("eval --tasks a directory", ["eval", rr, f"model.ref={m}", "--tasks", str(t / "adir")], ""),
+        Case("eval --tasks binary .jsonl", ["eval", rr, f"model.ref={m}", "--tasks", str(t / "binary.jsonl")], ""),
+        # trace
+        Case("trace --prompts missing", ["trace", f"model.ref={m}", rr, "--prompts", str(t / "nope.jsonl")],
+             "prompt file not found"),
+        Case("trace --prompts a directory", ["trace", f"model.ref={m}", rr, "--prompts", str(t / "adir")],
+             "is a directory"),
+        Case("trace --prompts binary", ["trace", f"model.ref={m}", rr, "--prompts", str(t / "binary.jsonl")],
+             "is not UTF-8 text"),
+        Case("trace --splits a,b", ["trace", f"model.ref={m}", rr, "--splits", "a,b"], "is not a number"),
+        # sweep
+        Case("sweep --splits ,", ["sweep", rr, "--splits", ","], "no values given"),
+        Case("sweep --splits x", ["sweep", rr, "--splits", "x"], "is not a number"),
+        # hybrid
+        Case("hybrid build --out non-empty", ["hybrid", "build", str(t / "hybrid.yaml"), "--out", str(t / "out")],
+             "already exists and is not empty"),
+        # ui
+        Case("ui on a busy port", ["ui", rr, "--port", str(f["busy_port"])], "is not free"),
+        Case("ui --port 0", ["ui", rr, "--port", "0"], "not a TCP port"),
+        Case("ui --port 70000", ["ui", rr, "--port", "70000"], "not a TCP port"),
+        # CLI usage
+        Case("unknown command", ["trian"], "No such command", owner="16"),
+        Case("unknown option", ["train", "--bogus"], "No such option", owner="16"),
+        # train (these start Ray)
+        Case("train empty corpus", train + [f"data.corpus=[{t / 'empty.jsonl'}]"], "gives no full", ray=True),
+        Case("train --resume without an earlier run", train + ["name=never", "--resume"],
+             "no earlier 'train' run named 'never'", ray=True),
+        Case("train seq_len beyond the model", train + ["data.seq_len=4096"], "beyond this model's limit", ray=True),
+        Case("train a binary corpus named .txt", train + [f"data.corpus=[{t / 'binary.txt'}]"], "", ray=True,
+             owner="12"),
+        Case("train corpus is a directory", train + [f"data.corpus=[{t / 'adir'}]"], "is a directory", ray=True,
+             owner="12"),
+        Case("train unreachable tracking.uri", train + ["tracking.uri=http://127.0.0.1:9"], "", ray=True,
+             owner="13"),
+    ]
+    return c
+
+
+def run_case(case: Case, env: dict, timeout: float = 600) -> dict:
+    exe = Path(sys.executable).with_name("raycpt")
+    try:
+        r = subprocess.run([str(exe), *case.args], capture_output=True, text=True, timeout=timeout, env=env)
+        rc, err = r.returncode, r.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, err = "timeout", (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    ok = rc == 2 and len(lines) == 1 and "Traceback" not in err and case.expect in last
+    return {"label": case.label, "rc": rc, "lines": len(lines), "line": last, "ok": ok, "owner": case.owner}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fast", action="store_true", help="skip the cases that start Ray")
+    ap.add_argument("--markdown", help="also write the table to this file")
+    ap.add_argument("--all", action="store_true", help="also the cases other issues own (12: corpus, 13: tracking "
+                                                       "server, 16: CLI usage errors)")
+    a = ap.parse_args(argv)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    with tempfile.TemporaryDirectory(prefix="raycpt-bad-") as tmp:
+        f = fixtures(Path(tmp))
+        rows = [run_case(c, env) for c in cases(f) if not (a.fast and c.ray) and (a.all or c.owner == "19")]
+        kept = (Path(tmp) / "out" / "new_shallow" / "my_notes.txt").read_text() == "the user's file"
+    out = ["| # | input | exit | stderr lines | line |", "|---|---|---|---|---|"]
+    for i, r in enumerate(rows, 1):
+        flag = ("" if r["ok"] else " **(!)**") + ("" if r["owner"] == "19" else f" (issue {r['owner']})")
+        out.append(f"| {i} | {r['label']} | {r['rc']} | {r['lines']} | `{r['line'][:220]}`{flag} |")
+    bad = [r for r in rows if not r["ok"]]
+    out.append(f"\n{len(rows) - len(bad)} of {len(rows)} bad inputs: exit 2 and one line; the user's file under "
+               f"--out {'kept' if kept else 'LOST'}")
+    text = "\n".join(out)
+    print(text)
+    if a.markdown:
+        Path(a.markdown).write_text(text + "\n")
+    return 1 if bad or not kept else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
