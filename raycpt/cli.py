@@ -181,6 +181,9 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     cfg = load(args)
     split_list = parse_floats(splits, "--splits")
     strat_list = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else None
+    from raycpt.train.preflight import preflight, sweep_plans
+
+    preflight(cfg, console, sweep_plans(cfg))
     t0 = time.time()
     res = run_sweep(cfg, splits=split_list, strategies=strat_list, resume=resume, console=console)
     for task, rows in res.summary["tables"].items():
@@ -307,6 +310,9 @@ def contribution_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_
     if against is not None:
         extra.append(f"contribution.against={against}")
     cfg = load(args, extra)
+    from raycpt.train.preflight import full_plan, preflight
+
+    preflight(cfg, console, [full_plan(cfg)])
     res = run_contribution(cfg, resume=resume, console=console)
     a = res.analysis
     from rich.table import Table
@@ -364,6 +370,9 @@ def hybrid_run(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     from raycpt.jobs.hybrid import run_hybrid
 
     cfg = load(args)
+    from raycpt.train.preflight import preflight
+
+    preflight(cfg, console)
     res = run_hybrid(cfg, resume=resume, console=console)
     for r in res.builds:
         console.print(f"{r['name']}: trained layers {r['trainable_layers']}, final loss {r['final_loss']:.3f}, "
@@ -432,6 +441,9 @@ def plan_show(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP)):
                   f"({100 * share:.1f}% train)", markup=False, highlight=False, soft_wrap=True)
     for n in tab["notes"]:
         console.print(f"note: {n}", markup=False, highlight=False, soft_wrap=True)
+    from raycpt.train.preflight import preflight
+
+    preflight(cfg, console)
 
 
 # ---- train ----
@@ -444,6 +456,9 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     from raycpt.train.launch import run_training
 
     cfg = load(args)
+    from raycpt.train.preflight import preflight
+
+    preflight(cfg, console)
     with ray_session(cfg.ray):
         res = run_training(cfg, resume=resume, progress=True)
     first = f"{res.losses[0]:.4f}" if res.losses else "n/a"

@@ -198,6 +198,17 @@ class TrainConfig:
     """Log metrics every N steps."""
     drift_every: int = 0
     """Every N steps log per-layer weight change and probe CKA against the start (0 = off)."""
+    loss: Literal["auto", "chunked", "plain"] = "auto"
+    """chunked = LM head + loss over chunks of tokens (never the full logits); plain = full logits; auto = chunked for
+    vocabularies >= 32768 (plain under FSDP)."""
+    loss_chunk_tokens: int = 1024
+    """Tokens per chunk of the chunked loss (smaller = less memory, more kernel launches)."""
+    activation_checkpointing: bool = False
+    """Recompute the trainable layers' activations in backward (the model's gradient_checkpointing_enable)."""
+    device_memory_gb: Optional[float] = None
+    """Memory of one worker's device in GB for the pre-launch estimate; None = detected on a GPU, unchecked on CPU."""
+    peak_tflops: Optional[float] = None
+    """Peak dense TFLOP/s of one worker's device for MFU; None = a table of known GPUs (no MFU on CPU)."""
 
     def __post_init__(self):
         _check(self.lr > 0, "train.lr", self.lr, "a positive number")
@@ -213,6 +224,12 @@ class TrainConfig:
         _check(self.max_failures >= 0, "train.max_failures", self.max_failures, "an integer >= 0")
         _check(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "a number >= 0")
         _check(self.drift_every >= 0, "train.drift_every", self.drift_every, "an integer >= 0")
+        _check(self.loss_chunk_tokens >= 1, "train.loss_chunk_tokens", self.loss_chunk_tokens,
+               "an integer >= 1 (tokens per chunk of the chunked loss; train.loss=plain for the full-logits loss)")
+        _check(self.device_memory_gb is None or self.device_memory_gb > 0, "train.device_memory_gb",
+               self.device_memory_gb, "a positive number of GB or null")
+        _check(self.peak_tflops is None or self.peak_tflops > 0, "train.peak_tflops", self.peak_tflops,
+               "a positive number or null")
 
 
 @dataclass

@@ -17,8 +17,10 @@ and returns every question's prediction with the scores (with ``out_dir``, also 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import os
@@ -339,13 +341,16 @@ def _question_key(task_name: str, s: dict, spec: TaskSpec) -> tuple[str, dict]:
 
 def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = None, out_dir: str | os.PathLike | None = None,
                    name: Optional[str] = None, dtype: str = "auto", device: Optional[str] = None,
-                   lm_kwargs: Optional[dict] = None) -> EvalResult:
+                   lm_kwargs: Optional[dict] = None, shard: Optional[tuple[int, int]] = None) -> EvalResult:
     """Evaluate one model on ``eval_cfg.tasks`` in ``eval_cfg.modes``; return its :class:`EvalResult`.
 
     ``model_or_path``: a model folder / model reference (loaded with ``load_model``) or an in-memory
     ``PreTrainedModel`` (then ``tokenizer`` is required; pass the bare module, not a DDP wrapper).
     The model is put in eval mode for the run and restored to its previous mode afterwards.
     ``out_dir``: also write ``eval-<name>.json`` (every question) and ``eval-<name>.csv`` there.
+    ``shard=(rank, world)``: only this rank's questions (documents ``rank, rank + world, ...`` of
+    each lm-eval task, within ``eval_cfg.limit``), each carrying its ``_pos``; combine the ranks'
+    results with :func:`merge_shards` (nothing is written here then).
     """
     specs = resolve_tasks(eval_cfg.tasks)
     modes = [m for m in MODES if m in eval_cfg.modes]
@@ -362,46 +367,113 @@ def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = No
         if tok is None:
             raise RaycptError("evaluate_model: an in-memory model needs its tokenizer (tokenizer=...)")
     name = name or (Path(source).name if source != "<in-memory>" else "model")
-    load_s = time.perf_counter() - t0
+    result = EvalResult(name=name, source=source, seconds={"load": time.perf_counter() - t0})
+    merged, order = _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, result.seconds)
+    for spec in specs:
+        qs = sorted(merged[spec.name].values(), key=lambda q: order[(spec.name, q["id"])])
+        if shard is not None:
+            qs = [{**q, "_pos": list(order[(spec.name, q["id"])])} for q in qs]
+        result.questions[spec.name] = qs
+    _score(result, modes)
+    if out_dir is not None and shard is None:
+        write_results([result], out_dir, stem=f"eval-{_safe(name)}")
+    return result
 
+
+def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) -> tuple[dict, dict]:
+    """Every mode through lm-eval: ``({benchmark: {question id: record}}, {(benchmark, id): order key})``.
+
+    The order key (task position, document index) is the same on every shard and on one worker."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
     _quiet_lm_eval()
     was_training = model.training
     model.eval()
-    result = EvalResult(name=name, source=source, seconds={"load": load_s})
+    merged: dict[str, dict[str, dict]] = {s.name: {} for s in specs}
+    order: dict[tuple[str, str], tuple[int, int]] = {}
     try:
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=eval_cfg.batch_size, **(lm_kwargs or {}))
-        merged: dict[str, dict[str, dict]] = {s.name: {} for s in specs}
+        # inside a torch.distributed group (a Ray Train worker) HFLM may take the group's rank and world
+        # size, and simple_evaluate returns nothing where LOCAL_RANK != 0; raycpt shards by itself
+        lm._rank, lm._world_size = 0, 1
         for mode in modes:
             t1 = time.perf_counter()
-            tasks, owner = [], {}
+            tasks, owner, position = [], {}, {}
             for spec in specs:
                 for t in _load_lm_tasks(spec, mode, eval_cfg):
-                    tasks.append(t)
-                    owner[t.config.task] = spec
-            out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=eval_cfg.limit, log_samples=True,
-                                          task_manager=task_manager(), bootstrap_iters=0)
-            for task_name, samples in out["samples"].items():
-                spec = owner[task_name]
-                recs = (_records_logit if mode == "logit" else _records_generate)(task_name, samples, spec)
-                for key, rec in recs.items():
-                    merged[spec.name].setdefault(key, {}).update(rec)
-            result.seconds[mode] = time.perf_counter() - t1
+                    position[t.config.task] = len(position)
+                    if shard is None or _shard_task(t, shard, eval_cfg.limit):
+                        tasks.append(t)
+                        owner[t.config.task] = spec
+            if tasks:
+                with _local_rank_zero():
+                    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=eval_cfg.limit if shard is None else None,
+                                                  log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
+                for task_name, samples in out["samples"].items():
+                    spec = owner[task_name]
+                    recs = (_records_logit if mode == "logit" else _records_generate)(task_name, samples, spec)
+                    for s in samples:
+                        key = _question_key(task_name, s, spec)[0]
+                        order.setdefault((spec.name, key), (position[task_name], int(s["doc_id"])))
+                    for key, rec in recs.items():
+                        merged[spec.name].setdefault(key, {}).update(rec)
+            seconds[mode] = time.perf_counter() - t1
     finally:
         if was_training:
             model.train()
-    for spec in specs:
-        qs = list(merged[spec.name].values())
-        result.questions[spec.name] = qs
-        result.scores[spec.name] = {}
+    return merged, order
+
+
+@contextlib.contextmanager
+def _local_rank_zero():
+    """``LOCAL_RANK=0`` for the call (Ray Train sets it per worker; lm-eval returns None elsewhere)."""
+    prev = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = "0"
+    try:
+        yield
+    finally:
+        if prev is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = prev
+
+
+def _shard_task(task, shard: tuple[int, int], limit: Optional[int]) -> bool:
+    """Make lm-eval read only this rank's documents of ``task`` (original document indices kept);
+    False when the rank has none (the task is left out: lm-eval cannot score an empty task)."""
+    rank, world = shard
+    n = len(task.eval_docs)
+    stop = min(n, int(limit)) if limit else n
+    if rank >= stop:
+        return False
+    task.doc_iterator = lambda **_: itertools.islice(enumerate(task.eval_docs), rank, stop, world)
+    return True
+
+
+def _score(result: EvalResult, modes: Sequence[str]) -> None:
+    for bench, qs in result.questions.items():
+        result.scores[bench] = {}
         for mode in modes:
             sc, counts = category_scores((q["category"], q[mode]["correct"]) for q in qs if mode in q)
-            result.scores[spec.name][mode] = sc
-            result.counts[spec.name] = counts
+            result.scores[bench][mode] = sc
+            result.counts[bench] = counts
+
+
+def merge_shards(parts: Sequence[EvalResult], out_dir: str | os.PathLike | None = None) -> EvalResult:
+    """One result from the ranks' ``evaluate_model(..., shard=...)`` results: questions in one
+    worker's order, scores recomputed over all of them, the slowest rank's seconds; written like
+    :func:`evaluate_model` writes when ``out_dir`` is given."""
+    first = parts[0]
+    result = EvalResult(name=first.name, source=first.source,
+                        seconds={k: max(p.seconds.get(k, 0.0) for p in parts) for k in first.seconds})
+    modes = [m for m in MODES if any(m in q for p in parts for qs in p.questions.values() for q in qs)]
+    for bench in first.questions:
+        qs = sorted((q for p in parts for q in p.questions.get(bench, [])), key=lambda q: tuple(q["_pos"]))
+        result.questions[bench] = [{k: v for k, v in q.items() if k != "_pos"} for q in qs]
+    _score(result, modes)
     if out_dir is not None:
-        write_results([result], out_dir, stem=f"eval-{_safe(name)}")
+        write_results([result], out_dir, stem=f"eval-{_safe(result.name)}")
     return result
 
 

@@ -25,7 +25,7 @@ def read_step_records(path: Path) -> list[dict]:
                 rec = json.loads(line)
             except json.JSONDecodeError:  # a line cut by a kill: ignore it
                 continue
-            if "event" in rec or "step" not in rec:
+            if "event" in rec or "timing" in rec or "step" not in rec:
                 continue
             by_step[int(rec["step"])] = rec
     return [by_step[s] for s in sorted(by_step)]

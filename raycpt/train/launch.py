@@ -218,8 +218,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
     sweep trial's folder) = use it. ``mlflow_run_id`` continues an existing run (a sweep's child
     run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (an :class:`EvalRequest`) makes
-    rank 0 evaluate the final weights with ``cfg.eval`` in the worker right after training (not with
-    FSDP); read it with :func:`final_evaluation`. Needs Ray.
+    the workers evaluate the final weights with ``cfg.eval`` (each its share of the questions, gathered on
+    rank 0) in the worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray.
 
     The steps: :func:`_open_run` (the folder; a finished run resumed returns its saved result) ->
     :func:`_prepare` (validate, plan, checkpoint to resume, corpus) -> in the MLflow run:

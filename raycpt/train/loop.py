@@ -71,7 +71,10 @@ from raycpt.train.checkpoint import (checkpoint, checkpoint_step, find_checkpoin
 from raycpt.train.background import BackgroundCalls
 from raycpt.train.callbacks import LoopState
 from raycpt.train.callbacks import StepCallback, callbacks_for, register_step_callback  # noqa: F401 - re-export (moved)
+from raycpt.train.loss import model_loss
+from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens
 from raycpt.train.sysmetrics import StepSystemMetrics
+from raycpt.train.throughput import device_name, flops_per_token, peak_flops, throughput_metrics
 
 METRICS_FILE = "train_metrics.jsonl"
 STATUS_FILE = "train_status.json"
@@ -142,12 +145,14 @@ def trainable_params(module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str, device: torch.device
-                     ) -> torch.Tensor:
+def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str, device: torch.device,
+                     model=None, chunk_tokens: Optional[int] = None) -> torch.Tensor:
     """Loss and gradients of one optimizer step over ``micro_batches`` (each ``(b, seq)`` token ids).
 
     Returns the mean loss (a detached scalar). DDP gradients are synchronised on the last
-    micro-batch only (``no_sync`` before)."""
+    micro-batch only (``no_sync`` before). ``chunk_tokens``: the chunked LM-head loss
+    (:func:`raycpt.train.loss.model_loss`, through ``wrapped``'s forward; ``model`` is the bare
+    module); None = the model's own loss over full logits."""
     n = len(micro_batches)
     total = torch.zeros((), device=device)
     try:
@@ -156,8 +161,8 @@ def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str,
             sync = j == n - 1 or not hasattr(wrapped, "no_sync")
             with (contextlib.nullcontext() if sync else wrapped.no_sync()):
                 with autocast_for(precision, device):
-                    out = wrapped(input_ids=ids, labels=ids, use_cache=False)
-                loss = out.loss.float() / n
+                    loss = model_loss(wrapped, model if model is not None else wrapped, ids, chunk_tokens)
+                loss = loss.float() / n
                 loss.backward()
             total += loss.detach()
     finally:
@@ -175,11 +180,11 @@ def clip_and_norm(wrapped, params: list[torch.nn.Parameter], max_norm: float) ->
 
 
 def train_step(wrapped, optimizer, scheduler, micro_batches, precision="fp32", device=None, max_grad_norm=1.0,
-               params=None) -> dict[str, float]:
+               params=None, chunk_tokens: Optional[int] = None) -> dict[str, float]:
     """One complete optimizer step on one process (no cross-rank loss averaging): for tests/benchmarks."""
     device = device or torch.device("cpu")
     params = params if params is not None else trainable_params(wrapped)
-    loss = float(forward_backward(wrapped, micro_batches, precision, device))
+    loss = float(forward_backward(wrapped, micro_batches, precision, device, chunk_tokens=chunk_tokens))
     gn = clip_and_norm(wrapped, params, max_grad_norm)
     optimizer.step()
     scheduler.step()
@@ -479,6 +484,9 @@ class _Worker:
     step_times: list = field(default_factory=list)
     step_cpu: list = field(default_factory=list)  # this process's CPU seconds per step (all its threads)
     t_setup: float = field(default_factory=time.perf_counter)  # when this rank's setup began
+    chunk_tokens: Optional[int] = None  # the chunked loss's rows per chunk; None = the plain loss
+    flops_per_token: float = 0.0
+    peak_flops: Optional[float] = None
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -504,11 +512,11 @@ def run_loop(config: dict, session: _Session) -> dict:
     state = _start(w)
     status = _train(w, data, state)
     _finish(w, state, status)
-    if config.get("evaluate") and status["status"] == "finished" and w.rank == 0 and not w.fsdp:
+    if config.get("evaluate") and status["status"] == "finished" and not w.fsdp:
         if w.logger is not None:
             w.logger.event({"event": "evaluate", "step": state.step, "time": time.time()})
         t_eval = time.perf_counter()
-        evaluate_in_worker(w.model, w.tokenizer, w.cfg.eval, config["evaluate"])
+        evaluate_in_worker(w.model, w.tokenizer, w.cfg.eval, config["evaluate"], session)
         if w.logger is not None:
             w.logger.event({"timing": "evaluated", "step": state.step, "time": time.time(),
                             "seconds": time.perf_counter() - t_eval})
@@ -556,6 +564,10 @@ def _load_model(w: _Worker) -> None:
     w.model, w.tokenizer = model, tokenizer
     w.counts = apply_plan(model, w.plan)
     w.prefix = FrozenPrefix(model, w.plan)
+    enable_activation_checkpointing(model, tcfg)
+    w.chunk_tokens = loss_chunk_tokens(tcfg, model, w.world)
+    w.flops_per_token = flops_per_token(model, w.plan, w.cfg.data.seq_len)
+    w.peak_flops = peak_flops(device_name(w.device), tcfg.peak_tflops)
     w.wrapped = session.wrap(model, w.device, tcfg.distributed)
     w.optimizer = make_optimizer(model, w.plan, tcfg, wrapped=w.wrapped if w.fsdp else None)
     w.scheduler = make_scheduler(w.optimizer, tcfg)
@@ -645,7 +657,7 @@ def _step(w: _Worker, data, step: int) -> dict:
     for _ in range(tcfg.grad_accum):
         epoch, ids = next(data)
         batch.append(ids)
-    loss_local = forward_backward(w.wrapped, batch, tcfg.precision, device)
+    loss_local = forward_backward(w.wrapped, batch, tcfg.precision, device, model=w.model, chunk_tokens=w.chunk_tokens)
     loss_local = w.faults.loss(step, loss_local)
     loss = float(w.session.all_reduce_mean(loss_local))
     grad_norm = clip_and_norm(w.wrapped, w.params, tcfg.max_grad_norm) if math.isfinite(loss) else float("nan")
@@ -664,7 +676,8 @@ def _step(w: _Worker, data, step: int) -> dict:
     w.step_cpu.append(cpu)
     w.history.append(loss)
     return {"loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": dt, "step_cpu_s": cpu,
-            "tokens_per_s": _tokens_per_step(w) / dt, "epoch": epoch}
+            "tokens_per_s": _tokens_per_step(w) / dt, "epoch": epoch,
+            **throughput_metrics(_tokens_per_step(w), w.world, dt, w.flops_per_token, w.peak_flops)}
 
 
 def _after_step(w: _Worker, state: LoopState, step: int, metrics: dict) -> None:
@@ -709,20 +722,37 @@ class EvalRequest:
     """JSON file of token blocks: also write their language-model loss (``heldout_loss``)."""
 
 
-def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest) -> Path:
+def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Optional[_Session] = None
+                       ) -> Optional[Path]:
     """Evaluate the trained model where it already is (this worker's device and threads), with the
     eval bridge, and write ``<out_dir>/eval_result.json`` (``EvalResult.to_dict()``, the flat ``metrics``,
     ``heldout_loss``); :func:`raycpt.train.launch.final_evaluation` reads it.
 
+    With several workers (``session.world_size > 1``) every rank evaluates its share of the
+    questions (``evaluate_model(shard=(rank, world))``), rank 0 gathers them
+    (:func:`raycpt.evaluate.merge_shards`: the same per-question records and scores as one worker)
+    and writes; the other ranks return None.
+
     The in-memory model equals the final checkpoint (it was saved from these weights), so nothing is
     reloaded; on a cluster the evaluation runs on the training GPU instead of a CPU-only trial actor.
     With ``req.heldout_path`` the file also holds ``heldout_loss`` (:func:`raycpt.evaluate.lm_loss`)."""
-    from raycpt.evaluate import evaluate_model
+    from raycpt.evaluate import evaluate_model, merge_shards
 
+    rank, world = (session.rank, session.world_size) if session is not None else (0, 1)
     use_cache = getattr(model.config, "use_cache", None)
     model.config.use_cache = True  # generation mode: the training loop turned the KV cache off
+    ckpt = getattr(model, "is_gradient_checkpointing", False)
+    if ckpt:
+        model.gradient_checkpointing_disable()
     try:
-        res = evaluate_model(model, eval_cfg, tokenizer=tokenizer, out_dir=req.out_dir, name=req.name)
+        if world > 1:
+            part = evaluate_model(model, eval_cfg, tokenizer=tokenizer, name=req.name, shard=(rank, world))
+            parts = session.all_gather_object(part)
+            if rank != 0:
+                return None
+            res = merge_shards(parts, out_dir=req.out_dir)
+        else:
+            res = evaluate_model(model, eval_cfg, tokenizer=tokenizer, out_dir=req.out_dir, name=req.name)
     finally:
         model.config.use_cache = use_cache
     out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}

@@ -253,3 +253,26 @@ def test_table_and_csv(tiny, qfile, tmp_path):
 
     row = next(csv.DictReader(paths["csv"].open()))
     assert row["model"] == "base" and float(row["average_logit"]) == 43.75 and row["other_generate"] == ""
+
+
+@pytest.mark.parametrize("world, limit", [(2, None), (3, 7), (5, 4)])
+def test_sharded_evaluation_equals_one_worker(tiny, qfile, tmp_path, world, limit):
+    """Each rank scores documents rank, rank+world, ... (a rank past the limit scores none);
+    merged, the questions, their order, every prediction and every score equal one worker's."""
+    model, tok = tiny
+    path, rows = qfile
+    ecfg = EvalConfig(tasks=[str(path)], modes=["logit", "generate"], limit=limit, batch_size=3, max_gen_toks=4)
+    one = E.evaluate_model(model, ecfg, tokenizer=tok)
+    parts = [E.evaluate_model(model, ecfg, tokenizer=tok, shard=(r, world)) for r in range(world)]
+    n = min(limit or len(rows), len(rows))
+    assert [[q["id"] for q in p.questions["tiny_q"]] for p in parts] == [
+        [rows[i]["id"] for i in range(r, n, world)] for r in range(world)]
+    merged = E.merge_shards(parts, out_dir=tmp_path)
+    assert [q["id"] for q in merged.questions["tiny_q"]] == [r["id"] for r in rows[:n]]
+    for a, b in zip(merged.questions["tiny_q"], one.questions["tiny_q"]):
+        assert a["logit"]["prediction"] == b["logit"]["prediction"]
+        assert a["generate"]["extracted"] == b["generate"]["extracted"]
+        assert a["generate"]["text"] == b["generate"]["text"]
+        assert a["logit"]["logprobs"] == pytest.approx(b["logit"]["logprobs"], abs=1e-5)
+    assert merged.scores == one.scores and merged.counts == one.counts
+    assert (tmp_path / "eval-model_questions.json").is_file()
