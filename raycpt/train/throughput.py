@@ -29,9 +29,9 @@ def flops_per_token(model, plan, seq_len: int) -> float:
 
     stack = LayerStack(model)
     conf = model.config
-    heads = conf.num_attention_heads
-    head_dim = getattr(conf, "head_dim", None) or conf.hidden_size // heads
-    attn = 2 * seq_len * heads * head_dim
+    heads = getattr(conf, "num_attention_heads", None)  # None: no attention to count (Mamba2, raycpt hybrids)
+    head_dim = (getattr(conf, "head_dim", None) or conf.hidden_size // heads) if heads else 0
+    attn = 2 * seq_len * (heads or 0) * head_dim
     w_layer = [2 * sum(p.numel() for p in layer.parameters()) for layer in stack.layers]
     w_head = 2 * stack.head.weight.numel()
     cost = sum(w + attn for w in w_layer) + w_head

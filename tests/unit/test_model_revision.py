@@ -43,7 +43,7 @@ def test_revision_reaches_every_resolve(fake_hub, tmp_path):
     from transformers import AutoConfig
 
     from raycpt.jobs.compare import resolve_ref
-    from raycpt.jobs.sweep import model_depth
+    from raycpt.jobs.grid import model_layers
     from raycpt.jobs.trace import prepare_trace
     from raycpt.models.hybrid import plan_from_config
     from raycpt.train.launch import resolve_model_path
@@ -51,7 +51,7 @@ def test_revision_reaches_every_resolve(fake_hub, tmp_path):
     cfg = _cfg(tmp_path)
     hybrid = plan_from_config(HybridConfig(), "new_shallow", cfg.model.ref, cfg.model)  # donor = model.ref
     depths = {
-        "sweep.model_depth": model_depth(cfg),
+        "grid.model_layers (sweep, contribution)": model_layers(cfg)[1],
         "train.launch.resolve_model_path": AutoConfig.from_pretrained(resolve_model_path(cfg)).num_hidden_layers,
         "compare.resolve_ref": AutoConfig.from_pretrained(resolve_ref(HUB_ID, cfg)).num_hidden_layers,
         "trace": prepare_trace(cfg, splits=[0.5], prompts=None).num_layers,
