@@ -114,7 +114,7 @@ def _cli(*args):
 
 
 def test_bad_inputs_through_the_console_script(tiny_dir, tmp_path):
-    from tests.unit.test_hybrid import LAYERS, shorthand  # noqa: F401
+    from test_hybrid import LAYERS, shorthand  # noqa: F401
     from raycpt.models.hybrid import save_hybrid
 
     r = _cli("plan", "show", f"model.ref={tiny_dir}", "plan.name=full", "train.device_memory_gb=0.0001")
@@ -123,7 +123,7 @@ def test_bad_inputs_through_the_console_script(tiny_dir, tmp_path):
     r = _cli("plan", "show", f"model.ref={tiny_dir}", "train.loss_chunk_tokens=0")
     assert r.returncode == 2 and "train.loss_chunk_tokens=0" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     donor = tmp_path / "donor"
-    from tests.tiny import save_tiny
+    from tiny import save_tiny
 
     save_tiny(donor, "llama", 4, 32, seed=1)
     model, tok = shorthand(str(donor), "new_deep", "nemotron_h")
@@ -138,7 +138,7 @@ def test_bad_inputs_through_the_console_script(tiny_dir, tmp_path):
 def test_loop_with_chunked_loss_and_checkpointing_matches_the_plain_loop(tiny_dir, tmp_path):
     """Same blocks, same seed: the chunked loss and activation checkpointing change memory, not the losses;
     tokens/s per worker is logged (no MFU on a CPU without train.peak_tflops, with it: the arithmetic)."""
-    from tests.unit.test_train_loop import _loop_config
+    from test_train_loop import _loop_config
 
     from raycpt.train.loop import METRICS_FILE, LocalSession, run_loop
 
