@@ -153,6 +153,7 @@ def check_shared_storage(root: Path, nodes: Optional[list[dict]] = None, timeout
     token = uuid.uuid4().hex
     path = root / f"{TOKEN_PREFIX}{token[:12]}"
     check_run_root(root)
+    root.mkdir(parents=True, exist_ok=True)  # a multi-node job is about to write its run folder here anyway
     path.write_text(token)
     try:
         reader = ray.remote(num_cpus=0, max_retries=0)(read_token)

@@ -119,7 +119,10 @@ def test_shared_context_equals_stacked(prompts, name, build, shares, attn):
     assert np.array_equal(got["t_star"], ref["t_star"])
     np.testing.assert_allclose(got["p_t"], ref["p_t"], rtol=0, atol=1e-6)
     np.testing.assert_allclose(got["js"], ref["js"], rtol=0, atol=1e-6)
-    np.testing.assert_allclose(got["djs"], ref["djs"], rtol=0 if attn == "eager" else 1e-5, atol=1e-6)
+    # sdpa rounds differently for the differently shaped calls of the two schedules: dJS (a JS difference
+    # divided by JS + eps) then moves by up to ~2e-6 absolute / 4e-5 relative (seen under load); eager stays 1e-6
+    np.testing.assert_allclose(got["djs"], ref["djs"], rtol=0 if attn == "eager" else 1e-4,
+                               atol=1e-6 if attn == "eager" else 5e-6)
     assert (ref["js"][:, :-1] > 1e-9).mean() > 0.5  # the perturbation does something
 
 
