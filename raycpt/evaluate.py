@@ -35,7 +35,6 @@ from typing import Any, Iterable, Optional, Sequence
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError, read_user_text
 from raycpt.report.eval import write_results
-from raycpt.report.eval import render_table, table_text  # noqa: F401 - re-export (moved)
 from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, SCORE_KEYS, TASKS_DIR, subject_category
 
 WORDNET_MC_FILE = Path(__file__).resolve().parent / "assets" / "wordnet_mc.jsonl"

@@ -18,7 +18,6 @@ from raycpt.cluster import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
-from raycpt.io import atomic_write_text  # noqa: F401 - re-export: their home is raycpt.io; code written before it imports them here
 from raycpt.tracking import tracking_uri
 
 

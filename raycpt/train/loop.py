@@ -70,7 +70,6 @@ from raycpt.train.checkpoint import (checkpoint, checkpoint_step, find_checkpoin
                                      weights_dtype)
 from raycpt.train.background import BackgroundCalls
 from raycpt.train.callbacks import LoopState
-from raycpt.train.callbacks import StepCallback, callbacks_for, register_step_callback  # noqa: F401 - re-export (moved)
 from raycpt.train.loss import model_loss
 from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens
 from raycpt.train.sysmetrics import StepSystemMetrics
