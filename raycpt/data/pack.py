@@ -37,11 +37,25 @@ ENCODE_DOCS = 1024
 log = logging.getLogger(__name__)
 
 
+TOKENIZER_FILE = "tokenizer.json"
+"""The model tokenizer's Rust backend, serialised by the driver into the store's temporary folder."""
+
+
 @functools.lru_cache(maxsize=2)
 def _tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _backend(tokenizer_file: str):
+    """The fast tokenizer a pack task encodes with, loaded with ``tokenizers`` alone: a Ray worker that
+    imported transformers (and torch with it) to build ``AutoTokenizer`` spent ~2.6 s per process on
+    2 cores before its first document, the largest cost of a small pack."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(tokenizer_file)
 
 
 def _encode(backend, docs: list[str]) -> list[list[int]]:
@@ -53,10 +67,11 @@ def shard_name(index: int) -> str:
     return f"shards/{index // 1000:04d}/{index:07d}.npy"
 
 
-def pack_chunk(chunk: dict, tokenizer_path: str, seq_len: int, eos_id: int, dtype: str, out_dir: str,
+def pack_chunk(chunk: dict, tokenizer_file: str, seq_len: int, eos_id: int, dtype: str, out_dir: str,
                doc_limit: Optional[int] = None) -> dict:
-    """Tokenise and pack one chunk into ``out_dir/<shard_name>``; return its record."""
-    backend = _tokenizer(tokenizer_path).backend_tokenizer
+    """Tokenise and pack one chunk into ``out_dir/<shard_name>``; return its record. ``tokenizer_file``
+    is the serialised backend (:data:`TOKENIZER_FILE`, written by the driver)."""
+    backend = _backend(tokenizer_file)
     parts: list[np.ndarray] = []  # int32 per encode batch: 4 bytes a token, not a Python int each
     batch: list[str] = []
     docs = 0
@@ -211,7 +226,8 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
         limits = None
         if data_cfg.max_documents is not None:
             chunks, limits = _doc_limits(chunks, int(data_cfg.max_documents), wave=2 * _cpus())
-        kwargs = {"tokenizer_path": tokenizer_path, "seq_len": int(data_cfg.seq_len), "eos_id": eos,
+        (tmp / TOKENIZER_FILE).write_text(tok.backend_tokenizer.to_str(), encoding="utf-8")
+        kwargs = {"tokenizer_file": str(tmp / TOKENIZER_FILE), "seq_len": int(data_cfg.seq_len), "eos_id": eos,
                   "dtype": dtype, "out_dir": str(tmp)}
         update, close = _progress(len(chunks), progress)
         try:
@@ -236,6 +252,7 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
                        for s in shards if s["blocks"] > 0],
             "fingerprints": prints,
         }
+        (tmp / TOKENIZER_FILE).unlink()  # the model folder keeps the tokenizer; the manifest has its hash
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         dest = root / key
         if dest.exists():  # a rebuild: swap, then drop the old one (open memory maps keep their files)
