@@ -340,6 +340,8 @@ class HybridSegmentConfig:
     """Whether this segment trains (false = frozen)."""
     init_seed: Optional[int] = None
     """Seed of the new layers' init (null = ``hybrid.init_seed``)."""
+    init: Optional[Literal["identity", "fresh"]] = None
+    """How the new layers start (null = ``hybrid.init``; see there)."""
     config: dict = field(default_factory=dict)
     """Config overrides of the new layers' architecture, e.g. {state_size: 64, expand: 2}."""
 
@@ -362,6 +364,11 @@ class HybridConfig:
     """Config overrides of the new layers (hidden size always = the donor's)."""
     init_seed: int = 0
     """Seed of the new layers' init."""
+    init: Literal["identity", "fresh"] = "identity"
+    """How new layers start: identity = their own architecture's init, then every projection that writes to
+    the residual stream zeroed (attention ``o_proj``, MLP ``down_proj``, Mamba2 ``out_proj``), so each new
+    layer passes its input through unchanged and the hybrid's first loss is its donor layers' alone;
+    fresh = the architecture's init only (new layers perturb the stream from the first step)."""
     segments: list[HybridSegmentConfig] = field(default_factory=list)
     """Custom build: ordered segments, each {donor, layers: [start, end), trainable} or {new: KIND, count, trainable}."""
 
