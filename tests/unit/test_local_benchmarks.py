@@ -249,3 +249,30 @@ def test_generate_mode_equals_the_gen_yamls_read_by_lm_evals_csv_builder(model, 
     for task in ("ceval", "cmmlu"):  # scores from the answers (none extracted from a random tiny model: 0)
         oks = [q["generate"]["correct"] for q in res.questions[task]]
         assert res.scores[task]["generate"]["overall"] == pytest.approx(100 * sum(oks) / len(oks))
+
+
+def test_generate_scores_of_a_model_that_always_answers_b(model):
+    """A tiny model whose head always puts "B" first: greedy 1-token answers are "B", so a question is
+    right exactly when its gold letter (read from the CSV here) is B; per-category scores follow."""
+    from raycpt.evaluate import evaluate_model
+
+    m, tok = tiny_model("llama", seed=5), model[1]
+    head = torch.nn.Linear(m.config.hidden_size, m.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(m.get_input_embeddings().weight)
+        head.bias.zero_()
+        head.bias[tok.convert_tokens_to_ids("B")] = 1e4
+    m.lm_head = head
+    res = evaluate_model(m, EvalConfig(tasks=["ceval", "cmmlu"], modes=["generate"], data_dir=str(DATA), batch_size=4,
+                                       max_gen_toks=1, subjects=SUBJECTS), tokenizer=tok)
+    keys = {"STEM": "stem", "Social Science": "social_science", "Humanities": "humanities", "Other": "other"}
+    for task in ("ceval", "cmmlu"):
+        got = {q["id"]: q for q in res.questions[task]}
+        for subject in SUBJECTS[task]:
+            golds = [r["answer" if task == "ceval" else "Answer"] for r in _rows(task, subject)]
+            for i, gold in enumerate(golds):
+                q = got[f"{subject}-{i:04d}"]
+                assert q["generate"]["text"] == "B" and q["generate"]["extracted"] == "B"
+                assert q["generate"]["correct"] == (gold == "B")
+            want = 100 * sum(g == "B" for g in golds) / len(golds)
+            assert res.scores[task]["generate"][keys[CATEGORY[subject]]] == pytest.approx(want)
