@@ -36,7 +36,7 @@ from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError, read_user_text
 from raycpt.report.eval import write_results
 from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, SCORE_KEYS, TASKS_DIR, subject_category
-from raycpt.tasks.local import check_local, subject_dataset, task_folders
+from raycpt.tasks.local import absolute_data_dir, check_local, subject_dataset, task_folders
 
 WORDNET_MC_FILE = Path(__file__).resolve().parent / "assets" / "wordnet_mc.jsonl"
 LETTERS = ("A", "B", "C", "D")
@@ -198,7 +198,10 @@ def resolve_eval_tasks(cfg: EvalConfig, check_hub: bool = True) -> list[TaskSpec
 
     A local benchmark is checked here, before anything runs: every subject that runs (all of the
     benchmark's, or ``cfg.subjects[task]``) needs its file in the published layout, each file is read
-    and checked (:func:`raycpt.tasks.local.check_local`); one line naming the file otherwise."""
+    and checked (:func:`raycpt.tasks.local.check_local`); one line naming the file otherwise.
+    ``cfg.data_dir`` is made absolute in place, so Ray workers (another working directory, e.g. under
+    ``ray job submit``) read the same files."""
+    cfg.data_dir = absolute_data_dir(cfg.data_dir)
     folders = task_folders(cfg.data_dir, cfg.tasks)
     specs = []
     for name in cfg.tasks:

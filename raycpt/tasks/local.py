@@ -108,6 +108,15 @@ def task_folders(data_dir, tasks: Sequence[str]) -> dict[str, Path]:
     return {t: folder.resolve() for t, folder in out.items()}
 
 
+def absolute_data_dir(data_dir):
+    """``eval.data_dir`` with every folder absolute (``~`` expanded), in the same form (str or mapping)."""
+    if not data_dir:
+        return data_dir
+    if isinstance(data_dir, dict):
+        return {k: str(Path(str(v)).expanduser().resolve()) if v else v for k, v in data_dir.items()}
+    return str(Path(str(data_dir)).expanduser().resolve())
+
+
 def subjects_of(task: str, chosen: Optional[Sequence[str]] = None) -> list[str]:
     """The subjects that run: ``chosen`` (checked against the category map) or all, in sorted order."""
     table = layout(task).categories

@@ -118,6 +118,17 @@ def test_cli_missing_subject_file_exit_2(tmp_path, capsys):
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+def test_data_dir_made_absolute_for_workers(tmp_path, monkeypatch):
+    from raycpt.evaluate import resolve_eval_tasks
+
+    shutil.copytree(DATA, tmp_path / "bench")
+    monkeypatch.chdir(tmp_path)
+    cfg = EvalConfig(tasks=["ceval"], data_dir="bench", subjects={"ceval": ["law"]})
+    (spec,) = resolve_eval_tasks(cfg)
+    assert cfg.data_dir == str(tmp_path / "bench") and spec.path == str(tmp_path / "bench" / "ceval")
+    assert spec.kind == "local" and spec.logit == "ceval-valid" and spec.generate == "ceval_gen"
+
+
 @pytest.mark.parametrize("overrides, match", [
     (["eval.data_dir={mmlu: /x}"], r"eval.data_dir.mmlu='/x': a task with a local layout: ceval, cmmlu"),
     (["eval.subjects={ceval: [law]}"], r"eval.subjects.ceval=\['law'\]: subjects of a local copy only"),
