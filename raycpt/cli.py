@@ -370,9 +370,11 @@ def hybrid_run(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     from raycpt.jobs.hybrid import run_hybrid
 
     cfg = load(args)
-    from raycpt.train.preflight import preflight
+    from raycpt.train.preflight import full_plan, preflight
 
-    preflight(cfg, console)
+    # the hybrids do not exist yet and each build sets its own layers plan: check the donor's full plan
+    # (cfg.plan's empty ``layers`` list would "train nothing")
+    preflight(cfg, console, plans=[full_plan(cfg)])
     res = run_hybrid(cfg, resume=resume, console=console)
     for r in res.builds:
         console.print(f"{r['name']}: trained layers {r['trainable_layers']}, final loss {r['final_loss']:.3f}, "

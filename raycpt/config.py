@@ -235,7 +235,7 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     tasks: list[str] = field(default_factory=lambda: ["wordnet_mc"])
-    """Benchmarks: ``wordnet_mc`` (offline), ``ceval``, ``cmmlu`` (hub datasets)."""
+    """Benchmarks: ``wordnet_mc`` (offline), ``ceval``, ``cmmlu`` (hub datasets, or local copies: ``data_dir``)."""
     modes: list[Literal["logit", "generate"]] = field(default_factory=lambda: ["logit", "generate"])
     """logit = answer letter scored from logits; generate = greedy 16 tokens, regex extracts A-D."""
     limit: Optional[int] = None
@@ -248,13 +248,38 @@ class EvalConfig:
     """GPUs per evaluation task when several checkpoints run in parallel."""
     cpus_per_task: float = 1.0
     """CPUs per evaluation task."""
+    data_dir: Union[str, dict[str, str], None] = None
+    """Local copies of C-Eval / CMMLU in their official release layout, used instead of the hub: a folder
+    holding ``ceval/`` and/or ``cmmlu/`` (each a release: C-Eval ``val/<subject>_val.csv``, CMMLU
+    ``test/<subject>.csv``), or per task ``{ceval: DIR, cmmlu: DIR}``; null = the hub datasets."""
+    subjects: dict[str, list[str]] = field(default_factory=dict)
+    """Subjects of a local copy to run, per task, e.g. ``{ceval: [law, logic]}``; a task not named runs all its
+    subjects (52 / 67). Every subject that runs needs its file under ``data_dir``."""
 
     def __post_init__(self):
         _check(len(self.tasks) > 0, "eval.tasks", self.tasks, "a non-empty list")
+        _check_local_eval(self)
         _check(len(self.modes) > 0, "eval.modes", self.modes, "one or both of logit, generate")
         _check(self.limit is None or self.limit >= 1, "eval.limit", self.limit, "an integer >= 1 or null")
         _check(self.batch_size >= 1, "eval.batch_size", self.batch_size, "an integer >= 1")
         _check(self.max_gen_toks >= 1, "eval.max_gen_toks", self.max_gen_toks, "an integer >= 1")
+
+
+def _check_local_eval(cfg: "EvalConfig") -> None:
+    """``eval.data_dir`` / ``eval.subjects``: known task keys and subject names (files are checked when the
+    tasks resolve, :func:`raycpt.tasks.local.check_local`)."""
+    from raycpt.tasks.local import LAYOUTS, subjects_of
+
+    allowed = "a task with a local layout: " + ", ".join(LAYOUTS)
+    if isinstance(cfg.data_dir, dict):
+        for key in cfg.data_dir:
+            _check(key in LAYOUTS, f"eval.data_dir.{key}", cfg.data_dir[key], allowed)
+    local = set(LAYOUTS) if isinstance(cfg.data_dir, str) and cfg.data_dir else set(cfg.data_dir or {})
+    for key, names in cfg.subjects.items():
+        _check(key in LAYOUTS, f"eval.subjects.{key}", names, allowed)
+        _check(key in local, f"eval.subjects.{key}", names,
+               f"subjects of a local copy only: set eval.data_dir for {key} (the hub task runs all subjects)")
+        subjects_of(key, names)
 
 
 @dataclass
@@ -340,6 +365,8 @@ class HybridSegmentConfig:
     """Whether this segment trains (false = frozen)."""
     init_seed: Optional[int] = None
     """Seed of the new layers' init (null = ``hybrid.init_seed``)."""
+    init: Optional[Literal["identity", "fresh"]] = None
+    """How the new layers start (null = ``hybrid.init``; see there)."""
     config: dict = field(default_factory=dict)
     """Config overrides of the new layers' architecture, e.g. {state_size: 64, expand: 2}."""
 
@@ -362,6 +389,11 @@ class HybridConfig:
     """Config overrides of the new layers (hidden size always = the donor's)."""
     init_seed: int = 0
     """Seed of the new layers' init."""
+    init: Literal["identity", "fresh"] = "identity"
+    """How new layers start: identity = their own architecture's init, then every projection that writes to
+    the residual stream zeroed (attention ``o_proj``, MLP ``down_proj``, Mamba2 ``out_proj``), so each new
+    layer passes its input through unchanged and the hybrid's first loss is its donor layers' alone;
+    fresh = the architecture's init only (new layers perturb the stream from the first step)."""
     segments: list[HybridSegmentConfig] = field(default_factory=list)
     """Custom build: ordered segments, each {donor, layers: [start, end), trainable} or {new: KIND, count, trainable}."""
 

@@ -36,6 +36,7 @@ from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError, read_user_text
 from raycpt.report.eval import write_results
 from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, SCORE_KEYS, TASKS_DIR, subject_category
+from raycpt.tasks.local import absolute_data_dir, check_local, subject_dataset, task_folders
 
 WORDNET_MC_FILE = Path(__file__).resolve().parent / "assets" / "wordnet_mc.jsonl"
 LETTERS = ("A", "B", "C", "D")
@@ -150,7 +151,7 @@ class TaskSpec:
     """A user-facing benchmark and the lm-eval task (or group) each mode runs."""
 
     name: str
-    kind: str  # "offline" | "hub" | "file"
+    kind: str  # "offline" | "hub" | "file" | "local" (ceval / cmmlu from eval.data_dir; path = the release folder)
     logit: str
     generate: str
     path: Optional[str] = None
@@ -190,6 +191,36 @@ def resolve_tasks(names: Sequence[str], check_hub: bool = True) -> list[TaskSpec
             raise RaycptError(f"eval.tasks: {s.name!r} is listed twice")
         seen.add(s.name)
     return specs
+
+
+def resolve_eval_tasks(cfg: EvalConfig, check_hub: bool = True) -> list[TaskSpec]:
+    """``cfg.tasks`` -> TaskSpecs, C-Eval / CMMLU from ``cfg.data_dir`` when it has them (no hub check then).
+
+    A local benchmark is checked here, before anything runs: every subject that runs (all of the
+    benchmark's, or ``cfg.subjects[task]``) needs its file in the published layout, each file is read
+    and checked (:func:`raycpt.tasks.local.check_local`); one line naming the file otherwise.
+    ``cfg.data_dir`` is made absolute in place, so Ray workers (another working directory, e.g. under
+    ``ray job submit``) read the same files."""
+    cfg.data_dir = absolute_data_dir(cfg.data_dir)
+    folders = task_folders(cfg.data_dir, cfg.tasks)
+    specs = []
+    for name in cfg.tasks:
+        if name in folders:
+            check_local(name, folders[name], cfg.subjects.get(name))
+            hub = HUB_TASKS[name]
+            specs.append(dataclasses.replace(hub, kind="local", path=str(folders[name]), hub_datasets=()))
+        else:
+            specs.append(resolve_task(name, check_hub))
+    _no_duplicates(specs)
+    return specs
+
+
+def _no_duplicates(specs: Sequence[TaskSpec]) -> None:
+    seen = set()
+    for s in specs:
+        if s.name in seen:
+            raise RaycptError(f"eval.tasks: {s.name!r} is listed twice")
+        seen.add(s.name)
 
 
 def hub_offline_reason() -> Optional[str]:
@@ -243,10 +274,56 @@ def task_manager():
                        include_path=[str(TASKS_DIR), str(lm_tasks / "ceval"), str(lm_tasks / "cmmlu")])
 
 
+def _local_task_yamls() -> dict[str, dict[str, tuple[Path, str]]]:
+    """{task: {mode: (folder, per-subject YAML name)}}: the lm-eval task config each mode of a local C-Eval /
+    CMMLU copy starts from - the hub task's own YAML (prompt, choices, target, metric); only the data source
+    is replaced. A cloze variant is one more entry per task (``"cloze": (folder, "ceval_cloze_{subject}")``)."""
+    import lm_eval
+
+    lm_tasks = Path(lm_eval.__file__).resolve().parent / "tasks"
+    return {"ceval": {"logit": (lm_tasks / "ceval", "ceval-valid_{subject}"),
+                      "generate": (TASKS_DIR / "ceval_gen", "ceval_gen_{subject}")},
+            "cmmlu": {"logit": (lm_tasks / "cmmlu", "cmmlu_{subject}"),
+                      "generate": (TASKS_DIR / "cmmlu_gen", "cmmlu_gen_{subject}")}}
+
+
+def local_task_configs(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list[dict]:
+    """lm-eval task configs (dicts) of a local benchmark in one mode: one per subject that runs, the
+    hub task's YAML with its dataset replaced by the subject's file (:func:`raycpt.tasks.local.subject_dataset`);
+    task names stay the hub's (``ceval-valid_law``, ``cmmlu_gen_arts``), so categories and question ids match.
+    Zero-shot: the few-shot split (``dev``) is not read."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    table = _local_task_yamls()[spec.name]
+    if mode not in table:
+        raise RaycptError(f"eval.modes: {spec.name!r} from eval.data_dir has no {mode!r} task; "
+                          f"available: {', '.join(table)}")
+    folder, name = table[mode]
+    out = []
+    for subject, path in check_local(spec.name, Path(spec.path), cfg.subjects.get(spec.name)).items():
+        conf = load_yaml(folder / f"{name.format(subject=subject)}.yaml", resolve_func=True)
+        conf.pop("fewshot_config", None)
+        conf.update(custom_dataset=subject_dataset, dataset_path="csv", dataset_name=None, fewshot_split=None,
+                    dataset_kwargs={"task": spec.name, "path": str(path)})
+        out.append(conf)
+    return out
+
+
+def _load_local_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
+    tasks = list(task_manager().load(local_task_configs(spec, mode, cfg))["tasks"].values())
+    if mode == "generate":
+        for t in tasks:
+            t.set_config(key="generation_kwargs", value={"max_gen_toks": cfg.max_gen_toks, "do_sample": False},
+                         update=True)
+    return tasks
+
+
 def _load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
     """Build the lm-eval Task objects of one benchmark in one mode (data is read here)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
+    if spec.kind == "local":
+        return _load_local_tasks(spec, mode, cfg)
     tm = task_manager()
     if spec.kind == "file":
         yaml_name = "wordnet_mc.yaml" if mode == "logit" else "wordnet_mc_gen.yaml"
@@ -327,7 +404,7 @@ def _records_generate(task_name: str, samples: list[dict], spec: TaskSpec) -> di
 
 def _question_key(task_name: str, s: dict, spec: TaskSpec) -> tuple[str, dict]:
     doc = s["doc"]
-    if spec.kind == "hub":
+    if spec.kind in ("hub", "local"):
         subject = re.sub(r"^(ceval-valid_|ceval_gen_|cmmlu_gen_|cmmlu_)", "", task_name)
         cat = subject_category(task_name)
         if cat is None:
@@ -351,7 +428,7 @@ def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = No
     each lm-eval task, within ``eval_cfg.limit``), each carrying its ``_pos``; combine the ranks'
     results with :func:`merge_shards` (nothing is written here then).
     """
-    specs = resolve_tasks(eval_cfg.tasks)
+    specs = resolve_eval_tasks(eval_cfg)
     modes = [m for m in MODES if m in eval_cfg.modes]
     t0 = time.perf_counter()
     if isinstance(model_or_path, (str, os.PathLike)):

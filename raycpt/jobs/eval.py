@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
-from raycpt.evaluate import EvalResult, evaluate_model, resolve_tasks
+from raycpt.evaluate import EvalResult, evaluate_model, resolve_eval_tasks
 from raycpt.models.sources import parse_ref, resolve_model_path
 from raycpt.report.eval import write_results
 from raycpt.runs import open_run_dir, write_state
@@ -84,7 +84,7 @@ def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Opt
     single checkpoint and no cluster (``use_ray=None``) it runs in this process, without Ray.
     Results come back in the order of ``paths``.
     """
-    resolve_tasks(cfg.eval.tasks)
+    resolve_eval_tasks(cfg.eval)
     paths = check_checkpoints(list(paths))
     names = list(names) if names else _unique_names(paths)
     if use_ray is None:
@@ -130,7 +130,7 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
     """
     import mlflow
 
-    resolve_tasks(cfg.eval.tasks)
+    resolve_eval_tasks(cfg.eval)
     if checkpoints:
         paths = check_checkpoints(list(checkpoints))
     else:

@@ -218,14 +218,14 @@ class HybridRunResult:
 
 def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True) -> HybridRunResult:
     """``raycpt hybrid run``: build, train, evaluate and trace every build; the Table-4 report."""
-    from raycpt.evaluate import EvalResult, resolve_tasks
+    from raycpt.evaluate import EvalResult, resolve_eval_tasks
     from raycpt.report.eval import render_table, table_text, write_results
     from raycpt.report.hybrid import plot_profiles
     from raycpt.runtime import ray_session
 
     t0 = time.time()
     plans = plan_builds(cfg)  # every user error about the spec surfaces here, before any run exists
-    resolve_tasks(cfg.eval.tasks)
+    resolve_eval_tasks(cfg.eval)
     run_dir = open_run_dir(cfg, "hybrid", resume=resume)
     state = read_state(run_dir)
     grid = Grid("hybrid", [HybridBuild(p.name, f"{display_name(p)} ({p.name})") for p in plans],

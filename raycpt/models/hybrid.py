@@ -3,7 +3,10 @@
 A hybrid is an ordered list of *segments*. Each segment is either a layer range ``[start, end)``
 copied from a pretrained donor, or ``count`` fresh layers of a named kind (a Mamba2 block, a
 NemotronH block, or the decoder layer of a transformers architecture such as llama or qwen3),
-initialised by that architecture's own init. Embeddings, final norm and head come from one donor
+initialised by that architecture's own init and, with ``init: identity`` (the default), then made an
+identity on the residual stream: every projection that writes to the stream (``o_proj``,
+``down_proj``, Mamba2's ``out_proj``; :attr:`LayerKind.residual_writes`) is zeroed, so a new hybrid's
+first loss is that of its donor layers alone. Embeddings, final norm and head come from one donor
 (the *head donor*). Every segment is marked trainable or frozen; :func:`hybrid_plan` turns the
 flags into a ``layers`` plan for training.
 
@@ -70,6 +73,9 @@ class LayerKind:
     """Rotary embedding class (attention kinds)."""
     embed_cls: Optional[str] = None
     """Embedding class when not a plain ``nn.Embedding`` (Gemma's scaled embedding)."""
+    residual_writes: tuple[str, ...] = ("self_attn.o_proj", "mlp.down_proj")
+    """Modules (or parameters) of one layer whose output is added to the residual stream: zeroed, a layer
+    adds nothing (``hybrid.init: identity``). Gemma's post-norms map a zero input to zero."""
 
 
 KINDS: dict[str, LayerKind] = {
@@ -83,9 +89,15 @@ KINDS: dict[str, LayerKind] = {
                        "Qwen3RotaryEmbedding"),
     "gemma3_text": LayerKind("gemma3_text", "gemma3", "Gemma3DecoderLayer", "attention", "Gemma3RMSNorm",
                              "rms_norm_eps", "Gemma3RotaryEmbedding", "Gemma3TextScaledWordEmbedding"),
-    "mamba2": LayerKind("mamba2", "mamba2", "Mamba2Block", "mamba2", "Mamba2RMSNorm", "layer_norm_epsilon"),
+    "mamba2": LayerKind("mamba2", "mamba2", "Mamba2Block", "mamba2", "Mamba2RMSNorm", "layer_norm_epsilon",
+                        residual_writes=("mixer.out_proj",)),
+    # a NemotronH block has one mixer: Mamba2 (out_proj), attention (o_proj), MLP (down_proj) or MoE (routed
+    # experts' down_proj parameter, the shared expert's down_proj, and the latent up-projection's bias)
     "nemotron_h": LayerKind("nemotron_h", "nemotron_h", "NemotronHBlock", "nemotron_h", "NemotronHRMSNorm",
-                            "layer_norm_epsilon"),
+                            "layer_norm_epsilon",
+                            residual_writes=("mixer.out_proj", "mixer.o_proj", "mixer.down_proj",
+                                             "mixer.experts.down_proj", "mixer.shared_experts.down_proj",
+                                             "mixer.fc2_latent_proj")),
 }
 ALIASES = {"gemma3": "gemma3_text", "nemotron": "nemotron_h", "nemotronh": "nemotron_h", "mamba": "mamba2"}
 
@@ -390,6 +402,8 @@ class Segment:
     """Donor layer range [start, end)."""
     init_seed: int = 0
     """Seed of the fresh init (new layers)."""
+    init: str = "identity"
+    """New layers: ``identity`` (residual writes zeroed, :func:`zero_residual_writes`) or ``fresh``."""
 
     @property
     def source(self) -> str:
@@ -488,7 +502,7 @@ def new_layer_config(kind: LayerKind, count: int, base: PretrainedConfig, overri
 
 
 def shorthand_segments(build: str, donor: str, donor_layers: int, depth: Optional[int], new_kind: str,
-                       new_config: Optional[dict] = None, init_seed: int = 0) -> list[dict]:
+                       new_config: Optional[dict] = None, init_seed: int = 0, init: str = "identity") -> list[dict]:
     """The paper's two builds as segment dicts (1:1 ratio: ``depth/2`` new + ``depth/2`` donor layers).
 
     ``new_shallow``: new layers first (trained), then the donor's *deep* layers (frozen).
@@ -501,7 +515,7 @@ def shorthand_segments(build: str, donor: str, donor_layers: int, depth: Optiona
     if half > donor_layers:
         raise RaycptError(f"hybrid.depth={depth}: needs {half} donor layers but the donor has {donor_layers}; "
                           f"use a depth <= {2 * donor_layers}")
-    new = dict(new=new_kind, count=half, config=dict(new_config or {}), init_seed=init_seed)
+    new = dict(new=new_kind, count=half, config=dict(new_config or {}), init_seed=init_seed, init=init)
     if build == "new_shallow":
         return [dict(new, trainable=True), dict(donor=donor, layers=[donor_layers - half, donor_layers],
                                                 trainable=False)]
@@ -514,7 +528,8 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom", mod
     """Check and resolve a segment list against the donors' configs (no weights are loaded).
 
     Each segment dict is ``{donor, layers: [start, end), trainable}`` or
-    ``{new: kind, count, trainable, init_seed?, config?}``. Raises one :class:`RaycptError` per
+    ``{new: kind, count, trainable, init_seed?, init?, config?}`` (``init``: ``identity``, the default,
+    or ``fresh``). Raises one :class:`RaycptError` per
     problem: empty list, unknown kind, a range outside the donor, a hidden-size mismatch.
     """
     if not segments:
@@ -548,7 +563,8 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom", mod
                 raise RaycptError(f"{where} ({kind.name}, new) has hidden size {sub.hidden_size} but the head donor "
                                   f"{head_donor!r} has {hidden}: all segments must share one hidden size")
             out.append(Segment(kind=kind.name, count=count, trainable=bool(seg.get("trainable", True)),
-                               config=cfg, init_seed=int(seg.get("init_seed") or 0)))
+                               config=cfg, init_seed=int(seg.get("init_seed") or 0),
+                               init=init_mode(seg.get("init"), f"{where}.init")))
             continue
         ref = seg.get("donor") or head_donor
         if str(ref) not in donors:
@@ -579,12 +595,13 @@ def plan_from_config(hcfg, build: str, model_ref: str, model_cfg=None) -> Hybrid
     donor = hcfg.donor or model_ref
     head = hcfg.head_donor or donor
     if build == "custom":
-        segs = [{k: v for k, v in vars(s).items()} for s in hcfg.segments]
+        segs = [{**vars(s), "init": s.init or hcfg.init} for s in hcfg.segments]
         return plan_hybrid(segs, head, name="custom", model_cfg=model_cfg)
     layer_kind(hcfg.new_kind, "hybrid.new_kind")
     path = resolve_donor(donor, model_cfg)
     n = _donor_config(path).num_hidden_layers
-    segs = shorthand_segments(build, donor, n, hcfg.depth, hcfg.new_kind, hcfg.new_config, hcfg.init_seed)
+    segs = shorthand_segments(build, donor, n, hcfg.depth, hcfg.new_kind, hcfg.new_config, hcfg.init_seed,
+                              hcfg.init)
     return plan_hybrid(segs, head, name=build, model_cfg=model_cfg)
 
 
@@ -609,13 +626,45 @@ def copy_module(dst: nn.Module, src: nn.Module, what: str) -> int:
     return len(sd_src)
 
 
+INIT_MODES = ("identity", "fresh")
+
+
+def init_mode(value, what: str = "hybrid.init") -> str:
+    """``value`` as an init mode (None = ``identity``), or one clear error."""
+    value = "identity" if value is None else str(value)
+    if value not in INIT_MODES:
+        raise RaycptError(f"{what}={value!r}: unknown init; use identity (new layers start as an identity on "
+                          "the residual stream) or fresh (their architecture's own init)")
+    return value
+
+
+def zero_residual_writes(layer: nn.Module, kind: LayerKind) -> list[str]:
+    """Zero every parameter of ``layer`` that writes to the residual stream (``kind.residual_writes``):
+    the layer then returns its input unchanged. Returns the zeroed parameter names."""
+    zeroed = []
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            owner = name.rsplit(".", 1)[0] if name.endswith((".weight", ".bias")) else name
+            if owner in kind.residual_writes:
+                p.zero_()
+                zeroed.append(name)
+    if not zeroed:  # pragma: no cover - a layer class whose module names changed
+        raise RuntimeError(f"hybrid init identity: no residual-stream projection {kind.residual_writes} "
+                           f"in a {kind.layer_cls}")
+    return zeroed
+
+
 def _fresh_layers(seg: Segment) -> nn.ModuleList:
-    """``seg.count`` layers initialised by their own architecture's init (seeded)."""
+    """``seg.count`` layers initialised by their own architecture's init (seeded); with
+    ``seg.init == "identity"`` their residual-stream projections are then zeroed."""
     from transformers import AutoModel
 
     cfg = sub_config(seg.kind, dict(seg.config, vocab_size=8))
     torch.manual_seed(seg.init_seed)
     base = AutoModel.from_config(cfg, dtype=torch.float32)
+    if init_mode(seg.init) == "identity":
+        for layer in base.layers:
+            zero_residual_writes(layer, KINDS[seg.kind])
     return base.layers
 
 
@@ -632,8 +681,8 @@ def build_hybrid(plan: HybridPlan, dtype: torch.dtype = torch.float32, progress:
     head_model, _ = load_model(plan.head_path, dtype="float32", device="cpu")
     head_cfg = head_model.config
     config = RaycptHybridConfig(
-        segments=[dict(kind=s.kind, count=s.count, trainable=s.trainable, source=s.source, config=s.config)
-                  for s in plan.segments],
+        segments=[dict(kind=s.kind, count=s.count, trainable=s.trainable, source=s.source, config=s.config,
+                       **({"init": s.init} if s.donor is None else {})) for s in plan.segments],
         base=plan.base, vocab_size=head_cfg.vocab_size, hidden_size=head_cfg.hidden_size,
         tie_word_embeddings=bool(getattr(head_cfg, "tie_word_embeddings", False)),
         initializer_range=getattr(head_cfg, "initializer_range", 0.02),

@@ -363,3 +363,92 @@ def _bad_spec(main, donors, tmp_path, capsys, hybrid, overrides, expected, comma
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and expected in err, err
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # nothing started: no MLflow store, no run
+
+
+# ------------------------------------------------------------------------------------------------ init: identity
+
+def _donor_only(path, a: int, b: int):
+    """The donor's layers [a, b) alone with the donor's embeddings, final norm and head, built by hand:
+    the donor's own class with ``num_hidden_layers = b - a`` and its state dict re-indexed."""
+    import re
+
+    donor = load_donor(path)
+    data = donor.config.to_dict()
+    data["num_hidden_layers"] = b - a
+    if data.get("layer_types"):
+        data["layer_types"] = data["layer_types"][a:b]
+    model = type(donor)(type(donor.config).from_dict(data))
+    sd = {}
+    for k, v in donor.state_dict().items():
+        m = re.match(r"model\.layers\.(\d+)\.(.*)", k)
+        if m is None:
+            sd[k] = v
+        elif a <= int(m[1]) < b:
+            sd[f"model.layers.{int(m[1]) - a}.{m[2]}"] = v
+    model.load_state_dict(sd, strict=True)
+    return model.eval()
+
+
+_MOE = {"chunk_size": 16, "layers_block_type": ["moe", "full_attention"], "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 16, "moe_shared_expert_intermediate_size": 16,
+        "n_group": 1, "topk_group": 1}
+
+
+@pytest.mark.parametrize("arch, placement, kind, config", [
+    ("llama", "new_shallow", "mamba2", None), ("llama", "new_deep", "mamba2", None),
+    ("llama", "new_deep", "qwen3", None), ("llama", "new_shallow", "nemotron_h", None),
+    ("llama", "new_shallow", "nemotron_h", _MOE), ("gemma3", "new_deep", "gemma3_text", None),
+    ("qwen3", "new_shallow", "llama", None)])
+def test_identity_init_first_loss_is_the_donor_layers_alone(donors, arch, placement, kind, config):
+    """hybrid.init=identity: before training, the hybrid's loss equals that of a model made of its donor
+    layers alone (rel. 1e-5); fresh init gives a different loss (the check can fail)."""
+    from raycpt.models.hybrid import build_hybrid, plan_hybrid, shorthand_segments
+
+    if config is None:
+        config = {"chunk_size": 16} if kind in ("mamba2", "nemotron_h") else {}
+    a, b = (2, LAYERS) if placement == "new_shallow" else (0, 2)
+    ref = _donor_only(donors[arch], a, b)
+    ids, _ = batch(6)
+    with torch.no_grad():
+        want = float(ref(input_ids=ids, labels=ids).loss)
+    losses = {}
+    for init in ("identity", "fresh"):
+        segs = shorthand_segments(placement, donors[arch], LAYERS, LAYERS, kind, config, init_seed=3, init=init)
+        model, _ = build_hybrid(plan_hybrid(segs, donors[arch], name=placement))
+        assert model.config.layer_kinds.count(kind) >= 2
+        with torch.no_grad():
+            losses[init] = float(model(input_ids=ids, labels=ids).loss)
+    assert abs(losses["identity"] - want) <= 1e-5 * abs(want), (losses, want)
+    # fresh fails the same check (seen here: rel. 1.3e-4 to 6e-3 on these near-uniform tiny models)
+    assert abs(losses["fresh"] - want) > 1e-5 * abs(want), (losses, want)
+
+
+def test_identity_init_zeroes_only_the_residual_writes(donors):
+    """The zeroed tensors are exactly the new layers' output projections; everything else keeps the
+    architecture's init (the same seed gives the same tensors as a fresh build)."""
+    shallow = {init: shorthand_segments_build(donors["llama"], init) for init in ("identity", "fresh")}
+    ident, fresh = (dict(m.model.layers[:2].named_parameters()) for m in (shallow["identity"], shallow["fresh"]))
+    zeroed = sorted(n for n, p in ident.items() if not torch.equal(p, fresh[n]))
+    assert zeroed == ["0.mixer.out_proj.weight", "1.mixer.out_proj.weight"]
+    assert all(float(ident[n].detach().abs().sum()) == 0.0 for n in zeroed)
+    assert shallow["identity"].config.segments[0]["init"] == "identity"
+
+
+def shorthand_segments_build(donor, init):
+    from raycpt.models.hybrid import build_hybrid, plan_hybrid, shorthand_segments
+
+    segs = shorthand_segments("new_shallow", donor, LAYERS, LAYERS, "mamba2", {"chunk_size": 16}, init_seed=3,
+                              init=init)
+    return build_hybrid(plan_hybrid(segs, donor, name="new_shallow"))[0]
+
+
+def test_bad_init_is_one_line_exit_2(donors, tmp_path, capsys):
+    from raycpt.cli import main
+    from raycpt.models.hybrid import plan_hybrid
+
+    cfg = _yaml(tmp_path, donors, {"depth": 4, "init": "zeros"})
+    assert main(["hybrid", "build", cfg]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "hybrid.init='zeros'" in err and "identity, fresh" in err, err
+    with pytest.raises(RaycptError, match=r"hybrid.segments\[0\].init='zero': unknown init; use identity"):
+        plan_hybrid([{"new": "mamba2", "count": 2, "init": "zero"}], donors["llama"])
