@@ -394,15 +394,17 @@ def trace_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     from rich.table import Table
 
     from raycpt.jobs.trace import run_trace
-    from raycpt.report.trace import SHORT_COLUMNS, fmt_cell
+    from raycpt.report.trace import S_INTERVAL_NOTE, SHORT_COLUMNS, fmt_cell
 
     cfg = load(args)
     res = run_trace(cfg, splits=parse_floats(splits, "--splits"), prompts=prompts, top_k=top_k)
     table = Table(*(h for _, h in SHORT_COLUMNS), title=f"S(b) on {res.num_prompts} prompts, {res.num_layers} layers, "
                                                         f"top-k {res.top_k}")
     for row in res.split_table:
-        table.add_row(*(fmt_cell(k, row[k]) for k, _ in SHORT_COLUMNS))
+        cells = {**row, "S_ci": (row.get("S_lo"), row.get("S_hi"))}
+        table.add_row(*(fmt_cell(k, cells[k]) for k, _ in SHORT_COLUMNS))
     console.print(table)
+    console.print(S_INTERVAL_NOTE, style="dim")
     rec = res.recommended
     console.print(f"recommended split: r = {rec['ratio']:g} (train layers 0-{rec['split_layer'] - 1}, freeze "
                   f"{rec['split_layer']}-{res.num_layers - 1}), S(b) = {rec['S']:.3f}")

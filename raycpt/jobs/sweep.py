@@ -169,6 +169,8 @@ def _trace_once(cfg: ExperimentConfig, run_dir: Path, splits: list[float], paren
     res = run_trace(cfg, run_dir=run_dir / "trace", splits=splits, parent_run_id=parent_id)
     out = {"recommended_split": res.recommended_split,
            "split_scores": {f"{float(row['ratio']):g}": float(row["S"]) for row in res.split_table},
+           "split_intervals": {f"{float(row['ratio']):g}": [row.get("S_lo"), row.get("S_hi")]
+                               for row in res.split_table},
            "artifacts": [str(p) for p in res.artifacts]}
     atomic_write_json(done, out)
     return out
