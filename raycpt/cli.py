@@ -176,7 +176,7 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     import time
 
     from raycpt.jobs.sweep import run_sweep
-    from raycpt.report.sweep import rich_gains_table, rich_table, rich_trials_table
+    from raycpt.report.sweep import rich_domain_general, rich_gains_table, rich_table, rich_trials_table, table_modes
 
     cfg = load(args)
     split_list = parse_floats(splits, "--splits")
@@ -187,11 +187,12 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     t0 = time.time()
     res = run_sweep(cfg, splits=split_list, strategies=strat_list, resume=resume, console=console)
     for task, rows in res.summary["tables"].items():
-        for mode in ("generate", "logit"):
-            if any(mode in c for r in rows for c in r["cells"].values()):
-                console.print(rich_table(task, rows, mode))
+        for mode in table_modes(rows):
+            console.print(rich_table(task, rows, mode))
         if res.summary.get("split_gains", {}).get(task):
             console.print(rich_gains_table(task, res.summary["split_gains"][task]))
+    for item in rich_domain_general(res.summary.get("domain_general") or []):
+        console.print(item)
     console.print(rich_trials_table(res.trials))
     if res.summary.get("recommended_split") is not None:
         console.print(f"trace: recommended split r = {res.summary['recommended_split']}")
