@@ -534,7 +534,9 @@ def _type_name(tp) -> str:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return " or ".join(_type_name(a) for a in args) + " or null"
     if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+        inner = typing.get_args(tp)[0]
+        plural = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
+        return f"a list of {plural[inner]}" if inner in plural else f"a list of {_type_name(inner)}"
     if origin is dict:
         k, v = typing.get_args(tp)
         return f"a mapping of {_type_name(k)} to {_type_name(v)}"

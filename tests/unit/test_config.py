@@ -216,6 +216,10 @@ def test_cli_config_show_and_validate(capsys):
     (["config", "show", "configs/default.yaml", "train.lrr=1"], "error: config error: train.lrr=1: unknown key"),
     (["config", "validate", "no/such.yaml"], "error: config file not found: no/such.yaml"),
     (["config", "validate", "a.yaml", "b.yaml"], "error: unexpected argument 'b.yaml'"),
+    # the sweep validates its config before any Ray or model work
+    (["sweep", "configs/default.yaml", "sweep.seeds=[]"], "error: config error: sweep.seeds=[]: a non-empty list"),
+    (["sweep", "configs/default.yaml", "sweep.seeds=[1,2,1]"], "error: config error: sweep.seeds=[1, 2, 1]: distinct"),
+    (["sweep", "configs/default.yaml", "sweep.seeds=[1,x]"], "error: config error: sweep.seeds=[1, 'x']"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(argv, start, capsys, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
