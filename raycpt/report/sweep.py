@@ -440,6 +440,7 @@ def rich_trials_table(trials: list[dict], baseline: str = "full"):
     from rich import box
     from rich.table import Table
 
+    trials = [t if "heldout_blocks" in t else load_outcomes(t) for t in trials]  # per-block losses for the marks
     bases = {t.get("seed"): t for t in trials if (t.get("group") or t["name"]) == baseline}
     table = Table(title="runs: losses (nats/token), held-out Δ vs full", box=box.SIMPLE_HEAD, pad_edge=False)
     for col, just in (("run", "left"), ("trainable", "right"), ("train loss", "right"), ("held-out", "right"),

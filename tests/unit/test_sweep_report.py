@@ -314,3 +314,36 @@ def test_write_summary_writes_intervals_and_drops_per_question_data(tmp_path):
     assert "outcomes" not in saved["trials"][0] and saved["domain_general"][0]["reading"] == s["domain_general"][0]["reading"]
     csv_text = (out / "deltas.csv").read_text()
     assert csv_text.splitlines()[0].startswith("task,model,strategy") and "better" in csv_text
+
+
+def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.config import TrackingConfig
+    from raycpt.report.sweep import write_summary
+    from raycpt.tracking import ensure_store
+
+    (tmp_path / "runs").mkdir()
+    cfg = TrackingConfig(run_root=str(tmp_path / "runs"), uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}",
+                         experiment="t")
+    exp = ensure_store(cfg)
+    client = MlflowClient(cfg.uri)
+    parent = client.create_run(exp, run_name="parent").info.run_id
+    for _ in range(2):  # a finished sweep summarised again (--resume) logs the table once
+        s = write_summary(tmp_path / "run", _one_seed_trials(), {"split_scores": {"0.5": 0.1}}, 30, parent, cfg,
+                          domain=["wn"], general=["gen_bench"])
+    import json
+
+    from mlflow.artifacts import download_artifacts
+
+    table = json.loads(open(download_artifacts(run_id=parent, artifact_path="summary/deltas.json",
+                                               tracking_uri=cfg.uri, dst_path=str(tmp_path / "dl"))).read())
+    assert len(table["data"]) == len(s["records"])  # not appended twice
+    cols = table["columns"]
+    row = dict(zip(cols, next(r for r in table["data"] if r[cols.index("model")] == "train_shallow-r0.5"
+                              and r[cols.index("category")] == "average" and r[cols.index("mode")] == "logit"
+                              and r[cols.index("task")] == "wn")))
+    assert row["verdict"] == "better" and row["delta_lo"] > 0
+    m = client.get_run(parent).data.metrics
+    assert m["domain_delta/train_shallow-r0.5/wn/logit"] == pytest.approx(s["domain_general"][0]["domain"][0]["delta"])
+    assert m["S_b/0.5"] == pytest.approx(0.1)
