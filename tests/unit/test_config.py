@@ -186,6 +186,17 @@ def test_shipped_config_contents():
     assert q.sweep.max_concurrent_trials >= 1 and q.tracking.run_root.startswith("/mnt/shared/")
 
 
+def test_paper_check_is_the_default_sweep_at_three_seeds_with_domain_and_general():
+    by = {p.stem: load_config(p) for p in CONFIGS}
+    d, pc = by["default"], by["paper-check"]
+    assert pc.sweep.seeds == [0, 1, 2] and pc.eval.tasks == ["wordnet_mc", "mmlu"]
+    assert (pc.eval.domain, pc.eval.general) == (["wordnet_mc"], ["mmlu"])
+    # everything else is the default sweep's
+    same = dataclasses.replace(pc, name=d.name, eval=dataclasses.replace(pc.eval, tasks=d.eval.tasks),
+                               sweep=dataclasses.replace(pc.sweep, seeds=d.sweep.seeds))
+    assert same == d
+
+
 def test_hub_id_in_the_cluster_config_parses_as_a_hub_reference():
     from raycpt.models.sources import parse_ref
 
