@@ -265,5 +265,9 @@ def test_s_b_table_carries_a_bootstrap_interval_over_prompts():
             p = profiles(r_rows[i], d_rows[i])
             reps.append(boundary_score(p["tp_norm"], p["ls_norm"], row["split_layer"]))
         assert (row["S_lo"], row["S_hi"]) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])), abs=1e-12)
+    from raycpt.report.trace import fmt_cell
+
+    assert fmt_cell("S_ci", (rows[0]["S_lo"], rows[0]["S_hi"])) == f"[{rows[0]['S_lo']:.3f}, {rows[0]['S_hi']:.3f}]"
+    assert fmt_cell("S_ci", (None, None)) == "-"  # a table from before the intervals
     md = table_markdown(rows)
     assert "S(b) 2.5%" in md and f"{rows[0]['S_lo']:.3f}" in md and "bootstrap over prompts" in md
