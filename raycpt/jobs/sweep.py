@@ -4,8 +4,10 @@
 Ray or MLflow work; :func:`plan_grid`), optionally traces once (S(b) for every split), runs the grid -
 ``full`` once plus every strategy at every split plus named recipes, each a :class:`TrialSpec` whose
 :meth:`TrialSpec.run` trains the trial's plan and reads the evaluation its training worker made - and
-writes the summary (the paper's Table-1 layout with deltas against ``full``, S(b) next to the realised
-gain, loss curves, held-out loss) into the run folder and the parent run.
+writes the summary (the paper's Table-1 layout with deltas against ``full`` and their 95% intervals, the
+domain benchmark next to the general one, S(b) next to the realised gain, loss curves, held-out loss)
+into the run folder and the parent run. With ``sweep.seeds`` every trial runs once per seed
+(``<name>-s<seed>``, a child run each with a ``seed`` param and tag) and the summary aggregates them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,15 @@
-"""Sweep summary: the paper's Table-1 layout with deltas against ``full``, S(b) next to the realised
-gain of each split, a bar chart per strategy and split, and the loss curves overlaid.
+"""Sweep summary: the paper's Table-1 layout with deltas against ``full``, each with a 95% interval, the
+domain benchmark next to the general one, S(b) (with its interval) next to the realised gain of each
+split, a bar chart per task, and the loss curves overlaid.
 
-``summary_table`` and ``split_gains`` are pure (unit-tested by recomputing from trial metrics);
-``write_summary`` writes CSV / Markdown / JSON / PNG files and logs them to the parent MLflow run.
+Intervals (:mod:`raycpt.stats`): one seed - a paired bootstrap over questions (per-question records of
+each trial's ``eval_result.json``, matched by question id) or over held-out blocks; several seeds
+(``sweep.seeds``) - the mean of the per-seed deltas with a t-interval over seeds. A cell is marked
+better / worse only when its interval excludes 0.
+
+``summary_table``, ``split_gains``, ``domain_general`` and ``build_summary`` are pure (unit-tested on
+fabricated per-question records); ``write_summary`` writes CSV / Markdown / JSON / PNG files and logs
+them, the flat per-cell table (``summary/deltas.json``) and the headline deltas to the parent MLflow run.
 """
 
 from __future__ import annotations
