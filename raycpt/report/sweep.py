@@ -721,6 +721,11 @@ def summary_markdown(summary: dict) -> str:
     md = [LEGEND[0].upper() + LEGEND[1:] + ".", ""]
     if summary["domain_general"]:
         md += [domain_general_markdown(summary["domain_general"]), ""]
+    missing = {role: [t for t in summary.get("roles", {}).get(role, []) if t not in summary["tables"]]
+               for role in ("domain", "general")}
+    if any(missing.values()):
+        md += ["Not evaluated in this sweep: " + "; ".join(f"eval.{role} {', '.join(ts)}"
+                                                          for role, ts in missing.items() if ts) + ".", ""]
     for task, rows in summary["tables"].items():
         md += [table_markdown(task, rows), ""]
         if summary["split_gains"].get(task):

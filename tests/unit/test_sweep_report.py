@@ -224,7 +224,9 @@ def test_domain_versus_general_names_gain_and_change():
     assert e["reading"] == "domain gain; no clear general change; held-out loss lower"
     md = summary_markdown(summary)
     assert "**Domain versus general**" in md and "domain: wn L" in md and "general: gen_bench L" in md
-    assert "▲" in md and "▼" in md  # the domain gain and the lower held-out loss (better)
+    table = md.split("**Domain versus general**")[1]
+    assert "▲" in table and "▼" not in table  # the domain gain and the lower held-out loss (better): no worse cell
+    assert "Not evaluated in this sweep: eval.general mmlu." in md
     # no task of either role ran: no section
     assert domain_general(summary["tables"], ["x"], ["y"]) == []
 
