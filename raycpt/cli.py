@@ -176,7 +176,7 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     import time
 
     from raycpt.jobs.sweep import run_sweep
-    from raycpt.report.sweep import rich_gains_table, rich_table, rich_trials_table
+    from raycpt.report.sweep import rich_domain_general, rich_gains_table, rich_table, rich_trials_table, table_modes
 
     cfg = load(args)
     split_list = parse_floats(splits, "--splits")
@@ -187,11 +187,12 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     t0 = time.time()
     res = run_sweep(cfg, splits=split_list, strategies=strat_list, resume=resume, console=console)
     for task, rows in res.summary["tables"].items():
-        for mode in ("generate", "logit"):
-            if any(mode in c for r in rows for c in r["cells"].values()):
-                console.print(rich_table(task, rows, mode))
+        for mode in table_modes(rows):
+            console.print(rich_table(task, rows, mode))
         if res.summary.get("split_gains", {}).get(task):
             console.print(rich_gains_table(task, res.summary["split_gains"][task]))
+    for item in rich_domain_general(res.summary.get("domain_general") or []):
+        console.print(item)
     console.print(rich_trials_table(res.trials))
     if res.summary.get("recommended_split") is not None:
         console.print(f"trace: recommended split r = {res.summary['recommended_split']}")
@@ -396,15 +397,17 @@ def trace_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     from rich.table import Table
 
     from raycpt.jobs.trace import run_trace
-    from raycpt.report.trace import SHORT_COLUMNS, fmt_cell
+    from raycpt.report.trace import S_INTERVAL_NOTE, SHORT_COLUMNS, fmt_cell
 
     cfg = load(args)
     res = run_trace(cfg, splits=parse_floats(splits, "--splits"), prompts=prompts, top_k=top_k)
     table = Table(*(h for _, h in SHORT_COLUMNS), title=f"S(b) on {res.num_prompts} prompts, {res.num_layers} layers, "
                                                         f"top-k {res.top_k}")
     for row in res.split_table:
-        table.add_row(*(fmt_cell(k, row[k]) for k, _ in SHORT_COLUMNS))
+        cells = {**row, "S_ci": (row.get("S_lo"), row.get("S_hi"))}
+        table.add_row(*(fmt_cell(k, cells[k]) for k, _ in SHORT_COLUMNS))
     console.print(table)
+    console.print(S_INTERVAL_NOTE, style="dim")
     rec = res.recommended
     console.print(f"recommended split: r = {rec['ratio']:g} (train layers 0-{rec['split_layer'] - 1}, freeze "
                   f"{rec['split_layer']}-{res.num_layers - 1}), S(b) = {rec['S']:.3f}")

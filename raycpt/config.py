@@ -255,10 +255,24 @@ class EvalConfig:
     subjects: dict[str, list[str]] = field(default_factory=dict)
     """Subjects of a local copy to run, per task, e.g. ``{ceval: [law, logic]}``; a task not named runs all its
     subjects (52 / 67). Every subject that runs needs its file under ``data_dir``."""
+    domain: list[str] = field(default_factory=lambda: ["wordnet_mc"])
+    """Tasks the sweep summary reports as the *domain* benchmark (the training corpus's domain): its
+    gain against ``full``. Names as in ``eval.tasks`` (a question file: its file stem); tasks not run are skipped."""
+    general: list[str] = field(default_factory=lambda: ["mmlu"])
+    """Tasks the sweep summary reports as *general* ability (what continued pre-training may make the model
+    forget): its change against ``full``, next to the domain gain. Tasks not run are skipped."""
 
     def __post_init__(self):
         _check(len(self.tasks) > 0, "eval.tasks", self.tasks, "a non-empty list")
         _check_local_eval(self)
+        for key in ("domain", "general"):
+            names = getattr(self, key)
+            dup = sorted({n for n in names if names.count(n) > 1})
+            _check(not dup, f"eval.{key}", names, f"distinct task names ({dup[0] if dup else ''!r} is listed twice)")
+            _check(all(str(n).strip() for n in names), f"eval.{key}", names, "non-empty task names")
+        both = sorted(set(self.domain) & set(self.general))
+        _check(not both, "eval.general", self.general,
+               f"tasks not also in eval.domain ({', '.join(both)} cannot be both domain and general)")
         _check(len(self.modes) > 0, "eval.modes", self.modes, "one or both of logit, generate")
         _check(self.limit is None or self.limit >= 1, "eval.limit", self.limit, "an integer >= 1 or null")
         _check(self.batch_size >= 1, "eval.batch_size", self.batch_size, "an integer >= 1")
@@ -311,8 +325,16 @@ class SweepConfig:
     trial_resources: dict[str, float] = field(default_factory=dict)
     """Extra Ray resources each trial's first bundle asks for, e.g. ``{trial_node: 1}`` puts trials
     only on nodes started with ``ray start --resources='{"trial_node": 8}'`` (see cluster/README.md)."""
+    seeds: Optional[list[int]] = None
+    """Run every trial once per seed (``train.seed`` of that run; trial ``<name>-s<seed>``); the summary shows
+    the mean and a 95% t-interval over seeds. None = one run per trial at ``train.seed``."""
 
     def __post_init__(self):
+        if self.seeds is not None:
+            _check(len(self.seeds) > 0, "sweep.seeds", self.seeds,
+                   "a non-empty list of distinct integers, or null (one run per trial at train.seed)")
+            dup = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+            _check(not dup, "sweep.seeds", self.seeds, f"distinct integers (seed {dup[0] if dup else ''} is listed twice)")
         for r in self.splits:
             _check(isinstance(r, (int, float)) and 0 < r < 1, "sweep.splits", r, "ratios strictly between 0 and 1")
         _check(self.max_concurrent_trials >= 1, "sweep.max_concurrent_trials", self.max_concurrent_trials,
@@ -544,7 +566,9 @@ def _type_name(tp) -> str:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return " or ".join(_type_name(a) for a in args) + " or null"
     if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+        inner = typing.get_args(tp)[0]
+        plural = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
+        return f"a list of {plural[inner]}" if inner in plural else f"a list of {_type_name(inner)}"
     if origin is dict:
         k, v = typing.get_args(tp)
         return f"a mapping of {_type_name(k)} to {_type_name(v)}"

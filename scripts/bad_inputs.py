@@ -189,6 +189,9 @@ def cases(f: dict) -> list[Case]:
         # sweep
         Case("sweep --splits ,", ["sweep", rr, "--splits", ","], "no values given"),
         Case("sweep --splits x", ["sweep", rr, "--splits", "x"], "is not a number"),
+        Case("sweep.seeds=[]", ["sweep", rr, "sweep.seeds=[]"], "a non-empty list of distinct integers", owner="15"),
+        Case("duplicate seeds", ["sweep", rr, "sweep.seeds=[0,1,0]"], "seed 0 is listed twice", owner="15"),
+        Case("non-integer seed", ["sweep", rr, "sweep.seeds=[0,x]"], "sweep.seeds", owner="15"),
         # hybrid
         Case("hybrid build --out non-empty", ["hybrid", "build", str(t / "hybrid.yaml"), "--out", str(t / "out")],
              "already exists and is not empty"),

@@ -28,6 +28,7 @@ import torch
 
 from raycpt.errors import RaycptError
 from raycpt.splits import check_split, split_index
+from raycpt.stats import DEFAULT_RESAMPLES, LEVEL, Interval, bootstrap_replicates, percentile_interval
 
 EPS = 1e-6
 
@@ -117,14 +118,49 @@ def profiles(ratio_rows: np.ndarray, djs_rows: np.ndarray, groups: Optional[Sequ
     return out
 
 
-def boundary_score(tp_norm: np.ndarray, ls_norm: np.ndarray, b: int) -> float:
-    """S(b) = mean LS^[0:b) + mean TP^[b:N) - mean TP^[0:b) - mean LS^[b:N) (eq. 7, 0-based)."""
+def boundary_scores(tp_norm: np.ndarray, ls_norm: np.ndarray, b: int) -> np.ndarray:
+    """S(b) of profiles stacked on leading axes: (..., N) -> (...)."""
     tp = np.asarray(tp_norm, dtype=np.float64)
     ls = np.asarray(ls_norm, dtype=np.float64)
     n = tp.shape[-1]
     if not 0 < b < n:
         raise ValueError(f"b={b} must be in 1..{n - 1}")
-    return float(ls[:b].mean() + tp[b:].mean() - tp[:b].mean() - ls[b:].mean())
+    return ls[..., :b].mean(-1) + tp[..., b:].mean(-1) - tp[..., :b].mean(-1) - ls[..., b:].mean(-1)
+
+
+def boundary_score(tp_norm: np.ndarray, ls_norm: np.ndarray, b: int) -> float:
+    """S(b) = mean LS^[0:b) + mean TP^[b:N) - mean TP^[0:b) - mean LS^[b:N) (eq. 7, 0-based)."""
+    return float(boundary_scores(tp_norm, ls_norm, b))
+
+
+def boundary_score_interval(ratio_rows: np.ndarray, djs_rows: np.ndarray, bs: Sequence[int],
+                            resamples: int = DEFAULT_RESAMPLES, seed=0, level: float = LEVEL,
+                            aggregate: str = "mean") -> list[Interval]:
+    """S(b) for each b in ``bs`` with a percentile bootstrap interval over prompts.
+
+    Each resample draws the prompts with replacement (the same draw for every b) and recomputes S(b)
+    exactly as the point estimate is computed: per-layer mean (or median) of Ratio and dJS over the
+    drawn prompts (:func:`profiles`), min-max normalised (:func:`minmax`), then eq. 7. A mean over
+    prompts is pulled by the few prompts whose Ratio explodes (P_t near 0: values up to 1e5 on Gemma 3),
+    which makes the mean-based S(b) close to 0; the interval says whether its sign is more than noise."""
+    if aggregate not in ("mean", "median"):
+        raise ValueError(f"aggregate={aggregate!r}: mean or median")
+    f = np.mean if aggregate == "mean" else np.median
+    bs = [int(b) for b in bs]
+
+    def stat(r, d):  # (m, prompts, N) -> (m, len(bs))
+        tp, ls = minmax(f(r, axis=-2)), minmax(f(d, axis=-2))
+        return np.stack([boundary_scores(tp, ls, b) for b in bs], axis=-1)
+
+    r = np.asarray(ratio_rows, dtype=np.float64)
+    d = np.asarray(djs_rows, dtype=np.float64)
+    point = stat(r[None], d[None])[0]
+    reps = bootstrap_replicates([r, d], stat, resamples, seed)
+    out = []
+    for k in range(len(bs)):
+        lo, hi = percentile_interval(reps[:, k], level)
+        out.append(Interval(float(point[k]), lo, hi, len(r), f"bootstrap over prompts ({aggregate})", level))
+    return out
 
 
 def grid_ratios(grid: Sequence[float]) -> list[float]:

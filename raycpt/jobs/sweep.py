@@ -4,8 +4,10 @@
 Ray or MLflow work; :func:`plan_grid`), optionally traces once (S(b) for every split), runs the grid -
 ``full`` once plus every strategy at every split plus named recipes, each a :class:`TrialSpec` whose
 :meth:`TrialSpec.run` trains the trial's plan and reads the evaluation its training worker made - and
-writes the summary (the paper's Table-1 layout with deltas against ``full``, S(b) next to the realised
-gain, loss curves, held-out loss) into the run folder and the parent run.
+writes the summary (the paper's Table-1 layout with deltas against ``full`` and their 95% intervals, the
+domain benchmark next to the general one, S(b) next to the realised gain, loss curves, held-out loss)
+into the run folder and the parent run. With ``sweep.seeds`` every trial runs once per seed
+(``<name>-s<seed>``, a child run each with a ``seed`` param and tag) and the summary aggregates them.
 """
 
 from __future__ import annotations
@@ -37,18 +39,28 @@ class TrialSpec:
     b: Optional[int] = None
     recipe: dict = field(default_factory=dict)
     """Extra typed settings at dotted keys for this trial (a recipe), e.g. ``{"plan.pattern": "01100"}``."""
+    seed: Optional[int] = None
+    """``train.seed`` of this run (``sweep.seeds``); None = the sweep config's ``train.seed``."""
+    group: Optional[str] = None
+    """The summary cell this run is one seed of (the name without ``-s<seed>``); None = ``name``."""
 
     def run(self, trial: Trial) -> dict:
         """Train and evaluate this trial under its child run (in a Tune trial, or called directly)."""
+        from raycpt.train.loop import EVAL_RESULT_FILE
+
         run = trial.run
+        tcfg = trial_config(trial.cfg, self)
         if run.created:
-            for k, v in {"strategy": self.strategy, "split": self.split, "b": self.b, "seed": trial.cfg.train.seed,
+            for k, v in {"strategy": self.strategy, "split": self.split, "b": self.b, "seed": tcfg.train.seed,
                          "recipe": ",".join(f"{k}={v}" for k, v in self.recipe.items())}.items():
                 run.client.log_param(run.run_id, k, "" if v is None else v)
-        train, ev, heldout = train_and_evaluate(trial, trial_config(trial.cfg, self), self.name)
+            run.client.set_tag(run.run_id, "seed", str(tcfg.train.seed))
+        train, ev, heldout = train_and_evaluate(trial, tcfg, self.name)
         cells = ev.metrics()
         result = {
             "name": self.name, "strategy": self.strategy, "split": self.split, "b": self.b,
+            "seed": tcfg.train.seed, "group": self.group or self.name,
+            "eval_file": str(trial.dir / "eval" / EVAL_RESULT_FILE),
             "trainable_params": int(train.trainable_params), "frozen_params": int(train.frozen_params),
             "tokens_per_s": float(train.tokens_per_s), "wall_s": trial.elapsed, "losses": list(map(float, train.losses)),
             "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
@@ -66,12 +78,23 @@ class TrialSpec:
 
 
 def plan_grid(splits: list[float], strategies: list[str], num_layers: int, include_full: bool = True,
-              recipes: Optional[dict[str, dict]] = None) -> list[TrialSpec]:
+              recipes: Optional[dict[str, dict]] = None, seeds: Optional[list[int]] = None) -> list[TrialSpec]:
     """The trials of a sweep, validated against the model depth; duplicates dropped.
+
+    With ``seeds`` every trial runs once per seed, named ``<name>-s<seed>`` (seed-major: the whole grid
+    at the first seed, then at the next, so an interrupted sweep has complete tables early).
 
     Raises RaycptError (one line, :func:`raycpt.splits.check_split`) for a split that is not a ratio in
     (0, 1) or leaves a side empty for this model, an unknown strategy, or an empty grid."""
-    recipes = recipes or {}
+    specs = _plan_cells(splits, strategies, num_layers, include_full, recipes or {})
+    if seeds is None:
+        return specs
+    return [dataclasses.replace(t, name=f"{t.name}-s{int(sd)}", seed=int(sd), group=t.name)
+            for sd in seeds for t in specs]
+
+
+def _plan_cells(splits: list[float], strategies: list[str], num_layers: int, include_full: bool,
+                recipes: dict[str, dict]) -> list[TrialSpec]:
     by_b: dict[int, float] = {}  # two ratios that round to the same boundary train the same plan
     for r in splits:
         by_b.setdefault(check_split(r, num_layers, "split"), float(r))
@@ -92,7 +115,8 @@ def plan_grid(splits: list[float], strategies: list[str], num_layers: int, inclu
 def trial_config(cfg: ExperimentConfig, spec: TrialSpec) -> ExperimentConfig:
     """The experiment config of one trial: the sweep config with the trial's plan applied (validated)."""
     split = {} if spec.split is None else {"plan.split": spec.split}
-    return config_with(cfg, {"plan.name": spec.strategy, **split, **spec.recipe})
+    seed = {} if spec.seed is None else {"train.seed": int(spec.seed)}
+    return config_with(cfg, {"plan.name": spec.strategy, **split, **seed, **spec.recipe})
 
 
 @dataclass
@@ -116,7 +140,7 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
         cfg.sweep.strategies = list(strategies)
     model_path, num_layers = model_layers(cfg)
     s = cfg.sweep
-    specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes)
+    specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds)
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
     run_dir = open_run_dir(cfg, "sweep", resume=resume)
@@ -130,7 +154,7 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
             trace = _trace_once(cfg, run_dir, sorted({t.split for t in specs if t.split is not None}), parent.run_id)
         trials = list(run_grid(parent, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=num_layers, parent_run_id=parent.run_id,
-                                tracking=cfg.tracking)
+                                tracking=cfg.tracking, domain=cfg.eval.domain, general=cfg.eval.general)
         write_state(run_dir, done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=parent.run_id, trials=trials, summary=summary, trace=trace)
 
@@ -147,6 +171,8 @@ def _trace_once(cfg: ExperimentConfig, run_dir: Path, splits: list[float], paren
     res = run_trace(cfg, run_dir=run_dir / "trace", splits=splits, parent_run_id=parent_id)
     out = {"recommended_split": res.recommended_split,
            "split_scores": {f"{float(row['ratio']):g}": float(row["S"]) for row in res.split_table},
+           "split_intervals": {f"{float(row['ratio']):g}": [row.get("S_lo"), row.get("S_hi")]
+                               for row in res.split_table},
            "artifacts": [str(p) for p in res.artifacts]}
     atomic_write_json(done, out)
     return out

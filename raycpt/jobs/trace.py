@@ -238,6 +238,8 @@ def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: floa
     rec = agg["recommended"]
     metrics = {f"S_b/{row['ratio']:g}": row["S"] for row in agg["table"]}
     metrics.update({f"S_b_median/{row['ratio']:g}": row["S_median"] for row in agg["table"]})
+    for row in agg["table"]:  # the bootstrap-over-prompts interval of S(b)
+        metrics.update({f"S_b_lo/{row['ratio']:g}": row["S_lo"], f"S_b_hi/{row['ratio']:g}": row["S_hi"]})
     metrics["recommended_split_median"] = prof["median"]["recommended"]["ratio"]
     metrics.update({f"S_b_grid/{r:g}": s for r, _b, s in rec["scores"]})
     metrics.update(recommended_split=rec["ratio"], recommended_split_layer=rec["split_layer"], recommended_S=rec["S"],

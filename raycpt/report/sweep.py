@@ -1,22 +1,34 @@
-"""Sweep summary: the paper's Table-1 layout with deltas against ``full``, S(b) next to the realised
-gain of each split, a bar chart per strategy and split, and the loss curves overlaid.
+"""Sweep summary: the paper's Table-1 layout with deltas against ``full``, each with a 95% interval, the
+domain benchmark next to the general one, S(b) (with its interval) next to the realised gain of each
+split, a bar chart per task, and the loss curves overlaid.
 
-``summary_table`` and ``split_gains`` are pure (unit-tested by recomputing from trial metrics);
-``write_summary`` writes CSV / Markdown / JSON / PNG files and logs them to the parent MLflow run.
+Intervals (:mod:`raycpt.stats`): one seed - a paired bootstrap over questions (per-question records of
+each trial's ``eval_result.json``, matched by question id) or over held-out blocks; several seeds
+(``sweep.seeds``) - the mean of the per-seed deltas with a t-interval over seeds. A cell is marked
+better / worse only when its interval excludes 0.
+
+``summary_table``, ``split_gains``, ``domain_general`` and ``build_summary`` are pure (unit-tested on
+fabricated per-question records); ``write_summary`` writes CSV / Markdown / JSON / PNG files and logs
+them, the flat per-cell table (``summary/deltas.json``) and the headline deltas to the parent MLflow run.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
+
+from raycpt.stats import DEFAULT_RESAMPLES, Interval, paired_delta, seed_interval, stratified_paired_delta
+from raycpt.tasks import CATEGORY_KEYS
 
 CATEGORY_ORDER = ["stem", "social_science", "humanities", "other", "average", "overall"]
 CATEGORY_LABEL = {"stem": "STEM", "social_science": "Social Science", "humanities": "Humanities", "other": "Other",
                   "average": "Average", "overall": "All questions"}
-MODES = ("generate", "logit")
+MODES = ("generate", "logit", "cloze")  # display order; any other mode in the records follows, sorted
+MODE_LETTER = {"generate": "G", "logit": "L", "cloze": "C"}
 
 
 def parse_cells(scores: dict[str, float]) -> dict[str, dict[str, dict[str, float]]]:
@@ -36,78 +48,267 @@ def _categories(cells: dict[str, dict[str, float]]) -> list[str]:
     return known + sorted(c for c in cells if c not in CATEGORY_ORDER)
 
 
-def summary_table(trials: list[dict], baseline: str = "full") -> dict[str, list[dict]]:
-    """Per task: one row per trial with each cell's value, its delta against ``baseline`` and a best mark.
+# ------------------------------------------------------------------------------------------ per-question data
+def question_outcomes(questions: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, tuple[str, bool]]]]:
+    """Per-question records (``EvalResult.questions``) -> ``{task: {mode: {question id: (category key, correct)}}}``.
 
-    Row = ``{"name", "strategy", "split", "cells": {category: {mode: {"value", "delta", "best"}}}}``.
-    ``delta`` is None for the baseline row itself or when there is no baseline; ``best`` marks the
-    highest value of each (category, mode) column across trials (ties all marked).
-    """
-    parsed = {t["name"]: parse_cells(t["scores"]) for t in trials}
-    tasks = sorted({task for cells in parsed.values() for task in cells})
+    A mode is any key of a record whose value is a mapping with ``correct`` (``logit``, ``generate``,
+    ``cloze``, ...); the category is mapped to its score key (``STEM`` -> ``stem``)."""
+    out: dict[str, dict[str, dict[str, tuple[str, bool]]]] = {}
+    for task, qs in questions.items():
+        for q in qs:
+            cat = CATEGORY_KEYS.get(q.get("category"), str(q.get("category")))
+            for mode, rec in q.items():
+                if isinstance(rec, dict) and "correct" in rec:
+                    out.setdefault(task, {}).setdefault(mode, {})[str(q["id"])] = (cat, bool(rec["correct"]))
+    return out
+
+
+def load_outcomes(trial: dict) -> dict:
+    """The trial result with ``outcomes`` (:func:`question_outcomes`) and the per-block held-out losses
+    (``heldout_blocks``, ``heldout_weights``) read from its ``eval_file``; unchanged when it has none."""
+    path = trial.get("eval_file")
+    if not path or not Path(path).is_file():
+        return trial
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {**trial, "outcomes": question_outcomes(data.get("questions") or {}),
+            "heldout_blocks": data.get("heldout_block_losses"), "heldout_weights": data.get("heldout_block_weights")}
+
+
+def question_delta(a: dict, b: dict, task: str, cat: str, mode: str, resamples: int = DEFAULT_RESAMPLES,
+                   seed: int = 0) -> Optional[Interval]:
+    """Accuracy of trial ``a`` minus trial ``b`` (points) on the questions both answered (matched by id), with
+    a paired bootstrap over questions: within category ``cat``, over all (``overall``), or the mean of the
+    category deltas with each category resampled within itself (``average``). None without outcomes."""
+    oa = (a.get("outcomes") or {}).get(task, {}).get(mode)
+    ob = (b.get("outcomes") or {}).get(task, {}).get(mode)
+    if not oa or not ob:
+        return None
+    ids = [q for q in oa if q in ob and (cat in ("average", "overall") or oa[q][0] == cat)]
+    if not ids:
+        return None
+    x, y = [oa[q][1] for q in ids], [ob[q][1] for q in ids]
+    if cat == "average":
+        return stratified_paired_delta(x, y, [oa[q][0] for q in ids], resamples, seed, scale=100.0)
+    return paired_delta(x, y, resamples=resamples, seed=seed, scale=100.0)
+
+
+def heldout_delta(a: dict, b: dict, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Optional[Interval]:
+    """Held-out loss of ``a`` minus ``b`` with a paired bootstrap over the held-out blocks (token-weighted)."""
+    la, lb = a.get("heldout_blocks"), b.get("heldout_blocks")
+    if not la or not lb or len(la) != len(lb):
+        return None
+    return paired_delta(la, lb, weights=a.get("heldout_weights"), resamples=resamples, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------ trials and seeds
+def group_trials(trials: list[dict]) -> dict[str, dict]:
+    """``{cell name: {"name", "strategy", "split", "b", "runs": {seed: trial}}}`` in first-seen order; a
+    cell is a trial's ``group`` (its name without ``-s<seed>``), its seed ``seed`` (None for old results)."""
+    out: dict[str, dict] = {}
+    for t in trials:
+        g = t.get("group") or t["name"]
+        cell = out.setdefault(g, {"name": g, "strategy": t.get("strategy"), "split": t.get("split"), "b": t.get("b"),
+                                  "runs": {}})
+        cell["runs"][t.get("seed")] = t
+    return out
+
+
+def _delta(iv: Optional[Interval], point: Optional[float]) -> dict:
+    if point is None:
+        return {"delta": None, "lo": None, "hi": None, "sign": None, "method": None, "n": 0}
+    if iv is None or math.isnan(iv.lo):
+        return {"delta": point, "lo": None, "hi": None, "sign": None, "method": None, "n": 0}
+    return {"delta": point, "lo": iv.lo, "hi": iv.hi, "sign": iv.sign(), "method": iv.method, "n": iv.n}
+
+
+def compare(runs_a: dict, runs_b: dict, value: Callable[[dict], Optional[float]],
+            interval: Callable[[dict, dict], Optional[Interval]]) -> dict:
+    """``value(a) - value(b)`` for two cells' runs, paired by seed.
+
+    One shared seed: that difference with ``interval(a, b)`` (the paired bootstrap over questions or
+    blocks). Several: the mean of the per-seed differences with a t-interval over seeds
+    (:func:`raycpt.stats.seed_interval`). Returns ``{"delta", "lo", "hi", "sign", "method", "n"}``;
+    ``sign`` is +1 / -1 only when the interval excludes 0, 0 when it holds 0, None without an interval."""
+    pairs = []
+    for sd in runs_a:
+        if sd in runs_b:
+            va, vb = value(runs_a[sd]), value(runs_b[sd])
+            if va is not None and vb is not None:
+                pairs.append((sd, va - vb))
+    if not pairs:
+        return _delta(None, None)
+    if len(pairs) == 1:
+        sd, d = pairs[0]
+        return _delta(interval(runs_a[sd], runs_b[sd]), d)
+    iv = seed_interval([d for _, d in pairs])
+    return _delta(iv, iv.point)
+
+
+def _cell_value(task: str, cat: str, mode: str) -> Callable[[dict], Optional[float]]:
+    return lambda t: parse_cells(t["scores"]).get(task, {}).get(cat, {}).get(mode)
+
+
+def _mean_of(runs: dict, value: Callable[[dict], Optional[float]]) -> dict:
+    iv = seed_interval([v for v in (value(t) for t in runs.values()) if v is not None])
+    if iv.n == 0:
+        return {"value": None}
+    return {"value": iv.point, "value_lo": None if math.isnan(iv.lo) else iv.lo,
+            "value_hi": None if math.isnan(iv.hi) else iv.hi, "seeds": iv.n}
+
+
+def _modes(names) -> list[str]:
+    names = set(names)
+    return [m for m in MODES if m in names] + sorted(names - set(MODES))
+
+
+def _task_cells(groups: dict, task: str) -> tuple[list[str], list[str]]:
+    cats: list[str] = []
+    modes: set[str] = set()
+    for g in groups.values():
+        for t in g["runs"].values():
+            cells = parse_cells(t["scores"]).get(task, {})
+            cats += [c for c in _categories(cells) if c not in cats]
+            modes |= {m for c in cells.values() for m in c}
+    return cats, _modes(modes)
+
+
+def summary_table(trials: list[dict], baseline: str = "full", resamples: int = DEFAULT_RESAMPLES,
+                  seed: int = 0) -> dict[str, list[dict]]:
+    """Per task: one row per cell (a trial, or the mean of its seeds) with each (category, mode) value,
+    its delta against ``baseline`` with a 95% interval, and a best mark.
+
+    Row = ``{"name", "strategy", "split", "seeds", "cells": {category: {mode: cell}}, "final_loss",
+    "heldout_loss", "heldout_delta"}``; a cell is ``{"value", "value_lo", "value_hi", "seeds", "delta",
+    "lo", "hi", "sign", "method", "n", "best"}`` (values: the mean over seeds, with a t-interval when there
+    are several; deltas: :func:`compare`). ``delta`` is None for the baseline row itself or without a
+    baseline; ``best`` marks the highest value of each (category, mode) column (ties all marked)."""
+    groups = group_trials(trials)
+    base = groups.get(baseline)
+    tasks = sorted({task for t in trials for task in parse_cells(t["scores"])})
     tables: dict[str, list[dict]] = {}
     for task in tasks:
-        base = parsed.get(baseline, {}).get(task)
-        cats: list[str] = []
-        for t in trials:
-            for c in _categories(parsed[t["name"]].get(task, {})):
-                if c not in cats:
-                    cats.append(c)
-        best: dict[tuple[str, str], float] = {}
-        for t in trials:
-            for c in cats:
-                for m, v in parsed[t["name"]].get(task, {}).get(c, {}).items():
-                    best[(c, m)] = max(best.get((c, m), -math.inf), v)
-        rows = []
-        for t in trials:
-            cells = parsed[t["name"]].get(task, {})
-            row_cells: dict[str, dict[str, dict[str, Any]]] = {}
-            for c in cats:
-                for m in MODES:
-                    if m not in cells.get(c, {}):
-                        continue
-                    v = cells[c][m]
-                    d = None
-                    if base is not None and t["name"] != baseline and m in base.get(c, {}):
-                        d = v - base[c][m]
-                    row_cells.setdefault(c, {})[m] = {"value": v, "delta": d, "best": v >= best[(c, m)] - 1e-12}
-            rows.append({"name": t["name"], "strategy": t.get("strategy"), "split": t.get("split"), "cells": row_cells,
-                         "final_loss": t.get("final_loss"), "heldout_loss": t.get("heldout_loss")})
+        cats, modes = _task_cells(groups, task)
+        rows = [_summary_row(g, base, task, cats, modes, resamples, seed) for g in groups.values()]
+        for c in cats:
+            for m in modes:
+                vals = [r["cells"][c][m]["value"] for r in rows if m in r["cells"].get(c, {})]
+                for r in rows:
+                    if m in r["cells"].get(c, {}):
+                        r["cells"][c][m]["best"] = r["cells"][c][m]["value"] >= max(vals) - 1e-12
         tables[task] = rows
     return tables
+
+
+def _summary_row(g: dict, base: Optional[dict], task: str, cats: list[str], modes: list[str], resamples: int,
+                 seed: int) -> dict:
+    is_base = base is None or g is base
+    row_cells: dict[str, dict[str, dict[str, Any]]] = {}
+    for c in cats:
+        for m in modes:
+            value = _cell_value(task, c, m)
+            cell = _mean_of(g["runs"], value)
+            if cell["value"] is None:
+                continue
+            d = _delta(None, None) if is_base else compare(
+                g["runs"], base["runs"], value,
+                lambda a, b, c=c, m=m: question_delta(a, b, task, c, m, resamples, seed))
+            row_cells.setdefault(c, {})[m] = {**cell, **d}
+    held = (lambda t: t.get("heldout_loss"))
+    return {"name": g["name"], "strategy": g["strategy"], "split": g["split"], "seeds": list(g["runs"]),
+            "cells": row_cells, "final_loss": _mean_of(g["runs"], lambda t: t.get("final_loss"))["value"],
+            "heldout_loss": _mean_of(g["runs"], held)["value"],
+            "heldout_delta": None if is_base else compare(g["runs"], base["runs"], held,
+                                                          lambda a, b: heldout_delta(a, b, resamples, seed))}
 
 
 def _avg(trial: dict, task: str, mode: str) -> Optional[float]:
     return parse_cells(trial["scores"]).get(task, {}).get("average", {}).get(mode)
 
 
-def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, baseline: str = "full") -> list[dict]:
-    """For each split: S(b) from the trace next to the realised gains (average score, both modes).
+def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, baseline: str = "full",
+                split_intervals: Optional[dict[str, list]] = None, resamples: int = DEFAULT_RESAMPLES,
+                seed: int = 0) -> list[dict]:
+    """For each split: S(b) from the trace (with its bootstrap-over-prompts interval ``S_b_lo`` /
+    ``S_b_hi``) next to the realised gains (average score, every mode) with their intervals.
 
-    ``shallow_vs_full`` = train_shallow - full, ``shallow_vs_deep`` = train_shallow - train_deep; a positive
-    S(b) predicts positive ``shallow_vs_deep``. With held-out losses, ``*_heldout`` are the loss
-    differences (negative = shallow lower).
-    """
-    by_name = {t["name"]: t for t in trials}
-    full = by_name.get(baseline)
-    splits = sorted({t["split"] for t in trials if t.get("split") is not None})
+    ``shallow_vs_full_<mode>`` = train_shallow - full, ``shallow_vs_deep_<mode>`` = train_shallow -
+    train_deep (each with ``_lo``, ``_hi``, ``_sign``: :func:`compare`); a positive S(b) predicts positive
+    ``shallow_vs_deep``. With held-out losses, ``*_heldout`` are the loss differences (negative = shallow lower)."""
+    groups = group_trials(trials)
+    full = groups.get(baseline)
+    modes = _modes(set(_task_cells(groups, task)[1]) | {"generate", "logit"})
     rows = []
-    for r in splits:
-        sh = next((t for t in trials if t.get("strategy") == "train_shallow" and t.get("split") == r), None)
-        dp = next((t for t in trials if t.get("strategy") == "train_deep" and t.get("split") == r), None)
-        row: dict[str, Any] = {"split": r, "b": (sh or dp or {}).get("b"), "S_b": split_scores.get(f"{float(r):g}")}
-        for m in MODES:
-            s_v = _avg(sh, task, m) if sh else None
-            d_v = _avg(dp, task, m) if dp else None
-            f_v = _avg(full, task, m) if full else None
-            row[f"shallow_vs_full_{m}"] = (s_v - f_v) if s_v is not None and f_v is not None else None
-            row[f"shallow_vs_deep_{m}"] = (s_v - d_v) if s_v is not None and d_v is not None else None
-        # held-out loss differences (negative = the shallow plan reached a lower loss)
-        s_h, d_h, f_h = ((t or {}).get("heldout_loss") for t in (sh, dp, full))
-        row["shallow_vs_full_heldout"] = (s_h - f_h) if s_h is not None and f_h is not None else None
-        row["shallow_vs_deep_heldout"] = (s_h - d_h) if s_h is not None and d_h is not None else None
+    for r in sorted({g["split"] for g in groups.values() if g.get("split") is not None}):
+        sh = next((g for g in groups.values() if g["strategy"] == "train_shallow" and g["split"] == r), None)
+        dp = next((g for g in groups.values() if g["strategy"] == "train_deep" and g["split"] == r), None)
+        key = f"{float(r):g}"
+        ci = (split_intervals or {}).get(key) or [None, None]
+        row: dict[str, Any] = {"split": r, "b": (sh or dp or {}).get("b"), "S_b": split_scores.get(key),
+                               "S_b_lo": ci[0], "S_b_hi": ci[1], "modes": modes}
+        for label, other in (("shallow_vs_full", full), ("shallow_vs_deep", dp)):
+            for m in modes:
+                d = compare(sh["runs"], other["runs"], lambda t, m=m: _avg(t, task, m),
+                            lambda a, b, m=m: question_delta(a, b, task, "average", m, resamples, seed)) \
+                    if sh and other else _delta(None, None)
+                row.update({f"{label}_{m}": d["delta"], f"{label}_{m}_lo": d["lo"], f"{label}_{m}_hi": d["hi"],
+                            f"{label}_{m}_sign": d["sign"]})
+            d = compare(sh["runs"], other["runs"], lambda t: t.get("heldout_loss"),
+                        lambda a, b: heldout_delta(a, b, resamples, seed)) if sh and other else _delta(None, None)
+            row.update({f"{label}_heldout": d["delta"], f"{label}_heldout_lo": d["lo"],
+                        f"{label}_heldout_hi": d["hi"], f"{label}_heldout_sign": d["sign"]})
         rows.append(row)
     return rows
+
+
+# ------------------------------------------------------------------------------------------ domain vs general
+def domain_general(tables: dict[str, list[dict]], domain: Sequence[str], general: Sequence[str],
+                   baseline: str = "full") -> list[dict]:
+    """Per strategy and split (every cell but the baseline): the domain tasks' gain and the general
+    tasks' change against ``baseline`` (the Average column, every mode, with intervals) and the held-out
+    loss delta, plus a one-phrase reading. Tasks of a role that did not run are left out; [] when no
+    task of either role ran."""
+    d_tasks = [t for t in domain if t in tables]
+    g_tasks = [t for t in general if t in tables]
+    if not d_tasks and not g_tasks:
+        return []
+    first = tables[(d_tasks or g_tasks)[0]]
+    out = []
+    for row in first:
+        if row["name"] == baseline:
+            continue
+        entry = {"name": row["name"], "strategy": row["strategy"], "split": row["split"],
+                 "heldout": row.get("heldout_delta"), "domain": [], "general": []}
+        for role, tasks in (("domain", d_tasks), ("general", g_tasks)):
+            for task in tasks:
+                r = next((x for x in tables[task] if x["name"] == row["name"]), None)
+                for mode, cell in ((r or {}).get("cells", {}).get("average", {})).items():
+                    entry[role].append({"task": task, "mode": mode, **{k: cell.get(k) for k in
+                                                                      ("delta", "lo", "hi", "sign", "method", "n")}})
+        entry["reading"] = reading(entry, bool(d_tasks), bool(g_tasks))
+        out.append(entry)
+    return out
+
+
+def _direction(items: list[dict]) -> Optional[int]:
+    signs = {i["sign"] for i in items if i.get("sign") is not None}
+    if not signs:
+        return None
+    return 2 if {1, -1} <= signs else (1 if 1 in signs else (-1 if -1 in signs else 0))
+
+
+def reading(entry: dict, has_domain: bool = True, has_general: bool = True) -> str:
+    """One phrase per role, from the interval signs only (a delta whose interval holds 0 is no change)."""
+    words = {"domain": {1: "domain gain", -1: "domain loss", 2: "domain mixed", 0: "no clear domain change",
+                        None: "domain: no interval"},
+             "general": {1: "general improves", -1: "general forgets", 2: "general mixed",
+                         0: "no clear general change", None: "general: no interval"}}
+    parts = [words[role][_direction(entry[role])] if entry[role] else f"{role}: not evaluated"
+             for role, on in (("domain", has_domain), ("general", has_general)) if on]
+    h = entry.get("heldout") or {}
+    if h.get("sign") is not None:
+        parts.append({1: "held-out loss higher", -1: "held-out loss lower", 0: "held-out loss unchanged"}[h["sign"]])
+    return "; ".join(parts)
 
 
 def _fmt(v: Optional[float], sign: bool = False) -> str:
@@ -121,30 +322,74 @@ def _fmt_s(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def table_markdown(task: str, rows: list[dict]) -> str:
-    """Markdown: cells ``G / L (ΔG / ΔL)`` in percent, best marked with ``*``."""
+MARK = {1: " ▲", -1: " ▼"}
+LEGEND = ("Δ against full with its 95% interval in brackets (one seed: paired bootstrap over questions, or over "
+          "held-out blocks for losses; several seeds: t-interval over seeds); ▲ / ▼ = better / worse than full, "
+          "marked only when the interval excludes 0 (for losses lower is better)")
+
+
+def _mark(sign: Optional[int], lower_is_better: bool = False) -> str:
+    if not sign:
+        return ""
+    return MARK[-sign if lower_is_better else sign]
+
+
+def fmt_delta(d: Optional[dict], digits: int = 2, lower_is_better: bool = False, short: bool = False) -> str:
+    """``+5.00 [+1.25, +8.75] ▲``: a delta, its interval (when it has one) and the better/worse mark."""
+    if not d or d.get("delta") is None:
+        return "-"
+    txt = f"{d['delta']:+.{digits}f}"
+    if d.get("lo") is not None:
+        lo, hi = (f"{d['lo']:+.{digits - 1 if short else digits}f}", f"{d['hi']:+.{digits - 1 if short else digits}f}")
+        txt += f" [{lo},{hi}]" if short else f" [{lo}, {hi}]"
+    return txt + _mark(d.get("sign"), lower_is_better)
+
+
+def _fmt_value(x: dict) -> str:
+    """A cell value (mean over seeds ``±`` the half-width of its 95% t-interval when there are several)."""
+    txt = _fmt(x["value"]) + ("*" if x.get("best") else "")
+    if x.get("value_lo") is not None:
+        txt += f" ±{(x['value_hi'] - x['value_lo']) / 2:.2f}"
+    return txt
+
+
+def _row_categories(rows: list[dict]) -> list[str]:
     cats: list[str] = []
     for r in rows:
-        for c in r["cells"]:
-            if c not in cats:
-                cats.append(c)
+        cats += [c for c in r["cells"] if c not in cats]
+    return cats
+
+
+def table_modes(rows: list[dict]) -> list[str]:
+    """The modes a task's rows hold, in display order (generate, logit, cloze, then any other)."""
+    return _modes({m for r in rows for c in r["cells"].values() for m in c})
+
+
+def table_markdown(task: str, rows: list[dict]) -> str:
+    """Markdown: cells ``G / L (ΔG [lo, hi] / ΔL [lo, hi])`` in percent, best marked with ``*``; mean ±
+    95% half-width over seeds when a cell has several; the loss columns and the held-out Δ at the end."""
+    cats, modes = _row_categories(rows), table_modes(rows)
     losses = _loss_columns(rows)
-    head = ("| model | " + " | ".join(CATEGORY_LABEL.get(c, c) for c in cats) + " |"
-            + "".join(f" {label} |" for _, label in losses))
-    lines = [f"**{task}** — Generate / Logit accuracy (%), Δ against full in brackets, * = best", "", head,
-             "|" + "---|" * (len(cats) + 1 + len(losses))]
+    held = any(r.get("heldout_delta") and r["heldout_delta"].get("delta") is not None for r in rows)
+    head = ("| model | seeds | " + " | ".join(CATEGORY_LABEL.get(c, c) for c in cats) + " |"
+            + "".join(f" {label} |" for _, label in losses) + (" Δ held-out |" if held else ""))
+    letters = " / ".join(MODE_LETTER.get(m, m) for m in modes)
+    lines = [f"**{task}** — {letters} accuracy (%), Δ against full [95% interval] in brackets, * = best", "", head,
+             "|" + "---|" * (len(cats) + 2 + len(losses) + held)]
     for r in rows:
         cells = []
         for c in cats:
-            cc = r["cells"].get(c, {})
-            g, lo = cc.get("generate"), cc.get("logit")
-            txt = " / ".join(_fmt(x["value"]) + ("*" if x["best"] else "") for x in (g, lo) if x is not None)
-            deltas = [x["delta"] for x in (g, lo) if x is not None and x["delta"] is not None]
+            xs = [r["cells"].get(c, {}).get(m) for m in modes]
+            xs = [x for x in xs if x is not None]
+            txt = " / ".join(_fmt_value(x) for x in xs)
+            deltas = [x for x in xs if x.get("delta") is not None]
             if deltas:
-                txt += " (" + " / ".join(_fmt(d, sign=True) for d in deltas) + ")"
+                txt += " (" + " / ".join(fmt_delta(x) for x in deltas) + ")"
             cells.append(txt or "-")
         cells += [_fmt_s(r.get(key)) for key, _ in losses]
-        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+        if held:
+            cells.append(fmt_delta(r.get("heldout_delta"), 3, lower_is_better=True))
+        lines.append(f"| {r['name']} | {len(r.get('seeds') or [None])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -158,20 +403,23 @@ SHORT_LABEL = {"stem": "STEM", "social_science": "Soc.Sci.", "humanities": "Huma
                "average": "Average", "overall": "All"}
 
 
+def _colour(sign: Optional[int], lower_is_better: bool = False) -> str:
+    if not sign:
+        return "dim"
+    return "green" if (sign < 0 if lower_is_better else sign > 0) else "red"
+
+
 def rich_table(task: str, rows: list[dict], mode: str):
     """Table 1 for one mode, narrow enough for an 80-column terminal: per cell the accuracy (%, best
-    marked ``*`` and bold) over its delta against ``full`` (green up, red down). Losses are in
-    :func:`rich_trials_table`. The CLI prints one table per mode; Markdown/CSV hold both side by side."""
+    marked ``*`` and bold) over its delta against ``full``, green ▲ / red ▼ only when its 95% interval
+    excludes 0 (dim otherwise). The intervals themselves are in the Markdown summary and the gains and
+    domain/general tables. The CLI prints one table per mode."""
     from rich import box
     from rich.table import Table
 
-    cats: list[str] = []
-    for r in rows:
-        for c in r["cells"]:
-            if c not in cats and c != "overall" and mode in r["cells"][c]:
-                cats.append(c)
-    table = Table(title=f"{task}, {mode} mode: accuracy (%), Δ vs full below", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+    cats = [c for c in _row_categories(rows) if c != "overall" and any(mode in r["cells"].get(c, {}) for r in rows)]
+    table = Table(title=f"{task}, {mode} mode: accuracy (%), Δ vs full below (▲▼: 95% interval excludes 0)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("trial", no_wrap=True)
     for c in cats:
         table.add_column(SHORT_LABEL.get(c, c), justify="right", no_wrap=True)
@@ -184,30 +432,33 @@ def rich_table(task: str, rows: list[dict], mode: str):
                 continue
             txt = _fmt(x["value"]) + ("*" if x["best"] else " ")
             txt = f"[bold]{txt}[/bold]" if x["best"] else txt
-            d = x["delta"]
-            if d is not None:
-                colour = "green" if d > 0 else ("red" if d < 0 else "dim")
-                txt += f"\n[{colour}]{_fmt(d, sign=True)} [/{colour}]"
+            if x["delta"] is not None:
+                col = _colour(x.get("sign"))
+                txt += f"\n[{col}]{_fmt(x['delta'], sign=True)}{_mark(x.get('sign')) or '  '}[/{col}]"
             cells.append(txt)
         table.add_row(r["name"], *cells)
     return table
 
 
 def rich_trials_table(trials: list[dict], baseline: str = "full"):
-    """One row per trial: trainable parameters, the last step's training loss, the held-out loss and
-    its delta against ``baseline`` (lower is better), wall time."""
+    """One row per run: trainable parameters, the last step's training loss, the held-out loss and its
+    delta against the baseline run of the same seed (lower is better; green / red only when the paired
+    bootstrap over held-out blocks excludes 0), wall time."""
     from rich import box
     from rich.table import Table
 
-    base = next((t.get("heldout_loss") for t in trials if t["name"] == baseline), None)
-    table = Table(title="trials: losses (nats/token), held-out Δ vs full", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, just in (("trial", "left"), ("trainable", "right"), ("train loss", "right"), ("held-out", "right"),
+    trials = [t if "heldout_blocks" in t else load_outcomes(t) for t in trials]  # per-block losses for the marks
+    bases = {t.get("seed"): t for t in trials if (t.get("group") or t["name"]) == baseline}
+    table = Table(title="runs: losses (nats/token), held-out Δ vs full", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, just in (("run", "left"), ("trainable", "right"), ("train loss", "right"), ("held-out", "right"),
                       ("Δ held-out", "right"), ("seconds", "right")):
         table.add_column(col, justify=just, no_wrap=True)
     for t in trials:
-        h = t.get("heldout_loss")
-        d = None if h is None or base is None or t["name"] == baseline else h - base
-        colour = "dim" if d is None or d == 0 else ("green" if d < 0 else "red")
+        h, base = t.get("heldout_loss"), bases.get(t.get("seed"))
+        d = None if h is None or base is None or base is t or base.get("heldout_loss") is None \
+            else h - base["heldout_loss"]
+        iv = heldout_delta(t, base) if d is not None else None
+        colour = "dim" if d is None else _colour(iv.sign() if iv else None, lower_is_better=True)
         table.add_row(t["name"], f"{t['trainable_params'] / 1e6:.1f}M" if t.get("trainable_params") else "-",
                       _fmt_s(t.get("final_loss")), _fmt_s(h),
                       "-" if d is None else f"[{colour}]{d:+.3f}[/{colour}]",
@@ -215,25 +466,48 @@ def rich_trials_table(trials: list[dict], baseline: str = "full"):
     return table
 
 
+def _two_lines(g: dict, key: str, digits: int = 2, lower_is_better: bool = False) -> str:
+    """A gains cell: the delta (coloured, marked) over its interval."""
+    v = g.get(key)
+    if v is None:
+        return "-"
+    sign = g.get(f"{key}_sign")
+    col = _colour(sign, lower_is_better)
+    txt = f"[{col}]{v:+.{digits}f}{_mark(sign, lower_is_better)}[/{col}]"
+    if g.get(f"{key}_lo") is not None:
+        txt += f"\n[{g[f'{key}_lo']:+.{digits - 1}f},{g[f'{key}_hi']:+.{digits - 1}f}]"
+    return txt
+
+
 def rich_gains_table(task: str, gains: list[dict]):
-    """S(b) from the trace next to the realised gain of each split (average score, both modes)."""
+    """S(b) from the trace (with its 95% interval over prompts) next to the realised gain of each split:
+    train_shallow minus full and minus train_deep (average points per mode, held-out loss), each over its
+    95% interval."""
+    from rich import box
     from rich.table import Table
 
-    from rich import box
-
-    held = any(g.get("shallow_vs_deep_heldout") is not None for g in gains)
-    table = Table(title=f"{task}: S(b) vs realised gain (avg points G / L" + (", held-out loss" if held else "") + ")",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    cols = ["split", "b", "S(b)", "shallow−full", "shallow−deep"] + (["loss sh−full", "loss sh−deep"] if held else [])
-    for col in cols:
+    held = any(g.get("shallow_vs_deep_heldout") is not None or g.get("shallow_vs_full_heldout") is not None
+               for g in gains)
+    modes = [m for m in (gains[0].get("modes") if gains else ["generate", "logit"])
+             if any(g.get(f"shallow_vs_full_{m}") is not None or g.get(f"shallow_vs_deep_{m}") is not None
+                    for g in gains)] or ["generate", "logit"]
+    table = Table(title=f"{task}: S(b) vs realised gain of train_shallow (avg points"
+                        + (", held-out loss" if held else "") + ")", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ["split", "b", "S(b)", "vs"] + [f"Δ{MODE_LETTER.get(m, m)}" for m in modes] \
+            + (["Δ loss"] if held else []):
         table.add_column(col, justify="right", no_wrap=True)
     for g in gains:
-        cells = [f"{g['split']:g}", str(g["b"]), _fmt_s(g["S_b"]),
-                 f"{_fmt(g['shallow_vs_full_generate'], sign=True)}/{_fmt(g['shallow_vs_full_logit'], sign=True)}",
-                 f"{_fmt(g['shallow_vs_deep_generate'], sign=True)}/{_fmt(g['shallow_vs_deep_logit'], sign=True)}"]
-        if held:
-            cells += [_fmt_loss_delta(g.get("shallow_vs_full_heldout")), _fmt_loss_delta(g.get("shallow_vs_deep_heldout"))]
-        table.add_row(*cells)
+        s_txt = _fmt_s(g["S_b"])
+        if g.get("S_b_lo") is not None:
+            s_txt += f"\n[{g['S_b_lo']:.2f},{g['S_b_hi']:.2f}]"
+        for k, label in enumerate(("full", "deep")):
+            key = f"shallow_vs_{label}"
+            cells = [f"{g['split']:g}" if k == 0 else "", str(g["b"] if g["b"] is not None else "-") if k == 0 else "",
+                     s_txt if k == 0 else "", label]
+            cells += [_two_lines(g, f"{key}_{m}") for m in modes]
+            if held:
+                cells.append(_two_lines(g, f"{key}_heldout", 3, lower_is_better=True))
+            table.add_row(*cells)
     return table
 
 
@@ -241,34 +515,103 @@ def _fmt_loss_delta(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:+.3f}"
 
 
-def _csv(task: str, rows: list[dict]) -> str:
+def domain_general_markdown(entries: list[dict]) -> str:
+    """The domain-versus-general table: per strategy and split, the domain gain and the general change
+    against full (Average column, each mode, 95% intervals), the held-out loss delta, and the reading."""
+    if not entries:
+        return ""
+    cols = [("domain", i["task"], i["mode"]) for i in entries[0]["domain"]] + \
+           [("general", i["task"], i["mode"]) for i in entries[0]["general"]]
+    lines = ["**Domain versus general** — Average accuracy Δ against full (points) [95% interval]", "",
+             "| trial | " + " | ".join(f"{role}: {task} {MODE_LETTER.get(m, m)}" for role, task, m in cols)
+             + " | Δ held-out loss | reading |", "|" + "---|" * (len(cols) + 3)]
+    for e in entries:
+        by = {(role, i["task"], i["mode"]): i for role in ("domain", "general") for i in e[role]}
+        cells = [fmt_delta(by.get(c)) for c in cols]
+        lines.append(f"| {e['name']} | " + " | ".join(cells) + f" | {fmt_delta(e.get('heldout'), 3, True)} | "
+                     f"{e['reading']} |")
+    return "\n".join(lines)
+
+
+def rich_domain_general(entries: list[dict]) -> list:
+    """The domain-versus-general table for the terminal (one row per trial and mode, intervals under the
+    deltas) followed by one reading line per trial."""
+    from rich import box
+    from rich.table import Table
+
+    if not entries:
+        return []
+    d_tasks = list(dict.fromkeys(i["task"] for i in entries[0]["domain"]))
+    g_tasks = list(dict.fromkeys(i["task"] for i in entries[0]["general"]))
+    table = Table(title="domain vs general: Average Δ vs full (points), held-out loss Δ", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for col in ["trial", "mode"] + [f"domain {t}" for t in d_tasks] + [f"general {t}" for t in g_tasks] + ["Δ loss"]:
+        table.add_column(col, justify="left" if col in ("trial", "mode") else "right", no_wrap=True)
+    for e in entries:
+        modes = _modes({i["mode"] for role in ("domain", "general") for i in e[role]})
+        for k, m in enumerate(modes):
+            cells = [e["name"] if k == 0 else "", MODE_LETTER.get(m, m)]
+            for role, tasks in (("domain", d_tasks), ("general", g_tasks)):
+                for t in tasks:
+                    item = next((i for i in e[role] if i["task"] == t and i["mode"] == m), None) or {}
+                    cells.append(_two_lines({f"x{k2}": v for k2, v in
+                                             (("", item.get("delta")), ("_lo", item.get("lo")),
+                                              ("_hi", item.get("hi")), ("_sign", item.get("sign")))}, "x"))
+            h = e.get("heldout") or {}
+            cells.append(_two_lines({"x": h.get("delta"), "x_lo": h.get("lo"), "x_hi": h.get("hi"),
+                                     "x_sign": h.get("sign")}, "x", 3, True) if k == 0 else "")
+            table.add_row(*cells)
+    return [table] + [f"{e['name']}: {e['reading']}" for e in entries]
+
+
+def delta_records(tables: dict[str, list[dict]]) -> list[dict]:
+    """Every cell of every task as one flat record (the MLflow parent table and ``deltas.csv``)."""
+    out = []
+    for task, rows in tables.items():
+        for r in rows:
+            for c, modes in r["cells"].items():
+                for m, x in modes.items():
+                    out.append({"task": task, "model": r["name"], "strategy": r["strategy"], "split": r["split"],
+                                "seeds": len(r.get("seeds") or [None]), "category": c, "mode": m,
+                                "accuracy": x["value"], "accuracy_lo": x.get("value_lo"),
+                                "accuracy_hi": x.get("value_hi"), "delta_vs_full": x.get("delta"),
+                                "delta_lo": x.get("lo"), "delta_hi": x.get("hi"), "verdict":
+                                    {1: "better", -1: "worse", 0: "no clear change"}.get(x.get("sign"), ""),
+                                "interval": x.get("method") or "", "best": x.get("best")})
+    return out
+
+
+def _csv(records: list[dict]) -> str:
     buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["task", "model", "strategy", "split", "category", "mode", "accuracy", "delta_vs_full", "best"])
-    for r in rows:
-        for c, modes in r["cells"].items():
-            for m, x in modes.items():
-                w.writerow([task, r["name"], r["strategy"], r["split"], c, m, x["value"], x["delta"], x["best"]])
+    if records:
+        w = csv.DictWriter(buf, fieldnames=list(records[0]))
+        w.writeheader()
+        w.writerows(records)
     return buf.getvalue()
 
 
-def plot_bars(path: Path, task: str, trials: list[dict]) -> Path:
+def plot_bars(path: Path, task: str, rows: list[dict]) -> Path:
+    """Average accuracy per cell and mode (error bars: the 95% interval over seeds when there are several)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    names = [t["name"] for t in trials]
+    names = [r["name"] for r in rows]
+    modes = table_modes(rows)
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names)), 4))
     x = np.arange(len(names))
-    for k, m in enumerate(MODES):
-        vals = [(_avg(t, task, m) or 0.0) for t in trials]
-        ax.bar(x + (k - 0.5) * 0.38, vals, width=0.38, label=m)
-    full = next((t for t in trials if t["name"] == "full"), None)
+    width = 0.8 / max(1, len(modes))
+    for k, m in enumerate(modes):
+        cells = [r["cells"].get("average", {}).get(m) or {} for r in rows]
+        vals = [c.get("value") or 0.0 for c in cells]
+        err = [((c["value"] - c["value_lo"]) if c.get("value_lo") is not None else 0.0) for c in cells]
+        ax.bar(x + (k - (len(modes) - 1) / 2) * width, vals, width=width, label=m, yerr=err if any(err) else None)
+    full = next((r for r in rows if r["name"] == "full"), None)
     if full is not None:
-        for m, ls in zip(MODES, ("--", ":")):
-            v = _avg(full, task, m)
+        for m, ls in zip(modes, ("--", ":", "-.")):
+            v = (full["cells"].get("average", {}).get(m) or {}).get("value")
             if v is not None:
                 ax.axhline(v, color="grey", ls=ls, lw=1)
     ax.set_xticks(x, names, rotation=30, ha="right")
@@ -335,58 +678,112 @@ def plot_heldout(path: Path, trials: list[dict]) -> Path:
     return path
 
 
+def gains_markdown(task: str, gains: list[dict]) -> str:
+    """S(b) (with its interval over prompts) next to the realised gains of each split, with intervals."""
+    modes = [m for m in (gains[0].get("modes") or []) if any(g.get(f"shallow_vs_full_{m}") is not None
+                                                              or g.get(f"shallow_vs_deep_{m}") is not None
+                                                              for g in gains)] if gains else []
+    letters = " / ".join(MODE_LETTER.get(m, m) for m in modes)
+    lines = [f"**{task}** — S(b) from the trace [95% interval: bootstrap over prompts] next to the realised gain "
+             f"of train_shallow (average, percentage points, {letters}) [95% interval]", "",
+             f"| split | b | S(b) [95%] | shallow−full {letters} | shallow−deep {letters} | held-out loss shallow−full "
+             "| held-out loss shallow−deep |", "|---|---|---|---|---|---|---|"]
+
+    def pick(g, key):
+        return {"delta": g.get(key), "lo": g.get(f"{key}_lo"), "hi": g.get(f"{key}_hi"), "sign": g.get(f"{key}_sign")}
+
+    for g in gains:
+        s_b = _fmt_s(g["S_b"]) + (f" [{g['S_b_lo']:.3f}, {g['S_b_hi']:.3f}]" if g.get("S_b_lo") is not None else "")
+        sf = " / ".join(fmt_delta(pick(g, f"shallow_vs_full_{m}")) for m in modes)
+        sd = " / ".join(fmt_delta(pick(g, f"shallow_vs_deep_{m}")) for m in modes)
+        lines.append(f"| {g['split']:g} | {'-' if g['b'] is None else g['b']} | {s_b} | {sf} | {sd} | "
+                     f"{fmt_delta(pick(g, 'shallow_vs_full_heldout'), 3, True)} | "
+                     f"{fmt_delta(pick(g, 'shallow_vs_deep_heldout'), 3, True)} |")
+    return "\n".join(lines)
+
+
+def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[str] = ("wordnet_mc",),
+                  general: Sequence[str] = ("mmlu",), resamples: int = DEFAULT_RESAMPLES) -> dict:
+    """The summary's numbers (pure): per-task tables, split gains, domain versus general, flat records.
+    ``trials`` carry their per-question ``outcomes`` and held-out block losses (:func:`load_outcomes`) for
+    intervals; without them the deltas are shown without one."""
+    tables = summary_table(trials, resamples=resamples)
+    split_scores = (trace or {}).get("split_scores", {})
+    split_ci = (trace or {}).get("split_intervals", {})
+    gains = {task: split_gains(trials, split_scores, task, split_intervals=split_ci, resamples=resamples)
+             for task in tables}
+    return {"tables": tables, "split_gains": gains, "domain_general": domain_general(tables, domain, general),
+            "records": delta_records(tables), "roles": {"domain": list(domain), "general": list(general)}}
+
+
+def summary_markdown(summary: dict) -> str:
+    """summary.md: how to read it, domain versus general, then per task the table and the S(b) gains."""
+    md = [LEGEND[0].upper() + LEGEND[1:] + ".", ""]
+    if summary["domain_general"]:
+        md += [domain_general_markdown(summary["domain_general"]), ""]
+    missing = {role: [t for t in summary.get("roles", {}).get(role, []) if t not in summary["tables"]]
+               for role in ("domain", "general")}
+    if any(missing.values()):
+        md += ["Not evaluated in this sweep: " + "; ".join(f"eval.{role} {', '.join(ts)}"
+                                                          for role, ts in missing.items() if ts) + ".", ""]
+    for task, rows in summary["tables"].items():
+        md += [table_markdown(task, rows), ""]
+        if summary["split_gains"].get(task):
+            md += [gains_markdown(task, summary["split_gains"][task]), ""]
+    return "\n".join(md)
+
+
+DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights")
+
+
 def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_layers: int,
-                  parent_run_id: Optional[str] = None, tracking=None) -> dict:
-    """Write the summary files into ``run_dir/summary`` and log them to the parent run."""
+                  parent_run_id: Optional[str] = None, tracking=None, domain: Sequence[str] = ("wordnet_mc",),
+                  general: Sequence[str] = ("mmlu",)) -> dict:
+    """Write the summary files into ``run_dir/summary`` and log them to the parent run (files, the flat
+    per-cell table as an MLflow table ``summary/deltas.json``, S(b) and its interval as metrics)."""
     from raycpt.io import atomic_write_json, atomic_write_text
 
     out = Path(run_dir) / "summary"
     out.mkdir(parents=True, exist_ok=True)
-    tables = summary_table(trials)
-    split_scores = (trace or {}).get("split_scores", {})
-    md = []
-    gains_all = {}
-    files = []
-    for task, rows in tables.items():
-        md.append(table_markdown(task, rows))
-        gains = split_gains(trials, split_scores, task)
-        gains_all[task] = gains
-        if gains:
-            md.append("")
-            md.append(f"**{task}** — S(b) from the trace next to the realised gain (average, percentage points)")
-            md.append("")
-            md.append("| split | b | S(b) | shallow−full G / L | shallow−deep G / L | held-out loss shallow−full "
-                      "| held-out loss shallow−deep |")
-            md.append("|---|---|---|---|---|---|---|")
-            for g in gains:
-                md.append(f"| {g['split']:g} | {g['b']} | {_fmt_s(g['S_b'])} | "
-                          f"{_fmt(g['shallow_vs_full_generate'], sign=True)} / {_fmt(g['shallow_vs_full_logit'], sign=True)} | "
-                          f"{_fmt(g['shallow_vs_deep_generate'], sign=True)} / {_fmt(g['shallow_vs_deep_logit'], sign=True)} | "
-                          f"{_fmt_loss_delta(g.get('shallow_vs_full_heldout'))} | "
-                          f"{_fmt_loss_delta(g.get('shallow_vs_deep_heldout'))} |")
-        md.append("")
-        files.append(atomic_write_text(out / f"table_{task}.csv", _csv(task, rows)))
-        files.append(plot_bars(out / f"scores_{task}.png", task, trials))
+    full = [load_outcomes(t) for t in trials]
+    summary = build_summary(full, trace, domain, general)
+    files = [atomic_write_text(out / "deltas.csv", _csv(summary["records"]))]
+    for task, rows in summary["tables"].items():
+        files.append(atomic_write_text(out / f"table_{task}.csv", _csv(delta_records({task: rows}))))
+        files.append(plot_bars(out / f"scores_{task}.png", task, rows))
     files.append(plot_losses(out / "loss_curves.png", trials))
     if any(t.get("heldout_loss") is not None for t in trials):
         files.append(plot_heldout(out / "heldout_loss.png", trials))
-    files.append(atomic_write_text(out / "summary.md", "\n".join(md)))
-    summary = {"tables": tables, "split_gains": gains_all, "num_layers": num_layers,
-               "recommended_split": (trace or {}).get("recommended_split"),
-               "trials": [{k: v for k, v in t.items() if k != "losses"} for t in trials]}
+    files.append(atomic_write_text(out / "summary.md", summary_markdown(summary)))
+    summary.update(num_layers=num_layers, recommended_split=(trace or {}).get("recommended_split"),
+                   trials=[{k: v for k, v in t.items() if k not in DROP} for t in trials])
     files.append(atomic_write_json(out / "summary.json", summary))
     if parent_run_id and tracking is not None:
-        import mlflow
-
-        mlflow.set_tracking_uri(tracking.uri)
-        client = mlflow.tracking.MlflowClient()
-        for f in files:
-            client.log_artifact(parent_run_id, str(f), artifact_path="summary")
-        for a in (trace or {}).get("artifacts", []):
-            if Path(a).is_file():
-                client.log_artifact(parent_run_id, a, artifact_path="trace")
-        for task, gains in gains_all.items():
-            for g in gains:
-                if g["S_b"] is not None:
-                    client.log_metric(parent_run_id, f"S_b/{g['split']:g}", g["S_b"])
+        _log_parent(parent_run_id, tracking, files, trace, summary)
     return summary
+
+
+def _log_parent(run_id: str, tracking, files: list[Path], trace: Optional[dict], summary: dict) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.uri)
+    client = mlflow.tracking.MlflowClient()
+    for f in files:
+        client.log_artifact(run_id, str(f), artifact_path="summary")
+    for a in (trace or {}).get("artifacts", []):
+        if Path(a).is_file():
+            client.log_artifact(run_id, a, artifact_path="trace")
+    # the parent's table (log_table appends: a re-run summary of the same parent run logs it once)
+    if summary["records"] and not any(f.path == "summary/deltas.json" for f in client.list_artifacts(run_id, "summary")):
+        cols = list(summary["records"][0])
+        client.log_table(run_id, data={c: [r[c] for r in summary["records"]] for c in cols},
+                         artifact_file="summary/deltas.json")
+    for task, gains in summary["split_gains"].items():
+        for g in gains:
+            if g["S_b"] is not None:
+                client.log_metric(run_id, f"S_b/{g['split']:g}", g["S_b"])
+    for e in summary["domain_general"]:  # the headline numbers as metrics too (compare parents in the UI)
+        for role in ("domain", "general"):
+            for i in e[role]:
+                if i.get("delta") is not None:
+                    client.log_metric(run_id, f"{role}_delta/{e['name']}/{i['task']}/{i['mode']}", i["delta"])

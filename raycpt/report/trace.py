@@ -50,15 +50,35 @@ def _save(fig, path: Path) -> Path:
 
 # ------------------------------------------------------------------------------------------ tables
 SHORT_COLUMNS = [("ratio", "shallow ratio r"), ("split_layer", "b"), ("shallow_layers", "train (shallow)"),
-                 ("deep_layers", "freeze (deep)"), ("S", "S(b)"), ("S_median", "S(b) on medians")]
+                 ("deep_layers", "freeze (deep)"), ("S", "S(b)"), ("S_ci", "95% interval"),
+                 ("S_median", "S(b) on medians")]
 TABLE_COLUMNS = [("ratio", "Trainable shallow ratio"), ("split_layer", "Split layer b"),
                  ("shallow_layers", "Shallow (train)"), ("deep_layers", "Deep (freeze)"), ("S", "S(b)"),
+                 ("S_lo", "S(b) 2.5%"), ("S_hi", "S(b) 97.5%"),
                  ("ls_shallow", "LS^ shallow"), ("tp_deep", "TP^ deep"), ("tp_shallow", "TP^ shallow"),
                  ("ls_deep", "LS^ deep"), ("S_median", "S(b) on medians")]
+S_INTERVAL_NOTE = ("The 95% interval of S(b) is a percentile bootstrap over prompts (prompts drawn with replacement, "
+                   "S(b) recomputed from their means each time): a few prompts whose Ratio explodes (P_t near 0; up "
+                   "to 1e5 on Gemma 3) pull the mean-based S(b) towards 0, and an interval containing 0 says its "
+                   "sign means nothing.")
+S_RESAMPLES = 2000
+
+
+def add_s_intervals(table: Sequence[dict], ratio_rows: np.ndarray, djs_rows: np.ndarray,
+                    resamples: int = S_RESAMPLES, seed: int = 0) -> None:
+    """Set ``S_lo`` / ``S_hi`` (bootstrap over prompts, :func:`raycpt.diagnostics.scores.boundary_score_interval`)
+    on every S(b)-table row, in place."""
+    from raycpt.diagnostics.scores import boundary_score_interval
+
+    ivs = boundary_score_interval(ratio_rows, djs_rows, [row["split_layer"] for row in table], resamples, seed)
+    for row, iv in zip(table, ivs):
+        row["S_lo"], row["S_hi"] = iv.lo, iv.hi
 
 
 def fmt_cell(key: str, v) -> str:
     """One S(b)-table cell as text (ratios as percentages, floats to 3 decimals)."""
+    if key == "S_ci":  # the row's interval, passed as (lo, hi)
+        return "-" if v is None or v[0] is None else f"[{v[0]:.3f}, {v[1]:.3f}]"
     if key == "ratio":
         return f"{v:.0%}" if abs(v * 100 - round(v * 100)) < 1e-9 else f"{v:.1%}"
     if isinstance(v, float):
@@ -70,7 +90,7 @@ def table_markdown(table: Sequence[dict], recommended: Optional[dict] = None) ->
     """Table 9 as Markdown (plus a line for the recommended split)."""
     lines = ["| " + " | ".join(h for _, h in TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
     for row in table:
-        lines.append("| " + " | ".join(fmt_cell(k, row[k]) for k, _ in TABLE_COLUMNS) + " |")
+        lines.append("| " + " | ".join(fmt_cell(k, row.get(k, "-")) for k, _ in TABLE_COLUMNS) + " |")
     if recommended:
         lines.append("")
         lines.append(f"Recommended split (max S(b) over the grid): r = {recommended['ratio']:g}, "
@@ -78,6 +98,8 @@ def table_markdown(table: Sequence[dict], recommended: Optional[dict] = None) ->
     lines.append("")
     lines.append("S(b) uses the paper's per-layer means of Ratio (TP) and dJS (LS), min-max normalised; "
                  "'S(b) on medians' is the same score on per-layer medians (a robustness check).")
+    lines.append("")
+    lines.append(S_INTERVAL_NOTE)
     return "\n".join(lines) + "\n"
 
 
@@ -86,7 +108,7 @@ def table_csv(table: Sequence[dict]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([k for k, _ in TABLE_COLUMNS])
     for row in table:
-        w.writerow([row[k] for k, _ in TABLE_COLUMNS])
+        w.writerow([row.get(k, "") for k, _ in TABLE_COLUMNS])
     return buf.getvalue()
 
 
@@ -212,6 +234,7 @@ def aggregate(prep, rows: dict[str, np.ndarray]) -> dict:
     table = split_table(prof["tp_norm"], prof["ls_norm"], prep.splits)
     for row in table:  # the same S(b) on median profiles, as a robustness check next to the paper's mean
         row["S_median"] = boundary_score(med["tp_norm"], med["ls_norm"], row["split_layer"])
+    add_s_intervals(table, rows["ratio"], rows["djs"])
     rec = recommend_split(prof["tp_norm"], prof["ls_norm"], t.grid)
     rec_med = recommend_split(med["tp_norm"], med["ls_norm"], t.grid)
     prof["median"] = dict((k, med[k]) for k in ("tp", "ls", "tp_norm", "ls_norm"))

@@ -482,8 +482,12 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
 
     What the training worker wrote with ``run_training(evaluate=req)`` when it did; else (FSDP, the base
     model of a scan, a file from before) the same bridge runs here on the saved folder, with ``threads``
-    torch threads, and the held-out loss on the blocks of ``req.heldout_path``."""
-    from raycpt.evaluate import EvalResult, evaluate_model, lm_loss
+    torch threads, and the held-out loss on the blocks of ``req.heldout_path``; it then writes the same
+    ``eval_result.json`` the worker would have (per-block held-out losses included), so a resumed trial
+    reads it instead of evaluating again."""
+    from raycpt.evaluate import EvalResult, evaluate_model
+    from raycpt.io import atomic_write_json
+    from raycpt.train.loop import eval_result_record
 
     done = _read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
     if done:
@@ -496,7 +500,6 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
         torch.set_num_threads(threads)
     model, tok = load_model(str(final_model_dir))
     ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=req.out_dir, name=req.name)
-    heldout = None
-    if req.heldout_path:
-        heldout = lm_loss(model, json.loads(Path(req.heldout_path).read_text()), batch_size=eval_cfg.batch_size)
-    return ev, heldout
+    record = eval_result_record(ev, model, req.heldout_path, eval_cfg.batch_size)
+    atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, record)
+    return ev, record["heldout_loss"]

@@ -19,7 +19,7 @@ _spec.loader.exec_module(bad_inputs)
 TRYOUT = ["binary config", "config is a directory", "ranking num_layers='many'", "ranking score='high'",
           "plan.ranking_file=/bin/ls", "ranking file is a directory", "compare X X", "plan.name=blocks plan.pattern=",
           "train.lr=inf", "train.lr=1e309", "name with path separators", "hybrid build --out non-empty",
-          "ui on a busy port"]
+          "ui on a busy port", "sweep.seeds=[]", "duplicate seeds"]
 
 
 @pytest.fixture(scope="module")

@@ -148,3 +148,13 @@ def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, 
         logits = model(ids).logits[:, :-1]
     ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
     assert heldout == pytest.approx(float(ref), rel=1e-5)
+    # the fallback writes the worker's eval_result.json, per-block held-out losses included (for the
+    # paired bootstrap over blocks), and a second call reads it instead of evaluating again
+    saved = json.loads((tmp_path / "eval" / "eval_result.json").read_text())
+    each = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                             reduction="none").view(3, -1).mean(1)
+    assert saved["heldout_block_losses"] == pytest.approx(each.tolist(), rel=1e-5)
+    assert saved["heldout_block_weights"] == [15, 15, 15] and saved["questions"] == ev.questions
+    again, heldout2 = final_evaluation(str(tmp_path / "nowhere"), cfg.eval,
+                                       EvalRequest(str(tmp_path / "eval"), "t", str(path)))
+    assert heldout2 == heldout and again.metrics() == cells

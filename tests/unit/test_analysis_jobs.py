@@ -127,6 +127,12 @@ def test_heldout_blocks_and_lm_loss(tiny_dir, tmp_path):
         logits = model(ids).logits[:, :-1]
     ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
     assert lm_loss(model, blocks, batch_size=1) == pytest.approx(float(ref), rel=1e-5)
+    # per block: each block's loss is the model's own loss on that block alone (transformers' labels path)
+    from raycpt.evaluate import lm_block_losses
+
+    with torch.no_grad():
+        each = [float(model(input_ids=ids[i:i + 1], labels=ids[i:i + 1]).loss) for i in range(len(blocks))]
+    assert lm_block_losses(model, blocks, batch_size=2) == pytest.approx(each, rel=1e-5)
     cfg.data.max_documents = 10
     with pytest.raises(RaycptError, match="no documents after the first 10"):
         heldout_blocks(cfg, str(tiny_dir), 5, "contribution.score=heldout_loss", "contribution.heldout_docs")

@@ -69,6 +69,14 @@ def test_dotted_overrides(override, path, expected):
     assert value == expected and type(value) is type(expected)
 
 
+def test_seeds_and_task_roles_defaults_and_overrides():
+    d = ExperimentConfig()
+    assert d.sweep.seeds is None and d.eval.domain == ["wordnet_mc"] and d.eval.general == ["mmlu"]
+    c = load_config(None, ["sweep.seeds=[3, 1, 2]", "eval.domain=[wordnet_mc, my_qs]", "eval.general=[]"])
+    assert c.sweep.seeds == [3, 1, 2] and c.eval.domain == ["wordnet_mc", "my_qs"] and c.eval.general == []
+    assert load_config(None, ["sweep.seeds=null"]).sweep.seeds is None
+
+
 def test_overrides_apply_on_top_of_a_file_in_order(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("name: file\ntrain:\n  lr: 0.5\n  max_steps: 3\n")
@@ -112,6 +120,12 @@ def test_unknown_key_names_the_closest_valid_key(override, suggestion):
     ("plan.pattern=0120", "plan.pattern", "'0120'", "0 and 1"),
     ("model.dtype=fp8", "model.dtype", "'fp8'", "one of auto, float32, bfloat16, float16"),
     ("train=3", "train", "3", "a mapping of"),
+    ("sweep.seeds=[]", "sweep.seeds", "[]", "a non-empty list of distinct integers"),
+    ("sweep.seeds=[0,1,0]", "sweep.seeds", "[0, 1, 0]", "seed 0 is listed twice"),
+    ("sweep.seeds=[1,x]", "sweep.seeds", "'x'", "integer"),
+    ("sweep.seeds=[0.5]", "sweep.seeds", "0.5", "integer"),
+    ("eval.domain=[wordnet_mc,wordnet_mc]", "eval.domain", "'wordnet_mc'", "listed twice"),
+    ("eval.general=[wordnet_mc]", "eval.general", "'wordnet_mc'", "cannot be both domain and general"),
 ])
 def test_bad_value_names_field_value_and_what_is_allowed(override, field, shown, allowed):
     with pytest.raises(ConfigError) as e:
@@ -172,6 +186,17 @@ def test_shipped_config_contents():
     assert q.sweep.max_concurrent_trials >= 1 and q.tracking.run_root.startswith("/mnt/shared/")
 
 
+def test_paper_check_is_the_default_sweep_at_three_seeds_with_domain_and_general():
+    by = {p.stem: load_config(p) for p in CONFIGS}
+    d, pc = by["default"], by["paper-check"]
+    assert pc.sweep.seeds == [0, 1, 2] and pc.eval.tasks == ["wordnet_mc", "mmlu"]
+    assert (pc.eval.domain, pc.eval.general) == (["wordnet_mc"], ["mmlu"])
+    # everything else is the default sweep's
+    same = dataclasses.replace(pc, name=d.name, eval=dataclasses.replace(pc.eval, tasks=d.eval.tasks),
+                               sweep=dataclasses.replace(pc.sweep, seeds=d.sweep.seeds))
+    assert same == d
+
+
 def test_hub_id_in_the_cluster_config_parses_as_a_hub_reference():
     from raycpt.models.sources import parse_ref
 
@@ -202,6 +227,10 @@ def test_cli_config_show_and_validate(capsys):
     (["config", "show", "configs/default.yaml", "train.lrr=1"], "error: config error: train.lrr=1: unknown key"),
     (["config", "validate", "no/such.yaml"], "error: config file not found: no/such.yaml"),
     (["config", "validate", "a.yaml", "b.yaml"], "error: unexpected argument 'b.yaml'"),
+    # the sweep validates its config before any Ray or model work
+    (["sweep", "configs/default.yaml", "sweep.seeds=[]"], "error: config error: sweep.seeds=[]: a non-empty list"),
+    (["sweep", "configs/default.yaml", "sweep.seeds=[1,2,1]"], "error: config error: sweep.seeds=[1, 2, 1]: distinct"),
+    (["sweep", "configs/default.yaml", "sweep.seeds=[1,x]"], "error: config error: sweep.seeds=[1, 'x']"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(argv, start, capsys, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[2])

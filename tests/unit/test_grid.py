@@ -74,3 +74,42 @@ def test_a_failing_trial_ends_child_and_parent_failed(tmp_path):
         _run(tmp_path, [Spec("a", "error")])
     status = {r.data.tags.get("raycpt.trial", "parent"): r.info.status for r in _runs(tmp_path)}
     assert status == {"parent": "FAILED", "a": "FAILED"}
+
+
+def test_seeded_sweep_trials_carry_seed_and_resume_skips_finished_seeds(tmp_path, monkeypatch):
+    """TrialSpec.run for every seed of a plan, inline, with training replaced by a stub: each child run
+    carries its seed (param and tag) and its own train.seed; after an interruption a resume reruns only
+    the unfinished trial/seed."""
+    from types import SimpleNamespace
+
+    import raycpt.jobs.sweep as sweep
+    from raycpt.jobs.grid import GridIncomplete
+
+    seen: list[tuple[str, int]] = []
+    stop = {"full-s2"}
+
+    def fake_train_and_evaluate(trial, tcfg, name):
+        if name in stop:
+            raise KeyboardInterrupt
+        seen.append((name, tcfg.train.seed))
+        train = SimpleNamespace(trainable_params=1, frozen_params=0, tokens_per_s=1.0, losses=[2.0],
+                                final_model_dir=str(trial.dir))
+        return train, SimpleNamespace(metrics=lambda: {"wn/average/logit": 10.0 * tcfg.train.seed}), None
+
+    monkeypatch.setattr(sweep, "train_and_evaluate", fake_train_and_evaluate)
+    specs = sweep.plan_grid([0.5], [], 4, seeds=[1, 2])  # full only, at seeds 1 and 2
+    assert [s.name for s in specs] == ["full-s1", "full-s2"]
+    with pytest.raises(GridIncomplete):
+        _run(tmp_path, specs)
+    assert seen == [("full-s1", 1)]
+    stop.clear()
+    run_dir, parent_id, results = _run(tmp_path, specs, resume=True)
+    assert seen == [("full-s1", 1), ("full-s2", 2)]  # full-s1 finished before: not rerun
+    assert [(r["group"], r["seed"], r["scores"]["wn/average/logit"]) for r in results.values()] == \
+        [("full", 1, 10.0), ("full", 2, 20.0)]
+    children = {r.data.tags["raycpt.trial"]: r for r in _runs(tmp_path)
+                if r.data.tags.get("mlflow.parentRunId") == parent_id}
+    assert sorted(children) == ["full-s1", "full-s2"]
+    for name, sd in (("full-s1", "1"), ("full-s2", "2")):
+        assert children[name].data.params["seed"] == sd and children[name].data.tags["seed"] == sd
+        assert children[name].info.status == "FINISHED"

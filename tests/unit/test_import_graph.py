@@ -32,8 +32,9 @@ the code needs:
 10. ``raycpt.runs``, ``raycpt.tracking``, ``raycpt.runtime`` (and ``raycpt.cluster``) - run folders,
     MLflow, Ray bootstrap (``runs`` builds on ``tracking``, never the reverse).
 11. ``raycpt.config``, ``raycpt.tasks`` (benchmark names and category tables) - the typed config tree.
-12. ``raycpt.io``, ``raycpt.errors`` (and ``raycpt.splits``, ``raycpt.usage``) - atomic file helpers
-    and run-root paths, ``RaycptError``, the split rule, usage-error words: leaves.
+12. ``raycpt.io``, ``raycpt.errors`` (and ``raycpt.splits``, ``raycpt.usage``, ``raycpt.stats``) - atomic
+    file helpers and run-root paths, ``RaycptError``, the split rule, usage-error words, bootstrap and
+    seed intervals: leaves.
 
 Names in parentheses are modules other branches add; a module no layer names fails
 :func:`test_every_module_has_a_layer`, so a new top-level module must be placed here on purpose.
@@ -64,7 +65,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt.models",),
     ("raycpt.runs", "raycpt.tracking", "raycpt.runtime", "raycpt.cluster"),
     ("raycpt.config", "raycpt.tasks"),
-    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage"),
+    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats"),
 )
 
 

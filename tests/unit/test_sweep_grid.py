@@ -62,3 +62,33 @@ def test_recipes_config_runs_through_the_sweep_grid(tmp_path):
     # elite top-5 by score i % 7 + i/100: layers 27, 20, 13, 6 (score 6.x) then 26
     assert trainable["elite_top5"] == sorted([27, 20, 13, 6, 26])
     assert plans["elite_lr2_top5"].lr_scales.get(27) == 2.0 and trainable["elite_lr2_top5"] == list(range(30))
+
+
+def test_seeds_run_every_trial_once_per_seed_seed_major():
+    specs = plan_grid([0.5], ["train_shallow"], 12, seeds=[3, 7])
+    assert [s.name for s in specs] == ["full-s3", "train_shallow-r0.5-s3", "full-s7", "train_shallow-r0.5-s7"]
+    assert [(s.seed, s.group) for s in specs] == [(3, "full"), (3, "train_shallow-r0.5"), (7, "full"),
+                                                  (7, "train_shallow-r0.5")]
+    assert specs[1].b == 6 and specs[3].split == 0.5
+    # each run's config carries its seed (train.seed also seeds the data order when data.shuffle_seed is null)
+    cfg = ExperimentConfig()
+    assert [trial_config(cfg, s).train.seed for s in specs] == [3, 3, 7, 7]
+    assert cfg.train.seed == 0
+    # without seeds: today's names, the config's own train.seed
+    plain = plan_grid([0.5], ["train_shallow"], 12)
+    assert [s.name for s in plain] == ["full", "train_shallow-r0.5"] and plain[0].seed is None
+    assert trial_config(load_seeded(), plain[0]).train.seed == 5
+
+
+def load_seeded():
+    from raycpt.config import load_config
+
+    return load_config(None, ["train.seed=5"])
+
+
+def test_seeded_spec_survives_the_ray_boundary():
+    """The grid sends specs as dataclasses.asdict and rebuilds them with TrialSpec(**d)."""
+    import dataclasses
+
+    (s,) = [t for t in plan_grid([0.5], ["train_deep"], 12, seeds=[1]) if t.strategy == "train_deep"]
+    assert TrialSpec(**dataclasses.asdict(s)) == s

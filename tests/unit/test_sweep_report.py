@@ -88,3 +88,264 @@ def test_held_out_loss_gains_and_trials_table_by_hand():
     # without held-out losses the columns are absent, not filled with dashes
     (plain,) = split_gains(TRIALS, {"0.5": 0.338}, "wn")
     assert plain["shallow_vs_deep_heldout"] is None
+
+
+# ------------------------------------------------------------------------------------------ intervals
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from raycpt.report.sweep import (build_summary, domain_general, load_outcomes, question_outcomes,  # noqa: E402
+                                 summary_markdown)
+
+CATS = ["STEM", "Social Science", "Humanities", "Other"]
+KEYS = {"STEM": "stem", "Social Science": "social_science", "Humanities": "humanities", "Other": "other"}
+
+
+def _records(correct: dict[str, list[int]], prefix: str = "q") -> list[dict]:
+    """Per-question records as the eval bridge writes them: question i is in category i % 4."""
+    n = len(next(iter(correct.values())))
+    return [{"id": f"{prefix}{i}", "category": CATS[i % 4], "question": "?", "gold": "A",
+             **{m: {"prediction": "A", "correct": bool(c[i])} for m, c in correct.items()}} for i in range(n)]
+
+
+def _scores(task: str, correct: dict[str, list[int]]) -> dict[str, float]:
+    """Scores by hand: per category percent, average = mean of categories, overall = percent of all."""
+    out = {}
+    for m, c in correct.items():
+        c = np.asarray(c, dtype=float)
+        cats = np.arange(len(c)) % 4
+        per = {KEYS[CATS[k]]: 100 * c[cats == k].mean() for k in range(4)}
+        out.update({f"{task}/{k}/{m}": v for k, v in per.items()})
+        out[f"{task}/average/{m}"] = float(np.mean(list(per.values())))
+        out[f"{task}/overall/{m}"] = 100 * c.mean()
+    return out
+
+
+def _run(name, strategy, split, seed, tasks: dict[str, dict[str, list[int]]], blocks=None, group=None):
+    scores, questions = {}, {}
+    for task, correct in tasks.items():
+        scores.update(_scores(task, correct))
+        questions[task] = _records(correct, prefix=task[:2])
+    t = {"name": name, "group": group or name, "strategy": strategy, "split": split, "b": None, "seed": seed,
+         "scores": scores, "outcomes": question_outcomes(questions)}
+    if blocks is not None:
+        t.update(heldout_blocks=list(blocks), heldout_weights=[63] * len(blocks), heldout_loss=float(np.mean(blocks)))
+    return t
+
+
+RNG = np.random.default_rng(0)
+N = 80
+FULL_DOM = (RNG.random(N) < 0.3).astype(int)
+SH_DOM = np.where(RNG.random(N) < 0.5, 1, FULL_DOM)  # shallow also right on about half of full's misses
+FULL_GEN = (RNG.random(N) < 0.5).astype(int)
+SH_GEN = FULL_GEN.copy()
+SH_GEN[:3] = 1 - SH_GEN[:3]  # three answers flip: no clear change
+FULL_BLK = 3.5 + 0.2 * RNG.standard_normal(48)
+SH_BLK = FULL_BLK - 0.08 + 0.02 * RNG.standard_normal(48)
+
+
+def _one_seed_trials():
+    full = _run("full", "full", None, 0, {"wn": {"logit": FULL_DOM, "cloze": FULL_DOM},
+                                          "gen_bench": {"logit": FULL_GEN}}, FULL_BLK)
+    sh = _run("train_shallow-r0.5", "train_shallow", 0.5, 0, {"wn": {"logit": SH_DOM, "cloze": FULL_DOM},
+                                                              "gen_bench": {"logit": SH_GEN}}, SH_BLK)
+    return [full, sh]
+
+
+def test_question_outcomes_keeps_every_mode_and_maps_categories():
+    recs = _records({"logit": [1, 0], "cloze": [0, 0]})
+    assert question_outcomes({"t": recs}) == {"t": {"logit": {"q0": ("stem", True), "q1": ("social_science", False)},
+                                                    "cloze": {"q0": ("stem", False), "q1": ("social_science", False)}}}
+
+
+def test_one_seed_deltas_carry_paired_bootstrap_intervals_checked_against_scipy():
+    from scipy.stats import bootstrap
+
+    rows = {r["name"]: r for r in build_summary(_one_seed_trials(), None, ["wn"], ["gen_bench"],
+                                                resamples=20000)["tables"]["wn"]}
+    cell = rows["train_shallow-r0.5"]["cells"]["overall"]["logit"]
+    assert cell["delta"] == pytest.approx(100 * (SH_DOM.mean() - FULL_DOM.mean()))
+
+    def ref(a, b):
+        r = bootstrap((a, b), lambda x, y, axis=-1: 100 * (x.mean(axis) - y.mean(axis)), paired=True,
+                      method="percentile", n_resamples=20000, rng=np.random.default_rng(1))
+        return r.confidence_interval.low, r.confidence_interval.high
+
+    lo, hi = ref(SH_DOM.astype(float), FULL_DOM.astype(float))
+    assert cell["lo"] == pytest.approx(lo, abs=1.3) and cell["hi"] == pytest.approx(hi, abs=1.3)  # atoms of 1.25
+    assert cell["sign"] == 1 and cell["method"] == "paired bootstrap"
+    stem = rows["train_shallow-r0.5"]["cells"]["stem"]["logit"]  # only questions 0, 4, 8, ...
+    lo, hi = ref(SH_DOM[0::4].astype(float), FULL_DOM[0::4].astype(float))
+    assert stem["lo"] == pytest.approx(lo, abs=5.1) and stem["hi"] == pytest.approx(hi, abs=5.1)  # atoms of 5
+    # the cloze mode is identical in both runs: a zero-width interval and no mark
+    same = rows["train_shallow-r0.5"]["cells"]["average"]["cloze"]
+    assert (same["delta"], same["lo"], same["hi"], same["sign"]) == (0.0, 0.0, 0.0, 0)
+    assert rows["full"]["cells"]["overall"]["logit"]["delta"] is None
+
+
+def test_average_cell_is_a_stratified_bootstrap_of_the_category_mean():
+    rows = {r["name"]: r for r in build_summary(_one_seed_trials(), None, resamples=4000)["tables"]["wn"]}
+    cell = rows["train_shallow-r0.5"]["cells"]["average"]["logit"]
+    d = (SH_DOM - FULL_DOM).astype(float)
+    cats = np.arange(N) % 4
+    # a naive stratified bootstrap, written here: resample each category within itself, average the four means
+    rng = np.random.default_rng(99)
+    reps = [np.mean([rng.choice(d[cats == k], size=(cats == k).sum()).mean() for k in range(4)]) * 100
+            for _ in range(4000)]
+    lo, hi = np.quantile(reps, [0.025, 0.975])
+    assert cell["delta"] == pytest.approx(100 * np.mean([d[cats == k].mean() for k in range(4)]))
+    assert cell["lo"] == pytest.approx(lo, abs=1.5) and cell["hi"] == pytest.approx(hi, abs=1.5)
+
+
+def test_heldout_loss_delta_is_bootstrapped_over_blocks():
+    from scipy.stats import bootstrap
+
+    (row,) = [r for r in build_summary(_one_seed_trials(), None, resamples=20000)["tables"]["wn"]
+              if r["name"] != "full"]
+    h = row["heldout_delta"]
+    assert h["delta"] == pytest.approx(SH_BLK.mean() - FULL_BLK.mean())
+    ref = bootstrap((SH_BLK, FULL_BLK), lambda x, y, axis=-1: x.mean(axis) - y.mean(axis), paired=True,
+                    method="percentile", n_resamples=20000, rng=np.random.default_rng(2)).confidence_interval
+    assert h["lo"] == pytest.approx(ref.low, abs=2e-3) and h["hi"] == pytest.approx(ref.high, abs=2e-3)
+    assert h["sign"] == -1  # lower loss, clearly
+
+
+def test_domain_versus_general_names_gain_and_change():
+    summary = build_summary(_one_seed_trials(), None, ["wn"], ["gen_bench", "mmlu"], resamples=2000)
+    (e,) = summary["domain_general"]
+    assert e["name"] == "train_shallow-r0.5"
+    assert {(i["task"], i["mode"]) for i in e["domain"]} == {("wn", "logit"), ("wn", "cloze")}
+    assert [(i["task"], i["mode"]) for i in e["general"]] == [("gen_bench", "logit")]  # mmlu did not run: skipped
+    g = e["general"][0]
+    assert g["delta"] == pytest.approx(100 * np.mean([(SH_GEN - FULL_GEN)[np.arange(N) % 4 == k].mean()
+                                                      for k in range(4)]))
+    assert g["sign"] == 0
+    assert e["reading"] == "domain gain; no clear general change; held-out loss lower"
+    md = summary_markdown(summary)
+    assert "**Domain versus general**" in md and "domain: wn L" in md and "general: gen_bench L" in md
+    table = md.split("**Domain versus general**")[1]
+    assert "▲" in table and "▼" not in table  # the domain gain and the lower held-out loss (better): no worse cell
+    assert "Not evaluated in this sweep: eval.general mmlu." in md
+    # no task of either role ran: no section
+    assert domain_general(summary["tables"], ["x"], ["y"]) == []
+
+
+def test_seeds_give_mean_and_t_interval_per_cell_by_hand():
+    from scipy.stats import t as student
+
+    trials = []
+    # three seeds: the shallow run is ahead by 3, 4 and 5 questions of 80 (3.75, 5.0, 6.25 points overall)
+    for sd, k in ((0, 3), (1, 4), (2, 5)):
+        base = (np.arange(N) < 20 + sd).astype(int)
+        better = base.copy()
+        better[40:40 + k] = 1
+        trials.append(_run(f"full-s{sd}", "full", None, sd, {"wn": {"logit": base}}, group="full"))
+        trials.append(_run(f"train_shallow-r0.5-s{sd}", "train_shallow", 0.5, sd, {"wn": {"logit": better}},
+                           group="train_shallow-r0.5"))
+    rows = {r["name"]: r for r in build_summary(trials, None, resamples=500)["tables"]["wn"]}
+    assert set(rows) == {"full", "train_shallow-r0.5"} and rows["full"]["seeds"] == [0, 1, 2]
+    cell = rows["train_shallow-r0.5"]["cells"]["overall"]["logit"]
+    half = student.ppf(0.975, 2) * np.std([3.75, 5.0, 6.25], ddof=1) / math.sqrt(3)  # 4.303 * 1.25 / sqrt 3
+    assert (cell["delta"], cell["lo"], cell["hi"]) == pytest.approx((5.0, 5.0 - half, 5.0 + half))
+    assert cell["method"] == "t over seeds" and cell["n"] == 3 and cell["sign"] == 1  # [1.9, 8.1]
+    # a wider spread over seeds (2.5, 5, 7.5 points) holds 0: no mark, whatever the mean
+    from raycpt.report.sweep import compare
+
+    wide = compare({0: 2.5, 1: 5.0, 2: 7.5}, {0: 0.0, 1: 0.0, 2: 0.0}, lambda v: v, lambda a, b: None)
+    assert wide["delta"] == pytest.approx(5.0) and wide["lo"] < 0 and wide["sign"] == 0
+    # the value: mean over seeds (full: 20, 21, 22 of 80 right) with its t half-width
+    fv = rows["full"]["cells"]["overall"]["logit"]
+    half_v = student.ppf(0.975, 2) * np.std([25.0, 26.25, 27.5], ddof=1) / math.sqrt(3)
+    assert fv["value"] == pytest.approx(26.25) and fv["value_hi"] - fv["value"] == pytest.approx(half_v)
+    md = summary_markdown(build_summary(trials, None, resamples=200))
+    assert f"26.25 ±{half_v:.2f}" in md and "| train_shallow-r0.5 | 3 |" in md
+
+
+def test_gains_carry_s_b_interval_and_realised_gain_interval():
+    trials = _one_seed_trials() + [_run("train_deep-r0.5", "train_deep", 0.5, 0, {"wn": {"logit": FULL_DOM}},
+                                        FULL_BLK + 0.01)]
+    trace = {"split_scores": {"0.5": -0.02}, "split_intervals": {"0.5": [-0.31, 0.22]}}
+    (g,) = build_summary(trials, trace, resamples=2000)["split_gains"]["wn"]
+    assert (g["S_b"], g["S_b_lo"], g["S_b_hi"]) == (-0.02, -0.31, 0.22)
+    assert g["shallow_vs_deep_logit_sign"] == 1 and g["shallow_vs_deep_heldout_sign"] == -1
+    assert g["shallow_vs_deep_logit_lo"] < g["shallow_vs_deep_logit"] < g["shallow_vs_deep_logit_hi"]
+
+
+def test_rich_tables_with_intervals_fit_80_columns():
+    from rich.console import Console
+
+    from raycpt.report.sweep import rich_domain_general, rich_gains_table, rich_table
+
+    trials = _one_seed_trials() + [_run("train_deep-r0.5", "train_deep", 0.5, 0, {"wn": {"logit": FULL_DOM}},
+                                        FULL_BLK + 0.01)]
+    s = build_summary(trials, {"split_scores": {"0.5": 0.1}, "split_intervals": {"0.5": [-0.2, 0.4]}},
+                      ["wn"], ["gen_bench"], resamples=500)
+    console = Console(width=80, record=True)
+    console.print(rich_table("wn", s["tables"]["wn"], "logit"))
+    console.print(rich_gains_table("wn", s["split_gains"]["wn"]))
+    for item in rich_domain_general(s["domain_general"]):
+        console.print(item)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "▲" in text and "[-0.20,0.40]" in text and "train_shallow-r0.5: domain gain" in text
+
+
+def test_load_outcomes_reads_the_eval_result_file(tmp_path):
+    import json
+
+    path = tmp_path / "eval_result.json"
+    path.write_text(json.dumps({"questions": {"wn": _records({"logit": [1, 0, 1]})},
+                                "heldout_block_losses": [3.0, 3.5], "heldout_block_weights": [63, 63]}))
+    t = load_outcomes({"name": "x", "eval_file": str(path)})
+    assert t["outcomes"]["wn"]["logit"]["q2"] == ("humanities", True)
+    assert t["heldout_blocks"] == [3.0, 3.5] and t["heldout_weights"] == [63, 63]
+    assert load_outcomes({"name": "y"}) == {"name": "y"}  # an old result without a file: no intervals
+
+
+def test_write_summary_writes_intervals_and_drops_per_question_data(tmp_path):
+    import json
+
+    from raycpt.report.sweep import write_summary
+
+    trials = [{k: v for k, v in t.items()} for t in _one_seed_trials()]
+    s = write_summary(tmp_path, trials, None, 30, domain=["wn"], general=["gen_bench"])
+    out = tmp_path / "summary"
+    assert {"summary.md", "summary.json", "deltas.csv", "table_wn.csv", "scores_wn.png"} <= {p.name for p in out.iterdir()}
+    saved = json.loads((out / "summary.json").read_text())
+    assert "outcomes" not in saved["trials"][0] and saved["domain_general"][0]["reading"] == s["domain_general"][0]["reading"]
+    csv_text = (out / "deltas.csv").read_text()
+    assert csv_text.splitlines()[0].startswith("task,model,strategy") and "better" in csv_text
+
+
+def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.config import TrackingConfig
+    from raycpt.report.sweep import write_summary
+    from raycpt.tracking import ensure_store
+
+    (tmp_path / "runs").mkdir()
+    cfg = TrackingConfig(run_root=str(tmp_path / "runs"), uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}",
+                         experiment="t")
+    exp = ensure_store(cfg)
+    client = MlflowClient(cfg.uri)
+    parent = client.create_run(exp, run_name="parent").info.run_id
+    for _ in range(2):  # a finished sweep summarised again (--resume) logs the table once
+        s = write_summary(tmp_path / "run", _one_seed_trials(), {"split_scores": {"0.5": 0.1}}, 30, parent, cfg,
+                          domain=["wn"], general=["gen_bench"])
+    import json
+
+    from mlflow.artifacts import download_artifacts
+
+    table = json.loads(open(download_artifacts(run_id=parent, artifact_path="summary/deltas.json",
+                                               tracking_uri=cfg.uri, dst_path=str(tmp_path / "dl"))).read())
+    assert len(table["data"]) == len(s["records"])  # not appended twice
+    cols = table["columns"]
+    row = dict(zip(cols, next(r for r in table["data"] if r[cols.index("model")] == "train_shallow-r0.5"
+                              and r[cols.index("category")] == "average" and r[cols.index("mode")] == "logit"
+                              and r[cols.index("task")] == "wn")))
+    assert row["verdict"] == "better" and row["delta_lo"] > 0
+    m = client.get_run(parent).data.metrics
+    assert m["domain_delta/train_shallow-r0.5/wn/logit"] == pytest.approx(s["domain_general"][0]["domain"][0]["delta"])
+    assert m["S_b/0.5"] == pytest.approx(0.1)

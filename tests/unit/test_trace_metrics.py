@@ -244,3 +244,30 @@ def test_check_split_accepts():
     assert check_split(0.5, 30) == 15
     assert check_split(0.33, 30) == 10
     assert check_split(0.66, 30) == 20
+
+
+def test_s_b_table_carries_a_bootstrap_interval_over_prompts():
+    """The trace's S(b) table: the interval columns hold the percentile bootstrap over prompts (the same
+    draws recomputed here by a plain loop), the markdown prints them and explains them."""
+    from raycpt.report.trace import add_s_intervals, table_markdown
+
+    rng = np.random.default_rng(2)
+    r_rows, d_rows = rng.lognormal(size=(12, 4)), rng.lognormal(size=(12, 4))
+    prof = profiles(r_rows, d_rows)
+    rows = split_table(prof["tp_norm"], prof["ls_norm"], [0.25, 0.5])
+    for row in rows:
+        row["S_median"] = 0.0
+    add_s_intervals(rows, r_rows, d_rows, resamples=300, seed=4)
+    idx = np.random.default_rng(4).integers(0, 12, size=(300, 12))
+    for row in rows:
+        reps = []
+        for i in idx:
+            p = profiles(r_rows[i], d_rows[i])
+            reps.append(boundary_score(p["tp_norm"], p["ls_norm"], row["split_layer"]))
+        assert (row["S_lo"], row["S_hi"]) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])), abs=1e-12)
+    from raycpt.report.trace import fmt_cell
+
+    assert fmt_cell("S_ci", (rows[0]["S_lo"], rows[0]["S_hi"])) == f"[{rows[0]['S_lo']:.3f}, {rows[0]['S_hi']:.3f}]"
+    assert fmt_cell("S_ci", (None, None)) == "-"  # a table from before the intervals
+    md = table_markdown(rows)
+    assert "S(b) 2.5%" in md and f"{rows[0]['S_lo']:.3f}" in md and "bootstrap over prompts" in md

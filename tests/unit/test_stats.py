@@ -1,0 +1,162 @@
+"""Bootstrap and seed intervals, checked against an enumerated bootstrap, scipy, and hand arithmetic."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from raycpt.stats import (Interval, paired_delta, percentile_interval, resample_indices, seed_interval,
+                          stratified_paired_delta)
+
+
+def _exact_quantiles(values, level=0.95):
+    """The percentile interval of the *exact* bootstrap distribution of the mean of ``values``:
+    every one of the n**n index tuples enumerated, equally likely."""
+    n = len(values)
+    means = sorted(float(np.mean([values[i] for i in idx])) for idx in itertools.product(range(n), repeat=n))
+    a = (1 - level) / 2
+    # the a and 1-a quantiles of a discrete distribution with equal atoms (inverse of the CDF)
+    return means[math.ceil(a * len(means)) - 1], means[math.ceil((1 - a) * len(means)) - 1]
+
+
+def test_paired_delta_matches_the_enumerated_bootstrap():
+    # two models on 4 questions: correct 0/1; differences (a - b) = [1, 0, 0, -1] ... and a lopsided one
+    a = np.array([1, 1, 0, 1])
+    b = np.array([0, 1, 0, 1])  # d = [1, 0, 0, 0]
+    lo_x, hi_x = _exact_quantiles(list(a - b))
+    # by hand: mean of 4 draws from {1, 0, 0, 0} is k/4 with k ~ Bin(4, 1/4): P(k=0) = 81/256 > 2.5%, so
+    # the lower end is 0; P(k <= 2) = 243/256 = 0.949 < 97.5% <= P(k <= 3) = 255/256, so the upper end is 3/4
+    assert (lo_x, hi_x) == (0.0, 0.75)
+    iv = paired_delta(a, b, resamples=20000, seed=1)
+    assert iv.point == pytest.approx(0.25) and iv.n == 4
+    assert (iv.lo, iv.hi) == pytest.approx((lo_x, hi_x), abs=1e-12)
+
+
+def test_constant_differences_have_a_zero_width_interval():
+    iv = paired_delta([3.0, 2.0, 5.0], [1.0, 0.0, 3.0], resamples=500, seed=0)
+    assert (iv.point, iv.lo, iv.hi) == pytest.approx((2.0, 2.0, 2.0)) and iv.sign() == 1
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_paired_delta_agrees_with_scipy_bootstrap(seed):
+    from scipy.stats import bootstrap
+
+    rng = np.random.default_rng(100 + seed)
+    a = (rng.random(200) < 0.55).astype(float)  # model A right on ~55% of 200 questions
+    b = np.where(rng.random(200) < 0.8, a, 1 - a)  # model B agrees with A on ~80% of them
+    ours = paired_delta(a, b, resamples=20000, seed=seed, scale=100.0)
+    ref = bootstrap((a, b), lambda x, y, axis=-1: 100.0 * (x.mean(axis=axis) - y.mean(axis=axis)), paired=True,
+                    method="percentile", n_resamples=20000, rng=np.random.default_rng(seed), vectorized=True)
+    assert ours.point == pytest.approx(100.0 * (a.mean() - b.mean()))
+    # Monte-Carlo tolerance: the standard error of a 2.5% quantile with 20000 resamples is ~0.1 points here
+    se = ref.standard_error
+    assert ours.lo == pytest.approx(ref.confidence_interval.low, abs=0.15 * se + 0.3)
+    assert ours.hi == pytest.approx(ref.confidence_interval.high, abs=0.15 * se + 0.3)
+
+
+def test_weighted_loss_delta_agrees_with_scipy_on_blocks():
+    from scipy.stats import bootstrap
+
+    rng = np.random.default_rng(3)
+    la = 3.5 + 0.3 * rng.standard_normal(64)  # per-block losses of two models on the same 64 blocks
+    lb = la + 0.05 + 0.1 * rng.standard_normal(64)
+    w = rng.integers(50, 64, size=64).astype(float)  # tokens per block
+    ours = paired_delta(lb, la, weights=w, resamples=20000, seed=2)
+
+    def stat(x, y, z, axis=-1):
+        return ((x - y) * z).sum(axis=axis) / z.sum(axis=axis)
+
+    ref = bootstrap((lb, la, w), stat, paired=True, method="percentile", n_resamples=20000,
+                    rng=np.random.default_rng(5), vectorized=True)
+    assert ours.point == pytest.approx(float(((lb - la) * w).sum() / w.sum()))
+    tol = 0.1 * ref.standard_error
+    assert ours.lo == pytest.approx(ref.confidence_interval.low, abs=tol)
+    assert ours.hi == pytest.approx(ref.confidence_interval.high, abs=tol)
+    assert ours.sign() == 1  # a clear 0.05-nat gap on 64 blocks
+
+
+def test_stratified_delta_keeps_strata_sizes_and_averages_strata():
+    # two categories; within "x" model a is always right and b always wrong, within "y" they always tie
+    a = np.array([1, 1, 1, 0, 1])
+    b = np.array([0, 0, 0, 0, 1])
+    cats = ["x", "x", "x", "y", "y"]
+    iv = stratified_paired_delta(a, b, cats, resamples=300, seed=0, scale=100.0)
+    # by hand: Δx = 100, Δy = 0, average of categories = 50 (not the pooled 60); every resample keeps
+    # 3 questions of x and 2 of y, so every replicate is exactly 50 too
+    assert (iv.point, iv.lo, iv.hi) == pytest.approx((50.0, 50.0, 50.0))
+    # a plain (pooled) resample would mix the strata and spread
+    pooled = paired_delta(a, b, resamples=2000, seed=0, scale=100.0)
+    assert pooled.point == pytest.approx(60.0) and pooled.hi - pooled.lo > 20
+
+
+def test_stratified_delta_equals_the_plain_one_with_a_single_stratum():
+    rng = np.random.default_rng(4)
+    a, b = (rng.random(50) < 0.5).astype(float), (rng.random(50) < 0.4).astype(float)
+    s = stratified_paired_delta(a, b, ["all"] * 50, resamples=1000, seed=9)
+    p = paired_delta(a, b, resamples=1000, seed=9)
+    assert (s.point, s.lo, s.hi) == pytest.approx((p.point, p.lo, p.hi))  # same draws, same statistic
+
+
+def test_seed_interval_is_the_t_interval_by_hand():
+    iv = seed_interval([40.0, 42.0, 47.0])
+    # mean 43, sd = sqrt(((-3)^2 + (-1)^2 + 4^2) / 2) = sqrt(13); t_{0.975, 2} = 4.302652729911275
+    half = 4.302652729911275 * math.sqrt(13) / math.sqrt(3)
+    assert (iv.point, iv.lo, iv.hi, iv.n) == pytest.approx((43.0, 43 - half, 43 + half, 3))
+    one = seed_interval([41.0])
+    assert one.point == 41.0 and math.isnan(one.lo) and one.sign() == 0
+    assert one.to_dict()["lo"] is None
+
+
+def test_resample_indices_come_in_bounded_chunks_in_order():
+    rng = np.random.default_rng(0)
+    chunks = list(resample_indices(10, 2500, rng, width=1000))  # 4e6 / (10 * 1000) = 400 rows per chunk
+    assert [c.shape for c in chunks] == [(400, 10)] * 6 + [(100, 10)]
+    allidx = np.concatenate(chunks)
+    assert allidx.min() >= 0 and allidx.max() <= 9
+    assert percentile_interval(np.array([1.0, np.nan, 3.0]), 0.5) == pytest.approx((1.5, 2.5))
+
+
+def test_interval_sign():
+    assert Interval(1.0, 0.1, 2.0, 5, "m").sign() == 1
+    assert Interval(-1.0, -2.0, -0.1, 5, "m").sign() == -1
+    assert Interval(0.5, -0.1, 2.0, 5, "m").sign() == 0
+
+
+# ------------------------------------------------------------------------------------------ S(b) over prompts
+def _naive_s(ratio_rows, djs_rows, b):
+    """S(b) the way the trace computes its point estimate: profiles -> min-max -> eq. 7, one loop."""
+    from raycpt.diagnostics.scores import boundary_score, profiles
+
+    prof = profiles(ratio_rows, djs_rows)
+    return boundary_score(prof["tp_norm"], prof["ls_norm"], b)
+
+
+def test_boundary_score_interval_resamples_prompts_and_recomputes_s_b():
+    from raycpt.diagnostics.scores import boundary_score_interval
+
+    rng = np.random.default_rng(11)
+    ratio = rng.lognormal(0, 1, size=(9, 6))
+    ratio[2, 4] = 1e5  # one exploding Ratio, as on Gemma 3
+    djs = rng.lognormal(0, 1, size=(9, 6))
+    ivs = boundary_score_interval(ratio, djs, [2, 3], resamples=400, seed=5)
+    # the same draws, by a plain loop over resamples (one chunk: 400 x 9 x 6 values)
+    idx = np.random.default_rng(5).integers(0, 9, size=(400, 9))
+    for iv, b in zip(ivs, (2, 3)):
+        reps = np.array([_naive_s(ratio[i], djs[i], b) for i in idx])
+        lo, hi = np.quantile(reps, [0.025, 0.975])
+        assert iv.point == pytest.approx(_naive_s(ratio, djs, b), abs=1e-12)
+        assert (iv.lo, iv.hi) == pytest.approx((lo, hi), abs=1e-12) and iv.n == 9
+
+
+def test_boundary_score_interval_of_identical_prompts_is_a_point():
+    from raycpt.diagnostics.scores import boundary_score_interval
+
+    row_r, row_d = np.array([0.1, 0.5, 0.9, 0.2]), np.array([0.9, 0.3, 0.1, 0.0])
+    (iv,) = boundary_score_interval(np.tile(row_r, (5, 1)), np.tile(row_d, (5, 1)), [2], resamples=50)
+    # by hand, b = 2: tp^ = (0, 0.5, 1, 0.125), ls^ = (1, 1/3, 1/9, 0)
+    # S = mean ls[0:2] + mean tp[2:] - mean tp[0:2] - mean ls[2:] = 2/3 + 0.5625 - 0.25 - 1/18
+    s = 2 / 3 + 0.5625 - 0.25 - 1 / 18
+    assert (iv.point, iv.lo, iv.hi) == pytest.approx((s, s, s))
