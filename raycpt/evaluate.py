@@ -282,7 +282,7 @@ def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
 def resolve_tasks(names: Sequence[str], check_hub: bool = True, modes: Sequence[str] = ()) -> list[TaskSpec]:
     """:func:`resolve_task` for each name; one line for a name listed twice, or a mode (``modes``)
     that a benchmark lacks (cloze on C-Eval / CMMLU)."""
-    specs = [resolve_task(n, check_hub) for n in names]
+    specs = [resolve_task(n, check_hub=False) for n in names]
     seen = set()
     for s in specs:
         if s.name in seen:
@@ -295,6 +295,9 @@ def resolve_tasks(names: Sequence[str], check_hub: bool = True, modes: Sequence[
                 raise RaycptError(f"eval.modes: {mode} scores each option's text, and {s.name!r} has no {mode} "
                                   f"variant (its lm-eval task {s.logit!r} scores the letters A-D only); {mode} runs "
                                   f"on {have} and question files FILE.jsonl")
+    for s in specs:
+        if check_hub and s.kind == "hub":
+            check_hub_access(s)
     return specs
 
 

@@ -26,9 +26,9 @@ def _assert_nothing_started(root):
 
 
 def test_unknown_task(capsys, root):
-    code, err = run(capsys, "eval", f"tracking.run_root={root}", "--tasks", "mmlu")
+    code, err = run(capsys, "eval", f"tracking.run_root={root}", "--tasks", "mmlu_pro")
     assert code == 2 and len(err.splitlines()) == 1
-    assert "unknown task 'mmlu'" in err and "wordnet_mc" in err
+    assert "unknown task 'mmlu_pro'" in err and "wordnet_mc" in err
     _assert_nothing_started(root)
 
 

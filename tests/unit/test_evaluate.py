@@ -107,8 +107,8 @@ def test_malformed_question_file(tmp_path, rows, needle):
 
 
 def test_unknown_task_and_missing_file(tmp_path):
-    with pytest.raises(RaycptError, match="unknown task 'mmlu'; allowed: wordnet_mc"):
-        E.resolve_task("mmlu")
+    with pytest.raises(RaycptError, match="unknown task 'mmlu_pro'; allowed: wordnet_mc, mmlu"):
+        E.resolve_task("mmlu_pro")
     with pytest.raises(RaycptError, match="question file not found"):
         E.resolve_task(str(tmp_path / "nope.jsonl"))
 
