@@ -84,7 +84,7 @@ def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Opt
     single checkpoint and no cluster (``use_ray=None``) it runs in this process, without Ray.
     Results come back in the order of ``paths``.
     """
-    resolve_tasks(cfg.eval.tasks)
+    resolve_tasks(cfg.eval.tasks, modes=cfg.eval.modes)
     paths = check_checkpoints(list(paths))
     names = list(names) if names else _unique_names(paths)
     if use_ray is None:
@@ -130,7 +130,7 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
     """
     import mlflow
 
-    resolve_tasks(cfg.eval.tasks)
+    resolve_tasks(cfg.eval.tasks, modes=cfg.eval.modes)
     if checkpoints:
         paths = check_checkpoints(list(checkpoints))
     else:

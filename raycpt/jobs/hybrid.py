@@ -225,7 +225,7 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
 
     t0 = time.time()
     plans = plan_builds(cfg)  # every user error about the spec surfaces here, before any run exists
-    resolve_tasks(cfg.eval.tasks)
+    resolve_tasks(cfg.eval.tasks, modes=cfg.eval.modes)
     run_dir = open_run_dir(cfg, "hybrid", resume=resume)
     state = read_state(run_dir)
     grid = Grid("hybrid", [HybridBuild(p.name, f"{display_name(p)} ({p.name})") for p in plans],
