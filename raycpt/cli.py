@@ -263,9 +263,9 @@ def eval_cmd(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
                  None, help="comma-separated model folders or pypi:/hf: references (default: model.ref); "
                             "several run as parallel Ray tasks"),
              tasks: Optional[str] = typer.Option(
-                 None, help="comma-separated: wordnet_mc (offline), ceval, cmmlu (hub), FILE.jsonl; sets eval.tasks"),
-             modes: Optional[str] = typer.Option(None, help="logit,generate (either or both); sets eval.modes")):
-    """Evaluate models in logit and/or generate mode; print the Generate / Logit table per category."""
+                 None, help="comma-separated: wordnet_mc, mmlu (offline), ceval, cmmlu (hub), FILE.jsonl; sets eval.tasks"),
+             modes: Optional[str] = typer.Option(None, help="logit,generate,cloze (any of them; default the papers' two); sets eval.modes")):
+    """Evaluate models in logit, generate and/or cloze mode; print the Generate / Logit (/ Cloze) table per category."""
     from raycpt.jobs.eval import run_eval
     from raycpt.report.eval import render_table
 

