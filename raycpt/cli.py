@@ -129,7 +129,8 @@ def models_pull(args: Optional[List[str]] = typer.Argument(
     cfg = load_config(path, overrides)
     mcfg = dataclasses.replace(cfg.model, cache_dir=cache_dir or cfg.model.cache_dir)
     info = resolve_model_info(mcfg, refs[0] if refs else None, force=force, progress=True)
-    console.print(f"{info.ref} -> {info.path}  ({'cache hit' if info.cached else 'pulled'}, {info.seconds:.1f}s)")
+    console.print(f"{info.ref} -> {info.path}  ({'cache hit' if info.cached else 'pulled'}, {info.seconds:.1f}s)",
+                  soft_wrap=True, markup=False)  # a path stays one copyable line
 
 
 @models_app.command("list")
