@@ -192,6 +192,10 @@ def cases(f: dict) -> list[Case]:
         Case("sweep.seeds=[]", ["sweep", rr, "sweep.seeds=[]"], "a non-empty list of distinct integers", owner="15"),
         Case("duplicate seeds", ["sweep", rr, "sweep.seeds=[0,1,0]"], "seed 0 is listed twice", owner="15"),
         Case("non-integer seed", ["sweep", rr, "sweep.seeds=[0,x]"], "sweep.seeds", owner="15"),
+        Case("cloze on cmmlu", ["sweep", rr, "eval.tasks=[cmmlu]", "eval.modes=[cloze]"], "has no cloze variant",
+             owner="15"),
+        Case("data_dir missing a subject", ["eval", rr, f"model.ref={m}", "eval.tasks=[ceval]",
+                                            f"eval.data_dir={ROOT / 'tests' / 'data'}"], "accountant_val.csv", owner="15"),
         # hybrid
         Case("hybrid build --out non-empty", ["hybrid", "build", str(t / "hybrid.yaml"), "--out", str(t / "out")],
              "already exists and is not empty"),

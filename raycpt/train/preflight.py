@@ -45,7 +45,12 @@ def estimate_plan(cfg: ExperimentConfig, skeleton, plan) -> MemoryEstimate:
 
 def preflight(cfg: ExperimentConfig, console=None, plans: Optional[list[PlanConfig]] = None
               ) -> list[tuple[str, MemoryEstimate]]:
-    """Estimate (and print) each plan's peak memory per worker; raise when one does not fit."""
+    """Check the eval tasks and modes (one line for a bad one, before any trial starts: a trial would
+    only find out after training), then estimate (and print) each plan's peak memory per worker; raise
+    when one does not fit."""
+    from raycpt.evaluate import resolve_eval_tasks
+
+    resolve_eval_tasks(cfg.eval)
     path = resolve_model_path(cfg)
     out = []
     for pc in plans or [cfg.plan]:

@@ -19,7 +19,8 @@ _spec.loader.exec_module(bad_inputs)
 TRYOUT = ["binary config", "config is a directory", "ranking num_layers='many'", "ranking score='high'",
           "plan.ranking_file=/bin/ls", "ranking file is a directory", "compare X X", "plan.name=blocks plan.pattern=",
           "train.lr=inf", "train.lr=1e309", "name with path separators", "hybrid build --out non-empty",
-          "ui on a busy port", "sweep.seeds=[]", "duplicate seeds"]
+          "ui on a busy port", "sweep.seeds=[]", "duplicate seeds",
+          "cloze on cmmlu", "data_dir missing a subject"]
 
 
 @pytest.fixture(scope="module")
