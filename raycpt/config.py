@@ -241,8 +241,9 @@ class EvalConfig:
     """The papers' two: logit = answer letter scored from logits; generate = greedy 16 tokens, regex
     extracts A-D. Also ``cloze``: each option's text scored as a continuation of the question (not
     for ceval / cmmlu)."""
-    limit: Optional[int] = None
-    """Questions per task (None = all)."""
+    limit: Union[int, dict[str, Optional[int]], None] = None
+    """Questions per lm-eval task (None = all): of ``wordnet_mc`` (one task, its first N of 400), of each
+    MMLU / C-Eval / CMMLU subject; or per benchmark, e.g. ``{wordnet_mc: 32, mmlu: 2}`` (not named: all)."""
     batch_size: int = 8
     """lm-eval batch size."""
     max_gen_toks: int = 16
@@ -277,7 +278,9 @@ class EvalConfig:
         _check(not both, "eval.general", self.general,
                f"tasks not also in eval.domain ({', '.join(both)} cannot be both domain and general)")
         _check(len(self.modes) > 0, "eval.modes", self.modes, "one or more of logit, generate, cloze")
-        _check(self.limit is None or self.limit >= 1, "eval.limit", self.limit, "an integer >= 1 or null")
+        limits = self.limit.values() if isinstance(self.limit, dict) else [self.limit]
+        _check(all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1) for v in limits),
+               "eval.limit", self.limit, "an integer >= 1, null, or per task {task: integer >= 1 or null}")
         _check(self.batch_size >= 1, "eval.batch_size", self.batch_size, "an integer >= 1")
         _check(self.max_gen_toks >= 1, "eval.max_gen_toks", self.max_gen_toks, "an integer >= 1")
 
@@ -293,7 +296,14 @@ def _check_local_eval(cfg: "EvalConfig") -> None:
             _check(key in LAYOUTS, f"eval.data_dir.{key}", cfg.data_dir[key], allowed)
     local = set(LAYOUTS) if isinstance(cfg.data_dir, str) and cfg.data_dir else set(cfg.data_dir or {})
     for key, names in cfg.subjects.items():
-        _check(key in LAYOUTS, f"eval.subjects.{key}", names, allowed)
+        if key == "mmlu":  # offline, no data_dir: its subject tasks are filtered
+            from raycpt.tasks import MMLU_CATEGORIES
+
+            unknown = [n for n in names if n not in MMLU_CATEGORIES]
+            _check(not unknown and len(set(names)) == len(names) and names, "eval.subjects.mmlu", names,
+                   f"distinct MMLU subjects (57, e.g. {', '.join(sorted(MMLU_CATEGORIES)[:3])})")
+            continue
+        _check(key in LAYOUTS, f"eval.subjects.{key}", names, allowed + " or mmlu")
         _check(key in local, f"eval.subjects.{key}", names,
                f"subjects of a local copy only: set eval.data_dir for {key} (the hub task runs all subjects)")
         subjects_of(key, names)

@@ -477,8 +477,11 @@ def _load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
         target: Any = conf
     else:
         target = spec.task_of(mode)
+    # mmlu with eval.subjects: only the chosen subjects' tasks (each reads its questions when built)
+    targets = ([f"{target}_{s}" for s in cfg.subjects[spec.name]] if spec.kind == "registry"
+               and cfg.subjects.get(spec.name) else [target])
     try:
-        tasks = list(tm.load([target])["tasks"].values())
+        tasks = list(tm.load(targets)["tasks"].values())
     except RaycptError:
         raise
     except Exception as e:
@@ -625,19 +628,20 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
         lm._rank, lm._world_size = 0, 1
         for mode in modes:
             t1 = time.perf_counter()
-            tasks, owner, position = [], {}, {}
-            for spec in specs:
+            position: dict[str, int] = {}
+            for spec in specs:  # one lm-eval call per benchmark: each has its own limit
+                limit = task_limit(eval_cfg, spec.name)
+                tasks = []
                 for t in _load_lm_tasks(spec, mode, eval_cfg):
                     position[t.config.task] = len(position)
-                    if shard is None or _shard_task(t, shard, eval_cfg.limit):
+                    if shard is None or _shard_task(t, shard, limit):
                         tasks.append(t)
-                        owner[t.config.task] = spec
-            if tasks:
+                if not tasks:
+                    continue
                 with _local_rank_zero():
-                    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=eval_cfg.limit if shard is None else None,
+                    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit if shard is None else None,
                                                   log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
                 for task_name, samples in out["samples"].items():
-                    spec = owner[task_name]
                     recs = (_records_generate(task_name, samples, spec) if mode == "generate"
                             else _records_logit(task_name, samples, spec, mode))
                     for s in samples:
@@ -664,6 +668,11 @@ def _local_rank_zero():
             os.environ.pop("LOCAL_RANK", None)
         else:
             os.environ["LOCAL_RANK"] = prev
+
+
+def task_limit(cfg: EvalConfig, task: str) -> Optional[int]:
+    """``eval.limit`` for one benchmark (per lm-eval subtask): the number, or the task's entry of a mapping."""
+    return cfg.limit.get(task) if isinstance(cfg.limit, dict) else cfg.limit
 
 
 def _shard_task(task, shard: tuple[int, int], limit: Optional[int]) -> bool:

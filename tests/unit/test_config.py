@@ -191,9 +191,12 @@ def test_paper_check_is_the_default_sweep_at_three_seeds_with_domain_and_general
     d, pc = by["default"], by["paper-check"]
     assert pc.sweep.seeds == [0, 1, 2] and pc.eval.tasks == ["wordnet_mc", "mmlu"]
     assert (pc.eval.domain, pc.eval.general) == (["wordnet_mc"], ["mmlu"])
+    # larger evaluations: every wordnet_mc question, 2 per subject over all 57 MMLU subjects
+    assert pc.eval.limit == {"wordnet_mc": None, "mmlu": 2} and pc.eval.subjects == {}
     # everything else is the default sweep's
-    same = dataclasses.replace(pc, name=d.name, eval=dataclasses.replace(pc.eval, tasks=d.eval.tasks),
-                               sweep=dataclasses.replace(pc.sweep, seeds=d.sweep.seeds))
+    same = dataclasses.replace(pc, name=d.name, eval=dataclasses.replace(
+        pc.eval, tasks=d.eval.tasks, limit=d.eval.limit, subjects=d.eval.subjects),
+        sweep=dataclasses.replace(pc.sweep, seeds=d.sweep.seeds))
     assert same == d
 
 

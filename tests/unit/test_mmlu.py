@@ -299,3 +299,31 @@ def test_logit_and_cloze_equal_lm_evals_own_mmlu_tasks(real_mmlu, tiny_long, tmp
     assert res.scores["mmlu"]["logit"]["overall"] == pytest.approx(100 * n_right["logit"] / 114)
     assert res.scores["mmlu"]["cloze"]["overall"] == pytest.approx(100 * n_right["cloze"] / 114)
     assert res.counts["mmlu"] == {"stem": 38, "other": 26, "social_science": 24, "humanities": 26, "total": 114}
+
+
+def test_per_task_limit_and_mmlu_subjects(fake_mmlu, tmp_path):
+    """``eval.limit: {task: n}`` caps each benchmark's subtasks on its own; ``eval.subjects.mmlu`` keeps only
+    the named subjects. Expected counts come from the rows written here."""
+    from tiny import tiny_model, tiny_tokenizer
+
+    rows = ([row(q=f"add {i}?", topic="elementary mathematics") for i in range(3)]
+            + [row(q=f"law {i}?", topic="international law") for i in range(3)]
+            + [row(q=f"virus {i}?", topic="virology") for i in range(2)])
+    fake_mmlu(jsonl(rows))
+    cfg = EvalConfig(tasks=["mmlu", "wordnet_mc"], modes=["logit"], batch_size=4,
+                     limit={"mmlu": 2, "wordnet_mc": 1}, subjects={"mmlu": ["elementary_mathematics", "virology"]})
+    res = E.evaluate_model(tiny_model("llama", seed=3), cfg, tokenizer=tiny_tokenizer())
+    subjects = sorted(q["subject"] for q in res.questions["mmlu"])
+    assert subjects == ["elementary_mathematics"] * 2 + ["virology"] * 2  # 2 per chosen subject, law left out
+    assert len(res.questions["wordnet_mc"]) == 1  # wordnet_mc is one lm-eval task: its first question
+
+
+@pytest.mark.parametrize("over, needle", [
+    (["eval.limit={mmlu: 0}"], "eval.limit"), (["eval.limit={mmlu: x}"], "eval.limit"),
+    (["eval.subjects={mmlu: [no_such_subject]}"], "distinct MMLU subjects"),
+    (["eval.subjects={mmlu: [virology, virology]}"], "distinct MMLU subjects")])
+def test_bad_per_task_limit_or_mmlu_subjects(over, needle):
+    from raycpt.config import load_config
+
+    with pytest.raises(RaycptError, match=needle):
+        load_config(None, over)
