@@ -493,21 +493,23 @@ def rich_gains_table(task: str, gains: list[dict]):
                     for g in gains)] or ["generate", "logit"]
     table = Table(title=f"{task}: S(b) vs realised gain of train_shallow (avg points"
                         + (", held-out loss" if held else "") + ")", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ["split", "b", "S(b)", "vs"] + [f"Δ{MODE_LETTER.get(m, m)}" for m in modes] \
-            + (["Δ loss"] if held else []):
+    # one row per (split, baseline, mode): three modes side by side do not fit 80 columns with intervals
+    for col in ["split", "b", "S(b)", "vs", "mode", "Δ avg"] + (["Δ loss"] if held else []):
         table.add_column(col, justify="right", no_wrap=True)
     for g in gains:
         s_txt = _fmt_s(g["S_b"])
         if g.get("S_b_lo") is not None:
             s_txt += f"\n[{g['S_b_lo']:.2f},{g['S_b_hi']:.2f}]"
-        for k, label in enumerate(("full", "deep")):
+        first = True
+        for label in ("full", "deep"):
             key = f"shallow_vs_{label}"
-            cells = [f"{g['split']:g}" if k == 0 else "", str(g["b"] if g["b"] is not None else "-") if k == 0 else "",
-                     s_txt if k == 0 else "", label]
-            cells += [_two_lines(g, f"{key}_{m}") for m in modes]
-            if held:
-                cells.append(_two_lines(g, f"{key}_heldout", 3, lower_is_better=True))
-            table.add_row(*cells)
+            for j, m in enumerate(modes):
+                cells = [f"{g['split']:g}" if first else "", str(g["b"] if g["b"] is not None else "-") if first else "",
+                         s_txt if first else "", label if j == 0 else "", MODE_LETTER.get(m, m), _two_lines(g, f"{key}_{m}")]
+                if held:
+                    cells.append(_two_lines(g, f"{key}_heldout", 3, lower_is_better=True) if j == 0 else "")
+                table.add_row(*cells)
+                first = False
     return table
 
 
