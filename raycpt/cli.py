@@ -489,7 +489,7 @@ def data_prepare(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP
 
     from raycpt.data.corpus import check_corpus
     from raycpt.data.pack import find_packed
-    from raycpt.runtime import ray_session
+    from raycpt.runtime import cluster_address, ray_session
     from raycpt.tracking import run_root
     from raycpt.train.launch import packed_corpus, resolve_model_path
 
@@ -499,7 +499,9 @@ def data_prepare(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP
     hit = not rebuild and find_packed(cfg.data, model_path, run_root(cfg.tracking)) is not None
     if not hit:
         check_corpus(cfg.data)  # bad files are one line before Ray starts
-    with contextlib.nullcontext() if hit else ray_session(cfg.ray):  # Ray only to pack
+    # Ray Data tasks on a cluster (ray.address / RAY_ADDRESS); on one machine a local process pool
+    # packs the same chunks without the cost of starting Ray
+    with contextlib.nullcontext() if hit or not cluster_address(cfg.ray) else ray_session(cfg.ray):
         packed_corpus(cfg, model_path, quiet=False, rebuild=rebuild)
 
 

@@ -23,7 +23,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -126,8 +126,9 @@ def _row_task(row: dict, fn_name: str, kwargs: dict) -> dict:
 
 def run_chunks(fn_name: str, chunks: Sequence[dict], kwargs: dict, limits: Optional[Sequence[int]] = None,
                on_done: Optional[Callable[[dict], None]] = None) -> list[dict]:
-    """``pack_chunk`` / ``count_chunk`` over ``chunks``: Ray Data tasks when Ray is up, else in this
-    process. Results in chunk order; a RaycptError inside a task comes back as one line."""
+    """``pack_chunk`` / ``count_chunk`` over ``chunks``: Ray Data tasks when Ray is up, else a local
+    process pool (:func:`_local_rows`). Results in chunk order; a RaycptError inside a task comes back as
+    one line."""
     import ray
 
     limits = list(limits) if limits is not None else [-1] * len(chunks)
@@ -146,8 +147,7 @@ def run_chunks(fn_name: str, chunks: Sequence[dict], kwargs: dict, limits: Optio
             ds = ds.map(_row_task, fn_kwargs={"fn_name": fn_name, "kwargs": kwargs}, num_cpus=1)
             rows = (json.loads(r["out"]) for r in ds.iter_rows())
         else:
-            rows = ((pack_chunk(c, **kwargs, **({"doc_limit": lim} if lim >= 0 else {})) if fn_name == "pack"
-                     else count_chunk(c)) for c, lim in zip(chunks, limits))
+            rows = _local_rows(fn_name, chunks, kwargs, limits)
         for rec in rows:
             out.append(rec)
             if on_done is not None:
@@ -158,6 +158,34 @@ def run_chunks(fn_name: str, chunks: Sequence[dict], kwargs: dict, limits: Optio
             raise
         raise err from None
     return sorted(out, key=lambda r: r["index"])
+
+
+def _local_task(fn_name: str, chunk: dict, kwargs: dict, limit: int) -> dict:
+    if fn_name == "count":
+        return count_chunk(chunk)
+    return pack_chunk(chunk, **kwargs, **({"doc_limit": limit} if limit >= 0 else {}))
+
+
+def _local_rows(fn_name: str, chunks: Sequence[dict], kwargs: dict, limits: Sequence[int]) -> Iterator[dict]:
+    """The same chunk tasks without Ray: a pool of one process per CPU (spawned, so each imports only
+    this module, numpy and ``tokenizers``), or this process for a single chunk. Starting a local Ray
+    only to pack costs ~20 s on 2 cores (its processes, one worker per CPU) - more than packing
+    160 MB - so a command that has no Ray (``raycpt data prepare`` on one machine) packs here."""
+    workers = min(len(chunks), os.cpu_count() or 1)
+    if workers <= 1:
+        yield from (_local_task(fn_name, c, kwargs, lim) for c, lim in zip(chunks, limits))
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_local_task, fn_name, c, kwargs, lim) for c, lim in zip(chunks, limits)]
+        try:
+            for f in as_completed(futures):
+                yield f.result()
+        finally:
+            for f in futures:
+                f.cancel()
 
 
 def _doc_limits(chunks: list[dict], max_documents: int, wave: int) -> tuple[list[dict], list[int]]:
@@ -186,7 +214,7 @@ def _cpus() -> int:
 
     if ray.is_initialized():
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
-    return 1
+    return os.cpu_count() or 1
 
 
 def _progress(total_chunks: int, enabled: bool):
