@@ -8,7 +8,8 @@
 Compute = what the trials already record, nothing estimated:
   trace forwards      trace/summary.json  ``forward_s`` (the actors' trace_batch calls)
   optimizer steps     trials/*/train/train_metrics.jsonl  ``step_time_s`` (forward, backward, clip, AdamW)
-  evaluation forwards trials/*/eval/eval_result.json  ``seconds`` logit + generate + heldout
+  evaluation forwards trials/*/eval/eval_result.json  ``seconds`` of every mode (logit, generate, cloze)
+                      and the held-out loss (all but ``load``)
 Wall = the ``raycpt sweep`` command (when this script runs it), else the sweep's MLflow parent run.
 Everything else is overhead; the per-trial table splits it into what the records name (corpus and plan
 preparation on the trial driver, worker set-up to the first step, checkpoints, the rest: Ray Train /
@@ -53,7 +54,7 @@ def trial_record(tdir: Path) -> dict:
     ckpt = sum(e.get("seconds", 0.0) for e in ev if e.get("timing") == "checkpoint")
     evaluated = next((e for e in ev if e.get("timing") == "evaluated"), {})
     secs = _read_json(tdir / "eval" / "eval_result.json").get("seconds", {})
-    eval_fwd = sum(float(secs.get(k, 0.0)) for k in ("logit", "generate", "heldout"))
+    eval_fwd = sum(float(v) for k, v in secs.items() if k != "load")  # every mode that ran, and the held-out loss
     result = _read_json(tdir / "result.json")
     state = _read_json(tdir / "train" / "state.json")
     tok = [e["tokens_per_s"] for e in ev if "tokens_per_s" in e]

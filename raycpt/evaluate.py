@@ -91,6 +91,20 @@ def extract_choice(text: Optional[str]) -> Optional[str]:
 QUESTION_FIELDS = ("question", "A", "B", "C", "D", "answer", "category")
 
 
+def _json_record(line: str, where: str, fields: Sequence[str]) -> dict:
+    """One JSONL line as an object holding ``fields``; one line naming ``where`` otherwise."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RaycptError(f"{where} is not JSON ({e.msg})") from None
+    if not isinstance(rec, dict):
+        raise RaycptError(f"{where} is not a JSON object")
+    missing = [k for k in fields if k not in rec]
+    if missing:
+        raise RaycptError(f"{where} lacks {', '.join(missing)} (each line needs {', '.join(fields)})")
+    return rec
+
+
 def read_questions(path: str | os.PathLike) -> list[dict]:
     """Read and check a question file (JSONL, C-Eval format); one clear line for anything wrong.
 
@@ -109,16 +123,7 @@ def read_questions(path: str | os.PathLike) -> list[dict]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RaycptError(f"malformed question file {p}: line {n} is not JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise RaycptError(f"malformed question file {p}: line {n} is not a JSON object")
-            missing = [k for k in QUESTION_FIELDS if k not in rec]
-            if missing:
-                raise RaycptError(f"malformed question file {p}: line {n} lacks {', '.join(missing)} "
-                                  f"(each line needs {', '.join(QUESTION_FIELDS)})")
+            rec = _json_record(line, f"malformed question file {p}: line {n}", QUESTION_FIELDS)
             if rec["answer"] not in LETTERS:
                 raise RaycptError(f"malformed question file {p}: line {n} answer={rec['answer']!r}, allowed: A, B, C, D")
             if rec["category"] not in CATEGORIES:
@@ -173,15 +178,7 @@ def _mmlu_record(p: Path, n: int, line: str) -> Optional[dict]:
     if not line.strip():
         return None
     where = f"corrupted MMLU file {p}: line {n}"
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise RaycptError(f"{where} is not JSON ({e.msg})") from None
-    if not isinstance(rec, dict):
-        raise RaycptError(f"{where} is not a JSON object")
-    missing = [k for k in MMLU_FIELDS if k not in rec]
-    if missing:
-        raise RaycptError(f"{where} lacks {', '.join(missing)} (each line needs {', '.join(MMLU_FIELDS)})")
+    rec = _json_record(line, where, MMLU_FIELDS)
     if all(rec.get(k) == v for k, v in _MMLU_HEADER.items()):
         return None
     bad = [k for k in MMLU_FIELDS if not isinstance(rec[k], str) or not rec[k].strip()]
