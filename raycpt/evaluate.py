@@ -620,6 +620,7 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
     order: dict[tuple[str, str], tuple[int, int]] = {}
     try:
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=eval_cfg.batch_size, **(lm_kwargs or {}))
+        _quiet_requests(lm)
         # inside a torch.distributed group (a Ray Train worker) HFLM may take the group's rank and world
         # size, and simple_evaluate returns nothing where LOCAL_RANK != 0; raycpt shards by itself
         lm._rank, lm._world_size = 0, 1
@@ -712,6 +713,19 @@ def merge_shards(parts: Sequence[EvalResult], out_dir: str | os.PathLike | None 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name).strip("_") or "model"
+
+
+def _quiet_requests(lm) -> None:
+    """Outside ``--verbose``, lm-eval's per-request tqdm bars ("Tokenizing inputs", "Running ... requests")
+    are off: they pass ``disable=`` explicitly, so ``TQDM_DISABLE`` does not reach them."""
+    from raycpt.usage import verbose
+
+    if verbose():
+        return
+    for name in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
+        method = getattr(lm, name, None)
+        if method is not None:
+            setattr(lm, name, functools.partial(method, disable_tqdm=True))
 
 
 def _quiet_lm_eval() -> None:

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 QUIET_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # hub downloads and transformers' weight-loading tqdm bars
+    "TQDM_DISABLE": "1",  # every other tqdm bar (lm-eval's request bars, datasets' map): raycpt draws its own
 }
 """Environment defaults of the quiet mode (``setdefault``: a user's own setting wins)."""
 QUIET_LOGGERS = ("ray.data._internal.progress",)

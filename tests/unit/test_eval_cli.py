@@ -103,3 +103,20 @@ def test_corrupted_mmlu_row(capsys, root, tmp_path, monkeypatch):
     assert code == 2 and len(err.splitlines()) == 1
     assert "corrupted MMLU file" in err and "line 2 correct_answer='Z'" in err
     _assert_nothing_started(root)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_lm_eval_request_bars_only_with_verbose(capfd, tmp_path, monkeypatch, verbose):
+    """Quiet by default: lm-eval's tqdm request bars ("Running loglikelihood requests") reach stderr only
+    with --verbose (they pass ``disable=`` explicitly, so this is what the quiet mode has to switch off)."""
+    from raycpt.config import EvalConfig
+    from raycpt.usage import VERBOSE_ENV
+    from tiny import tiny_model, tiny_tokenizer
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    if verbose:
+        monkeypatch.setenv(VERBOSE_ENV, "1")
+    E.evaluate_model(tiny_model("llama", seed=1), EvalConfig(tasks=["wordnet_mc"], modes=["logit"], limit=4),
+                     tokenizer=tiny_tokenizer())
+    err = capfd.readouterr().err
+    assert ("Running loglikelihood requests" in err) == verbose
