@@ -30,3 +30,13 @@ def tiny_dir(tmp_path):
     from tiny import save_tiny
 
     return save_tiny(tmp_path / "tiny-llama")
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """A local wheel folder: the real ``pip download`` reads wheels from this folder only (no index, no network)."""
+    index = tmp_path / "index"
+    index.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    return index

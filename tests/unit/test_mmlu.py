@@ -42,16 +42,6 @@ def write_wheel(index: Path, pkg: str, version: str, files: dict[str, bytes]) ->
     return whl
 
 
-@pytest.fixture
-def local_index(tmp_path, monkeypatch):
-    """The real ``pip download`` reads wheels from this folder only (no index, no network)."""
-    index = tmp_path / "index"
-    index.mkdir()
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
-    return index
-
-
 def row(q="What is 2+2?", a="3", b="4", c="5", d="6", ans="B", topic="elementary mathematics") -> dict:
     return {"question": q, "answer_a": a, "answer_b": b, "answer_c": c, "answer_d": d, "correct_answer": ans,
             "topic": topic}

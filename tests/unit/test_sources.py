@@ -116,16 +116,6 @@ def tiny_gguf(tmp_path_factory):
     return path, model, tokens
 
 
-@pytest.fixture
-def local_index(tmp_path, monkeypatch):
-    """The real ``pip download`` reads wheels from this folder only (no index, no network)."""
-    index = tmp_path / "index"
-    index.mkdir()
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
-    return index
-
-
 IDS = torch.tensor([[5, 17, 200, 3, 9, 100, 256, 258], [40, 41, 42, 43, 44, 45, 46, 47]])
 
 
