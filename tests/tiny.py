@@ -66,3 +66,17 @@ def save_tiny(path, arch: str = "llama", num_layers: int = 4, hidden: int = 32, 
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return path
+
+
+def prompt_sensitive_llama(seed: int, num_layers: int = 2, hidden: int = 32):
+    """A tiny Llama whose matrices are redrawn with std 1 (seeded): a freshly initialised tiny model picks
+    the same answer for every question, this one's choice depends on the prompt."""
+    import torch
+
+    model = tiny_model("llama", num_layers=num_layers, hidden=hidden, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g))
+    return model

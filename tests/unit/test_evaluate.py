@@ -148,15 +148,9 @@ def test_shipped_benchmark_file():
 def tiny():
     """A tiny Llama whose matrices are redrawn with std 1 (seeded): a freshly initialised tiny model
     picks the same letter for every question, this one's choice depends on the prompt."""
-    from tiny import tiny_model, tiny_tokenizer
+    from tiny import prompt_sensitive_llama, tiny_tokenizer
 
-    model = tiny_model("llama", num_layers=2, hidden=32, seed=1)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=g))
-    return model, tiny_tokenizer()
+    return prompt_sensitive_llama(seed=1), tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -175,13 +169,19 @@ def independent_logit_scores(model, tok, rows):
 
     The text is encoded the way the tokenizer does by default (here: with its BOS), as lm-eval does.
     """
+    return _argmax_continuations(model, tok, [(prompt_of(q), [" " + L for L in "ABCD"]) for q in rows])
+
+
+def _argmax_continuations(model, tok, items):
+    """For each (prompt, four continuations): log P(continuation | prompt) summed over its tokens, plain
+    torch, one sequence at a time; and the argmax letter (ties to the first, as lm-eval)."""
     preds, lps = [], []
     with torch.no_grad():
-        for q in rows:
-            ctx = tok(prompt_of(q))["input_ids"]
+        for prompt, conts in items:
+            ctx = tok(prompt)["input_ids"]
             per = []
-            for L in "ABCD":
-                ids = tok(prompt_of(q) + " " + L)["input_ids"]
+            for cont in conts:
+                ids = tok(prompt + cont)["input_ids"]
                 assert ids[:len(ctx)] == ctx
                 logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
                 per.append(sum(float(logp[p - 1, ids[p]]) for p in range(len(ctx), len(ids))))
@@ -219,20 +219,8 @@ CLOZE_DESCRIPTION = "The following are questions (with answers) about the meanin
 def independent_cloze_scores(model, tok, rows):
     """argmax over the four options of log P(" <option text>" | "Question: <q>\nAnswer:"), plain torch
     (lm-eval's continuation format: the options are not listed, each option's text is scored)."""
-    preds, lps = [], []
-    with torch.no_grad():
-        for q in rows:
-            prompt = f"{CLOZE_DESCRIPTION}Question: {q['question']}\nAnswer:"
-            ctx = tok(prompt)["input_ids"]
-            per = []
-            for L in "ABCD":
-                ids = tok(prompt + " " + q[L])["input_ids"]
-                assert ids[:len(ctx)] == ctx
-                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
-                per.append(sum(float(logp[p - 1, ids[p]]) for p in range(len(ctx), len(ids))))
-            lps.append(per)
-            preds.append("ABCD"[max(range(4), key=lambda i: (per[i], -i))])
-    return preds, lps
+    return _argmax_continuations(model, tok, [(f"{CLOZE_DESCRIPTION}Question: {q['question']}\nAnswer:",
+                                               [" " + q[L] for L in "ABCD"]) for q in rows])
 
 
 def test_cloze_mode_equals_independent_scorer(tiny, qfile):

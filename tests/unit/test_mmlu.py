@@ -228,14 +228,9 @@ def _lm_eval_own(model, tok, variant: str, docs: dict[str, list[dict]], tmp: Pat
 def tiny_long():
     """A tiny Llama with std-1 weights (its choices depend on the prompt) and room for MMLU's longest
     prompts in characters (so neither side truncates: a truncated prompt would hide a prefix difference)."""
-    from tiny import tiny_model, tiny_tokenizer
+    from tiny import prompt_sensitive_llama, tiny_tokenizer
 
-    model = tiny_model("llama", num_layers=2, hidden=32, seed=3)
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=g))
+    model = prompt_sensitive_llama(seed=3)
     model.config.max_position_embeddings = 8192
     return model, tiny_tokenizer()
 
