@@ -40,6 +40,9 @@ def sort_words(words: Optional[Iterable[str]], rest: int = 0, what: str = "") ->
     only a ``.yaml``/``.yml`` word is the config and up to ``rest`` other words are returned."""
     config, overrides, other = None, [], []
     for w in words or []:
+        if w.startswith("="):
+            raise RaycptError(f"override {w!r} has an empty key before '='; overrides are key=value, "
+                              "e.g. train.lr=1e-4")
         if is_override(w):
             overrides.append(w)
         elif config is None and (rest == 0 or is_config_file(w)):
