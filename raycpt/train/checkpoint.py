@@ -248,14 +248,36 @@ def optim_state(wrapped, optimizer, fsdp: bool) -> dict:
     return optimizer.state_dict()
 
 
-def load_optim_state(wrapped, optimizer, sd: dict, fsdp: bool) -> None:
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def _keyed_by_name(sd: dict) -> bool:
+    keys = list(sd.get("state", {})) + [k for g in sd.get("param_groups", []) for k in g.get("params", [])]
+    return bool(keys) and all(isinstance(k, str) for k in keys)
 
-        set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=sd,
-                                 options=StateDictOptions(full_state_dict=True))
-    else:
+
+def optim_state_by_name(model, optimizer, sd: dict) -> dict:
+    """A plain ``optimizer.state_dict()`` (parameters numbered in group order) keyed by parameter name, the
+    form ``torch.distributed.checkpoint.state_dict`` reads: how a DDP checkpoint resumes under FSDP. The
+    groups must match this optimizer's (the same plan builds the same groups); RaycptError otherwise."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    saved, live = sd.get("param_groups", []), optimizer.param_groups
+    if [len(g["params"]) for g in saved] != [len(g["params"]) for g in live]:
+        raise RaycptError("the checkpoint's optimizer groups do not match this plan's "
+                          f"({[len(g['params']) for g in saved]} vs {[len(g['params']) for g in live]} tensors): "
+                          "resume it with the plan and train.distributed it was written with")
+    number = {k: names[id(p)] for gs, gl in zip(saved, live) for k, p in zip(gs["params"], gl["params"])}
+    return {"state": {number[k]: v for k, v in sd.get("state", {}).items()},
+            "param_groups": [{**gs, "params": [number[k] for k in gs["params"]]} for gs in saved]}
+
+
+def load_optim_state(model, optimizer, sd: dict, fsdp: bool) -> None:
+    """Restore an optimizer from a checkpoint written by DDP (numbered) or FSDP (by name), under either."""
+    if not fsdp and not _keyed_by_name(sd):
         optimizer.load_state_dict(sd)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if not _keyed_by_name(sd):
+        sd = optim_state_by_name(model, optimizer, sd)
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=sd, options=StateDictOptions(full_state_dict=True))
 
 
 _model_state, _optim_state, _load_optim_state = model_state, optim_state, load_optim_state  # the old names

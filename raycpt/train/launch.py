@@ -35,6 +35,7 @@ from raycpt.errors import RaycptError
 from raycpt.strategies import LayerPlan, build_plan, is_tied
 from raycpt.train.checkpoint import find_checkpoints, publish_model, verify_model_folder
 from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
+from raycpt.train.parallel import check_parallel
 
 FINAL_MODEL = "final_model"
 log = logging.getLogger(__name__)
@@ -115,9 +116,7 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
 
 def check_train_config(cfg: ExperimentConfig) -> None:
     t = cfg.train
-    if t.distributed == "fsdp" and not t.use_gpu:
-        raise RaycptError("train.distributed=fsdp needs GPUs (Ray's FSDP wrapper is GPU-only): set train.use_gpu=true "
-                          "or use train.distributed=ddp")
+    check_parallel(t.distributed, t.num_workers)
     if t.use_gpu:
         import ray
 

@@ -71,7 +71,9 @@ from raycpt.train.checkpoint import (checkpoint, checkpoint_step, find_checkpoin
 from raycpt.train.background import BackgroundCalls
 from raycpt.train.callbacks import LoopState
 from raycpt.train.loss import model_loss
-from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens
+from raycpt.train.parallel import clip_grad_norm, unwrap, wrap_model
+from raycpt.train import verify
+from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens, uses_bf16
 from raycpt.train.sysmetrics import StepSystemMetrics
 from raycpt.train.throughput import device_name, flops_per_token, peak_flops, throughput_metrics
 
@@ -106,7 +108,10 @@ class FrozenPrefix:
         def on(module, args):
             torch.set_grad_enabled(self._prev.pop() if self._prev else True)
 
-        self.handles = [stack.embed.register_forward_pre_hook(off), resume_at.register_forward_pre_hook(on)]
+        # prepend: installed after wrapping, these run before FSDP2's own pre-forward of that module, so the
+        # first trainable layer unshards and registers its backward hooks with grad mode back on
+        self.handles = [stack.embed.register_forward_pre_hook(off, prepend=True),
+                        resume_at.register_forward_pre_hook(on, prepend=True)]
         self.active = True
         self.prefix_layers = first
 
@@ -170,11 +175,11 @@ def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str,
 
 
 def clip_and_norm(wrapped, params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Clip (max_norm > 0) and return the total gradient norm of the trainable parameters."""
-    clip = getattr(wrapped, "clip_grad_norm_", None)  # FSDP shards: its own method knows the full norm
+    """Clip (max_norm > 0) and return the total gradient norm of the trainable parameters (FSDP2's
+    sharded gradients: the norm of the whole gradient, :func:`raycpt.train.parallel.clip_grad_norm`)."""
     limit = max_norm if max_norm > 0 else float("inf")
-    if clip is not None:
-        return float(clip(limit))
+    if any(hasattr(p, "to_local") for p in params):
+        return clip_grad_norm(params, limit)
     return float(torch.nn.utils.clip_grad_norm_(params, limit))
 
 
@@ -259,6 +264,11 @@ class MetricsLogger:
             self._queue.close()
             self._queue = None
 
+    def text(self, text: str, artifact_file: str) -> None:
+        """A text artifact of the run (queued like the metrics)."""
+        if self.client is not None:
+            self._submit(self.client.log_text, self.run_id, text, artifact_file)
+
     def artifact(self, path) -> None:
         if self.client is None:
             return
@@ -282,8 +292,9 @@ class _Session:
     def checkpoint_dir(self) -> contextlib.AbstractContextManager:
         raise NotImplementedError
 
-    def wrap(self, model, device, strategy: str):
-        return model.to(device)
+    def wrap(self, model, device, strategy: str, bf16: bool = False):
+        """DDP or FSDP2 applied by raycpt (:func:`raycpt.train.parallel.wrap_model`); one worker: the bare model."""
+        return wrap_model(model, device, strategy, self.world_size, bf16=bf16)
 
     def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
         raise NotImplementedError
@@ -301,7 +312,51 @@ class _Session:
         return t
 
 
-class RaySession(_Session):
+def newest_checkpoint(ray_dir: Optional[str], checkpoint_root: Optional[str], resume_from: Optional[str]
+                      ) -> Optional[str]:
+    """The newest verified checkpoint among Ray's (``ray_dir``), those under ``checkpoint_root`` and
+    ``resume_from`` (the last only when there is no other), or None."""
+    cands = [(checkpoint_step(ray_dir), ray_dir)] if ray_dir and verify_checkpoint(ray_dir) is None else []
+    if checkpoint_root:
+        cands += [(st, str(p)) for st, p in find_checkpoints(checkpoint_root)]
+    if resume_from and not cands and verify_checkpoint(resume_from) is None:
+        cands.append((checkpoint_step(resume_from), str(resume_from)))
+    return max(cands, key=lambda c: c[0])[1] if cands else None
+
+
+class _Collectives:
+    """torch.distributed collectives over the default process group (a no-op with one process)."""
+
+    world_size = 1
+
+    def _dist(self):
+        import torch.distributed as dist
+
+        return dist if self.world_size > 1 and dist.is_available() and dist.is_initialized() else None
+
+    def barrier(self) -> None:
+        d = self._dist()
+        if d is not None:
+            d.barrier()
+
+    def all_gather_object(self, obj) -> list:
+        d = self._dist()
+        if d is None:
+            return [obj]
+        out = [None] * self.world_size
+        d.all_gather_object(out, obj)
+        return out
+
+    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
+        d = self._dist()
+        if d is None:
+            return t
+        t = t.clone()
+        d.all_reduce(t)
+        return t / self.world_size
+
+
+class RaySession(_Collectives, _Session):
     """Inside a Ray Train worker."""
 
     def __init__(self):
@@ -329,27 +384,9 @@ class RaySession(_Session):
 
         ckpt = ray.train.get_checkpoint()
         with (ckpt.as_directory() if ckpt is not None else contextlib.nullcontext(None)) as d:
-            cands = [(checkpoint_step(d), d)] if d and verify_checkpoint(d) is None else []
-            if checkpoint_root:
-                cands += [(st, str(p)) for st, p in find_checkpoints(checkpoint_root)]
-            if resume_from and not cands and verify_checkpoint(resume_from) is None:
-                cands.append((checkpoint_step(resume_from), str(resume_from)))
-            best = max(cands, key=lambda c: c[0])[1] if cands else None
+            # only rank 0 reads and hashes the checkpoints; the others take its choice
+            best = newest_checkpoint(d, checkpoint_root, resume_from) if self.rank == 0 else None
             yield self.all_gather_object(best)[0]
-
-    def wrap(self, model, device, strategy: str):
-        import ray.train.torch
-
-        kwargs: dict[str, Any] = {}
-        if strategy == "fsdp":
-            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-            from raycpt.models.stack import LayerStack
-
-            layer_cls = {type(m) for m in LayerStack(model).layers}
-            kwargs = {"use_orig_params": True, "auto_wrap_policy": ModuleWrapPolicy(layer_cls)}
-        return ray.train.torch.prepare_model(model, move_to_device=device, parallel_strategy=strategy,
-                                             parallel_strategy_kwargs=kwargs)
 
     def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
         import ray.train
@@ -364,32 +401,6 @@ class RaySession(_Session):
             raise RaycptError(f"the packed store {config['store']} was removed or re-packed while this run used it; "
                               "run it again")
         return PackedBlocks(store.path, store.manifest)
-
-    def _dist(self):
-        import torch.distributed as dist
-
-        return dist if self.world_size > 1 and dist.is_available() and dist.is_initialized() else None
-
-    def barrier(self) -> None:
-        d = self._dist()
-        if d is not None:
-            d.barrier()
-
-    def all_gather_object(self, obj) -> list:
-        d = self._dist()
-        if d is None:
-            return [obj]
-        out = [None] * self.world_size
-        d.all_gather_object(out, obj)
-        return out
-
-    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
-        d = self._dist()
-        if d is None:
-            return t
-        t = t.clone()
-        d.all_reduce(t)
-        return t / self.world_size
 
 
 class LocalSession(_Session):
@@ -432,7 +443,8 @@ class FaultHooks:
 
     ``sigkill_step`` (with ``sigkill_rank``, default 0): SIGKILL this worker once, before that step
     (a marker file in the run folder makes a restarted worker go on); ``step_sleep``: seconds to
-    sleep before every step; ``nan_step``: that step's loss becomes NaN. The loop calls
+    sleep before every step; ``nan_step``: that step's loss becomes NaN; ``drop_grad_layer``: that
+    decoder layer's gradients are dropped after every backward (the freeze check must stop the run). The loop calls
     :meth:`before_step` before a step's timer starts and :meth:`loss` on the step's local loss."""
 
     def __init__(self, faults: Optional[dict], rank: int, run_dir: Optional[Path]):
@@ -452,6 +464,16 @@ class FaultHooks:
 
     def loss(self, step: int, loss_local: torch.Tensor) -> torch.Tensor:
         return loss_local * float("nan") if self.faults.get("nan_step") == step else loss_local
+
+    def drop_grads(self, step: int, model) -> None:
+        """``drop_grad_layer``: that layer's gradients vanish after backward (what a wrapper bug does)."""
+        layer = self.faults.get("drop_grad_layer")
+        if layer is None:
+            return
+        from raycpt.models.stack import LayerStack
+
+        for p in LayerStack(model).layers[int(layer)].parameters():
+            p.grad = None
 
 
 @dataclass
@@ -562,22 +584,32 @@ def _load_model(w: _Worker) -> None:
     model.config.use_cache = False
     w.model, w.tokenizer = model, tokenizer
     w.counts = apply_plan(model, w.plan)
-    w.prefix = FrozenPrefix(model, w.plan)
     enable_activation_checkpointing(model, tcfg)
     w.chunk_tokens = loss_chunk_tokens(tcfg, model, w.world)
     w.flops_per_token = flops_per_token(model, w.plan, w.cfg.data.seq_len)
     w.peak_flops = peak_flops(device_name(w.device), tcfg.peak_tflops)
-    w.wrapped = session.wrap(model, w.device, tcfg.distributed)
-    w.optimizer = make_optimizer(model, w.plan, tcfg, wrapped=w.wrapped if w.fsdp else None)
+    w.wrapped = session.wrap(model, w.device, tcfg.distributed, bf16=uses_bf16(tcfg))
+    w.model = unwrap(w.wrapped)  # FSDP2 shards in place: the same object, its parameters now DTensors
+    w.prefix = FrozenPrefix(w.model, w.plan)  # after wrapping: its hooks run before FSDP's own
+    w.optimizer = make_optimizer(w.model, w.plan, tcfg)
     w.scheduler = make_scheduler(w.optimizer, tcfg)
     w.params = trainable_params(w.wrapped)
+    _verify(w, verify.check_setup(w.model, w.plan, w.optimizer, "after wrapping"), "after_wrapping")
     if state is not None:
         _restore(w, state)
+        _verify(w, verify.check_setup(w.model, w.plan, w.optimizer, "after loading the checkpoint",
+                                      resumed=w.start_step > 0), "after_checkpoint_load")
+
+
+def _verify(w: _Worker, rows: list, when: str) -> None:
+    """Rank 0 logs a freeze check's per-part table to MLflow (the check itself raised on a mismatch)."""
+    if w.rank == 0 and w.logger is not None:
+        w.logger.text(verify.table_text(rows, when.replace("_", " ")), f"freeze_check/{when}.txt")
 
 
 def _restore(w: _Worker, state: dict) -> None:
     """Optimizer, scheduler, this rank's RNG states, the step and the loss history of a checkpoint."""
-    load_optim_state(w.wrapped, w.optimizer, state["optimizer"], w.fsdp)
+    load_optim_state(w.model, w.optimizer, state["optimizer"], w.fsdp)
     w.scheduler.load_state_dict(state["scheduler"])
     rngs = state.get("rng") or []
     if w.rank < len(rngs):
@@ -658,6 +690,10 @@ def _step(w: _Worker, data, step: int) -> dict:
         batch.append(ids)
     loss_local = forward_backward(w.wrapped, batch, tcfg.precision, device, model=w.model, chunk_tokens=w.chunk_tokens)
     loss_local = w.faults.loss(step, loss_local)
+    w.faults.drop_grads(step, w.model)
+    first = step == w.start_step + 1
+    if first:  # the freeze check after this step: who got a gradient, frozen bits before the update
+        grads, before = verify.grad_presence(w.model), verify.frozen_fingerprints(w.model)
     loss = float(w.session.all_reduce_mean(loss_local))
     grad_norm = clip_and_norm(w.wrapped, w.params, tcfg.max_grad_norm) if math.isfinite(loss) else float("nan")
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -668,6 +704,8 @@ def _step(w: _Worker, data, step: int) -> dict:
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+    if first:
+        _verify(w, verify.check_step(w.model, w.plan, optimizer, grads, before), "after_first_step")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -15,10 +15,9 @@ def uses_bf16(tcfg) -> bool:
 
 
 def loss_chunk_tokens(tcfg, model, world_size: int) -> Optional[int]:
-    """Tokens per chunk when the chunked loss runs, None for the plain path (``train.loss``;
-    FSDP keeps the plain path: the head's weight is only gathered inside the wrapped forward)."""
-    if tcfg.distributed == "fsdp" and world_size > 1:
-        return None
+    """Tokens per chunk when the chunked loss runs, None for the plain path (``train.loss``). The same under
+    FSDP2: the root (embeddings, head) stays gathered after the forward until its backward, so the loss
+    reads the head's whole weight and its gradient is reduce-scattered with the root's."""
     why = chunked_supported(model)
     if tcfg.loss == "chunked" and why is not None:
         raise RaycptError(f"train.loss=chunked: this model cannot use the chunked loss: {why}; "
