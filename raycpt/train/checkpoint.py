@@ -235,8 +235,20 @@ def model_state(model, wrapped, fsdp: bool) -> dict:
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        msd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return _retie(model, msd)
     return model.state_dict()
+
+
+def _retie(model, msd: dict) -> dict:
+    """Names of one shared Parameter (tied embeddings) point at one gathered tensor again, as in
+    ``model.state_dict()``, so ``save_pretrained`` sees the tie and writes it once."""
+    first: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first and name in msd and first[id(p)] in msd:
+            msd[name] = msd[first[id(p)]]
+        first.setdefault(id(p), name)
+    return msd
 
 
 def optim_state(wrapped, optimizer, fsdp: bool) -> dict:

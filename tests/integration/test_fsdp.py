@@ -1,0 +1,188 @@
+"""FSDP2 that trains exactly the plan, on CPU: 2 gloo processes run raycpt's own loop and wrapping.
+
+The processes are started with ``torch.multiprocessing`` (:mod:`raycpt.train.gloo`); each runs
+:func:`raycpt.train.loop.run_loop` with :func:`raycpt.train.parallel.wrap_model`, the same code a Ray
+Train worker runs (Ray only starts processes and the process group). Every expected value comes from
+somewhere else than the code under test: the base weights on disk, a DDP run of the same plan, an
+uninterrupted run, the float32 masters' own bits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from raycpt.config import config_to_dict, load_config
+from raycpt.strategies import apply_plan, build_plan
+from raycpt.train.gloo import run_jobs, spawn
+
+
+PLANS = {
+    "full": dict(name="full"),
+    "train_shallow": dict(name="train_shallow", split=0.5),
+    "train_deep": dict(name="train_deep", split=0.5),
+    "blocks": dict(name="blocks", pattern="0110"),
+    "single": dict(name="single", layer=2),
+}
+ARCHS = ("qwen3", "llama")
+STEPS = 4
+
+
+def _save_tied(path: Path, arch: str) -> Path:
+    import transformers as T
+
+    from tiny import tiny_config, tiny_tokenizer
+
+    conf = tiny_config(arch, num_layers=4)
+    conf.tie_word_embeddings = True
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(conf)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def _job(root: Path, name: str, model: Path, plan: dict, *, distributed="fsdp", precision="fp32", every=1,
+         resume_from=None, faults=None, steps=STEPS) -> dict:
+    cfg = load_config(None, [f"model.ref={model}", "data.seq_len=16", f"train.distributed={distributed}",
+                             "train.num_workers=2", f"train.max_steps={steps}", f"train.checkpoint_every={every}",
+                             "train.lr=0.01", "train.micro_batch_size=2", "train.grad_accum=2", "train.warmup_ratio=0",
+                             f"train.precision={precision}"] + [f"plan.{k}={v}" for k, v in plan.items()])
+    p = build_plan(cfg.plan, 4, tied_embeddings=True)
+    config = {"cfg": config_to_dict(cfg), "model_path": str(model), "plan": p.to_dict(), "run_dir": str(root / name),
+              "torch_threads": 1, "resume_from": resume_from, "faults": faults}
+    return {"config": config, "blocks": str(root / "blocks.npy"), "checkpoint_root": str(root / name / "ckpts"),
+            "out": str(root / f"{name}.json")}
+
+
+def _weights(root: Path, name: str, step: int) -> dict:
+    return load_file(str(root / name / "ckpts" / f"checkpoint_{step:06d}" / "model" / "model.safetensors"))
+
+
+def _result(root: Path, name: str) -> dict:
+    return json.loads((root / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One spawn of 2 gloo processes runs every plan of both architectures under FSDP and DDP, bf16 runs
+    with a checkpoint round trip, and a DDP checkpoint resumed under FSDP."""
+    root = tmp_path_factory.mktemp("fsdp")
+    np.save(root / "blocks.npy", np.random.default_rng(0).integers(4, 128, size=(64, 16)).astype(np.int32))
+    models = {a: _save_tied(root / f"model-{a}", a) for a in ARCHS}
+    jobs = []
+    for arch in ARCHS:
+        for key, plan in PLANS.items():
+            jobs.append(_job(root, f"fsdp-{arch}-{key}", models[arch], plan))
+            jobs.append(_job(root, f"ddp-{arch}-{key}", models[arch], plan, distributed="ddp", every=2))
+    deep = PLANS["train_deep"]
+    jobs.append(_job(root, "bf16", models["qwen3"], deep, precision="bf16", every=2))
+    jobs.append(_job(root, "bf16-resumed", models["qwen3"], deep, precision="bf16", every=2,
+                     resume_from=str(root / "bf16" / "ckpts" / "checkpoint_000002")))
+    jobs.append(_job(root, "ddp-to-fsdp", models["qwen3"], deep,
+                     resume_from=str(root / "ddp-qwen3-train_deep" / "ckpts" / "checkpoint_000002")))
+    spawn(run_jobs, 2, jobs)
+    return root, models
+
+
+def _trainable_names(model_dir: Path, plan_spec: dict) -> tuple[set, set]:
+    from raycpt.models.sources import load_model
+    from raycpt.config import PlanConfig
+
+    model, _ = load_model(str(model_dir), dtype="float32", device="cpu")
+    plan = build_plan(PlanConfig(**plan_spec), 4, tied_embeddings=True)
+    apply_plan(model, plan)
+    names = dict(model.named_parameters())
+    return {n for n, p in names.items() if p.requires_grad}, {n for n, p in names.items() if not p.requires_grad}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("key", list(PLANS))
+def test_one_fsdp_step_moves_exactly_the_trainable_parameters(runs, arch, key):
+    root, models = runs
+    base = load_file(str(models[arch] / "model.safetensors"))
+    after = _weights(root, f"fsdp-{arch}-{key}", 1)
+    trainable, frozen = _trainable_names(models[arch], PLANS[key])
+    assert trainable and (key == "full" or frozen)
+    for n in trainable & after.keys():
+        assert not torch.equal(after[n], base[n]), f"{n} trains under the plan but did not change"
+    for n in frozen & after.keys():
+        assert torch.equal(after[n], base[n]), f"{n} is frozen but changed"
+    assert trainable | frozen >= after.keys() - {"lm_head.weight"}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("key", list(PLANS))
+def test_fsdp_losses_and_weights_equal_ddp(runs, arch, key):
+    root, _ = runs
+    f, d = _result(root, f"fsdp-{arch}-{key}"), _result(root, f"ddp-{arch}-{key}")
+    assert f["status"]["status"] == "finished" and len(f["losses"]) == STEPS
+    np.testing.assert_allclose(f["losses"], d["losses"], rtol=1e-5, atol=0)
+    assert f["counts"] == d["counts"]
+    wf, wd = _weights(root, f"fsdp-{arch}-{key}", STEPS), _weights(root, f"ddp-{arch}-{key}", STEPS)
+    assert wf.keys() == wd.keys()
+    for k in wf:
+        torch.testing.assert_close(wf[k], wd[k], rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_masters_survive_the_checkpoint_round_trip(runs):
+    root, models = runs
+    ckpt = root / "bf16" / "ckpts" / "checkpoint_000002"
+    state = torch.load(ckpt / "train_state.pt", weights_only=True)
+    trainable, _ = _trainable_names(models["qwen3"], PLANS["train_deep"])
+    master = state["master"]
+    assert set(master) == trainable  # every float32 master tensor of what trains is kept
+    assert all(v.dtype == torch.float32 for v in master.values())
+    # real masters: not bf16 values widened to float32
+    assert any(not torch.equal(v, v.to(torch.bfloat16).float()) for v in master.values())
+    saved = load_file(str(ckpt / "model" / "model.safetensors"))
+    for n, v in master.items():
+        assert torch.equal(saved[n], v.to(torch.bfloat16)), n  # model/ is the bf16 rounding of the masters
+    a, b = _result(root, "bf16"), _result(root, "bf16-resumed")
+    assert b["losses"] == a["losses"]  # steps 3..4 after the reload, bitwise
+    ma = torch.load(root / "bf16" / "ckpts" / "checkpoint_000004" / "train_state.pt", weights_only=True)["master"]
+    mb = torch.load(root / "bf16-resumed" / "ckpts" / "checkpoint_000004" / "train_state.pt",
+                    weights_only=True)["master"]
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+def test_a_ddp_checkpoint_resumes_under_fsdp(runs):
+    root, _ = runs
+    d, r = _result(root, "ddp-qwen3-train_deep"), _result(root, "ddp-to-fsdp")
+    assert r["status"]["status"] == "finished"
+    np.testing.assert_allclose(r["losses"], d["losses"], rtol=1e-5, atol=0)
+
+
+def test_a_killed_worker_resumes_to_the_uninterrupted_losses_and_weights(runs):
+    from torch.multiprocessing import ProcessExitedException
+
+    root, models = runs
+    job = _job(root, "killed", models["qwen3"], PLANS["train_deep"], faults={"sigkill_step": 3, "sigkill_rank": 1})
+    (root / "killed").mkdir()
+    with pytest.raises(ProcessExitedException):
+        spawn(run_jobs, 2, [job])
+    assert (root / "killed" / ".fault_sigkill_3").is_file()
+    assert not (root / "killed" / "ckpts" / "checkpoint_000003").exists()
+    spawn(run_jobs, 2, [job])  # the restart: the marker stops a second kill, rank 0 picks checkpoint 2
+    assert _result(root, "killed")["losses"] == _result(root, "fsdp-qwen3-train_deep")["losses"]
+    a, b = _weights(root, "killed", STEPS), _weights(root, "fsdp-qwen3-train_deep", STEPS)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    events = [json.loads(x) for x in (root / "killed" / "train_metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e.get("event") == "resume"] == [2]
+
+
+def test_a_layer_that_gets_no_gradient_stops_the_run_naming_it(runs):
+    from torch.multiprocessing import ProcessRaisedException
+
+    root, models = runs
+    job = _job(root, "dropped", models["llama"], PLANS["train_deep"], faults={"drop_grad_layer": 2})
+    with pytest.raises(ProcessRaisedException, match=r"freeze check after the first step: layers\.2: the plan trains "
+                                                     r"\d+ of its \d+ tensors but 0 received a gradient"):
+        spawn(run_jobs, 2, [job])
+    assert not (root / "dropped" / "ckpts").exists()  # stopped before its first checkpoint
