@@ -2,11 +2,16 @@
 
 Terms (bytes per worker; ``T`` = micro_batch x seq_len tokens, ``P`` = trainable parameters):
 
-* **weights**: every parameter in float32 (the loop loads float32 master weights; FSDP: a 1/world
-  shard plus two layers unsharded for the forward/prefetch). Under bf16 autocast add a 2-byte copy
-  of the weights the autograd part uses (the cast cache and the copies saved for backward).
-* **gradients**: ``4 P`` (FSDP: ``/ world``); DDP with more than one worker adds its bucket buffers
-  (another ``4 P``: Ray's ``prepare_model`` leaves ``gradient_as_bucket_view`` off).
+* **weights**: every parameter in float32 (the loop loads float32 master weights). DDP under bf16
+  autocast adds a 2-byte copy of the weights the autograd part uses (the cast cache and the copies
+  saved for backward). FSDP2 (:mod:`raycpt.train.parallel`): a 1/world float32 shard, plus the
+  gathered buffers in the compute dtype (bf16 under the bf16 ``MixedPrecisionPolicy``, else float32):
+  two layers (the one running and the one prefetched), the root (embeddings, final norm, head: it
+  stays gathered from the forward to its backward), and in backward one layer's unsharded gradient
+  with its float32 reduce copy. No autocast copies: the gathered weights are already bf16.
+* **gradients**: ``4 P`` (FSDP: ``/ world``; FSDP2 reduce-scatters every micro-batch, so gradient
+  accumulation keeps them sharded); DDP with more than one worker adds its bucket buffers
+  (another ``4 P``: ``gradient_as_bucket_view`` is off).
 * **optimizer**: AdamW's ``exp_avg`` and ``exp_avg_sq``, ``8 P`` (FSDP: ``/ world``), plus the
   step's temporaries (the foreach ``sqrt`` of ``4 P`` on a GPU; per tensor on a CPU).
 * **activations**: only for the part that needs autograd, the layers from the first trainable one
@@ -14,7 +19,10 @@ Terms (bytes per worker; ``T`` = micro_batch x seq_len tokens, ``P`` = trainable
   ``train/loop.py``). Per token and layer, the tensors autograd saves, a linear form in the config's
   hidden ``H``, intermediate ``I``, query width ``nh*hd``, key/value width ``nkv*hd``, head counts
   (:data:`ACTIVATION_COEFFS`; counted with ``torch.autograd.graph.saved_tensors_hooks`` on one layer
-  of each family with SDPA attention, so no ``T x T`` matrix). Activation checkpointing keeps each
+  of each family with SDPA attention, so no ``T x T`` matrix). Under bf16 autocast most are bf16 and some
+  stay float32 (norm inputs, the residual stream, RoPE'd q/k): :data:`BF16_FP32_COEFFS` counts the
+  float32 ones per token (the same saved-tensor count under autocast, real-size Llama and Qwen3
+  layers, exact to the byte); other families use :data:`BF16_BYTES_PER_FLOAT`. Activation checkpointing keeps each
   layer's input only plus one layer recomputed in backward.
 * **logits**: the LM head and loss. Plain: about :data:`PLAIN_LOGIT_COPIES` ``T x vocab`` float32
   buffers at the start of backward (logits, log-softmax, their gradients); chunked: the same per
@@ -48,6 +56,12 @@ ACTIVATION_COEFFS: dict[str, tuple[float, ...]] = {
     "qwen3": (6, 4, 4, 2, 4, 1, 2, 2),
     "gemma3": (10, 4, 4, 2, 4, 1, 2, 6),
 }
+# under bf16 autocast: extra bytes/2 per token and layer kept in float32, same basis as ACTIVATION_COEFFS
+BF16_FP32_COEFFS: dict[str, tuple[float, ...]] = {
+    "llama": (7, 0, 0, 1, 0, 0, 2, 2),
+    "qwen3": (7, 0, 1, 2, 1, 1, 2, 2),
+}
+BF16_BYTES_PER_FLOAT = 2.4  # families without BF16_FP32_COEFFS (fitted on small shapes only)
 FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "gemma3_text": "gemma3",
           "gemma3": "gemma3"}
 
@@ -113,6 +127,23 @@ def layer_activation_floats(shape: ModelShape) -> float:
     return float(sum(a * b for a, b in zip(c, x)))
 
 
+def _dims(shape: ModelShape) -> tuple[int, ...]:
+    return (shape.hidden, shape.intermediate, shape.heads * shape.head_dim, shape.heads,
+            shape.kv_heads * shape.head_dim, shape.kv_heads, shape.head_dim, 1)
+
+
+def layer_activation_bytes(shape: ModelShape, bf16: bool) -> float:
+    """Bytes autograd keeps per token for one decoder layer: 4 per float in float32; under bf16 autocast 2
+    per float plus 2 more for each float kept in float32 (:data:`BF16_FP32_COEFFS`)."""
+    floats = layer_activation_floats(shape)
+    if not bf16:
+        return 4.0 * floats
+    extra = BF16_FP32_COEFFS.get(shape.family)
+    if extra is None:
+        return BF16_BYTES_PER_FLOAT * floats
+    return 2.0 * floats + 2.0 * sum(a * b for a, b in zip(extra, _dims(shape)))
+
+
 @dataclass
 class MemoryEstimate:
     terms: dict[str, float]
@@ -147,6 +178,17 @@ def _logit_bytes(shape: ModelShape, tokens: int, chunk_tokens: Optional[int], he
     return norm + CHUNK_LOGIT_COPIES * 4.0 * rows * shape.vocab + grad_w + tokens * shape.hidden * bpe
 
 
+def _gathered_bytes(shape: ModelShape, plan: LayerPlan, bf16: bool) -> float:
+    """FSDP2's unsharded buffers at their peak: two layers and the root in the compute dtype, one trainable
+    layer's gradient in that dtype plus its float32 reduce-scatter input."""
+    unsharded = 2.0 if bf16 else 4.0
+    big = max(shape.layer_params) if shape.layer_params else 0
+    root = shape.embed_params + shape.norm_params + (0 if shape.tied else shape.head_params)
+    big_trained = max([shape.layer_params[i] for i in plan.trainable_layers] or [0])
+    grad_copy = (unsharded + (4.0 if bf16 else 0.0)) * big_trained
+    return unsharded * (2 * big + root) + grad_copy
+
+
 def estimate_memory(shape: ModelShape, plan: LayerPlan, *, seq_len: int, micro_batch: int, bf16: bool = False,
                     gpu: bool = False, world_size: int = 1, distributed: str = "ddp",
                     chunk_tokens: Optional[int] = None, activation_checkpointing: bool = False) -> MemoryEstimate:
@@ -159,13 +201,13 @@ def estimate_memory(shape: ModelShape, plan: LayerPlan, *, seq_len: int, micro_b
     first = plan.first_trainable
     autograd_layers = [] if first is None else list(range(max(0, first), shape.num_layers))
     big_layer = max(shape.layer_params) if shape.layer_params else 0
-    weights = 4.0 * shape.total_params / shard + (2 * 4.0 * big_layer if fsdp else 0.0)
-    if bf16:
+    weights = 4.0 * shape.total_params / shard + (_gathered_bytes(shape, plan, bf16) if fsdp else 0.0)
+    if bf16 and not fsdp:
         weights += 2.0 * (sum(shape.layer_params[i] for i in autograd_layers) + shape.head_params)
     grads = 4.0 * p_train / shard * (2 if (world_size > 1 and not fsdp) else 1)
     states = 8.0 * p_train / shard
     step_tmp = 4.0 * p_train / shard if gpu else 8.0 * max([big_layer, shape.embed_params, shape.head_params])
-    per_layer = layer_activation_floats(shape) * tokens * bpe
+    per_layer = layer_activation_bytes(shape, bf16) * tokens
     if activation_checkpointing and autograd_layers:
         acts = len(autograd_layers) * shape.hidden * tokens * bpe + per_layer
     else:

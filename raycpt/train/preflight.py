@@ -19,6 +19,7 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, PlanConfig
 from raycpt.errors import RaycptError
 from raycpt.train.launch import prepare_plan, resolve_model_path
+from raycpt.train.parallel import check_parallel
 from raycpt.train.memory import FAMILY, MemoryEstimate, check_fits, estimate_memory, model_shape
 from raycpt.train.step_options import check_checkpointing, loss_chunk_tokens, uses_bf16
 
@@ -37,6 +38,7 @@ def device_memory_gb(tcfg) -> Optional[float]:
 
 def estimate_plan(cfg: ExperimentConfig, skeleton, plan) -> MemoryEstimate:
     t = cfg.train
+    check_parallel(t.distributed, t.num_workers)
     return estimate_memory(model_shape(skeleton), plan, seq_len=cfg.data.seq_len, micro_batch=t.micro_batch_size,
                            bf16=uses_bf16(t), gpu=t.use_gpu, world_size=t.num_workers, distributed=t.distributed,
                            chunk_tokens=loss_chunk_tokens(t, skeleton, t.num_workers),
