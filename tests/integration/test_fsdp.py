@@ -186,3 +186,25 @@ def test_a_layer_that_gets_no_gradient_stops_the_run_naming_it(runs):
                                                      r"\d+ of its \d+ tensors but 0 received a gradient"):
         spawn(run_jobs, 2, [job])
     assert not (root / "dropped" / "ckpts").exists()  # stopped before its first checkpoint
+
+
+def test_raycpt_train_on_ray_runs_fsdp_on_cpu_logs_the_freeze_check_and_stops_an_untrained_plan(
+        ray_local, tmp_path, tiny_dir, capsys, monkeypatch):
+    """The real launcher: Ray Train starts 2 CPU workers (gloo), raycpt shards them with FSDP2."""
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.cli import main
+    from test_train import _base
+
+    base = _base(tmp_path, tiny_dir, distributed="fsdp", max_steps=2, checkpoint_every=2, max_failures=0)
+    assert main(["train"] + base + ["name=ok"]) == 0
+    capsys.readouterr()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    logged = {a.path for r in runs for a in client.list_artifacts(r.info.run_id, "freeze_check")}
+    assert logged == {"freeze_check/after_wrapping.txt", "freeze_check/after_first_step.txt"}
+    monkeypatch.setenv("RAYCPT_FAULTS", json.dumps({"drop_grad_layer": 3}))
+    rc = main(["train"] + base + ["name=dropped"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "freeze check after the first step: layers.3: the plan trains" in err and "0 received a gradient" in err
