@@ -11,4 +11,7 @@ source "$here/image.env"
 for f in "$here/ray-cluster-h200.yaml" "$here/rayjob.yaml"; do
   sed -i -E "s#^(\s*(- )?image: )[^ #]+#\1${IMAGE}#" "$f"
 done
-grep -n "image:" "$here"/*.yaml
+# the launcher logs in to the image's registry (the part before the first /) before the host pulls it
+registry="${IMAGE%%/*}"
+sed -i -E "s#(REGISTRY=)[^;]+;#\1${registry};#" "$here/ray-cluster-h200.yaml"
+grep -n "image:\|REGISTRY=" "$here"/*.yaml
