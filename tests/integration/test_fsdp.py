@@ -208,3 +208,17 @@ def test_raycpt_train_on_ray_runs_fsdp_on_cpu_logs_the_freeze_check_and_stops_an
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert "freeze check after the first step: layers.3: the plan trains" in err and "0 received a gradient" in err
+
+
+def test_bench_fsdp_smoke_prints_its_three_results():
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_fsdp.py"), "--smoke"], capture_output=True,
+                       text=True, timeout=600, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = dict(re.findall(r"^RESULT (\w+) (\S+) target", r.stdout, re.M))
+    assert set(got) == {"fsdp_loss_agreement", "fsdp_memory_ratio", "fsdp_memory_estimate_error"}
+    assert float(got["fsdp_loss_agreement"]) <= 1e-4  # same plan, same data, fp32: FSDP trains as DDP does
