@@ -476,11 +476,23 @@ def _training_error(e: Exception) -> Exception:
     return e
 
 
+def saved_dtype(model_dir) -> str:
+    """The dtype a model folder published by a training run (it has a ``manifest.json``) stores its weights in
+    (``config.json``), so that evaluating it scores the weights the training worker evaluated
+    (:func:`raycpt.train.loop.eval_model`); ``auto`` for any other folder (a base model) or when it says none."""
+    if not (Path(model_dir) / "manifest.json").is_file():
+        return "auto"
+    conf = _read_json(Path(model_dir) / "config.json")
+    name = conf.get("dtype") or conf.get("torch_dtype")
+    return name if name in ("float32", "bfloat16", "float16") else "auto"
+
+
 def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optional[int] = None):
     """``(EvalResult, held-out loss or None)`` of a training run's final model.
 
-    What the training worker wrote with ``run_training(evaluate=req)`` when it did; else (FSDP, the base
-    model of a scan, a file from before) the same bridge runs here on the saved folder, with ``threads``
+    What the training worker wrote with ``run_training(evaluate=req)`` when it did (DDP and FSDP alike);
+    else (the base model of a scan, a file from before) the same bridge runs here on the saved folder, loaded
+    in the dtype it was saved in (:func:`saved_dtype`), with ``threads``
     torch threads, and the held-out loss on the blocks of ``req.heldout_path``; it then writes the same
     ``eval_result.json`` the worker would have (per-block held-out losses included), so a resumed trial
     reads it instead of evaluating again."""
@@ -497,7 +509,7 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
 
     if threads:
         torch.set_num_threads(threads)
-    model, tok = load_model(str(final_model_dir))
+    model, tok = load_model(str(final_model_dir), dtype=saved_dtype(final_model_dir))
     ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=req.out_dir, name=req.name)
     record = eval_result_record(ev, model, req.heldout_path, eval_cfg.batch_size)
     atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, record)

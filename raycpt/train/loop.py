@@ -66,8 +66,8 @@ from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.strategies import LayerPlan, apply_plan, param_groups
 from raycpt.train.checkpoint import (checkpoint, checkpoint_step, find_checkpoints, json_safe, load_master_weights,
-                                     load_optim_state, read_train_state, set_rng_state, verify_checkpoint,
-                                     weights_dtype)
+                                     load_optim_state, model_state, read_train_state, set_rng_state,
+                                     verify_checkpoint, weights_dtype)
 from raycpt.train.background import BackgroundCalls
 from raycpt.train.callbacks import LoopState
 from raycpt.train.loss import model_loss
@@ -533,16 +533,47 @@ def run_loop(config: dict, session: _Session) -> dict:
     state = _start(w)
     status = _train(w, data, state)
     _finish(w, state, status)
-    if config.get("evaluate") and status["status"] == "finished" and not w.fsdp:
-        if w.logger is not None:
-            w.logger.event({"event": "evaluate", "step": state.step, "time": time.time()})
-        t_eval = time.perf_counter()
-        evaluate_in_worker(w.model, w.tokenizer, w.cfg.eval, config["evaluate"], session)
-        if w.logger is not None:
-            w.logger.event({"timing": "evaluated", "step": state.step, "time": time.time(),
-                            "seconds": time.perf_counter() - t_eval})
+    if config.get("evaluate") and status["status"] == "finished":
+        _evaluate(w, state, config["evaluate"])
     return {"status": status, "losses": w.history, "step_times": w.step_times, "step_cpu": w.step_cpu,
             "counts": w.counts, "tokens_per_step": _tokens_per_step(w)}
+
+
+def _evaluate(w: _Worker, state: LoopState, req: "EvalRequest") -> None:
+    """In-worker evaluation of the final weights (:func:`evaluate_in_worker`) on this worker's own device."""
+    model, session = eval_model(w)
+    if model is None:
+        return
+    if w.logger is not None:
+        w.logger.event({"event": "evaluate", "step": state.step, "time": time.time()})
+    t_eval = time.perf_counter()
+    evaluate_in_worker(model, w.tokenizer, w.cfg.eval, req, session)
+    if w.logger is not None:
+        w.logger.event({"timing": "evaluated", "step": state.step, "time": time.time(),
+                        "seconds": time.perf_counter() - t_eval})
+
+
+def eval_model(w: _Worker) -> tuple[Any, Optional[_Session]]:
+    """The model in-worker evaluation scores, and the session that shards its questions.
+
+    One dtype for both evaluation paths: the trained weights in the dtype the checkpoint stores them in
+    (:func:`weights_dtype`: bf16 when training in bf16), which is what evaluating the saved model scores
+    (:func:`raycpt.train.launch.final_evaluation` loads it in that dtype). DDP / one worker: the model
+    itself, cast in place (training is over), every rank a share of the questions. FSDP: the full state
+    is gathered (every rank takes part), rank 0 evaluates a plain copy alone on its device; the other
+    ranks return (None, None)."""
+    dtype = weights_dtype(w.cfg.train.precision, w.device)
+    if not w.fsdp:
+        return w.model.to(dtype), w.session
+    from transformers import AutoModelForCausalLM
+
+    w.optimizer = None  # its state is in the final checkpoint; free it before the gather
+    msd = model_state(w.model, w.wrapped, True)
+    if w.rank != 0:
+        return None, None
+    plain = AutoModelForCausalLM.from_config(w.model.config)
+    plain.load_state_dict(msd)
+    return plain.to(w.device, dtype).eval(), None
 
 
 def _setup(config: dict, session: _Session) -> _Worker:

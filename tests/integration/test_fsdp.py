@@ -48,15 +48,18 @@ def _save_tied(path: Path, arch: str) -> Path:
     return path
 
 
+EVAL = ["eval.tasks=[wordnet_mc]", "eval.modes=[logit]", "eval.limit=6", "eval.batch_size=4"]
+
+
 def _job(root: Path, name: str, model: Path, plan: dict, *, distributed="fsdp", precision="fp32", every=1,
-         resume_from=None, faults=None, steps=STEPS) -> dict:
+         resume_from=None, faults=None, steps=STEPS, evaluate=None) -> dict:
     cfg = load_config(None, [f"model.ref={model}", "data.seq_len=16", f"train.distributed={distributed}",
                              "train.num_workers=2", f"train.max_steps={steps}", f"train.checkpoint_every={every}",
                              "train.lr=0.01", "train.micro_batch_size=2", "train.grad_accum=2", "train.warmup_ratio=0",
-                             f"train.precision={precision}"] + [f"plan.{k}={v}" for k, v in plan.items()])
+                             f"train.precision={precision}"] + [f"plan.{k}={v}" for k, v in plan.items()] + EVAL)
     p = build_plan(cfg.plan, 4, tied_embeddings=True)
     config = {"cfg": config_to_dict(cfg), "model_path": str(model), "plan": p.to_dict(), "run_dir": str(root / name),
-              "torch_threads": 1, "resume_from": resume_from, "faults": faults}
+              "torch_threads": 1, "resume_from": resume_from, "faults": faults, "evaluate": evaluate}
     return {"config": config, "blocks": str(root / "blocks.npy"), "checkpoint_root": str(root / name / "ckpts"),
             "out": str(root / f"{name}.json")}
 
@@ -87,6 +90,10 @@ def runs(tmp_path_factory):
                      resume_from=str(root / "bf16" / "ckpts" / "checkpoint_000002")))
     jobs.append(_job(root, "ddp-to-fsdp", models["qwen3"], deep,
                      resume_from=str(root / "ddp-qwen3-train_deep" / "ckpts" / "checkpoint_000002")))
+    from raycpt.train.loop import EvalRequest
+
+    jobs.append(_job(root, "bf16-eval", models["llama"], PLANS["train_shallow"], precision="bf16", steps=2, every=2,
+                     evaluate=EvalRequest(out_dir=str(root / "bf16-eval" / "eval"), name="trial")))
     spawn(run_jobs, 2, jobs)
     return root, models
 
@@ -222,3 +229,24 @@ def test_bench_fsdp_smoke_prints_its_three_results():
     got = dict(re.findall(r"^RESULT (\w+) (\S+) target", r.stdout, re.M))
     assert set(got) == {"fsdp_loss_agreement", "fsdp_memory_ratio", "fsdp_memory_estimate_error"}
     assert float(got["fsdp_loss_agreement"]) <= 1e-4  # same plan, same data, fp32: FSDP trains as DDP does
+
+
+def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model_scores(runs):
+    """One dtype for both paths: the in-worker evaluation of an FSDP bf16 run (rank 0, the gathered weights in the
+    checkpoint's dtype) gives the same per-question log-probabilities as evaluating the published folder."""
+    from raycpt.config import config_from_dict
+    from raycpt.train.checkpoint import publish_model
+    from raycpt.train.launch import final_evaluation, saved_dtype
+    from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
+
+    root, _ = runs
+    got = json.loads((root / "bf16-eval" / "eval" / EVAL_RESULT_FILE).read_text())
+    final = root / "bf16-eval" / "final_model"
+    publish_model(root / "bf16-eval" / "ckpts" / "checkpoint_000002", final)
+    assert saved_dtype(final) == "bfloat16"
+    job_cfg = json.loads(json.dumps(_job(root, "x", final, PLANS["train_shallow"])["config"]["cfg"]))
+    ev, _ = final_evaluation(final, config_from_dict(job_cfg).eval, EvalRequest(str(root / "reeval"), "trial"))
+    a, b = got["questions"]["wordnet_mc"], ev.questions["wordnet_mc"]
+    assert len(a) == len(b) == 6 and [q["id"] for q in a] == [q["id"] for q in b]
+    assert [q["logit"]["logprobs"] for q in a] == [q["logit"]["logprobs"] for q in b]
+    assert got["scores"] == ev.scores
