@@ -367,9 +367,10 @@ def param_groups(model, plan: LayerPlan, lr: float, weight_decay: float,
     """AdamW groups over the trainable parameters only.
 
     One group per (LR scale, decay): ``lr = lr * scale``; 1-D tensors (norm weights, biases) get
-    weight decay 0. ``model`` is the plain (unwrapped) model; pass the DDP/FSDP-wrapped module as
-    ``wrapped`` to take the parameters from it (FSDP with ``use_orig_params`` replaces them), matched
-    by name with wrapper prefixes removed. Each group carries ``lr_scale``, ``decay`` and ``name``."""
+    weight decay 0. ``model`` is the plain model, or the FSDP2-sharded one (``fully_shard`` wraps in place:
+    the same names, each parameter a DTensor shard, so the groups come from the wrapped parameters
+    themselves); ``wrapped`` (optional) takes the parameters from a wrapper instead, matched by name with
+    wrapper prefixes (``module.``, FSDP1's ``_fsdp_wrapped_module.``) removed. Each group carries ``lr_scale``, ``decay`` and ``name``."""
     index = param_layer_index(model)
     source = wrapped if wrapped is not None else model
     groups: dict[tuple[float, bool], dict] = {}

@@ -1,9 +1,10 @@
 """The continued pre-training loop: ``train_loop_per_worker(config)``, a plain function Ray Train runs.
 
 One worker: load the model from a resolved folder (or from the checkpoint it resumes), apply the
-layer plan (:func:`raycpt.strategies.apply_plan`), wrap it for data parallelism
-(``ray.train.torch.prepare_model``: DDP over gloo on CPU / NCCL on GPU, or FSDP with
-``use_orig_params=True`` so frozen and trainable parameters can live in one model), AdamW over the
+layer plan (:func:`raycpt.strategies.apply_plan`), wrap it for data parallelism with raycpt's own
+:func:`raycpt.train.parallel.wrap_model` (DDP, or FSDP2 per decoder layer then the root; the same code
+over gloo on CPU and NCCL on GPU), check that it trains exactly the plan (:mod:`raycpt.train.verify`:
+after wrapping, after a checkpoint load, after the first step), AdamW over the
 trainable parameters only (per-layer LR groups, no decay on norms/biases), a transformers scheduler
 with warmup, gradient accumulation, clipping, bf16 autocast on GPU / float32 on CPU (master
 weights are always float32).

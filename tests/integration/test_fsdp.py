@@ -250,3 +250,24 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
     assert len(a) == len(b) == 6 and [q["id"] for q in a] == [q["id"] for q in b]
     assert [q["logit"]["logprobs"] for q in a] == [q["logit"]["logprobs"] for q in b]
     assert got["scores"] == ev.scores
+
+
+def test_on_a_restart_only_rank_0_reads_the_checkpoints(monkeypatch, tmp_path):
+    import ray.train
+
+    from raycpt.train import loop
+
+    calls = []
+    monkeypatch.setattr(loop, "verify_checkpoint", lambda d: calls.append(d))
+    monkeypatch.setattr(loop, "find_checkpoints", lambda root: calls.append(root) or [])
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
+    session = object.__new__(loop.RaySession)
+    session.rank, session.world_size = 1, 2
+    session.all_gather_object = lambda obj: ["/rank0/choice", obj]
+    with session.checkpoint_dir(str(tmp_path / "resume"), str(tmp_path)) as chosen:
+        assert chosen == "/rank0/choice"
+    assert calls == []  # rank 1 hashed nothing
+    session.rank = 0
+    with session.checkpoint_dir(None, str(tmp_path)):
+        pass
+    assert calls == [str(tmp_path)]
