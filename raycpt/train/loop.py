@@ -837,10 +837,22 @@ def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int)
     (per block, for the paired bootstrap over blocks); None / absent without one."""
     out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}
     if heldout_path:
-        from raycpt.evaluate import block_weights, lm_block_losses
+        from raycpt.evaluate import block_weights
 
         blocks = json.loads(Path(heldout_path).read_text())
-        losses, weights = lm_block_losses(model, blocks, batch_size=batch_size), block_weights(blocks)
+        losses, weights = heldout_block_losses(model, blocks, batch_size), block_weights(blocks)
         out.update(heldout_loss=sum(x * n for x, n in zip(losses, weights)) / sum(weights),
                    heldout_block_losses=losses, heldout_block_weights=weights)
     return out
+
+
+def heldout_block_losses(model, blocks: list[list[int]], batch_size: int) -> list[float]:
+    """Per-block held-out losses: chunked over the vocabulary when the head allows
+    (:func:`raycpt.train.loss.chunked_block_losses`), else the full-logit reference."""
+    from raycpt.train.loss import chunked_block_losses, chunked_supported
+
+    if chunked_supported(model) is None:
+        return chunked_block_losses(model, blocks, batch_size)
+    from raycpt.evaluate import lm_block_losses
+
+    return lm_block_losses(model, blocks, batch_size=batch_size)
