@@ -476,6 +476,35 @@ def _training_error(e: Exception) -> Exception:
     return e
 
 
+def eval_device(cuda_available: bool, in_ray_worker: bool, reserved_gpus: int) -> str:
+    """Where a model may go: a GPU only when this process reserved one. Ray 2.60 no longer hides the GPUs
+    from a task or actor that reserved none, so a CPU-only trial process on a GPU node would otherwise load
+    onto ``cuda:0``, next to another trial's worker. Outside Ray workers (a driver, a plain process): any
+    visible GPU."""
+    if not cuda_available:
+        return "cpu"
+    if in_ray_worker and reserved_gpus == 0:
+        return "cpu"
+    return "cuda"
+
+
+def reserved_device() -> str:
+    """:func:`eval_device` of this process (a Ray worker's reserved GPUs from its runtime context)."""
+    import torch
+
+    in_worker, gpus = False, 0
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ctx = ray.get_runtime_context()
+            in_worker = ctx.worker.mode == ray.WORKER_MODE
+            gpus = len(ctx.get_accelerator_ids().get("GPU", []))
+    except Exception:  # noqa: BLE001 - no Ray context: a plain process
+        in_worker = False
+    return eval_device(torch.cuda.is_available(), in_worker, gpus)
+
+
 def saved_dtype(model_dir) -> str:
     """The dtype a model folder published by a training run (it has a ``manifest.json``) stores its weights in
     (``config.json``), so that evaluating it scores the weights the training worker evaluated
@@ -509,7 +538,7 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
 
     if threads:
         torch.set_num_threads(threads)
-    model, tok = load_model(str(final_model_dir), dtype=saved_dtype(final_model_dir))
+    model, tok = load_model(str(final_model_dir), dtype=saved_dtype(final_model_dir), device=reserved_device())
     ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=req.out_dir, name=req.name)
     record = eval_result_record(ev, model, req.heldout_path, eval_cfg.batch_size)
     atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, record)

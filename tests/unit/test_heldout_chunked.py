@@ -23,3 +23,12 @@ def test_chunked_block_losses_equal_the_reference(arch):
     model.train()
     assert heldout_block_losses(model, blocks, 2) == pytest.approx(want, rel=1e-5, abs=1e-6)
     assert model.training  # left as it was
+
+
+def test_a_model_goes_on_a_gpu_only_where_one_was_reserved():
+    from raycpt.train.launch import eval_device
+
+    assert eval_device(cuda_available=True, in_ray_worker=True, reserved_gpus=0) == "cpu"  # a CPU-only trial
+    assert eval_device(cuda_available=True, in_ray_worker=True, reserved_gpus=1) == "cuda"
+    assert eval_device(cuda_available=True, in_ray_worker=False, reserved_gpus=0) == "cuda"  # a driver, own machine
+    assert eval_device(cuda_available=False, in_ray_worker=True, reserved_gpus=1) == "cpu"
