@@ -46,15 +46,19 @@ def mixed_precision(bf16: bool):
 
 def shard_fsdp(model, device: torch.device, bf16: bool):
     """FSDP2 on each decoder layer, then the root; returns ``model`` (wrapped in place)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from raycpt.models.stack import LayerStack
 
     model.to(device)
+    # the mesh of this run's device type (not whatever accelerator the host has: a CPU run on a GPU node is gloo)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = mixed_precision(bf16)
     for layer in LayerStack(model).layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
 
 
