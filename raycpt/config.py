@@ -101,6 +101,8 @@ class TraceConfig:
     """CPUs per trace actor."""
     schedule: Literal["shared_context", "stacked", "per_layer"] = "shared_context"
     """Perturbation schedule (same numbers): zeroed context once per prefix group, or per prompt."""
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    """Weights dtype of the trace actors: float32 (bf16 moved per-layer mean dJS 5-25% in a stand-in); auto = model.dtype."""
 
     def __post_init__(self):
         _check(self.top_k >= 0, "trace.top_k", self.top_k, "an integer >= 0 (0 = full vocabulary)")
@@ -113,6 +115,11 @@ class TraceConfig:
         _check(self.num_actors >= 1, "trace.num_actors", self.num_actors, "an integer >= 1")
         _check(self.max_prompts is None or self.max_prompts >= 1, "trace.max_prompts", self.max_prompts,
                "an integer >= 1 or null")
+
+
+def trace_dtype(cfg) -> str:
+    """The trace actors' weights dtype: ``trace.dtype``, or ``model.dtype`` when it is ``auto``."""
+    return cfg.model.dtype if cfg.trace.dtype == "auto" else cfg.trace.dtype
 
 
 @dataclass

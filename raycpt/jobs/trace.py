@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from raycpt.config import ExperimentConfig
+from raycpt.config import ExperimentConfig, trace_dtype
 from raycpt.diagnostics.prompts import seam_note
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import model_layers
@@ -188,7 +188,7 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
     ds = ray.data.from_items(items, override_num_blocks=n_blocks)
     ds = ds.map_batches(
         TraceActor,
-        fn_constructor_kwargs=dict(model_path=prep.model_path, dtype=prep.cfg.model.dtype, top_k=t.top_k, eps=t.eps,
+        fn_constructor_kwargs=dict(model_path=prep.model_path, dtype=trace_dtype(prep.cfg), top_k=t.top_k, eps=t.eps,
                                    use_gpu=t.gpus_per_actor > 0, num_threads=max(1, int(round(t.cpus_per_actor))),
                                    pad_id=pad_id_of(prep.tokenizer), schedule=t.schedule),
         compute=ray.data.ActorPoolStrategy(size=t.num_actors),

@@ -32,3 +32,14 @@ def test_a_model_goes_on_a_gpu_only_where_one_was_reserved():
     assert eval_device(cuda_available=True, in_ray_worker=True, reserved_gpus=1) == "cuda"
     assert eval_device(cuda_available=True, in_ray_worker=False, reserved_gpus=0) == "cuda"  # a driver, own machine
     assert eval_device(cuda_available=False, in_ray_worker=True, reserved_gpus=1) == "cpu"
+
+
+def test_traces_load_in_float32_unless_asked():
+    from raycpt.config import ConfigError, load_config, trace_dtype
+
+    assert trace_dtype(load_config(None, [])) == "float32"
+    assert trace_dtype(load_config("configs/qwen3-0.6b.yaml")) == "float32"  # a GPU config too: model.dtype is auto
+    assert trace_dtype(load_config(None, ["trace.dtype=bfloat16"])) == "bfloat16"
+    assert trace_dtype(load_config(None, ["trace.dtype=auto", "model.dtype=bfloat16"])) == "bfloat16"
+    with pytest.raises(ConfigError):
+        load_config(None, ["trace.dtype=int8"])
