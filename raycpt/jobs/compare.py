@@ -125,6 +125,9 @@ def swap_task(base_path: str, tuned_path: str, direction: str, layers: list[int]
         other, _ = load_model(donor, dtype="float32", device="cpu")
         swap_layers(model, other, layers)
         del other
+    from raycpt.train.launch import reserved_device
+
+    model.to(reserved_device())  # the GPU this task reserved (eval.gpus_per_task), else the CPU
     cells = evaluate_cells(model, tok, eval_cfg, Path(out_dir), name)
     key, score = primary_score(cells, eval_cfg)
     return dict(direction=direction, layers=list(layers), score=score, score_key=key, cells=cells,
