@@ -5,7 +5,7 @@ Checked by the loop after wrapping, after every checkpoint load, and after the f
 The planned set is read from the plan's fields, not from ``requires_grad``: layer ``i`` trains when
 ``i`` is in ``plan.trainable_layers``; ``embed`` with ``train_embeddings``; ``final_norm`` with
 ``train_final_norm``; ``head`` with ``train_head`` (a tied head is the embedding's tensor and is
-counted under ``embed``); parameters outside those parts only under ``full``.
+counted under ``embed``, which then trains when either flag is on); parameters outside those parts only under ``full``.
 
 A mismatch raises :class:`~raycpt.errors.RaycptError` with one line naming the first part that
 differs; :func:`table_text` is the per-part table the loop logs to MLflow on rank 0.
@@ -53,10 +53,10 @@ class PartCheck:
         return None
 
 
-def _planned_parts(plan: LayerPlan, parts: Iterable[str]) -> dict[str, bool]:
+def _planned_parts(plan: LayerPlan, parts: Iterable[str], tied: bool = False) -> dict[str, bool]:
     keep = {f"layers.{i}" for i in plan.trainable_layers}
-    flags = {"embed": plan.train_embeddings, "final_norm": plan.train_final_norm, "head": plan.train_head,
-             "other": plan.name == "full"}
+    flags = {"embed": plan.train_embeddings or (tied and plan.train_head), "final_norm": plan.train_final_norm,
+             "head": plan.train_head, "other": plan.name == "full"}
     return {p: (p in keep) if p.startswith("layers.") else bool(flags.get(p, False)) for p in parts}
 
 
@@ -74,8 +74,11 @@ def _optimizer_ids(optimizer) -> set[int]:
 def build_table(model, plan: LayerPlan, optimizer, grads: Optional[dict[int, bool]] = None,
                 changed: Optional[set[int]] = None) -> list[PartCheck]:
     """The per-part rows of ``model`` (the plain or FSDP2-sharded model, not a DDP wrapper)."""
-    parts = parts_of(model)
-    planned = _planned_parts(plan, parts)
+    from raycpt.models.stack import LayerStack
+
+    stack = LayerStack(model)
+    parts = stack.named_parts()
+    planned = _planned_parts(plan, parts, tied=stack.head.weight is stack.embed.weight)
     in_opt = _optimizer_ids(optimizer)
     rows = []
     for part, params in parts.items():

@@ -97,3 +97,23 @@ def test_fingerprint_differs_for_a_permutation_and_ignores_nothing():
     assert verify.fingerprint(t) == verify.fingerprint(t.clone())
     assert verify.fingerprint(t) != verify.fingerprint(t.flip(0))
     assert verify.fingerprint(t.to(torch.bfloat16)) != verify.fingerprint((t + 1).to(torch.bfloat16))
+
+
+def test_a_tied_head_planned_to_train_is_counted_under_embed_and_checked_against_apply_plan():
+    """A hand-built plan (build_plan never makes one: it sets both flags for tied embeddings) asking for the head
+    only: the shared matrix is counted under embed, and apply_plan, which finds no tensor of its own under head,
+    leaves it frozen; the check says so instead of training without the head."""
+    from raycpt.strategies import LayerPlan
+
+    model = tiny_model("llama", num_layers=4)  # tied
+    plan = LayerPlan(name="layers", num_layers=4, trainable_layers=(3,), train_head=True, tied_embeddings=True)
+    apply_plan(model, plan)
+    opt = make_optimizer(model, plan, TrainConfig(lr=1e-2))
+    with pytest.raises(RaycptError, match=r"after wrapping: embed: the plan trains 1 of its 1 tensors but 0 require"):
+        verify.check_setup(model, plan, opt, "after wrapping")
+    both = LayerPlan(name="layers", num_layers=4, trainable_layers=(3,), train_head=True, train_embeddings=True,
+                     tied_embeddings=True)
+    apply_plan(model, both)
+    opt = make_optimizer(model, both, TrainConfig(lr=1e-2))
+    rows = {r.part: r for r in verify.check_setup(model, both, opt, "after wrapping")}
+    assert rows["embed"].planned == rows["embed"].trainable == 1 and rows["head"].tensors == 0
