@@ -192,7 +192,7 @@ class TrainConfig:
     cpus_per_worker: float = 1.0
     """CPUs per worker (fractional on a small machine so data tasks are not starved)."""
     distributed: Literal["ddp", "fsdp"] = "ddp"
-    """Data-parallel wrapper; fsdp shards large models (use_orig_params keeps frozen layers)."""
+    """Data-parallel wrapper raycpt applies: ddp, or fsdp (FSDP2 per decoder layer, >= 2 workers; frozen layers stay frozen)."""
     seed: int = 0
     """Seed of init, data order and dropout."""
     checkpoint_every: int = 20
