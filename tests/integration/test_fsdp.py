@@ -52,11 +52,12 @@ EVAL = ["eval.tasks=[wordnet_mc]", "eval.modes=[logit]", "eval.limit=6", "eval.b
 
 
 def _job(root: Path, name: str, model: Path, plan: dict, *, distributed="fsdp", precision="fp32", every=1,
-         resume_from=None, faults=None, steps=STEPS, evaluate=None) -> dict:
+         resume_from=None, faults=None, steps=STEPS, evaluate=None, loss="auto") -> dict:
     cfg = load_config(None, [f"model.ref={model}", "data.seq_len=16", f"train.distributed={distributed}",
                              "train.num_workers=2", f"train.max_steps={steps}", f"train.checkpoint_every={every}",
                              "train.lr=0.01", "train.micro_batch_size=2", "train.grad_accum=2", "train.warmup_ratio=0",
-                             f"train.precision={precision}"] + [f"plan.{k}={v}" for k, v in plan.items()] + EVAL)
+                             f"train.precision={precision}", f"train.loss={loss}", "train.loss_chunk_tokens=7"]
+                      + [f"plan.{k}={v}" for k, v in plan.items()] + EVAL)
     p = build_plan(cfg.plan, 4, tied_embeddings=True)
     config = {"cfg": config_to_dict(cfg), "model_path": str(model), "plan": p.to_dict(), "run_dir": str(root / name),
               "torch_threads": 1, "resume_from": resume_from, "faults": faults, "evaluate": evaluate}
@@ -84,6 +85,10 @@ def runs(tmp_path_factory):
         for key, plan in PLANS.items():
             jobs.append(_job(root, f"fsdp-{arch}-{key}", models[arch], plan))
             jobs.append(_job(root, f"ddp-{arch}-{key}", models[arch], plan, distributed="ddp", every=2))
+    for key in ("full", "train_deep"):  # the tiny vocabulary picks the plain loss under auto: force the chunked one
+        for dist in ("fsdp", "ddp"):
+            jobs.append(_job(root, f"{dist}-chunked-{key}", models["qwen3"], PLANS[key], distributed=dist, every=4,
+                             loss="chunked"))
     deep = PLANS["train_deep"]
     jobs.append(_job(root, "bf16", models["qwen3"], deep, precision="bf16", every=2))
     jobs.append(_job(root, "bf16-resumed", models["qwen3"], deep, precision="bf16", every=2,
@@ -271,3 +276,18 @@ def test_on_a_restart_only_rank_0_reads_the_checkpoints(monkeypatch, tmp_path):
     with session.checkpoint_dir(None, str(tmp_path)):
         pass
     assert calls == [str(tmp_path)]
+
+
+@pytest.mark.parametrize("key", ["full", "train_deep"])
+def test_the_chunked_loss_under_fsdp_trains_as_ddp_and_as_the_plain_loss(runs, key):
+    root, _ = runs
+    f, d = _result(root, f"fsdp-chunked-{key}"), _result(root, f"ddp-chunked-{key}")
+    plain = _result(root, f"fsdp-qwen3-{key}")
+    np.testing.assert_allclose(f["losses"], d["losses"], rtol=1e-5, atol=0)
+    np.testing.assert_allclose(f["losses"], plain["losses"], rtol=1e-5, atol=0)
+    # weights against DDP's chunked run (the same arithmetic); against the plain loss only the losses compare:
+    # AdamW turns last-bit gradient differences of near-zero entries into lr-sized steps
+    wf, wd = _weights(root, f"fsdp-chunked-{key}", STEPS), _weights(root, f"ddp-chunked-{key}", STEPS)
+    assert wf.keys() == wd.keys()
+    for k in wf:
+        torch.testing.assert_close(wf[k], wd[k], rtol=1e-4, atol=1e-5)
