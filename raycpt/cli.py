@@ -14,6 +14,7 @@ from rich.console import Console
 
 from raycpt.cluster import check_store
 from raycpt.errors import RaycptError
+from raycpt.splits import parse_ratio
 from raycpt.usage import set_verbose, sort_words, version_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -82,7 +83,7 @@ def parse_floats(text: Optional[str], what: str) -> Optional[list[float]]:
         if not part:
             continue
         try:
-            out.append(float(part))
+            out.append(parse_ratio(part))  # 0.66 or an exact fraction such as 2/3
         except ValueError:
             raise RaycptError(f"{what}: {part!r} is not a number (expected e.g. 0.33,0.5,0.66)") from None
     if not out:

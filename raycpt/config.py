@@ -25,6 +25,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 
 from raycpt.errors import ConfigError, RaycptError, read_user_text
+from raycpt.splits import parse_ratio
 
 
 PLANS: dict[str, Any] = {}
@@ -120,7 +121,8 @@ class PlanConfig:
     name: str = "train_shallow"
     """Layer plan: a name of the ``@register_plan`` registry (see ``raycpt plan show``)."""
     split: float = 0.5
-    """Split ratio r for train_shallow / train_deep: shallow = layers [0, round(r*N))."""
+    """Split ratio r for train_shallow / train_deep: shallow = layers [0, b), b = floor(r*N + 1/2) (half up;
+    exact fractions such as 2/3 accepted)."""
     pattern: str = ""
     """``blocks``: a 0/1 pattern over equal contiguous blocks, e.g. ``01100``."""
     layers: list[int] = field(default_factory=list)
@@ -667,7 +669,7 @@ def _coerce_scalar(value: Any, tp, name: str):
         out = None
         if isinstance(value, (int, float, str)):
             try:
-                out = float(value)
+                out = parse_ratio(value) if isinstance(value, str) and "/" in value else float(value)
             except ValueError:
                 pass
             except OverflowError:  # an integer beyond float range

@@ -11,7 +11,7 @@ per-layer LR scales, three flags and human-readable notes). Three functions appl
 * :func:`plan_table` - the rows ``raycpt plan show`` prints (layer map, trainable/frozen counts).
 
 Layer indexing: decoder layers are 0..N-1; ``split r`` puts layers [0, b) in the shallow side with
-``b = round(r * N)`` (Python's round: halves go to the even integer, e.g. round(0.5 * 5) = 2).
+``b = floor(r * N + 1/2)`` (half up, :func:`raycpt.splits.split_index`: 0.5 * 5 -> 3; 2/3 of 28 -> 19).
 Module paths always come from :class:`~raycpt.models.stack.LayerStack`.
 
 Plans (papers: ``seeds/004`` train_shallow / train_deep; ``seeds/002`` Mid-Block patterns;

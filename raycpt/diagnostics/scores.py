@@ -9,8 +9,8 @@ Per prompt, per decoder layer i = 0..N-1 (the paper's l = i + 1):
 * ``dJS(i) = |JS(i) - JS(i-1)| / (JS(i-1) + eps)`` (eq. 6).
 
 Profiles: TP(i) = mean Ratio(i), LS(i) = mean dJS(i) over prompts (overall or per group), each
-min-max normalised over layers. Split r -> b = round(r * N) (Python's ``round``, the same rule as
-the layer plans): shallow = layers [0, b), deep = [b, N). Boundary score (eq. 7)::
+min-max normalised over layers. Split r -> b = floor(r * N + 1/2) (half up, the same rule as
+the layer plans, :mod:`raycpt.splits`): shallow = layers [0, b), deep = [b, N). Boundary score (eq. 7)::
 
     S(b) = mean LS^[0:b) + mean TP^[b:N) - mean TP^[0:b) - mean LS^[b:N)
 
