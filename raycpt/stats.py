@@ -21,6 +21,7 @@ when its interval excludes 0 (:meth:`Interval.sign`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator, Optional, Sequence
@@ -249,9 +250,15 @@ def paired_accuracy_delta(a: Sequence[float], b: Sequence[float], level: float =
     n10, n01, n = discordant(a, b)
     if n == 0:
         raise ValueError("paired accuracy of nothing: no questions")
+    lo, hi, p = _paired_cached(n10, n01, n, level)
+    return Interval(scale * (n10 - n01) / n, scale * lo, scale * hi, n, "exact McNemar + score interval", level, p)
+
+
+@functools.lru_cache(maxsize=65536)
+def _paired_cached(n10: int, n01: int, n: int, level: float) -> tuple[float, float, float]:
+    """Bounds and p of (n10, n01, n): a sweep asks for the same counts many times (categories, modes)."""
     lo, hi = paired_score_bounds(n10, n01, n, level)
-    return Interval(scale * (n10 - n01) / n, scale * lo, scale * hi, n, "exact McNemar + score interval", level,
-                    mcnemar_exact(n10, n01))
+    return lo, hi, mcnemar_exact(n10, n01)
 
 
 # ------------------------------------------------------------------------------ multiplicity control
