@@ -362,6 +362,24 @@ class SweepConfig:
 
 
 @dataclass
+class ReportConfig:
+    primary: str = "wordnet_mc/logit"
+    """The pre-declared primary comparison of the sweep summary: ``task/mode`` (Average column against
+    full) or ``heldout_loss``; every other comparison is secondary (exploratory). Empty = none."""
+    adjust: Literal["holm", "bh"] = "holm"
+    """Multiplicity control over the sweep's comparisons: ``holm`` (family-wise error <= alpha over every
+    mark; the primary gates the secondaries) or ``bh`` (Benjamini-Hochberg: false-discovery rate <= alpha)."""
+    alpha: float = 0.05
+    """The error rate of ``adjust`` (family-wise for holm, false-discovery rate for bh)."""
+
+    def __post_init__(self):
+        _check(0 < self.alpha < 1, "report.alpha", self.alpha, "a rate strictly between 0 and 1, e.g. 0.05")
+        parts = self.primary.split("/") if self.primary else []
+        _check(not self.primary or self.primary == "heldout_loss" or (len(parts) == 2 and all(parts)),
+               "report.primary", self.primary, "'task/mode' (e.g. wordnet_mc/logit), 'heldout_loss', or ''")
+
+
+@dataclass
 class TrackingConfig:
     run_root: str = "runs"
     """Folder holding one run folder per command (made absolute)."""
@@ -558,6 +576,8 @@ class ExperimentConfig:
     """Hybrid build spec (see ``raycpt hybrid``); None = not a hybrid experiment."""
     contribution: ContributionConfig = field(default_factory=ContributionConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    """How the sweep summary decides: the primary comparison and the multiplicity control."""
 
     def __post_init__(self):
         _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None

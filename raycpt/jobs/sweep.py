@@ -154,7 +154,8 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
             trace = _trace_once(cfg, run_dir, sorted({t.split for t in specs if t.split is not None}), parent.run_id)
         trials = list(run_grid(parent, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=num_layers, parent_run_id=parent.run_id,
-                                tracking=cfg.tracking, domain=cfg.eval.domain, general=cfg.eval.general)
+                                tracking=cfg.tracking, domain=cfg.eval.domain, general=cfg.eval.general,
+                                report=cfg.report)
         write_state(run_dir, done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=parent.run_id, trials=trials, summary=summary, trace=trace)
 

@@ -259,12 +259,19 @@ def test_s_b_table_carries_a_bootstrap_interval_over_prompts():
         row["S_median"] = 0.0
     add_s_intervals(rows, r_rows, d_rows, resamples=300, seed=4)
     idx = np.random.default_rng(4).integers(0, 12, size=(300, 12))
+    from tests.unit.test_stats import naive_bca
+
+    def s_of(r, d, b):
+        p = profiles(r, d)
+        return boundary_score(p["tp_norm"], p["ls_norm"], b)
+
     for row in rows:
-        reps = []
-        for i in idx:
-            p = profiles(r_rows[i], d_rows[i])
-            reps.append(boundary_score(p["tp_norm"], p["ls_norm"], row["split_layer"]))
-        assert (row["S_lo"], row["S_hi"]) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])), abs=1e-12)
+        b = row["split_layer"]
+        reps = np.array([s_of(r_rows[i], d_rows[i], b) for i in idx])
+        jack = np.array([s_of(np.delete(r_rows, k, 0), np.delete(d_rows, k, 0), b) for k in range(12)])
+        # was the percentile interval of the replicates; now BCa holding the point (issue 24), by hand
+        assert (row["S_lo"], row["S_hi"]) == pytest.approx(naive_bca(row["S"], reps, jack), abs=1e-12)
+        assert row["like_best"] in (True, False)
     from raycpt.report.trace import fmt_cell
 
     assert fmt_cell("S_ci", (rows[0]["S_lo"], rows[0]["S_hi"])) == f"[{rows[0]['S_lo']:.3f}, {rows[0]['S_hi']:.3f}]"
