@@ -129,12 +129,15 @@ def profiles_csv(profiles: dict) -> str:
     w = csv.writer(buf, lineterminator="\n")
     groups = list(profiles.get("groups", {}))
     med = profiles.get("median")
+    out_k = profiles.get("mass_outside")  # [embedding, block 0..N-1]: block i is column i + 1
     w.writerow(["layer", "tp", "ls", "tp_norm", "ls_norm"] + (["tp_median", "ls_median"] if med else [])
+               + (["q_mass_outside_topk"] if out_k is not None else [])
                + [f"tp/{g}" for g in groups] + [f"ls/{g}" for g in groups])
     for i in range(len(profiles["tp"])):
         w.writerow([i, repr(float(profiles["tp"][i])), repr(float(profiles["ls"][i])),
                     repr(float(profiles["tp_norm"][i])), repr(float(profiles["ls_norm"][i]))]
                    + ([repr(float(med["tp"][i])), repr(float(med["ls"][i]))] if med else [])
+                   + ([repr(float(out_k[i + 1]))] if out_k is not None else [])
                    + [repr(float(profiles["groups"][g]["tp"][i])) for g in groups]
                    + [repr(float(profiles["groups"][g]["ls"][i])) for g in groups])
     return buf.getvalue()
@@ -255,7 +258,9 @@ def aggregate(prep, rows: dict[str, np.ndarray]) -> dict:
     answer_ids = np.array([e.answer_id for e in prep.encoded])
     has_answer = answer_ids >= 0
     hit = (rows["t_star"] == answer_ids) & has_answer
-    intervals = [tp_interval(r, t.tau) for r in rows["ratio"]]
+    # the Task-Particle interval under 004 §4.1's per-layer top-k reading (over the full softmax P_t is
+    # never 0, so Ratio > 0 everywhere and the interval would be every layer); full-softmax rows as fallback
+    intervals = [tp_interval(r, t.tau) for r in rows.get("ratio_topk", rows["ratio"])]
     df = pd.DataFrame({
         "index": np.arange(len(groups)),
         "line": [r.line for r in prep.records],
@@ -276,7 +281,10 @@ def aggregate(prep, rows: dict[str, np.ndarray]) -> dict:
         "js": list(rows["js"]),
         "ratio": list(rows["ratio"]),
         "djs": list(rows["djs"]),
+        **({"q_mass_outside": list(rows["q_mass_outside"])} if "q_mass_outside" in rows else {}),
     })
     tp_layers = [int(i) for i in np.flatnonzero(prof["tp"] > t.tau)]
     hit_rate = float(hit[has_answer].mean()) if has_answer.any() else None
+    if "q_mass_outside" in rows:  # per layer: mean share of Q outside P's top-k, beside JS@k
+        prof["mass_outside"] = np.asarray(rows["q_mass_outside"], dtype=np.float64).mean(axis=0)
     return dict(df=df, profiles=prof, table=table, recommended=rec, tp_layers=tp_layers, hit_rate=hit_rate)

@@ -278,3 +278,39 @@ def test_s_b_table_carries_a_bootstrap_interval_over_prompts():
     assert fmt_cell("S_ci", (None, None)) == "-"  # a table from before the intervals
     md = table_markdown(rows)
     assert "S(b) 2.5%" in md and f"{rows[0]['S_lo']:.3f}" in md and "bootstrap over prompts" in md
+
+
+# ------------------------------------------------------------------------------ issue 24: 004 §4.1 readings
+def test_task_particle_under_each_layers_top_k_is_not_every_layer():
+    import torch
+
+    from raycpt.diagnostics.scores import topk_target_prob
+
+    # 3 layers, vocabulary 6, t* = 5: layer 0 ranks it last, layer 1 third, layer 2 first
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0],
+                           [5.0, 4.0, 3.0, 0.0, 0.0, 3.5],
+                           [0.0, 1.0, 0.0, 0.0, 0.0, 6.0]])
+    tgt = torch.tensor([5, 5, 5])
+    p = topk_target_prob(logits, tgt, 3).numpy()
+    # by hand: layer 0: t* not in its top-3 -> 0; layer 1: top-3 = {5, 4, 3.5}: e^3.5 / (e^5 + e^4 + e^3.5);
+    # layer 2: top-3 = {6, 1, 0}: e^6 / (e^6 + e^1 + e^0)
+    e = np.exp
+    assert p == pytest.approx([0.0, e(3.5) / (e(5) + e(4) + e(3.5)), e(6) / (e(6) + e(1) + 1)])
+    full = torch.softmax(logits.double(), -1)[:, 5].numpy()
+    assert (ratio(np.r_[full[0], full])[1:] > 0).all()  # full softmax: every layer in the interval
+    # Ratio over [layer 0 again as the embedding, layers 0..2] with the top-k reading: layer 0 drops out
+    assert tp_interval(ratio(np.r_[p[0], p]), 0.0) == (1, 2, 2)
+
+
+def test_mass_outside_top_k_sees_what_js_at_k_cannot():
+    import torch
+
+    from raycpt.diagnostics.scores import mass_outside, support, topk_js
+
+    # P puts its mass on tokens 0-1; Q keeps their ratio but moves 86% of its mass to tokens 2-5
+    p = torch.log(torch.tensor([[0.6, 0.4, 0.0 + 1e-12, 1e-12, 1e-12, 1e-12]]))
+    q = torch.log(torch.tensor([[0.6 * 0.14, 0.4 * 0.14, 0.215, 0.215, 0.215, 0.215]]))
+    idx = support(p, 2)
+    assert float(topk_js(p, q, 2, idx=idx)) == pytest.approx(0.0, abs=1e-9)  # renormalised: identical
+    assert float(mass_outside(p, q, idx)) == pytest.approx(0.86, abs=1e-6)
+    assert float(topk_js(p, q, 0)) > 0.3  # over the full vocabulary the move shows
