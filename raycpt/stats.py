@@ -461,3 +461,31 @@ def stratified_mcnemar_p(a: Sequence[float], b: Sequence[float], strata: Sequenc
     if var == 0:
         return 1.0
     return float(2 * norm.sf(abs(num) / math.sqrt(var)))
+
+
+def fieller_ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> tuple[float, float, bool]:
+    """Fieller's interval for mean(a) / mean(b) of paired units (e.g. per question: layer-l model minus base,
+    full model minus base): the thetas with (mean a - theta mean b)^2 <= t^2 var(mean a - theta mean b).
+    Bounded (third value True) only when mean(b) differs from 0 at ``level`` - the guard a ratio needs:
+    with a denominator indistinguishable from 0 (or of the other sign) the ratio's sign means nothing.
+    Returns (lo, hi, bounded); (nan, nan, False) when unbounded."""
+    from scipy.stats import t
+
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    n = len(x)
+    if n < 3 or len(y) != n:
+        return math.nan, math.nan, False
+    ma, mb = x.mean(), y.mean()
+    c = np.cov(x, y, ddof=1) / n
+    q = float(t.ppf((1.0 + level) / 2.0, n - 1)) ** 2
+    qa = mb * mb - q * c[1, 1]
+    if qa <= 0:
+        return math.nan, math.nan, False
+    qb = -2 * (ma * mb - q * c[0, 1])
+    qc = ma * ma - q * c[0, 0]
+    disc = qb * qb - 4 * qa * qc
+    if disc < 0:
+        return math.nan, math.nan, False
+    r = math.sqrt(disc)
+    return float((-qb - r) / (2 * qa)), float((-qb + r) / (2 * qa)), True
