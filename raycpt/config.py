@@ -145,6 +145,10 @@ class PlanConfig:
     """Whether the final norm trains."""
     train_head: bool = False
     """Whether the LM head trains (with tied embeddings: the shared matrix)."""
+    full_non_layers: bool = True
+    """``full``: also train the embeddings, final norm and head (full-parameter training); false = only its
+    decoder layers, with the ``train_embeddings`` / ``train_final_norm`` / ``train_head`` of every other plan
+    (the sweep sets false with ``sweep.equal_footing``)."""
 
     def __post_init__(self):
         close = difflib.get_close_matches(self.name, list(PLANS), n=1)
@@ -340,6 +344,10 @@ class SweepConfig:
     trial_resources: dict[str, float] = field(default_factory=dict)
     """Extra Ray resources each trial's first bundle asks for, e.g. ``{trial_node: 1}`` puts trials
     only on nodes started with ``ray start --resources='{"trial_node": 8}'`` (see cluster/README.md)."""
+    equal_footing: bool = True
+    """The ``full`` baseline trains every decoder layer and treats the embeddings, final norm and head like
+    every other plan (``plan.train_*``, frozen by default), so a delta against full is the layer choice
+    alone; false = a full-parameter ``full`` (then the delta also holds training the embeddings and head)."""
     seeds: Optional[list[int]] = None
     """Run every trial once per seed (``train.seed`` of that run; trial ``<name>-s<seed>``); the summary shows
     the mean and a 95% t-interval over seeds. None = one run per trial at ``train.seed``."""

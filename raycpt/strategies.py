@@ -152,6 +152,9 @@ def _check_layer(i: Any, n: int, what: str) -> int:
 
 @register_plan("full")
 def _full(pcfg, n: int) -> PlanSpec:
+    if not getattr(pcfg, "full_non_layers", True):  # equal footing: the non-layer flags of every other plan
+        return PlanSpec(range(n), notes=["full (equal footing): every decoder layer; embeddings, final norm and "
+                                         "head as plan.train_* say, like every other plan"])
     return PlanSpec(range(n), train_embeddings=True, train_final_norm=True, train_head=True,
                     notes=["full: every parameter trains (embeddings, final norm and head included)"])
 
@@ -297,8 +300,8 @@ def _part_flags(plan: LayerPlan) -> Callable[[str], bool]:
             return plan.train_final_norm
         if part == "head":
             return plan.train_head
-        if part == "other":
-            return plan.name == "full"
+        if part == "other":  # rare non-layer parameters: only a full-parameter full (not the equal-footing one)
+            return plan.name == "full" and plan.train_embeddings and plan.train_head and plan.train_final_norm
         return part in keep
 
     return trains

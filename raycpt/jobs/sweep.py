@@ -116,7 +116,8 @@ def trial_config(cfg: ExperimentConfig, spec: TrialSpec) -> ExperimentConfig:
     """The experiment config of one trial: the sweep config with the trial's plan applied (validated)."""
     split = {} if spec.split is None else {"plan.split": spec.split}
     seed = {} if spec.seed is None else {"train.seed": int(spec.seed)}
-    return config_with(cfg, {"plan.name": spec.strategy, **split, **seed, **spec.recipe})
+    footing = {"plan.full_non_layers": False} if cfg.sweep.equal_footing else {}  # issue 24: equal footing
+    return config_with(cfg, {"plan.name": spec.strategy, **split, **seed, **footing, **spec.recipe})
 
 
 @dataclass
@@ -131,7 +132,7 @@ class SweepResult:
 def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strategies: Optional[list[str]] = None,
               resume: bool = False, console=None) -> SweepResult:
     """The ``raycpt sweep`` command (see the module docstring)."""
-    from raycpt.report.sweep import write_summary
+    from raycpt.report.sweep import report_options, write_summary
     from raycpt.runtime import ray_session
 
     if splits is not None:
@@ -155,7 +156,7 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
         trials = list(run_grid(parent, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=num_layers, parent_run_id=parent.run_id,
                                 tracking=cfg.tracking, domain=cfg.eval.domain, general=cfg.eval.general,
-                                report=cfg.report)
+                                report=report_options(cfg))
         write_state(run_dir, done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=parent.run_id, trials=trials, summary=summary, trace=trace)
 

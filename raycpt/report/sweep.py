@@ -926,6 +926,21 @@ def sb_against_gain(gains: list[dict], mode: Optional[str], alpha: float = verdi
     return res
 
 
+def report_options(cfg) -> dict:
+    """What build_summary needs from an experiment config: ``report.*`` and how the plans treat the
+    embeddings, final norm and head (stated in the legend)."""
+    p = cfg.plan
+    parts = [name for name, on in (("embeddings", p.train_embeddings), ("final norm", p.train_final_norm),
+                                   ("head", p.train_head)) if on]
+    treat = ("train " + ", ".join(parts)) if parts else "frozen"
+    footing = (f"equal footing (sweep.equal_footing): every row, full included, trains only its decoder layers; "
+               f"embeddings, final norm and head {treat} in every row") if cfg.sweep.equal_footing else (
+        "NOT equal footing: full also trains the embeddings, final norm and head, the other rows "
+        f"{'train ' + ', '.join(parts) if parts else 'freeze them'}; a delta against full mixes the layer choice "
+        "with training those (sweep.equal_footing=true compares layers alone)")
+    return {"primary": cfg.report.primary, "adjust": cfg.report.adjust, "alpha": cfg.report.alpha, "footing": footing}
+
+
 def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[str] = ("wordnet_mc",),
                   general: Sequence[str] = ("mmlu",), resamples: int = DEFAULT_RESAMPLES,
                   report: Optional[dict] = None) -> dict:
@@ -953,6 +968,8 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
                                         (f"{report.get('primary')} (not evaluated in this sweep)"
                                          if report.get("primary") else None),
                                         decision["adjust"], decision["alpha"], decision["family_size"])
+    if report.get("footing"):
+        decision["legend"].append("Plans: " + report["footing"] + ".")
     return {"tables": tables, "split_gains": gains, "domain_general": domain_general(tables, domain, general),
             "records": delta_records(tables), "roles": {"domain": list(domain), "general": list(general)},
             "verdict": decision, "sb_vs_gain": sb}
@@ -1026,8 +1043,6 @@ def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_
     out = Path(run_dir) / "summary"
     out.mkdir(parents=True, exist_ok=True)
     full = [load_outcomes(t) for t in trials]
-    report = report if report is None or isinstance(report, dict) else {
-        "primary": report.primary, "adjust": report.adjust, "alpha": report.alpha}
     summary = build_summary(full, trace, domain, general, report=report)
     files = [atomic_write_text(out / "deltas.csv", _csv(summary["records"]))]
     for task, rows in summary["tables"].items():

@@ -412,3 +412,25 @@ def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
     m = client.get_run(parent).data.metrics
     assert m["domain_delta/train_shallow-r0.5/wn/logit"] == pytest.approx(s["domain_general"][0]["domain"][0]["delta"])
     assert m["S_b/0.5"] == pytest.approx(0.1)
+
+
+def test_equal_footing_full_differs_from_the_layer_plans_only_in_layers():
+    import dataclasses
+
+    from raycpt.config import ExperimentConfig, PlanConfig
+    from raycpt.report.sweep import report_options
+    from raycpt.strategies import build_plan
+
+    eq = build_plan(PlanConfig(name="full", full_non_layers=False), 30, tied_embeddings=True)
+    sh = build_plan(PlanConfig(name="train_shallow", split=0.5), 30, tied_embeddings=True)
+    assert eq.trainable_layers == tuple(range(30))
+    assert (eq.train_embeddings, eq.train_final_norm, eq.train_head) == (sh.train_embeddings, sh.train_final_norm,
+                                                                           sh.train_head) == (False, False, False)
+    old = build_plan(PlanConfig(name="full"), 30)  # the full-parameter full, as before
+    assert (old.train_embeddings, old.train_final_norm, old.train_head) == (True, True, True)
+    cfg = ExperimentConfig()
+    assert cfg.sweep.equal_footing and "equal footing" in report_options(cfg)["footing"]
+    off = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, equal_footing=False))
+    assert "NOT equal footing" in report_options(off)["footing"]
+    s = build_summary(_one_seed_trials(), None, ["wn"], ["gen_bench"], resamples=200, report=report_options(cfg))
+    assert any(line.startswith("Plans: equal footing") for line in s["verdict"]["legend"])
