@@ -72,6 +72,34 @@ def pack_token_lists(token_lists: Iterable[Sequence[int]], seq_len: int, eos_id:
     return flat[: n * seq_len].reshape(n, seq_len).astype(np.int32)
 
 
+def spread_sample(total: int, num: int, seed: int = 0) -> np.ndarray:
+    """``num`` document indices out of ``total``, seeded and spread over the whole corpus: one uniform draw
+    inside each of ``num`` equal strata of the index range (a corpus ordered noun -> verb -> adjective ->
+    adverb then gives every part of it in proportion, where its tail gives only adverbs). Sorted."""
+    num = min(int(num), int(total))
+    if num <= 0:
+        return np.zeros(0, dtype=np.int64)
+    edges = np.linspace(0, total, num + 1)
+    rng = np.random.default_rng(seed)
+    lo, hi = np.ceil(edges[:-1]).astype(np.int64), np.maximum(np.ceil(edges[1:]).astype(np.int64), 1)
+    return np.minimum(lo + (rng.random(num) * (hi - lo)).astype(np.int64), total - 1)
+
+
+def block_documents(token_lists: Sequence[Sequence[int]], seq_len: int, doc_ids: Optional[Sequence] = None
+                    ) -> list:
+    """For the blocks :func:`pack_token_lists` cuts from these documents, the document each block belongs to
+    (the one contributing most of its tokens, EOS counted with its document): the clusters of a
+    document-clustered interval (:func:`raycpt.stats.ratio_delta_t`)."""
+    ids = list(range(len(token_lists))) if doc_ids is None else list(doc_ids)
+    owner = np.repeat(np.arange(len(token_lists)), [len(t) + 1 for t in token_lists])
+    n = len(owner) // seq_len
+    out = []
+    for k in range(n):
+        counts = np.bincount(owner[k * seq_len:(k + 1) * seq_len])
+        out.append(ids[int(np.argmax(counts))])
+    return out
+
+
 def eos_id_of(tokenizer) -> int:
     eos = tokenizer.eos_token_id
     if eos is None:

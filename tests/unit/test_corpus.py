@@ -287,3 +287,26 @@ def test_skip_is_arithmetic_and_equals_reading():
         assert e == seq[skip][0] and np.array_equal(rows, seq[skip][1])
     with pytest.raises(RaycptError, match="fewer than one micro-batch"):
         next(iter_micro_batches(ArrayBlocks(np.zeros((3, 2))), 2, world=2))
+
+
+# ------------------------------------------------------------------------------ issue 24: the held-out sample
+def test_spread_sample_covers_the_whole_corpus_seeded():
+    import numpy as np
+
+    from raycpt.data.corpus import spread_sample
+
+    idx = spread_sample(31587, 128, seed=3)
+    assert len(idx) == 128 == len(set(idx.tolist())) and (np.diff(idx) > 0).all()
+    # one document per stratum of 31587 / 128 = 246.8 documents: each quarter of the corpus holds 32
+    assert [int(((idx >= q * 31587 / 4) & (idx < (q + 1) * 31587 / 4)).sum()) for q in range(4)] == [32] * 4
+    assert (spread_sample(31587, 128, seed=3) == idx).all() and not (spread_sample(31587, 128, seed=4) == idx).all()
+    assert spread_sample(5, 10).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_block_documents_names_the_majority_document_of_each_block():
+    from raycpt.data.corpus import block_documents, pack_token_lists
+
+    docs = [[1] * 5, [2] * 2, [3] * 9]  # with EOS: 6, 3, 10 tokens -> 19 tokens, blocks of 4: 4 full blocks
+    assert len(pack_token_lists(docs, 4, 0)) == 4
+    # block 0: d0 x4; block 1: d0 x2, d1 x2 (tie -> the first); block 2: d1 x1, d2 x3; block 3: d2 x4
+    assert block_documents(docs, 4, ["a", "b", "c"]) == ["a", "a", "c", "c"]
