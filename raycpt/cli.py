@@ -178,7 +178,8 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     import time
 
     from raycpt.jobs.sweep import run_sweep
-    from raycpt.report.sweep import rich_domain_general, rich_gains_table, rich_table, rich_trials_table, table_modes
+    from raycpt.report.sweep import (rich_domain_general, rich_gains_table, rich_table, rich_trials_table,
+                                     rich_verdict, table_modes)
 
     cfg = load(args)
     split_list = parse_floats(splits, "--splits")
@@ -193,7 +194,7 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
             console.print(rich_table(task, rows, mode))
         if res.summary.get("split_gains", {}).get(task):
             console.print(rich_gains_table(task, res.summary["split_gains"][task]))
-    for item in rich_domain_general(res.summary.get("domain_general") or []):
+    for item in rich_domain_general(res.summary.get("domain_general") or []) + rich_verdict(res.summary):
         console.print(item)
     console.print(rich_trials_table(res.trials))
     if res.summary.get("recommended_split") is not None:

@@ -499,7 +499,7 @@ def rich_table(task: str, rows: list[dict], mode: str):
     from rich.table import Table
 
     cats = [c for c in _row_categories(rows) if c != "overall" and any(mode in r["cells"].get(c, {}) for r in rows)]
-    table = Table(title=f"{task}, {mode} mode: accuracy (%), Δ vs full below (▲▼: 95% interval excludes 0)",
+    table = Table(title=f"{task}, {mode} mode: accuracy (%), Δ vs full below (▲▼: after multiplicity control)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("trial", no_wrap=True)
     for c in cats:
@@ -1006,6 +1006,24 @@ def verdict_markdown(summary: dict) -> list[str]:
     return md
 
 
+NO_GENERAL = ("No general task ran, so forgetting is not measured here: the default sweep leaves MMLU out because "
+              "its 16 questions (2 per subject) gave a [0, 0] interval in every trial, a third of the evaluation "
+              "spent on numbers that cannot move; configs/paper-check.yaml runs MMLU (114 questions) as the general "
+              "probe, or add it with eval.tasks=[wordnet_mc,mmlu].")
+
+
+def not_general(summary: dict) -> bool:
+    """True when the sweep declared general tasks but none of them ran."""
+    general = summary.get("roles", {}).get("general", [])
+    return bool(general) and not any(t in summary.get("tables", {}) for t in general)
+
+
+def rich_verdict(summary: dict) -> list[str]:
+    """The verdict block for the terminal (the same lines as summary.md's, Markdown marks dropped)."""
+    lines = [line.replace("**", "") for line in verdict_markdown(summary) if line]
+    return lines + ([NO_GENERAL] if not_general(summary) else [])
+
+
 def _fmt_p(p: Optional[float]) -> str:
     return "-" if p is None else f"{p:.3g}"
 
@@ -1023,6 +1041,8 @@ def summary_markdown(summary: dict) -> str:
     if any(missing.values()):
         md += ["Not evaluated in this sweep: " + "; ".join(f"eval.{role} {', '.join(ts)}"
                                                           for role, ts in missing.items() if ts) + ".", ""]
+    if not_general(summary):
+        md += [NO_GENERAL, ""]
     for task, rows in summary["tables"].items():
         md += [table_markdown(task, rows), ""]
         if summary["split_gains"].get(task):
