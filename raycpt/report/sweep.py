@@ -31,7 +31,7 @@ from raycpt.report.verdict import HELDOUT
 from raycpt.stats import spearman_test
 from raycpt.tasks import CATEGORY_KEYS
 
-DEFAULT_REPORT = {"primary": "wordnet_mc/logit", "adjust": "holm", "alpha": 0.05}
+DEFAULT_REPORT = {"primary": None, "adjust": "holm", "alpha": 0.05}  # build_summary without a config: no primary
 
 CATEGORY_ORDER = ["stem", "social_science", "humanities", "other", "average", "overall"]
 CATEGORY_LABEL = {"stem": "STEM", "social_science": "Social Science", "humanities": "Humanities", "other": "Other",
