@@ -69,9 +69,17 @@ class DataConfig:
     """Where packed-token stores live (shared storage on a cluster); None = ``<tracking.run_root>/packed``."""
     shuffle_window: int = 65536
     """Blocks permuted together after the per-epoch permutation of the shard files (see docs/train.md)."""
+    heldout_share: float = 0.0
+    """Share of the documents held out of training wherever they are in the corpus (a seeded hash of each
+    document's text: spread over the whole corpus, duplicates on one side); the held-out loss then uses an
+    evenly spaced sample of them. 0 = the held-out documents are those after ``max_documents`` (the tail)."""
+    heldout_seed: int = 0
+    """Seed of the held-out hash (``heldout_share``)."""
 
     def __post_init__(self):
         _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
+        _check(0.0 <= self.heldout_share < 0.5, "data.heldout_share", self.heldout_share,
+               "a share in [0, 0.5) (0 = the corpus tail after data.max_documents)")
         _check(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
         _check(self.shuffle_window >= 1, "data.shuffle_window", self.shuffle_window, "an integer >= 1")
 
@@ -338,9 +346,9 @@ class SweepConfig:
     """CPUs of a second bundle in each trial's placement group: the trial's evaluation threads use
     ``cpus_per_trial`` + these (the corpus is packed once before the trials, not in them)."""
     heldout_docs: int = 0
-    """Documents of ``data.corpus`` after the first ``data.max_documents`` (never trained on) on which
-    every trial's final model gets a held-out LM loss, shown next to its scores; 0 = off. Needs
-    ``data.max_documents``."""
+    """Held-out documents (never trained on) on which every trial's final model gets a held-out LM loss,
+    shown next to its scores; 0 = off. An evenly spaced sample of those ``data.heldout_share`` holds out
+    across the corpus, or (share 0) the documents after the first ``data.max_documents``."""
     trial_resources: dict[str, float] = field(default_factory=dict)
     """Extra Ray resources each trial's first bundle asks for, e.g. ``{trial_node: 1}`` puts trials
     only on nodes started with ``ray start --resources='{"trial_node": 8}'`` (see cluster/README.md)."""
