@@ -2,10 +2,11 @@
 domain benchmark next to the general one, S(b) (with its interval) next to the realised gain of each
 split, a bar chart per task, and the loss curves overlaid.
 
-Intervals (:mod:`raycpt.stats`): one seed - a paired bootstrap over questions (per-question records of
-each trial's ``eval_result.json``, matched by question id) or over held-out blocks; several seeds
-(``sweep.seeds``) - the mean of the per-seed deltas with a t-interval over seeds. A cell is marked
-better / worse only when its interval excludes 0.
+Tests and intervals (:mod:`raycpt.stats`): one seed - exact McNemar with the score interval over
+questions (per-question records of each trial's ``eval_result.json``, matched by question id), a t over
+documents (or blocks) for the held-out loss; several seeds (``sweep.seeds``) - the seeds x questions
+interval. A cell is marked better / worse only by the verdict (:mod:`raycpt.report.verdict`): the
+comparison's p-value after the sweep's multiplicity control, never its interval alone.
 
 ``summary_table``, ``split_gains``, ``domain_general`` and ``build_summary`` are pure (unit-tested on
 fabricated per-question records); ``write_summary`` writes CSV / Markdown / JSON / PNG files and logs
