@@ -484,12 +484,22 @@ def heldout_documents(data_cfg, num_docs: int, setting: str = "held-out loss") -
     return [cands[i] for i in pick]
 
 
+class HeldoutBlocks(list):
+    """The held-out token blocks (a plain list of lists, as JSON writes it) with ``documents``: the index of
+    each block's document among the held-out documents, the clusters of the held-out loss's interval."""
+
+    documents: list
+
+
 def heldout_blocks(data_cfg, tokenizer_path: str, num_docs: int, setting: str = "held-out loss",
-                   raise_key: str = "the held-out document count") -> list[list[int]]:
+                   raise_key: str = "the held-out document count") -> HeldoutBlocks:
     """The held-out documents (:func:`heldout_documents`: never trained on) packed into ``data.seq_len``
-    blocks the way the training data is. Raises RaycptError (naming ``setting``) when there are none or
-    too few tokens. :func:`heldout_blocks_and_documents` also gives the document of each block."""
-    return heldout_blocks_and_documents(data_cfg, tokenizer_path, num_docs, setting, raise_key)[0]
+    blocks the way the training data is, with the document of each block (``.documents``). Raises
+    RaycptError (naming ``setting``) when there are none or too few tokens."""
+    blocks, docs = heldout_blocks_and_documents(data_cfg, tokenizer_path, num_docs, setting, raise_key)
+    out = HeldoutBlocks(blocks)
+    out.documents = docs
+    return out
 
 
 def heldout_blocks_and_documents(data_cfg, tokenizer_path: str, num_docs: int, setting: str = "held-out loss",

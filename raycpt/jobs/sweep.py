@@ -132,7 +132,7 @@ class SweepResult:
 def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strategies: Optional[list[str]] = None,
               resume: bool = False, console=None) -> SweepResult:
     """The ``raycpt sweep`` command (see the module docstring)."""
-    from raycpt.report.sweep import report_options, write_summary
+    from raycpt.report.sweep import HELDOUT_DOCS_FILE, report_options, write_summary
     from raycpt.runtime import ray_session
 
     if splits is not None:
@@ -146,6 +146,8 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
         if s.heldout_docs else None
     run_dir = open_run_dir(cfg, "sweep", resume=resume)
     shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", blocks)) if blocks else None}
+    if blocks and getattr(blocks, "documents", None):  # the document of each block: the summary's clusters
+        atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(blocks.documents))
     grid = Grid("sweep", specs, params={"num_layers": num_layers}, shared=shared, cpus=s.cpus_per_trial,
                 data_cpus=s.data_cpus_per_trial, resources=s.trial_resources, max_concurrent=s.max_concurrent_trials,
                 max_steps=cfg.train.max_steps, model_path=model_path)

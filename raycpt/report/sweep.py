@@ -74,6 +74,22 @@ def question_outcomes(questions: dict[str, list[dict]]) -> dict[str, dict[str, d
     return out
 
 
+HELDOUT_DOCS_FILE = "heldout_docs.json"  # next to the sweep's heldout_blocks.json: the document of each block
+
+
+def _heldout_docs_near(path: Path, blocks: Optional[list]) -> Optional[list]:
+    """The held-out blocks' documents from ``heldout_docs.json`` in a folder above the trial's eval file
+    (the sweep's run folder), when it has one entry per block."""
+    if not blocks:
+        return None
+    for folder in list(path.parents)[:5]:
+        f = folder / HELDOUT_DOCS_FILE
+        if f.is_file():
+            docs = json.loads(f.read_text(encoding="utf-8"))
+            return docs if isinstance(docs, list) and len(docs) == len(blocks) else None
+    return None
+
+
 def load_outcomes(trial: dict) -> dict:
     """The trial result with ``outcomes`` (:func:`question_outcomes`) and the per-block held-out losses
     (``heldout_blocks``, ``heldout_weights``) read from its ``eval_file``; unchanged when it has none."""
@@ -81,8 +97,11 @@ def load_outcomes(trial: dict) -> dict:
     if not path or not Path(path).is_file():
         return trial
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    return {**trial, "outcomes": question_outcomes(data.get("questions") or {}),
-            "heldout_blocks": data.get("heldout_block_losses"), "heldout_weights": data.get("heldout_block_weights")}
+    blocks = data.get("heldout_block_losses")
+    out = {**trial, "outcomes": question_outcomes(data.get("questions") or {}),
+           "heldout_blocks": blocks, "heldout_weights": data.get("heldout_block_weights")}
+    docs = trial.get("heldout_docs") or _heldout_docs_near(Path(path), blocks)
+    return {**out, "heldout_docs": docs} if docs else out
 
 
 def _matched(a: dict, b: dict, task: str, cat: str, mode: str):
@@ -1051,7 +1070,7 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(md)
 
 
-DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights")
+DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights", "heldout_docs")
 
 
 def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_layers: int,

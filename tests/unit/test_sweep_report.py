@@ -434,3 +434,17 @@ def test_equal_footing_full_differs_from_the_layer_plans_only_in_layers():
     assert "NOT equal footing" in report_options(off)["footing"]
     s = build_summary(_one_seed_trials(), None, ["wn"], ["gen_bench"], resamples=200, report=report_options(cfg))
     assert any(line.startswith("Plans: equal footing") for line in s["verdict"]["legend"])
+
+
+def test_load_outcomes_finds_the_sweeps_heldout_documents(tmp_path):
+    import json
+
+    run = tmp_path / "sweep-x"
+    (run / "trials" / "a" / "eval").mkdir(parents=True)
+    path = run / "trials" / "a" / "eval" / "eval_result.json"
+    path.write_text(json.dumps({"questions": {}, "heldout_block_losses": [3.0, 3.5, 3.2],
+                                "heldout_block_weights": [63, 63, 63]}))
+    (run / "heldout_docs.json").write_text(json.dumps([0, 0, 1]))
+    assert load_outcomes({"name": "a", "eval_file": str(path)})["heldout_docs"] == [0, 0, 1]
+    (run / "heldout_docs.json").write_text(json.dumps([0, 1]))  # not one per block: ignored
+    assert "heldout_docs" not in load_outcomes({"name": "a", "eval_file": str(path)})
