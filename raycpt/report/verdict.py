@@ -165,7 +165,7 @@ NOISE = {
     "exact McNemar + score interval": "question sampling (one seed: two checkpoints on the same questions)",
     "seeds x questions": "seed and question sampling (stated model: seed noise + question noise common to seeds)",
     "t over seeds": "seed noise on a fixed question set (no per-question records)",
-    "t over documents": "document sampling of the held-out set (blocks of a document resampled together)",
+    "t over documents": "document sampling of the held-out set (the blocks of a document taken as one unit)",
     "t over blocks": "block sampling of the held-out set (no document ids: blocks taken as independent)",
     "stratified paired bootstrap": "question sampling within categories (exploratory; coverage not shown)",
     "paired bootstrap": "question sampling (percentile bootstrap; exploratory)",
