@@ -177,6 +177,7 @@ def _trace_once(cfg: ExperimentConfig, run_dir: Path, splits: list[float], paren
            "split_scores": {f"{float(row['ratio']):g}": float(row["S"]) for row in res.split_table},
            "split_intervals": {f"{float(row['ratio']):g}": [row.get("S_lo"), row.get("S_hi")]
                                for row in res.split_table},
+           "split_like_best": {f"{float(row['ratio']):g}": row.get("like_best") for row in res.split_table},
            "artifacts": [str(p) for p in res.artifacts]}
     atomic_write_json(done, out)
     return out

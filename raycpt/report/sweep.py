@@ -941,8 +941,8 @@ def sb_against_gain(gains: list[dict], mode: Optional[str], alpha: float = verdi
     res.update(splits=splits, points=len(xs), gain=key)
     res["words"] = (f"Spearman rho = {res['rho']:+.2f} over {len(xs)} (split, seed) points, {res['method']} "
                     f"p = {res['p']:.3g}" if res["testable"] else
-                    f"too few splits to test ({splits} splits x {len(xs) // max(splits, 1)} seed(s): no ordering "
-                    f"of {len(xs)} points reaches p < {alpha:g})")
+                    f"too few splits to test ({splits} split{'s' * (splits != 1)} x {len(xs) // max(splits, 1)} "
+                    f"seed(s): no ordering of {len(xs)} points reaches p < {alpha:g})")
     return res
 
 
@@ -992,7 +992,7 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
         decision["legend"].append("Plans: " + report["footing"] + ".")
     return {"tables": tables, "split_gains": gains, "domain_general": domain_general(tables, domain, general),
             "records": delta_records(tables), "roles": {"domain": list(domain), "general": list(general)},
-            "verdict": decision, "sb_vs_gain": sb}
+            "verdict": decision, "sb_vs_gain": sb, "split_like_best": (trace or {}).get("split_like_best") or {}}
 
 
 def verdict_markdown(summary: dict) -> list[str]:
@@ -1019,6 +1019,7 @@ def verdict_markdown(summary: dict) -> list[str]:
                   f"Best on {b['metric']}: no clear best - the top row {b['top']} does not beat the runner-up "
                   f"{b['runner_up']} (or another row) at {v.get('alpha', 0.05):g} / {b['pairs']} pairs "
                   f"(largest pairwise p = {_fmt_p(b['p'])})")
+    md += _split_words(summary)
     for task, s in (summary.get("sb_vs_gain") or {}).items():
         md.append(f"S(b) against the realised gain ({task}, {s['gain']}): {s['words']}.")
     md.append("")
@@ -1042,6 +1043,23 @@ def rich_verdict(summary: dict) -> list[str]:
     """The verdict block for the terminal (the same lines as summary.md's, Markdown marks dropped)."""
     lines = [line.replace("**", "") for line in verdict_markdown(summary) if line]
     return lines + ([NO_GENERAL] if not_general(summary) else [])
+
+
+def _split_words(summary: dict) -> list[str]:
+    """The split S(b) favours among the sweep's splits, and the ones the trace cannot tell from it."""
+    like = summary.get("split_like_best") or {}
+    gains = next(iter((summary.get("split_gains") or {}).values()), [])
+    scored = [(g["split"], g["S_b"]) for g in gains if g.get("S_b") is not None]
+    if not scored:
+        return []
+    top = max(scored, key=lambda x: x[1])[0]
+    same = [r for r, _ in scored if like.get(f"{float(r):g}")]
+    if not like:
+        return [f"Largest S(b) among the sweep's splits: r = {top:g} (argmax of point estimates; the trace gave no "
+                "set of splits indistinguishable from it)."]
+    tail = "the data single it out" if same == [top] else \
+        "not distinguishable from it: r = " + ", ".join(f"{r:g}" for r in same)
+    return [f"Largest S(b) among the sweep's splits: r = {top:g}; {tail} (one-sided 95% bootstrap over prompts)."]
 
 
 def _fmt_p(p: Optional[float]) -> str:

@@ -448,3 +448,15 @@ def test_load_outcomes_finds_the_sweeps_heldout_documents(tmp_path):
     assert load_outcomes({"name": "a", "eval_file": str(path)})["heldout_docs"] == [0, 0, 1]
     (run / "heldout_docs.json").write_text(json.dumps([0, 1]))  # not one per block: ignored
     assert "heldout_docs" not in load_outcomes({"name": "a", "eval_file": str(path)})
+
+
+def test_summary_names_the_splits_s_b_cannot_tell_apart():
+    trials = _one_seed_trials() + [_run("train_deep-r0.5", "train_deep", 0.5, 0, {"wn": {"logit": FULL_DOM}},
+                                        FULL_BLK + 0.01)]
+    trace = {"split_scores": {"0.5": 0.45}, "split_intervals": {"0.5": [0.3, 0.5]}, "split_like_best": {"0.5": True}}
+    md = summary_markdown(build_summary(trials, trace, ["wn"], [], resamples=200))
+    assert "Largest S(b) among the sweep's splits: r = 0.5; the data single it out" in md
+    assert "too few splits to test (1 split x 1 seed(s)" in md
+    md = summary_markdown(build_summary(trials, {k: v for k, v in trace.items() if k != "split_like_best"},
+                                        ["wn"], [], resamples=200))
+    assert "argmax of point estimates" in md
