@@ -788,7 +788,7 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
                                                               or g.get(f"shallow_vs_deep_{m}") is not None
                                                               for g in gains)] if gains else []
     letters = " / ".join(MODE_LETTER.get(m, m) for m in modes)
-    lines = [f"**{task}** — S(b) from the trace [95% interval: bootstrap over prompts] next to the realised gain "
+    lines = [f"**{task}** — S(b) from the trace [95% interval: BCa bootstrap over prompts] next to the realised gain "
              f"of train_shallow (average, percentage points, {letters}) [95% interval]", "",
              f"| split | b | S(b) [95%] | shallow−full {letters} | shallow−deep {letters} | held-out loss shallow−full "
              "| held-out loss shallow−deep |", "|---|---|---|---|---|---|---|"]
