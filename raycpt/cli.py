@@ -14,6 +14,7 @@ from rich.console import Console
 
 from raycpt.cluster import check_store
 from raycpt.errors import RaycptError
+from raycpt.splits import parse_ratio
 from raycpt.usage import set_verbose, sort_words, version_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -82,7 +83,7 @@ def parse_floats(text: Optional[str], what: str) -> Optional[list[float]]:
         if not part:
             continue
         try:
-            out.append(float(part))
+            out.append(parse_ratio(part))  # 0.66 or an exact fraction such as 2/3
         except ValueError:
             raise RaycptError(f"{what}: {part!r} is not a number (expected e.g. 0.33,0.5,0.66)") from None
     if not out:
@@ -177,7 +178,8 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
     import time
 
     from raycpt.jobs.sweep import run_sweep
-    from raycpt.report.sweep import rich_domain_general, rich_gains_table, rich_table, rich_trials_table, table_modes
+    from raycpt.report.sweep import (rich_domain_general, rich_gains_table, rich_table, rich_trials_table,
+                                     rich_verdict, table_modes)
 
     cfg = load(args)
     split_list = parse_floats(splits, "--splits")
@@ -192,7 +194,7 @@ def sweep(args: Optional[List[str]] = typer.Argument(None, help=ARGS_HELP),
             console.print(rich_table(task, rows, mode))
         if res.summary.get("split_gains", {}).get(task):
             console.print(rich_gains_table(task, res.summary["split_gains"][task]))
-    for item in rich_domain_general(res.summary.get("domain_general") or []):
+    for item in rich_domain_general(res.summary.get("domain_general") or []) + rich_verdict(res.summary):
         console.print(item)
     console.print(rich_trials_table(res.trials))
     if res.summary.get("recommended_split") is not None:

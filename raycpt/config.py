@@ -25,6 +25,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 
 from raycpt.errors import ConfigError, RaycptError, read_user_text
+from raycpt.splits import parse_ratio
 
 
 PLANS: dict[str, Any] = {}
@@ -68,9 +69,17 @@ class DataConfig:
     """Where packed-token stores live (shared storage on a cluster); None = ``<tracking.run_root>/packed``."""
     shuffle_window: int = 65536
     """Blocks permuted together after the per-epoch permutation of the shard files (see docs/train.md)."""
+    heldout_share: float = 0.0
+    """Share of the documents held out of training wherever they are in the corpus (a seeded hash of each
+    document's text: spread over the whole corpus, duplicates on one side); the held-out loss then uses an
+    evenly spaced sample of them. 0 = the held-out documents are those after ``max_documents`` (the tail)."""
+    heldout_seed: int = 0
+    """Seed of the held-out hash (``heldout_share``)."""
 
     def __post_init__(self):
         _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
+        _check(0.0 <= self.heldout_share < 0.5, "data.heldout_share", self.heldout_share,
+               "a share in [0, 0.5) (0 = the corpus tail after data.max_documents)")
         _check(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
         _check(self.shuffle_window >= 1, "data.shuffle_window", self.shuffle_window, "an integer >= 1")
 
@@ -127,7 +136,8 @@ class PlanConfig:
     name: str = "train_shallow"
     """Layer plan: a name of the ``@register_plan`` registry (see ``raycpt plan show``)."""
     split: float = 0.5
-    """Split ratio r for train_shallow / train_deep: shallow = layers [0, round(r*N))."""
+    """Split ratio r for train_shallow / train_deep: shallow = layers [0, b), b = floor(r*N + 1/2) (half up;
+    exact fractions such as 2/3 accepted)."""
     pattern: str = ""
     """``blocks``: a 0/1 pattern over equal contiguous blocks, e.g. ``01100``."""
     layers: list[int] = field(default_factory=list)
@@ -150,6 +160,10 @@ class PlanConfig:
     """Whether the final norm trains."""
     train_head: bool = False
     """Whether the LM head trains (with tied embeddings: the shared matrix)."""
+    full_non_layers: bool = True
+    """``full``: also train the embeddings, final norm and head (full-parameter training); false = only its
+    decoder layers, with the ``train_embeddings`` / ``train_final_norm`` / ``train_head`` of every other plan
+    (the sweep sets false with ``sweep.equal_footing``)."""
 
     def __post_init__(self):
         close = difflib.get_close_matches(self.name, list(PLANS), n=1)
@@ -339,12 +353,16 @@ class SweepConfig:
     """CPUs of a second bundle in each trial's placement group: the trial's evaluation threads use
     ``cpus_per_trial`` + these (the corpus is packed once before the trials, not in them)."""
     heldout_docs: int = 0
-    """Documents of ``data.corpus`` after the first ``data.max_documents`` (never trained on) on which
-    every trial's final model gets a held-out LM loss, shown next to its scores; 0 = off. Needs
-    ``data.max_documents``."""
+    """Held-out documents (never trained on) on which every trial's final model gets a held-out LM loss,
+    shown next to its scores; 0 = off. An evenly spaced sample of those ``data.heldout_share`` holds out
+    across the corpus, or (share 0) the documents after the first ``data.max_documents``."""
     trial_resources: dict[str, float] = field(default_factory=dict)
     """Extra Ray resources each trial's first bundle asks for, e.g. ``{trial_node: 1}`` puts trials
     only on nodes started with ``ray start --resources='{"trial_node": 8}'`` (see cluster/README.md)."""
+    equal_footing: bool = True
+    """The ``full`` baseline trains every decoder layer and treats the embeddings, final norm and head like
+    every other plan (``plan.train_*``, frozen by default), so a delta against full is the layer choice
+    alone; false = a full-parameter ``full`` (then the delta also holds training the embeddings and head)."""
     seeds: Optional[list[int]] = None
     """Run every trial once per seed (``train.seed`` of that run; trial ``<name>-s<seed>``); the summary shows
     the mean and a 95% t-interval over seeds. None = one run per trial at ``train.seed``."""
@@ -364,6 +382,26 @@ class SweepConfig:
         for name, over in self.recipes.items():
             _check(isinstance(over, dict) and all(isinstance(k, str) and "." in k for k in over),
                    f"sweep.recipes.{name}", over, "a mapping of dotted config keys to values, e.g. {plan.name: middle}")
+
+
+@dataclass
+class ReportConfig:
+    primary: str = "heldout_loss"
+    """The pre-declared primary comparison of the sweep summary: ``task/mode`` (Average column against
+    full, e.g. ``wordnet_mc/logit``) or ``heldout_loss``; every other comparison is secondary
+    (exploratory) and can be marked only after a primary one is. Empty = none (one Holm family). The
+    default is the held-out loss: on the short CPU sweep it is what moves (the benchmarks barely do)."""
+    adjust: Literal["holm", "bh"] = "holm"
+    """Multiplicity control over the sweep's comparisons: ``holm`` (family-wise error <= alpha over every
+    mark; the primary gates the secondaries) or ``bh`` (Benjamini-Hochberg: false-discovery rate <= alpha)."""
+    alpha: float = 0.05
+    """The error rate of ``adjust`` (family-wise for holm, false-discovery rate for bh)."""
+
+    def __post_init__(self):
+        _check(0 < self.alpha < 1, "report.alpha", self.alpha, "a rate strictly between 0 and 1, e.g. 0.05")
+        parts = self.primary.split("/") if self.primary else []
+        _check(not self.primary or self.primary == "heldout_loss" or (len(parts) == 2 and all(parts)),
+               "report.primary", self.primary, "'task/mode' (e.g. wordnet_mc/logit), 'heldout_loss', or ''")
 
 
 @dataclass
@@ -563,6 +601,8 @@ class ExperimentConfig:
     """Hybrid build spec (see ``raycpt hybrid``); None = not a hybrid experiment."""
     contribution: ContributionConfig = field(default_factory=ContributionConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    """How the sweep summary decides: the primary comparison and the multiplicity control."""
 
     def __post_init__(self):
         _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None
@@ -674,7 +714,7 @@ def _coerce_scalar(value: Any, tp, name: str):
         out = None
         if isinstance(value, (int, float, str)):
             try:
-                out = float(value)
+                out = parse_ratio(value) if isinstance(value, str) and "/" in value else float(value)
             except ValueError:
                 pass
             except OverflowError:  # an integer beyond float range

@@ -1,4 +1,9 @@
-"""THE split rule: ratio r of an N-layer model -> boundary b = round(r*N); shallow = layers [0, b), deep = [b, N).
+"""THE split rule: ratio r of an N-layer model -> boundary b = floor(r*N + 1/2) (half up, as 004's Table 9
+reads: 28 layers at 1/3, 1/2, 2/3 give 9, 14, 19); shallow = layers [0, b), deep = [b, N).
+
+The ratio is taken as the nearest fraction with a denominator up to 10^6 before rounding, so a decimal
+(0.35 -> 7/20) or a float of an exact fraction (2/3 = 0.666...) lands on its exact half where it has one
+instead of on a binary-float neighbour; :func:`parse_ratio` reads ``"2/3"`` as well as ``"0.66"``.
 
 One function checks it with one message, for the plan registry (``train_shallow`` / ``train_deep``), the
 trace's S(b) table and the sweep grid. A leaf module (errors only), so every layer can use it.
@@ -7,13 +12,38 @@ trace's S(b) table and the sweep grid. A leaf module (errors only), so every lay
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from raycpt.errors import RaycptError
 
+MAX_DENOMINATOR = 10 ** 6
 
-def split_index(ratio: float, num_layers: int) -> int:
-    """b = round(r * N): the shallow side is layers [0, b)."""
-    return int(round(float(ratio) * num_layers))
+
+def exact_ratio(ratio) -> Fraction:
+    """``ratio`` as a fraction: a Fraction or an int as is, a float as its nearest fraction with a
+    denominator up to 10^6 (0.1 -> 1/10, 0.6666666666666666 -> 2/3)."""
+    if isinstance(ratio, Fraction):
+        return ratio
+    return Fraction(ratio).limit_denominator(MAX_DENOMINATOR)
+
+
+def split_index(ratio, num_layers: int) -> int:
+    """b = floor(r * N + 1/2) (half up, not Python's half-to-even ``round``): the shallow side is layers [0, b)."""
+    return int(math.floor(exact_ratio(ratio) * num_layers + Fraction(1, 2)))
+
+
+def parse_ratio(text: str) -> float:
+    """``"0.66"`` -> 0.66, ``"2/3"`` -> 0.666... (an exact fraction, which :func:`split_index` recovers);
+    ValueError for anything else."""
+    s = str(text).strip()
+    if "/" in s:
+        num, _, den = s.partition("/")
+        try:
+            value = Fraction(int(num.strip()), int(den.strip()))
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"{text!r} is not a ratio") from None
+        return float(value)
+    return float(s)
 
 
 def check_split(r, num_layers: int, what: str = "split") -> int:
@@ -23,7 +53,7 @@ def check_split(r, num_layers: int, what: str = "split") -> int:
     b = split_index(r, num_layers)
     if b <= 0 or b >= num_layers:
         side = "shallow" if b <= 0 else "deep"
-        raise RaycptError(f"{what}={r:g} gives b = round({r:g}*{num_layers}) = {b}, which leaves the {side} side "
+        raise RaycptError(f"{what}={r:g} gives b = floor({r:g}*{num_layers} + 1/2) = {b}, which leaves the {side} side "
                           f"empty for this {num_layers}-layer model; use a split in "
                           f"({0.5 / num_layers:.3g}, {1 - 0.5 / num_layers:.3g})")
     return b
@@ -35,5 +65,5 @@ def check_ratio(r, what: str = "split") -> float:
         raise RaycptError(f"{what}={r!r} is not a number: expected a ratio strictly between 0 and 1, e.g. 0.5")
     if not 0 < r < 1 or math.isnan(r):
         raise RaycptError(f"{what}={r!r} is outside (0, 1): expected a ratio strictly between 0 and 1 "
-                          f"(shallow = layers [0, round(r*N)))")
+                          f"(shallow = layers [0, floor(r*N + 1/2)))")
     return float(r)

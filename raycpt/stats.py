@@ -1,26 +1,32 @@
-"""Uncertainty of the numbers raycpt reports: percentile bootstrap intervals and a t-interval over seeds.
+"""Uncertainty of the numbers raycpt reports, and the tests its verdict rests on.
 
-Pure numpy (scipy only for the t quantile), seeded with a ``numpy.random.Generator``, vectorised over
-resamples in chunks so memory stays bounded (a chunk holds at most ``CHUNK_ELEMS`` resampled values).
+Pure numpy (scipy for quantiles and the binomial), seeded with a ``numpy.random.Generator``, bootstraps
+vectorised over resamples in chunks so memory stays bounded (a chunk holds at most ``CHUNK_ELEMS`` values).
+Which method is calibrated where is shown by ``benchmarks/bench_calibration.py``.
 
-* :func:`paired_delta` - the difference of two means measured on the *same* units (two models on the
-  same questions, or on the same held-out blocks): the units are resampled with replacement, the same
-  indices for both models, and the mean difference is recomputed per resample (optionally weighted, e.g.
-  tokens per block). Percentile interval.
-* :func:`stratified_paired_delta` - the same for the unweighted mean over strata of the per-stratum
-  differences (the paper's Average column = the mean of the category accuracies): each stratum is
-  resampled within itself, so every resample keeps the category sizes, as the statistic assumes.
-* :func:`seed_interval` - the mean over seeds with a Student-t interval (see its docstring for why not
-  a bootstrap).
-* :func:`bootstrap` - the generic paired percentile bootstrap the others use; the boundary score S(b)
-  over prompts is :func:`raycpt.diagnostics.scores.boundary_score_interval` on top of it.
+* :func:`paired_accuracy_delta` - two models' 0/1 answers to the same questions: the exact McNemar
+  p-value (:func:`mcnemar_exact`, the binomial test on the discordant questions) and the
+  continuity-corrected Tango score interval (:func:`paired_score_bounds`; exact coverage >= 0.95 over
+  32-400 questions with few discordant pairs, where the percentile bootstrap falls to ~0.90).
+* :func:`ratio_delta_t` - a token-weighted mean difference of paired held-out blocks with a t-interval
+  and p-value over documents (clusters), or over blocks without document ids.
+* :func:`seed_question_interval` - several seeds: seed and question noise under a stated model;
+  :func:`seed_interval` - the t-interval over seeds alone.
+* :func:`holm`, :func:`benjamini_hochberg`, :func:`adjust` - multiplicity control (the graphical, gated
+  Holm of the sweep verdict is in :mod:`raycpt.report.verdict`).
+* :func:`bca_interval`, :func:`spearman_test` (exact permutation p, or "not testable" when even a perfect
+  agreement could not reach alpha), :func:`fieller_ratio` (a ratio's interval, bounded only when its
+  denominator is clearly non-zero), :func:`stratified_mcnemar_p`.
+* :func:`paired_delta`, :func:`stratified_paired_delta`, :func:`bootstrap` - percentile bootstraps (the
+  S(b) interval over prompts builds on :func:`bootstrap_replicates`); exploratory where their coverage is
+  not shown.
 
-Every interval is an :class:`Interval` (point, lo, hi, n, method); a difference counts as a change only
-when its interval excludes 0 (:meth:`Interval.sign`).
+Every interval is an :class:`Interval` (point, lo, hi, n, method, level, p).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator, Optional, Sequence
@@ -43,6 +49,7 @@ class Interval:
     n: int
     method: str
     level: float = LEVEL
+    p: Optional[float] = None  # the two-sided p-value of "no difference" when a test goes with the interval
 
     def sign(self) -> int:
         """+1 when the whole interval lies above 0, -1 when below, 0 when it contains 0 (or is undefined)."""
@@ -160,5 +167,330 @@ def seed_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
         return Interval(mean, math.nan, math.nan, 1, "t over seeds", level)
     from scipy.stats import t
 
-    half = float(t.ppf((1.0 + level) / 2.0, k - 1)) * float(v.std(ddof=1)) / math.sqrt(k)
-    return Interval(mean, mean - half, mean + half, k, "t over seeds", level)
+    se = float(v.std(ddof=1)) / math.sqrt(k)
+    half = float(t.ppf((1.0 + level) / 2.0, k - 1)) * se
+    p = (1.0 if mean == 0 else 0.0) if se == 0 else float(2 * t.sf(abs(mean) / se, k - 1))
+    return Interval(mean, mean - half, mean + half, k, "t over seeds", level, p)
+
+
+# ------------------------------------------------------------------------------ exact paired tests (0/1 outcomes)
+CC = 0.5  # continuity correction of the paired score interval (events); see paired_score_bounds
+Z975 = 1.959963984540054  # the 97.5% standard normal quantile (level 0.95)
+
+
+def _z(level: float) -> float:
+    from scipy.stats import norm
+
+    return Z975 if level == LEVEL else float(norm.ppf((1.0 + level) / 2.0))
+
+
+def discordant(a: Sequence[float], b: Sequence[float]) -> tuple[int, int, int]:
+    """(n10, n01, n) of two 0/1 outcome vectors on the same units: n10 = a right and b wrong, n01 = a wrong
+    and b right, n = units."""
+    x = np.asarray(a, dtype=bool)
+    y = np.asarray(b, dtype=bool)
+    if x.shape != y.shape:
+        raise ValueError("paired outcomes: a and b differ in length")
+    return int((x & ~y).sum()), int((~x & y).sum()), int(x.size)
+
+
+def mcnemar_exact(n10, n01):
+    """Two-sided exact McNemar p-value: the binomial test of n10 successes in n10 + n01 discordant pairs at
+    1/2 (``min(1, 2 P(X <= min(n10, n01)))``, X ~ Bin(n10 + n01, 1/2); 1 without a discordant pair).
+    Vectorised over arrays of counts."""
+    from scipy.stats import binom
+
+    b = np.asarray(n10)
+    c = np.asarray(n01)
+    m = b + c
+    p = np.minimum(1.0, 2.0 * binom.cdf(np.minimum(b, c), m, 0.5))
+    p = np.where(m == 0, 1.0, p)
+    return float(p) if p.ndim == 0 else p
+
+
+def _restricted_var(n10, n01, n, delta):
+    """n x Var of (n10 - n01)/n under Delta = delta at the restricted maximum-likelihood cell probabilities
+    (p10 = q + delta, p01 = q; q the positive root of 2n q^2 - B q - n01 delta (1 - delta) = 0)."""
+    bb = n10 * (1 - delta) + n01 * (1 - 3 * delta) - 2 * (n - n10 - n01) * delta
+    q = (bb + np.sqrt(np.maximum(bb * bb + 8 * n * n01 * delta * (1 - delta), 0.0))) / (4 * n)
+    q = np.clip(q, np.maximum(0.0, -delta), (1 - delta) / 2)
+    return np.maximum(2 * q + delta - delta * delta, 1e-300)
+
+
+def _score_z(n10, n01, n, delta, cc: float = 0.0):
+    """The score statistic of Delta = delta (|.| reduced by ``cc`` towards 0: a continuity correction)."""
+    dev = n10 - n01 - n * delta
+    dev = np.sign(dev) * np.maximum(np.abs(dev) - cc, 0.0)
+    return dev / np.sqrt(n * _restricted_var(n10, n01, n, delta))
+
+
+def paired_score_bounds(n10, n01, n, level: float = LEVEL, cc: float = CC, iters: int = 60):
+    """Tango's (1998) asymptotic score interval for Delta = p10 - p01 of paired proportions: the deltas whose
+    score statistic (variance at the restricted MLE) stays within the normal quantile. Vectorised over count
+    arrays; bisection on each side of the point (the statistic is monotone in delta). Returns (lo, hi)."""
+    b = np.asarray(n10, dtype=np.float64)
+    c = np.asarray(n01, dtype=np.float64)
+    nn = np.asarray(n, dtype=np.float64) * np.ones_like(b)
+    z = _z(level)
+    point = (b - c) / nn
+    out = []
+    for side in (-1, 1):
+        inner, outer = point.copy(), np.full_like(point, float(side))
+        for _ in range(iters):
+            mid = 0.5 * (inner + outer)
+            beyond = np.abs(_score_z(b, c, nn, mid, cc)) > z
+            outer = np.where(beyond, mid, outer)
+            inner = np.where(beyond, inner, mid)
+        out.append(np.clip(0.5 * (inner + outer), -1.0, 1.0))
+    lo, hi = np.minimum(out[0], point), np.maximum(out[1], point)
+    return (float(lo), float(hi)) if lo.ndim == 0 else (lo, hi)
+
+
+def paired_accuracy_delta(a: Sequence[float], b: Sequence[float], level: float = LEVEL,
+                          scale: float = 1.0) -> Interval:
+    """``scale * (mean(a) - mean(b))`` of two 0/1 outcome vectors on the same questions with the
+    continuity-corrected score interval (:func:`paired_score_bounds`) and the exact McNemar p-value
+    (:func:`mcnemar_exact`). Its coverage at few discordant pairs is shown exactly by
+    ``benchmarks/bench_calibration.py`` (minimum over 32-400 questions and 0.5-20 expected discordant pairs)."""
+    n10, n01, n = discordant(a, b)
+    if n == 0:
+        raise ValueError("paired accuracy of nothing: no questions")
+    lo, hi, p = _paired_cached(n10, n01, n, level)
+    return Interval(scale * (n10 - n01) / n, scale * lo, scale * hi, n, "exact McNemar + score interval", level, p)
+
+
+@functools.lru_cache(maxsize=65536)
+def _paired_cached(n10: int, n01: int, n: int, level: float) -> tuple[float, float, float]:
+    """Bounds and p of (n10, n01, n): a sweep asks for the same counts many times (categories, modes)."""
+    lo, hi = paired_score_bounds(n10, n01, n, level)
+    return lo, hi, mcnemar_exact(n10, n01)
+
+
+# ------------------------------------------------------------------------------ multiplicity control
+def holm(pvalues: Sequence[Optional[float]]) -> list[Optional[float]]:
+    """Holm's step-down adjusted p-values (family-wise error control): sort the m p-values, multiply the
+    j-th smallest by (m - j + 1), take the running maximum, cap at 1. None entries stay None and do not
+    count in m."""
+    idx = [i for i, p in enumerate(pvalues) if p is not None]
+    m = len(idx)
+    out: list[Optional[float]] = [None] * len(pvalues)
+    run = 0.0
+    for j, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        run = max(run, min(1.0, (m - j) * float(pvalues[i])))
+        out[i] = run
+    return out
+
+
+def benjamini_hochberg(pvalues: Sequence[Optional[float]]) -> list[Optional[float]]:
+    """Benjamini-Hochberg adjusted p-values (false-discovery-rate control under independence or positive
+    dependence): the j-th smallest times m / j, the running minimum from the largest down, capped at 1."""
+    idx = [i for i, p in enumerate(pvalues) if p is not None]
+    m = len(idx)
+    out: list[Optional[float]] = [None] * len(pvalues)
+    run = 1.0
+    order = sorted(idx, key=lambda i: pvalues[i])
+    for j in range(m - 1, -1, -1):
+        i = order[j]
+        run = min(run, float(pvalues[i]) * m / (j + 1))
+        out[i] = run
+    return out
+
+
+ADJUST = {"holm": holm, "bh": benjamini_hochberg}
+
+
+def adjust(pvalues: Sequence[Optional[float]], method: str = "holm") -> list[Optional[float]]:
+    """Adjusted p-values by ``method`` (``holm``: family-wise error; ``bh``: false discovery rate)."""
+    if method not in ADJUST:
+        raise ValueError(f"adjust method {method!r}: one of {', '.join(ADJUST)}")
+    return ADJUST[method](pvalues)
+
+
+# ------------------------------------------------------------------------------ clustered and two-level intervals
+def cluster_paired_delta(a: Sequence[float], b: Sequence[float], clusters: Sequence, weights=None,
+                         resamples: int = DEFAULT_RESAMPLES, seed=0, level: float = LEVEL,
+                         scale: float = 1.0) -> Interval:
+    """The weighted mean difference of paired units (held-out blocks) with a percentile bootstrap that
+    resamples whole clusters (documents): blocks of one document share its difficulty, so resampling
+    blocks alone treats correlated units as independent and under-covers. Ratio of resampled sums."""
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64)
+    g = np.asarray(list(clusters))
+    if not (len(x) == len(y) == len(w) == len(g)) or len(x) == 0:
+        raise ValueError("cluster bootstrap: a, b, weights and clusters must be non-empty and of equal length")
+    _, inv = np.unique(g, return_inverse=True)
+    k = int(inv.max()) + 1
+    sd = np.bincount(inv, weights=w * (x - y), minlength=k)
+    sw = np.bincount(inv, weights=w, minlength=k)
+    point = scale * float(sd.sum() / sw.sum())
+    reps = np.concatenate([scale * sd[idx].sum(1) / sw[idx].sum(1) for idx in resample_indices(k, resamples,
+                                                                                                generator(seed))])
+    lo, hi = percentile_interval(reps, level)
+    return Interval(point, min(lo, point), max(hi, point), k, "bootstrap over documents", level)
+
+
+def seed_question_interval(per_seed: Sequence[float], per_unit_diffs: Sequence[Sequence[float]],
+                           level: float = LEVEL) -> Interval:
+    """The mean over k seeds of a paired difference with an interval for seed *and* question noise.
+
+    Stated model: d_s = Delta + e_s + u, with e_s the seed (training) noise, independent across seeds, and u
+    the question-sampling error, common to every seed because all seeds answer the same questions. So
+    Var(mean d) = s_seed^2 / k + Var(mean of D_i) with D_i the per-question difference averaged over seeds
+    (its variance estimated as var(D_i) / n; it also holds the seed noise once more: conservative).
+    Welch-Satterthwaite degrees of freedom; ``per_unit_diffs`` is (k, n)."""
+    from scipy.stats import t
+
+    d = np.asarray(per_seed, dtype=np.float64)
+    u = np.asarray(per_unit_diffs, dtype=np.float64)
+    k, n = u.shape
+    mean = float(d.mean())
+    v_seed = float(d.var(ddof=1)) / k if k > 1 else 0.0
+    big_d = u.mean(axis=0)
+    v_q = float(big_d.var(ddof=1)) / n if n > 1 else 0.0
+    se2 = v_seed + v_q
+    if se2 <= 0:
+        return Interval(mean, mean, mean, k, "seeds x questions", level, 1.0 if mean == 0 else 0.0)
+    terms = (v_seed ** 2 / (k - 1) if k > 1 else 0.0) + (v_q ** 2 / (n - 1) if n > 1 else 0.0)
+    df = se2 ** 2 / terms if terms > 0 else 1e6
+    half = float(t.ppf((1.0 + level) / 2.0, df)) * math.sqrt(se2)
+    return Interval(mean, mean - half, mean + half, k, "seeds x questions", level,
+                    float(2 * t.sf(abs(mean) / math.sqrt(se2), df)))
+
+
+# ------------------------------------------------------------------------------ BCa and rank correlation
+def bca_interval(point: float, replicates: np.ndarray, jackknife: np.ndarray, level: float = LEVEL
+                 ) -> tuple[float, float]:
+    """Efron's bias-corrected and accelerated interval from bootstrap ``replicates`` and leave-one-out
+    ``jackknife`` values of the statistic; widened to hold ``point`` (BCa's bias correction can move both
+    ends to one side of it on skewed data; the point is then the nearer end)."""
+    from scipy.stats import norm
+
+    r = np.asarray(replicates, dtype=np.float64)
+    r = r[~np.isnan(r)]
+    if r.size == 0:
+        return math.nan, math.nan
+    below = (np.sum(r < point) + 0.5 * np.sum(r == point)) / r.size
+    z0 = float(norm.ppf(np.clip(below, 1.0 / (r.size + 1), r.size / (r.size + 1))))
+    j = np.asarray(jackknife, dtype=np.float64)
+    dj = j.mean() - j
+    den = 6.0 * float(np.sum(dj ** 2)) ** 1.5
+    acc = float(np.sum(dj ** 3)) / den if den > 0 else 0.0
+    ends = []
+    for q in ((1.0 - level) / 2.0, (1.0 + level) / 2.0):
+        zq = norm.ppf(q)
+        ends.append(float(norm.cdf(z0 + (z0 + zq) / (1.0 - acc * (z0 + zq)))))
+    lo, hi = np.quantile(r, ends)
+    return float(min(lo, point)), float(max(hi, point))
+
+
+def spearman_test(x: Sequence[float], y: Sequence[float], alpha: float = 0.05, max_exact: int = 8,
+                  resamples: int = 20000, seed=0) -> dict:
+    """Spearman's rho of x and y with a two-sided permutation p-value: exact over all n! orderings of y
+    when n <= ``max_exact``, Monte Carlo otherwise. ``testable`` is False when even a perfect rank agreement
+    could not reach ``alpha`` (n = 3: the smallest two-sided p is 1/3); then ``p`` is None."""
+    import itertools
+
+    from scipy.stats import rankdata
+
+    rx, ry = rankdata(x), rankdata(y)
+    n = len(rx)
+    out = {"n": n, "rho": None, "p": None, "testable": False, "method": "exact permutation"}
+    if n < 3 or np.ptp(rx) == 0 or np.ptp(ry) == 0:
+        return out
+    rho = float(np.corrcoef(rx, ry)[0, 1])
+    if n <= max_exact:
+        perms = np.array(list(itertools.permutations(ry)))
+    else:
+        rng = generator(seed)
+        perms = np.array([rng.permutation(ry) for _ in range(resamples)])
+        out["method"] = "permutation (Monte Carlo)"
+    cx = rx - rx.mean()
+    rhos = (perms - perms.mean(1, keepdims=True)) @ cx / (np.sqrt((cx ** 2).sum()) *
+                                                          np.sqrt(((perms - perms.mean(1, keepdims=True)) ** 2).sum(1)))
+    smallest = float(np.mean(np.abs(rhos) >= np.max(np.abs(rhos)) - 1e-12))
+    out.update(rho=rho, testable=smallest <= alpha)
+    if out["testable"]:
+        out["p"] = float(np.mean(np.abs(rhos) >= abs(rho) - 1e-12))
+    return out
+
+
+def ratio_delta_t(a: Sequence[float], b: Sequence[float], clusters: Optional[Sequence] = None, weights=None,
+                  level: float = LEVEL, scale: float = 1.0) -> Interval:
+    """The weighted mean difference of paired units (held-out block losses, token-weighted) with a t-interval
+    and p-value over *clusters* (documents; each unit its own cluster without them): the ratio estimator
+    R = sum_j D_j / sum_j W_j over the clusters' sums, its linearised variance
+    sum_j (D_j - R W_j)^2 / (k (k - 1) mean(W)^2), k - 1 degrees of freedom. Blocks of one document share
+    its difficulty; treating them as independent under-covers (``bench_calibration.py`` shows both)."""
+    from scipy.stats import t
+
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64)
+    g = np.arange(len(x)) if clusters is None else np.asarray(list(clusters))
+    if not (len(x) == len(y) == len(w) == len(g)) or len(x) == 0:
+        raise ValueError("ratio t: a, b, weights and clusters must be non-empty and of equal length")
+    _, inv = np.unique(g, return_inverse=True)
+    k = int(inv.max()) + 1
+    dj = np.bincount(inv, weights=w * (x - y), minlength=k)
+    wj = np.bincount(inv, weights=w, minlength=k)
+    r = float(dj.sum() / wj.sum())
+    what = "t over blocks" if clusters is None else "t over documents"
+    if k < 2:
+        return Interval(scale * r, math.nan, math.nan, k, what, level)
+    se = math.sqrt(float(np.sum((dj - r * wj) ** 2)) / (k * (k - 1))) / float(wj.mean())
+    if se == 0:
+        return Interval(scale * r, scale * r, scale * r, k, what, level, 1.0 if r == 0 else 0.0)
+    q = float(t.ppf((1.0 + level) / 2.0, k - 1))
+    p = float(2 * t.sf(abs(r) / se, k - 1))
+    return Interval(scale * r, scale * (r - q * se), scale * (r + q * se), k, what, level, p)
+
+
+
+def stratified_mcnemar_p(a: Sequence[float], b: Sequence[float], strata: Sequence) -> float:
+    """Two-sided p-value of "the mean over strata of the paired accuracy differences is 0": the z-statistic
+    of mean_k (n10_k - n01_k) / n_k with its null variance sum_k (n10_k + n01_k) / n_k^2 / K^2 (McNemar's,
+    stratum by stratum; normal approximation). 1 without a discordant pair."""
+    from scipy.stats import norm
+
+    x = np.asarray(a, dtype=bool)
+    y = np.asarray(b, dtype=bool)
+    s = np.asarray(list(strata), dtype=object)
+    num, var = 0.0, 0.0
+    groups = list(dict.fromkeys(s.tolist()))
+    for g in groups:
+        sel = s == g
+        n10, n01, n = discordant(x[sel], y[sel])
+        num += (n10 - n01) / n
+        var += (n10 + n01) / n ** 2
+    if var == 0:
+        return 1.0
+    return float(2 * norm.sf(abs(num) / math.sqrt(var)))
+
+
+def fieller_ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> tuple[float, float, bool]:
+    """Fieller's interval for mean(a) / mean(b) of paired units (e.g. per question: layer-l model minus base,
+    full model minus base): the thetas with (mean a - theta mean b)^2 <= t^2 var(mean a - theta mean b).
+    Bounded (third value True) only when mean(b) differs from 0 at ``level`` - the guard a ratio needs:
+    with a denominator indistinguishable from 0 (or of the other sign) the ratio's sign means nothing.
+    Returns (lo, hi, bounded); (nan, nan, False) when unbounded."""
+    from scipy.stats import t
+
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    n = len(x)
+    if n < 3 or len(y) != n:
+        return math.nan, math.nan, False
+    ma, mb = x.mean(), y.mean()
+    c = np.cov(x, y, ddof=1) / n
+    q = float(t.ppf((1.0 + level) / 2.0, n - 1)) ** 2
+    qa = mb * mb - q * c[1, 1]
+    if qa <= 0:
+        return math.nan, math.nan, False
+    qb = -2 * (ma * mb - q * c[0, 1])
+    qc = ma * ma - q * c[0, 0]
+    disc = qb * qb - 4 * qa * qc
+    if disc < 0:
+        return math.nan, math.nan, False
+    r = math.sqrt(disc)
+    return float((-qb - r) / (2 * qa)), float((-qb + r) / (2 * qa)), True

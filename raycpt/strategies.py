@@ -11,7 +11,7 @@ per-layer LR scales, three flags and human-readable notes). Three functions appl
 * :func:`plan_table` - the rows ``raycpt plan show`` prints (layer map, trainable/frozen counts).
 
 Layer indexing: decoder layers are 0..N-1; ``split r`` puts layers [0, b) in the shallow side with
-``b = round(r * N)`` (Python's round: halves go to the even integer, e.g. round(0.5 * 5) = 2).
+``b = floor(r * N + 1/2)`` (half up, :func:`raycpt.splits.split_index`: 0.5 * 5 -> 3; 2/3 of 28 -> 19).
 Module paths always come from :class:`~raycpt.models.stack.LayerStack`.
 
 Plans (papers: ``seeds/004`` train_shallow / train_deep; ``seeds/002`` Mid-Block patterns;
@@ -152,6 +152,9 @@ def _check_layer(i: Any, n: int, what: str) -> int:
 
 @register_plan("full")
 def _full(pcfg, n: int) -> PlanSpec:
+    if not getattr(pcfg, "full_non_layers", True):  # equal footing: the non-layer flags of every other plan
+        return PlanSpec(range(n), notes=["full (equal footing): every decoder layer; embeddings, final norm and "
+                                         "head as plan.train_* say, like every other plan"])
     return PlanSpec(range(n), train_embeddings=True, train_final_norm=True, train_head=True,
                     notes=["full: every parameter trains (embeddings, final norm and head included)"])
 
@@ -297,8 +300,8 @@ def _part_flags(plan: LayerPlan) -> Callable[[str], bool]:
             return plan.train_final_norm
         if part == "head":
             return plan.train_head
-        if part == "other":
-            return plan.name == "full"
+        if part == "other":  # rare non-layer parameters: only a full-parameter full (not the equal-footing one)
+            return plan.name == "full" and plan.train_embeddings and plan.train_head and plan.train_final_norm
         return part in keep
 
     return trains

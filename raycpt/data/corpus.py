@@ -24,6 +24,7 @@ documents is the order of the sources, files (sorted glob), and lines - the same
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
 import gzip
 import json
@@ -70,6 +71,34 @@ def pack_token_lists(token_lists: Iterable[Sequence[int]], seq_len: int, eos_id:
     flat = np.concatenate(parts)
     n = len(flat) // seq_len
     return flat[: n * seq_len].reshape(n, seq_len).astype(np.int32)
+
+
+def spread_sample(total: int, num: int, seed: int = 0) -> np.ndarray:
+    """``num`` document indices out of ``total``, seeded and spread over the whole corpus: one uniform draw
+    inside each of ``num`` equal strata of the index range (a corpus ordered noun -> verb -> adjective ->
+    adverb then gives every part of it in proportion, where its tail gives only adverbs). Sorted."""
+    num = min(int(num), int(total))
+    if num <= 0:
+        return np.zeros(0, dtype=np.int64)
+    edges = np.linspace(0, total, num + 1)
+    rng = np.random.default_rng(seed)
+    lo, hi = np.ceil(edges[:-1]).astype(np.int64), np.maximum(np.ceil(edges[1:]).astype(np.int64), 1)
+    return np.minimum(lo + (rng.random(num) * (hi - lo)).astype(np.int64), total - 1)
+
+
+def block_documents(token_lists: Sequence[Sequence[int]], seq_len: int, doc_ids: Optional[Sequence] = None
+                    ) -> list:
+    """For the blocks :func:`pack_token_lists` cuts from these documents, the document each block belongs to
+    (the one contributing most of its tokens, EOS counted with its document): the clusters of a
+    document-clustered interval (:func:`raycpt.stats.ratio_delta_t`)."""
+    ids = list(range(len(token_lists))) if doc_ids is None else list(doc_ids)
+    owner = np.repeat(np.arange(len(token_lists)), [len(t) + 1 for t in token_lists])
+    n = len(owner) // seq_len
+    out = []
+    for k in range(n):
+        counts = np.bincount(owner[k * seq_len:(k + 1) * seq_len])
+        out.append(ids[int(np.argmax(counts))])
+    return out
 
 
 def eos_id_of(tokenizer) -> int:
@@ -425,22 +454,65 @@ def iter_documents(sources: Sequence[str], text_field: str = "text", max_documen
             yield doc
 
 
+def is_heldout(text: str, share: float, seed: int = 0) -> bool:
+    """Whether a document belongs to the held-out set: a seeded 64-bit hash of its text below ``share``.
+    Decided by the text alone, so every packing worker agrees without a global document index, the set
+    is spread over the whole corpus, and duplicates of a held-out document are held out too."""
+    h = hashlib.blake2b(f"{int(seed)}\0{text}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(h, "big") < share * 2.0 ** 64
+
+
+def heldout_documents(data_cfg, num_docs: int, setting: str = "held-out loss") -> list[str]:
+    """The held-out documents: with ``data.heldout_share`` > 0, ``num_docs`` evenly spaced ones among those
+    the hash holds out of training (read over the first ``data.max_documents``, the training range, or the
+    whole corpus); otherwise the ``num_docs`` after the first ``data.max_documents`` (the corpus tail)."""
+    share = float(getattr(data_cfg, "heldout_share", 0.0) or 0.0)
+    if share <= 0:
+        start = int(data_cfg.max_documents or 0)
+        docs = list(iter_documents(data_cfg.corpus, data_cfg.text_field, max_documents=start + num_docs))[start:]
+        if not docs:
+            raise RaycptError(f"{setting}: data.corpus has no documents after the first {start} "
+                              "(data.max_documents); lower data.max_documents")
+        return docs
+    seed = int(getattr(data_cfg, "heldout_seed", 0))
+    cands = [d for d in iter_documents(data_cfg.corpus, data_cfg.text_field, data_cfg.max_documents)
+             if is_heldout(d, share, seed)]
+    if len(cands) < num_docs:
+        raise RaycptError(f"{setting}: data.heldout_share={share:g} holds out {len(cands)} documents, fewer than "
+                          f"the {num_docs} asked for; raise data.heldout_share")
+    pick = np.unique(np.round(np.linspace(0, len(cands) - 1, num_docs)).astype(np.int64))
+    return [cands[i] for i in pick]
+
+
+class HeldoutBlocks(list):
+    """The held-out token blocks (a plain list of lists, as JSON writes it) with ``documents``: the index of
+    each block's document among the held-out documents, the clusters of the held-out loss's interval."""
+
+    documents: list
+
+
 def heldout_blocks(data_cfg, tokenizer_path: str, num_docs: int, setting: str = "held-out loss",
-                   raise_key: str = "the held-out document count") -> list[list[int]]:
-    """``num_docs`` documents of ``data.corpus`` that follow the first ``data.max_documents`` (which the
-    packed store holds, so these are never trained on), packed into ``data.seq_len`` blocks the way the
-    training data is. Raises RaycptError (naming ``setting``) when there are none or too few tokens."""
+                   raise_key: str = "the held-out document count") -> HeldoutBlocks:
+    """The held-out documents (:func:`heldout_documents`: never trained on) packed into ``data.seq_len``
+    blocks the way the training data is, with the document of each block (``.documents``). Raises
+    RaycptError (naming ``setting``) when there are none or too few tokens."""
+    blocks, docs = heldout_blocks_and_documents(data_cfg, tokenizer_path, num_docs, setting, raise_key)
+    out = HeldoutBlocks(blocks)
+    out.documents = docs
+    return out
+
+
+def heldout_blocks_and_documents(data_cfg, tokenizer_path: str, num_docs: int, setting: str = "held-out loss",
+                                 raise_key: str = "the held-out document count") -> tuple[list[list[int]], list]:
+    """:func:`heldout_blocks` and, per block, the index of its document among the held-out documents (the
+    clusters of the held-out loss's interval, :func:`block_documents`)."""
     from transformers import AutoTokenizer
 
-    start = int(data_cfg.max_documents or 0)
-    docs = list(iter_documents(data_cfg.corpus, data_cfg.text_field, max_documents=start + num_docs))[start:]
-    if not docs:
-        raise RaycptError(f"{setting}: data.corpus has no documents after the first {start} (data.max_documents); "
-                          "lower data.max_documents")
+    docs = heldout_documents(data_cfg, num_docs, setting)
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     ids = tok(docs, add_special_tokens=False)["input_ids"]
     blocks = pack_token_lists(ids, data_cfg.seq_len, eos_id_of(tok))
     if len(blocks) == 0:
         raise RaycptError(f"{setting}: {len(docs)} held-out documents give no full block of "
                           f"data.seq_len={data_cfg.seq_len} tokens; raise {raise_key}")
-    return [list(map(int, b)) for b in blocks]
+    return [list(map(int, b)) for b in blocks], block_documents(ids, data_cfg.seq_len)

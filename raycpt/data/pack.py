@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from raycpt.data.corpus import check_corpus, chunk_documents
+from raycpt.data.corpus import check_corpus, chunk_documents, is_heldout
 from raycpt.data.store import (FORMAT_VERSION, MANIFEST, StoreInfo, build_lock, changed_files, fingerprints,
                                log_build, read_store, store_key, store_root, tokenizer_hash)
 from raycpt.errors import RaycptError
@@ -68,13 +68,15 @@ def shard_name(index: int) -> str:
 
 
 def pack_chunk(chunk: dict, tokenizer_file: str, seq_len: int, eos_id: int, dtype: str, out_dir: str,
-               doc_limit: Optional[int] = None) -> dict:
+               doc_limit: Optional[int] = None, heldout_share: float = 0.0, heldout_seed: int = 0) -> dict:
     """Tokenise and pack one chunk into ``out_dir/<shard_name>``; return its record. ``tokenizer_file``
-    is the serialised backend (:data:`TOKENIZER_FILE`, written by the driver)."""
+    is the serialised backend (:data:`TOKENIZER_FILE`, written by the driver). Documents the held-out hash
+    selects (:func:`raycpt.data.corpus.is_heldout`, ``heldout_share`` > 0) count towards ``doc_limit`` but
+    are left out of the store."""
     backend = _backend(tokenizer_file)
     parts: list[np.ndarray] = []  # int32 per encode batch: 4 bytes a token, not a Python int each
     batch: list[str] = []
-    docs = 0
+    docs = read = 0
 
     def flush():
         flat: list[int] = []
@@ -85,8 +87,11 @@ def pack_chunk(chunk: dict, tokenizer_file: str, seq_len: int, eos_id: int, dtyp
         batch.clear()
 
     for doc in chunk_documents(chunk):
-        if doc_limit is not None and docs >= doc_limit:
+        if doc_limit is not None and read >= doc_limit:
             break
+        read += 1
+        if heldout_share > 0 and is_heldout(doc, heldout_share, heldout_seed):
+            continue
         batch.append(doc)
         docs += 1
         if len(batch) >= ENCODE_DOCS:
@@ -257,6 +262,8 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
         (tmp / TOKENIZER_FILE).write_text(tok.backend_tokenizer.to_str(), encoding="utf-8")
         kwargs = {"tokenizer_file": str(tmp / TOKENIZER_FILE), "seq_len": int(data_cfg.seq_len), "eos_id": eos,
                   "dtype": dtype, "out_dir": str(tmp)}
+        if getattr(data_cfg, "heldout_share", 0.0):
+            kwargs.update(heldout_share=float(data_cfg.heldout_share), heldout_seed=int(data_cfg.heldout_seed))
         update, close = _progress(len(chunks), progress)
         try:
             shards = run_chunks("pack", chunks, kwargs, limits, on_done=update)

@@ -77,6 +77,9 @@ def store_key(data_cfg, tok_hash: str) -> str:
     ident = {"format": FORMAT_VERSION, "chunking": MAX_CHUNK_BYTES, "sources": [_source_id(s) for s in data_cfg.corpus],
              "tokenizer": tok_hash, "seq_len": int(data_cfg.seq_len), "text_field": data_cfg.text_field,
              "max_documents": data_cfg.max_documents}
+    share = float(getattr(data_cfg, "heldout_share", 0.0) or 0.0)
+    if share > 0:  # documents held out of this store (old stores, without any, keep their key)
+        ident["heldout"] = [share, int(getattr(data_cfg, "heldout_seed", 0))]
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -214,7 +214,39 @@ def analyze_scan(base: Mapping[str, Any], full: Mapping[str, Any], singles: Mapp
                            if full.get("answers") else float("nan"),
                            base_acc=100 * accuracy({q: a["pred"] for q, a in base["answers"].items()}, gold),
                            num_questions=len(gold))
+    out.update(contribution_intervals(base, full, singles))
     if against:
         rho, p = spearman(contrib, against)
         out["spearman"] = dict(rho=rho, p_value=p, layers=len(set(contrib) & set(against)))
+    return out
+
+
+def contribution_intervals(base: Mapping[str, Any], full: Mapping[str, Any], singles: Mapping[int, Mapping[str, Any]],
+                           level: float = 0.95) -> dict:
+    """Fieller intervals of each layer's contribution (per-question 0/1 answers: layer-l model minus base
+    over full minus base), with the guard a ratio needs: when full training's own gain over the base is
+    not distinguishable from 0, or negative, the ratios (and their signs) mean nothing and no interval is
+    given - ``contribution_guard`` says why. {} without per-question answers."""
+    from raycpt.stats import fieller_ratio, paired_accuracy_delta
+
+    if not base.get("answers") or not full.get("answers"):
+        return {}
+    qs = [q for q in base["answers"] if q in full["answers"]]
+    x0 = np.array([base["answers"][q]["correct"] for q in qs], dtype=float)
+    xf = np.array([full["answers"][q]["correct"] for q in qs], dtype=float)
+    gain = paired_accuracy_delta(xf, x0, level, scale=100.0)
+    out: dict = {"full_gain": {"delta": gain.point, "lo": gain.lo, "hi": gain.hi, "p": gain.p}}
+    if gain.lo <= 0:
+        out["contribution_guard"] = (f"full training's gain over the base is {gain.point:+.2f} points "
+                                     f"[{gain.lo:+.2f}, {gain.hi:+.2f}] (exact McNemar p = {gain.p:.3g}): not above "
+                                     "0, so the contribution ratios and their signs are not interpretable")
+        return out
+    cis = {}
+    for l, r in singles.items():
+        ans = r.get("answers") or {}
+        if all(q in ans for q in qs):
+            xl = np.array([ans[q]["correct"] for q in qs], dtype=float)
+            lo, hi, ok = fieller_ratio(xl - x0, xf - x0, level)
+            cis[int(l)] = [lo, hi] if ok else [None, None]
+    out["contribution_ci"] = cis
     return out

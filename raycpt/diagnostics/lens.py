@@ -26,13 +26,14 @@ def final_logits(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor) -> t
 
 
 def target_probs(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor, target: torch.Tensor,
-                 chunk_rows: int | None = None) -> torch.Tensor:
+                 chunk_rows: int | None = None, top_k: int = 0):
     """P_t for every state: (batch, len(hidden)) float64, ``[b, j] = softmax(lens(hidden[j][b, last]))[target[b]]``
     (softmax taken in float64 over the model's logits).
 
     The head runs only on the traced position, several states per call (``chunk_rows`` rows at a
     time bounds the (rows, vocab) logits buffer; None = about 16M logits per call, e.g. 325 rows for
-    SmolLM2's 49k vocabulary, 64 for Gemma 3's 262k).
+    SmolLM2's 49k vocabulary, 64 for Gemma 3's 262k). With ``top_k`` > 0 also P_t under each layer's
+    own top-k (returned second).
     """
     states = torch.stack([gather_last(h, last) for h in hidden], dim=1)  # (batch, L, d)
     b, n_states, d = states.shape
@@ -42,7 +43,15 @@ def target_probs(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor, targ
         vocab = getattr(stack.head, "out_features", None) or getattr(stack.config, "vocab_size", 65536)
         chunk_rows = max(1, (1 << 24) // int(vocab))
     out = torch.empty(b * n_states, dtype=torch.float64, device=flat.device)
+    out_k = torch.empty_like(out) if top_k > 0 else None
     for s in range(0, flat.shape[0], chunk_rows):
-        logp = torch.log_softmax(stack.lens(flat[s:s + chunk_rows]).double(), dim=-1)
+        logits = stack.lens(flat[s:s + chunk_rows])
+        logp = torch.log_softmax(logits.double(), dim=-1)
         out[s:s + chunk_rows] = logp.gather(1, tgt[s:s + chunk_rows, None])[:, 0].exp()
+        if out_k is not None:  # 004 §4.1: each layer's own top-k (raycpt.diagnostics.scores.topk_target_prob)
+            from raycpt.diagnostics.scores import topk_target_prob
+
+            out_k[s:s + chunk_rows] = topk_target_prob(logits, tgt[s:s + chunk_rows], top_k)
+    if out_k is not None:
+        return out.reshape(b, n_states), out_k.reshape(b, n_states)
     return out.reshape(b, n_states)

@@ -9,8 +9,8 @@ Per prompt, per decoder layer i = 0..N-1 (the paper's l = i + 1):
 * ``dJS(i) = |JS(i) - JS(i-1)| / (JS(i-1) + eps)`` (eq. 6).
 
 Profiles: TP(i) = mean Ratio(i), LS(i) = mean dJS(i) over prompts (overall or per group), each
-min-max normalised over layers. Split r -> b = round(r * N) (Python's ``round``, the same rule as
-the layer plans): shallow = layers [0, b), deep = [b, N). Boundary score (eq. 7)::
+min-max normalised over layers. Split r -> b = floor(r * N + 1/2) (half up, the same rule as
+the layer plans, :mod:`raycpt.splits`): shallow = layers [0, b), deep = [b, N). Boundary score (eq. 7)::
 
     S(b) = mean LS^[0:b) + mean TP^[b:N) - mean TP^[0:b) - mean LS^[b:N)
 
@@ -28,7 +28,7 @@ import torch
 
 from raycpt.errors import RaycptError
 from raycpt.splits import check_split, split_index
-from raycpt.stats import DEFAULT_RESAMPLES, LEVEL, Interval, bootstrap_replicates, percentile_interval
+from raycpt.stats import DEFAULT_RESAMPLES, LEVEL, Interval, bca_interval, bootstrap_replicates, percentile_interval
 
 EPS = 1e-6
 
@@ -77,6 +77,29 @@ def topk_js(p_logits: torch.Tensor, q_logits: torch.Tensor, top_k: int = 10,
     p = torch.softmax(p_logits.double(), dim=-1)
     q = torch.softmax(q_logits.double(), dim=-1)
     return js_divergence(p, q)
+
+
+def topk_target_prob(logits: torch.Tensor, target: torch.Tensor, top_k: int) -> torch.Tensor:
+    """P_t under 004 §4.1's per-layer reading: each layer's distribution keeps only *its own* top-k
+    tokens (renormalised over them); P_t is t*'s share there, 0 when t* is not among them. (rows, V)
+    logits, (rows,) targets -> (rows,) float64. Over the full softmax P_t is never exactly 0, so
+    Ratio(l) > 0 at every layer and the Task-Particle interval is every layer; under this reading a
+    layer whose top-k lacks t* on both sides of it has Ratio = 0."""
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    top, idx = torch.topk(lp, min(top_k, lp.shape[-1]), dim=-1)
+    tgt = target.to(idx.device)[:, None]
+    hit = (idx == tgt).any(-1)
+    lt = lp.gather(-1, tgt)[:, 0]
+    return torch.where(hit, torch.exp(lt - torch.logsumexp(top, dim=-1)), torch.zeros_like(lt))
+
+
+def mass_outside(p_logits: torch.Tensor, q_logits: torch.Tensor, idx: Optional[torch.Tensor]) -> torch.Tensor:
+    """The probability mass of Q *outside* P's top-k support (``idx``; 0 for the full vocabulary): what
+    JS@k cannot see, because it renormalises both distributions over that support. (batch,) float64."""
+    if idx is None:
+        return torch.zeros(q_logits.shape[0], dtype=torch.float64)
+    q = torch.softmax(q_logits.double(), dim=-1)
+    return (1.0 - q.gather(-1, idx.to(q.device)).sum(-1)).clamp_min(0.0).cpu()
 
 
 def tp_interval(ratio_row: np.ndarray, tau: float = 0.0) -> tuple[int, int, int]:
@@ -133,16 +156,31 @@ def boundary_score(tp_norm: np.ndarray, ls_norm: np.ndarray, b: int) -> float:
     return float(boundary_scores(tp_norm, ls_norm, b))
 
 
+def _jackknife_rows(r: np.ndarray, d: np.ndarray, stat, aggregate: str) -> np.ndarray:
+    """The statistic with each prompt left out in turn: (prompts, len(bs)). Means in closed form."""
+    n = len(r)
+    if aggregate == "mean":
+        lr = (r.sum(0)[None] - r) / (n - 1)
+        ld = (d.sum(0)[None] - d) / (n - 1)
+        return stat(lr[:, None], ld[:, None])
+    keep = ~np.eye(n, dtype=bool)
+    return np.concatenate([stat(r[keep[i]][None], d[keep[i]][None]) for i in range(n)])
+
+
 def boundary_score_interval(ratio_rows: np.ndarray, djs_rows: np.ndarray, bs: Sequence[int],
                             resamples: int = DEFAULT_RESAMPLES, seed=0, level: float = LEVEL,
-                            aggregate: str = "mean") -> list[Interval]:
-    """S(b) for each b in ``bs`` with a percentile bootstrap interval over prompts.
+                            aggregate: str = "mean", method: str = "bca") -> list[Interval]:
+    """S(b) for each b in ``bs`` with a bootstrap interval over prompts.
 
     Each resample draws the prompts with replacement (the same draw for every b) and recomputes S(b)
     exactly as the point estimate is computed: per-layer mean (or median) of Ratio and dJS over the
     drawn prompts (:func:`profiles`), min-max normalised (:func:`minmax`), then eq. 7. A mean over
     prompts is pulled by the few prompts whose Ratio explodes (P_t near 0: values up to 1e5 on Gemma 3),
-    which makes the mean-based S(b) close to 0; the interval says whether its sign is more than noise."""
+    which skews the replicates; ``method="bca"`` (default) corrects the percentile ends for that bias and
+    skew (Efron's BCa, acceleration from the prompt jackknife) and always holds the point
+    (:func:`raycpt.stats.bca_interval`); its coverage on heavy-tailed prompts is shown by
+    ``benchmarks/bench_calibration.py``. ``"percentile"`` is the plain percentile interval (can exclude
+    its own point on such data)."""
     if aggregate not in ("mean", "median"):
         raise ValueError(f"aggregate={aggregate!r}: mean or median")
     f = np.mean if aggregate == "mean" else np.median
@@ -156,11 +194,41 @@ def boundary_score_interval(ratio_rows: np.ndarray, djs_rows: np.ndarray, bs: Se
     d = np.asarray(djs_rows, dtype=np.float64)
     point = stat(r[None], d[None])[0]
     reps = bootstrap_replicates([r, d], stat, resamples, seed)
+    jack = _jackknife_rows(r, d, stat, aggregate) if method == "bca" and len(r) > 2 else None
     out = []
     for k in range(len(bs)):
-        lo, hi = percentile_interval(reps[:, k], level)
-        out.append(Interval(float(point[k]), lo, hi, len(r), f"bootstrap over prompts ({aggregate})", level))
+        pt, label = float(point[k]), {"bca": "BCa", "basic": "bias-corrected basic"}.get(method, "percentile")
+        if method == "basic":  # reflect the replicates around the point: removes the bias they show
+            q_lo, q_hi = percentile_interval(reps[:, k], level)
+            pt = 2 * pt - float(np.nanmean(reps[:, k]))
+            lo, hi = min(2 * float(point[k]) - q_hi, pt), max(2 * float(point[k]) - q_lo, pt)
+        elif jack is not None:
+            lo, hi = bca_interval(pt, reps[:, k], jack[:, k], level)
+        else:
+            lo, hi = percentile_interval(reps[:, k], level)
+        out.append(Interval(pt, lo, hi, len(r), f"{label} bootstrap over prompts ({aggregate})", level))
     return out
+
+
+def splits_like_best(ratio_rows: np.ndarray, djs_rows: np.ndarray, bs: Sequence[int],
+                     resamples: int = DEFAULT_RESAMPLES, seed=0, level: float = LEVEL) -> list[bool]:
+    """For each b: whether S(b) is *not* distinguishable from the best of ``bs``: the one-sided ``level``
+    bootstrap bound (over prompts, the same draws for every b) of S(best) - S(b) reaches 0. The best
+    itself is always in the set; a set of one says the data single it out."""
+    bs = [int(b) for b in bs]
+    r = np.asarray(ratio_rows, dtype=np.float64)
+    d = np.asarray(djs_rows, dtype=np.float64)
+
+    def stat(x, y):
+        tp, ls = minmax(x.mean(axis=-2)), minmax(y.mean(axis=-2))
+        return np.stack([boundary_scores(tp, ls, b) for b in bs], axis=-1)
+
+    point = stat(r[None], d[None])[0]
+    best = int(np.argmax(point))
+    reps = bootstrap_replicates([r, d], stat, resamples, seed)
+    gap = reps[:, best][:, None] - reps
+    lower = np.quantile(gap, 1.0 - level, axis=0)
+    return [bool(k == best or lower[k] <= 0) for k in range(len(bs))]
 
 
 def grid_ratios(grid: Sequence[float]) -> list[float]:

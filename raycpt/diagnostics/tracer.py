@@ -23,7 +23,7 @@ import torch
 
 from raycpt.diagnostics.lens import final_logits, target_probs
 from raycpt.diagnostics.perturb import perturbed_logits
-from raycpt.diagnostics.scores import EPS, delta_js, ratio, support, topk_js
+from raycpt.diagnostics.scores import EPS, delta_js, mass_outside, ratio, support, topk_js
 
 
 def model_device(stack) -> torch.device:
@@ -36,7 +36,9 @@ def trace_batch(stack, batch: dict, top_k: int = 10, eps: float = EPS, schedule:
 
     Returns numpy arrays keyed ``t_star`` (B,), ``p_final`` (B,) = P(t*), ``p_t`` (B, N+1) over
     [embedding, block 0..N-1], ``js`` (B, N+1) over perturbations [embedding, block 0..N-1],
-    ``ratio`` (B, N) and ``djs`` (B, N) per decoder layer.
+    ``ratio`` (B, N) and ``djs`` (B, N) per decoder layer; ``p_t_topk`` / ``ratio_topk`` under each layer's
+    own top-k (004 §4.1, the Task-Particle interval's reading) and ``q_mass_outside`` (B, N+1), the mass
+    of Q(i) outside P's top-k support that JS@k cannot see.
     """
     device = model_device(stack)
     input_ids = batch["input_ids"].to(device)
@@ -47,14 +49,19 @@ def trace_batch(stack, batch: dict, top_k: int = 10, eps: float = EPS, schedule:
         tr = stack.trace(input_ids, attention_mask)
         p_logits = final_logits(stack, tr.hidden, last)
         t_star = p_logits.argmax(dim=-1)
-        p_t = target_probs(stack, tr.hidden, last, t_star)
+        p_t = target_probs(stack, tr.hidden, last, t_star, top_k=top_k)
+        p_t, p_t_k = p_t if isinstance(p_t, tuple) else (p_t, p_t)
         idx = support(p_logits, top_k)
         n = stack.num_layers
         js = torch.zeros(input_ids.shape[0], n + 1, dtype=torch.float64)
+        outside = torch.zeros(input_ids.shape[0], n + 1, dtype=torch.float64)
         for i, q_logits in perturbed_logits(stack, tr, context_mask, last, schedule=schedule,
                                             max_rows=max_rows, input_ids=input_ids):
             js[:, i + 1] = topk_js(p_logits, q_logits, top_k, idx=idx).cpu()
+            outside[:, i + 1] = mass_outside(p_logits, q_logits, idx)
     p_t_np = p_t.double().cpu().numpy()
+    p_k_np = p_t_k.double().cpu().numpy()
     js_np = js.numpy()
     return dict(t_star=t_star.cpu().numpy().astype(np.int64), p_final=p_t_np[:, -1].copy(), p_t=p_t_np, js=js_np,
-                ratio=ratio(p_t_np, eps), djs=delta_js(js_np, eps))
+                ratio=ratio(p_t_np, eps), djs=delta_js(js_np, eps), p_t_topk=p_k_np,
+                ratio_topk=ratio(p_k_np, eps), q_mass_outside=outside.numpy())

@@ -116,7 +116,8 @@ def trial_config(cfg: ExperimentConfig, spec: TrialSpec) -> ExperimentConfig:
     """The experiment config of one trial: the sweep config with the trial's plan applied (validated)."""
     split = {} if spec.split is None else {"plan.split": spec.split}
     seed = {} if spec.seed is None else {"train.seed": int(spec.seed)}
-    return config_with(cfg, {"plan.name": spec.strategy, **split, **seed, **spec.recipe})
+    footing = {"plan.full_non_layers": False} if cfg.sweep.equal_footing else {}  # issue 24: equal footing
+    return config_with(cfg, {"plan.name": spec.strategy, **split, **seed, **footing, **spec.recipe})
 
 
 @dataclass
@@ -131,7 +132,7 @@ class SweepResult:
 def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strategies: Optional[list[str]] = None,
               resume: bool = False, console=None) -> SweepResult:
     """The ``raycpt sweep`` command (see the module docstring)."""
-    from raycpt.report.sweep import write_summary
+    from raycpt.report.sweep import HELDOUT_DOCS_FILE, report_options, write_summary
     from raycpt.runtime import ray_session
 
     if splits is not None:
@@ -145,6 +146,8 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
         if s.heldout_docs else None
     run_dir = open_run_dir(cfg, "sweep", resume=resume)
     shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", blocks)) if blocks else None}
+    if blocks and getattr(blocks, "documents", None):  # the document of each block: the summary's clusters
+        atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(blocks.documents))
     grid = Grid("sweep", specs, params={"num_layers": num_layers}, shared=shared, cpus=s.cpus_per_trial,
                 data_cpus=s.data_cpus_per_trial, resources=s.trial_resources, max_concurrent=s.max_concurrent_trials,
                 max_steps=cfg.train.max_steps, model_path=model_path)
@@ -154,7 +157,8 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
             trace = _trace_once(cfg, run_dir, sorted({t.split for t in specs if t.split is not None}), parent.run_id)
         trials = list(run_grid(parent, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=num_layers, parent_run_id=parent.run_id,
-                                tracking=cfg.tracking, domain=cfg.eval.domain, general=cfg.eval.general)
+                                tracking=cfg.tracking, domain=cfg.eval.domain, general=cfg.eval.general,
+                                report=report_options(cfg))
         write_state(run_dir, done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=parent.run_id, trials=trials, summary=summary, trace=trace)
 
@@ -173,6 +177,7 @@ def _trace_once(cfg: ExperimentConfig, run_dir: Path, splits: list[float], paren
            "split_scores": {f"{float(row['ratio']):g}": float(row["S"]) for row in res.split_table},
            "split_intervals": {f"{float(row['ratio']):g}": [row.get("S_lo"), row.get("S_hi")]
                                for row in res.split_table},
+           "split_like_best": {f"{float(row['ratio']):g}": row.get("like_best") for row in res.split_table},
            "artifacts": [str(p) for p in res.artifacts]}
     atomic_write_json(done, out)
     return out

@@ -17,7 +17,9 @@ def write_outputs(run_dir: Path, a: dict, trials: dict[str, dict], n: int, s) ->
     for l in sorted(a["contribution"]):
         t = trials[f"single-L{l:02d}"]
         rows.append({"layer": l, "depth": round(relative_depth(l, n), 4), "in_band": in_band(l, n, s.band),
-                     "score": t["score"], "contribution": a["contribution"][l], "rank": rank_of[l],
+                     "score": t["score"], "contribution": a["contribution"][l],
+                     "contribution_lo": (a.get("contribution_ci") or {}).get(l, [None, None])[0],
+                     "contribution_hi": (a.get("contribution_ci") or {}).get(l, [None, None])[1], "rank": rank_of[l],
                      "l2_single": a["l2_single"].get(l, float("nan")), "l2_full": a["l2_full"].get(l, float("nan")),
                      "final_loss": t.get("final_loss", float("nan")), "wall_s": round(t.get("wall_s", 0.0), 1)})
     files = [write_csv(rows, run_dir / "contribution.csv")]
@@ -27,6 +29,11 @@ def write_outputs(run_dir: Path, a: dict, trials: dict[str, dict], n: int, s) ->
              f"layers above {s.threshold:g}; mean contribution in the {s.band[0]:.0%}-{s.band[1]:.0%} band "
              f"{a['band_mean']:.3f}, outside {a['outside_mean']:.3f}; ranking (best first): "
              f"{', '.join(map(str, a['ranking']))}", ""]
+    if a.get("contribution_guard"):
+        lines += [f"**Guard:** {a['contribution_guard']}.", ""]
+    elif a.get("contribution_ci") is not None:
+        lines += ["contribution_lo / _hi: 95% Fieller interval over questions (per-question answers of base, full "
+                  "and the layer's model; the full-training gain is clearly above 0).", ""]
     lines.append(markdown_table(rows))
     if "vote" in a:
         v = a["vote"]

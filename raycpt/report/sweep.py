@@ -2,10 +2,11 @@
 domain benchmark next to the general one, S(b) (with its interval) next to the realised gain of each
 split, a bar chart per task, and the loss curves overlaid.
 
-Intervals (:mod:`raycpt.stats`): one seed - a paired bootstrap over questions (per-question records of
-each trial's ``eval_result.json``, matched by question id) or over held-out blocks; several seeds
-(``sweep.seeds``) - the mean of the per-seed deltas with a t-interval over seeds. A cell is marked
-better / worse only when its interval excludes 0.
+Tests and intervals (:mod:`raycpt.stats`): one seed - exact McNemar with the score interval over
+questions (per-question records of each trial's ``eval_result.json``, matched by question id), a t over
+documents (or blocks) for the held-out loss; several seeds (``sweep.seeds``) - the seeds x questions
+interval. A cell is marked better / worse only by the verdict (:mod:`raycpt.report.verdict`): the
+comparison's p-value after the sweep's multiplicity control, never its interval alone.
 
 ``summary_table``, ``split_gains``, ``domain_general`` and ``build_summary`` are pure (unit-tested on
 fabricated per-question records); ``write_summary`` writes CSV / Markdown / JSON / PNG files and logs
@@ -21,8 +22,17 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from raycpt.stats import DEFAULT_RESAMPLES, Interval, paired_delta, seed_interval, stratified_paired_delta
+from collections import Counter
+from dataclasses import replace
+
+from raycpt.stats import (DEFAULT_RESAMPLES, Interval, paired_accuracy_delta, ratio_delta_t, seed_interval,
+                          seed_question_interval, stratified_mcnemar_p, stratified_paired_delta)
+from raycpt.report import verdict
+from raycpt.report.verdict import HELDOUT
+from raycpt.stats import spearman_test
 from raycpt.tasks import CATEGORY_KEYS
+
+DEFAULT_REPORT = {"primary": None, "adjust": "holm", "alpha": 0.05}  # build_summary without a config: no primary
 
 CATEGORY_ORDER = ["stem", "social_science", "humanities", "other", "average", "overall"]
 CATEGORY_LABEL = {"stem": "STEM", "social_science": "Social Science", "humanities": "Humanities", "other": "Other",
@@ -64,6 +74,22 @@ def question_outcomes(questions: dict[str, list[dict]]) -> dict[str, dict[str, d
     return out
 
 
+HELDOUT_DOCS_FILE = "heldout_docs.json"  # next to the sweep's heldout_blocks.json: the document of each block
+
+
+def _heldout_docs_near(path: Path, blocks: Optional[list]) -> Optional[list]:
+    """The held-out blocks' documents from ``heldout_docs.json`` in a folder above the trial's eval file
+    (the sweep's run folder), when it has one entry per block."""
+    if not blocks:
+        return None
+    for folder in list(path.parents)[:5]:
+        f = folder / HELDOUT_DOCS_FILE
+        if f.is_file():
+            docs = json.loads(f.read_text(encoding="utf-8"))
+            return docs if isinstance(docs, list) and len(docs) == len(blocks) else None
+    return None
+
+
 def load_outcomes(trial: dict) -> dict:
     """The trial result with ``outcomes`` (:func:`question_outcomes`) and the per-block held-out losses
     (``heldout_blocks``, ``heldout_weights``) read from its ``eval_file``; unchanged when it has none."""
@@ -71,15 +97,15 @@ def load_outcomes(trial: dict) -> dict:
     if not path or not Path(path).is_file():
         return trial
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    return {**trial, "outcomes": question_outcomes(data.get("questions") or {}),
-            "heldout_blocks": data.get("heldout_block_losses"), "heldout_weights": data.get("heldout_block_weights")}
+    blocks = data.get("heldout_block_losses")
+    out = {**trial, "outcomes": question_outcomes(data.get("questions") or {}),
+           "heldout_blocks": blocks, "heldout_weights": data.get("heldout_block_weights")}
+    docs = trial.get("heldout_docs") or _heldout_docs_near(Path(path), blocks)
+    return {**out, "heldout_docs": docs} if docs else out
 
 
-def question_delta(a: dict, b: dict, task: str, cat: str, mode: str, resamples: int = DEFAULT_RESAMPLES,
-                   seed: int = 0) -> Optional[Interval]:
-    """Accuracy of trial ``a`` minus trial ``b`` (points) on the questions both answered (matched by id), with
-    a paired bootstrap over questions: within category ``cat``, over all (``overall``), or the mean of the
-    category deltas with each category resampled within itself (``average``). None without outcomes."""
+def _matched(a: dict, b: dict, task: str, cat: str, mode: str):
+    """(ids, a's 0/1, b's 0/1, categories) on the questions both trials answered, or None without outcomes."""
     oa = (a.get("outcomes") or {}).get(task, {}).get(mode)
     ob = (b.get("outcomes") or {}).get(task, {}).get(mode)
     if not oa or not ob:
@@ -87,18 +113,55 @@ def question_delta(a: dict, b: dict, task: str, cat: str, mode: str, resamples: 
     ids = [q for q in oa if q in ob and (cat in ("average", "overall") or oa[q][0] == cat)]
     if not ids:
         return None
-    x, y = [oa[q][1] for q in ids], [ob[q][1] for q in ids]
-    if cat == "average":
-        return stratified_paired_delta(x, y, [oa[q][0] for q in ids], resamples, seed, scale=100.0)
-    return paired_delta(x, y, resamples=resamples, seed=seed, scale=100.0)
+    return ids, [oa[q][1] for q in ids], [ob[q][1] for q in ids], [oa[q][0] for q in ids]
+
+
+def question_delta(a: dict, b: dict, task: str, cat: str, mode: str, resamples: int = DEFAULT_RESAMPLES,
+                   seed: int = 0) -> Optional[Interval]:
+    """Accuracy of trial ``a`` minus trial ``b`` (points) on the questions both answered (matched by id):
+    within category ``cat``, over all (``overall``), or the mean of the category deltas (``average``).
+
+    0/1 outcomes on the same questions: the exact McNemar p-value and the continuity-corrected score
+    interval (:func:`raycpt.stats.paired_accuracy_delta`, coverage shown by ``bench_calibration.py``). The
+    Average column with categories of equal size *is* the all-questions accuracy and gets the same; with
+    unequal categories it gets the stratified bootstrap (each category resampled within itself) and a
+    stratified McNemar z-test (normal approximation): exploratory. None without outcomes."""
+    m = _matched(a, b, task, cat, mode)
+    if m is None:
+        return None
+    _, x, y, cats = m
+    if cat == "average" and len(set(Counter(cats).values())) > 1:
+        iv = stratified_paired_delta(x, y, cats, resamples, seed, scale=100.0)
+        return replace(iv, p=stratified_mcnemar_p(x, y, cats))
+    return paired_accuracy_delta(x, y, scale=100.0)
+
+
+def question_diffs(a: dict, b: dict, task: str, cat: str, mode: str) -> Optional[dict]:
+    """Per-question differences (a - b, points) keyed by question id, for the seeds x questions interval."""
+    m = _matched(a, b, task, cat, mode)
+    if m is None:
+        return None
+    ids, x, y, _ = m
+    return {q: 100.0 * (int(u) - int(v)) for q, u, v in zip(ids, x, y)}
 
 
 def heldout_delta(a: dict, b: dict, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Optional[Interval]:
-    """Held-out loss of ``a`` minus ``b`` with a paired bootstrap over the held-out blocks (token-weighted)."""
+    """Held-out loss of ``a`` minus ``b``, token-weighted over the held-out blocks, with a t-interval over
+    documents (``heldout_docs``: the document of each block, when the result carries them; over blocks
+    otherwise): :func:`raycpt.stats.ratio_delta_t`, coverage shown by ``bench_calibration.py``."""
     la, lb = a.get("heldout_blocks"), b.get("heldout_blocks")
     if not la or not lb or len(la) != len(lb):
         return None
-    return paired_delta(la, lb, weights=a.get("heldout_weights"), resamples=resamples, seed=seed)
+    docs = a.get("heldout_docs")
+    docs = docs if docs is not None and len(docs) == len(la) else None
+    return ratio_delta_t(la, lb, clusters=docs, weights=a.get("heldout_weights"))
+
+
+def heldout_diffs(a: dict, b: dict) -> Optional[dict]:
+    la, lb = a.get("heldout_blocks"), b.get("heldout_blocks")
+    if not la or not lb or len(la) != len(lb):
+        return None
+    return {i: float(x) - float(y) for i, (x, y) in enumerate(zip(la, lb))}
 
 
 # ------------------------------------------------------------------------------------------ trials and seeds
@@ -115,21 +178,26 @@ def group_trials(trials: list[dict]) -> dict[str, dict]:
 
 
 def _delta(iv: Optional[Interval], point: Optional[float]) -> dict:
+    """A comparison's cell: delta, interval, ``sign`` (the interval alone: +1 / -1 when it excludes 0; the
+    summary replaces it by the adjusted decision, :mod:`raycpt.report.verdict`), ``p`` (two-sided, of no
+    difference), method and units."""
     if point is None:
-        return {"delta": None, "lo": None, "hi": None, "sign": None, "method": None, "n": 0}
+        return {"delta": None, "lo": None, "hi": None, "sign": None, "method": None, "n": 0, "p": None}
     if iv is None or math.isnan(iv.lo):
-        return {"delta": point, "lo": None, "hi": None, "sign": None, "method": None, "n": 0}
-    return {"delta": point, "lo": iv.lo, "hi": iv.hi, "sign": iv.sign(), "method": iv.method, "n": iv.n}
+        return {"delta": point, "lo": None, "hi": None, "sign": None, "method": None, "n": 0, "p": None}
+    return {"delta": point, "lo": iv.lo, "hi": iv.hi, "sign": iv.sign(), "method": iv.method, "n": iv.n, "p": iv.p}
 
 
 def compare(runs_a: dict, runs_b: dict, value: Callable[[dict], Optional[float]],
-            interval: Callable[[dict, dict], Optional[Interval]]) -> dict:
+            interval: Callable[[dict, dict], Optional[Interval]],
+            units: Optional[Callable[[dict, dict], Optional[dict]]] = None) -> dict:
     """``value(a) - value(b)`` for two cells' runs, paired by seed.
 
-    One shared seed: that difference with ``interval(a, b)`` (the paired bootstrap over questions or
-    blocks). Several: the mean of the per-seed differences with a t-interval over seeds
-    (:func:`raycpt.stats.seed_interval`). Returns ``{"delta", "lo", "hi", "sign", "method", "n"}``;
-    ``sign`` is +1 / -1 only when the interval excludes 0, 0 when it holds 0, None without an interval."""
+    One shared seed: that difference with ``interval(a, b)`` (question or block sampling). Several: the
+    mean of the per-seed differences; with ``units(a, b)`` (per-unit differences keyed by unit id, the
+    same units in every seed) the seeds x questions interval (:func:`raycpt.stats.seed_question_interval`,
+    seed and question noise), else a t-interval over seeds (seed noise only). Returns ``{"delta", "lo",
+    "hi", "sign", "method", "n", "p"}`` (:func:`_delta`)."""
     pairs = []
     for sd in runs_a:
         if sd in runs_b:
@@ -141,7 +209,12 @@ def compare(runs_a: dict, runs_b: dict, value: Callable[[dict], Optional[float]]
     if len(pairs) == 1:
         sd, d = pairs[0]
         return _delta(interval(runs_a[sd], runs_b[sd]), d)
-    iv = seed_interval([d for _, d in pairs])
+    per_unit = [units(runs_a[sd], runs_b[sd]) for sd, _ in pairs] if units else None
+    if per_unit and all(per_unit) and all(set(u) == set(per_unit[0]) for u in per_unit):
+        keys = sorted(per_unit[0], key=str)
+        iv = seed_question_interval([d for _, d in pairs], [[u[k] for k in keys] for u in per_unit])
+    else:
+        iv = seed_interval([d for _, d in pairs])
     return _delta(iv, iv.point)
 
 
@@ -212,14 +285,16 @@ def _summary_row(g: dict, base: Optional[dict], task: str, cats: list[str], mode
                 continue
             d = _delta(None, None) if is_base else compare(
                 g["runs"], base["runs"], value,
-                lambda a, b, c=c, m=m: question_delta(a, b, task, c, m, resamples, seed))
+                lambda a, b, c=c, m=m: question_delta(a, b, task, c, m, resamples, seed),
+                lambda a, b, c=c, m=m: question_diffs(a, b, task, c, m))
             row_cells.setdefault(c, {})[m] = {**cell, **d}
     held = (lambda t: t.get("heldout_loss"))
     return {"name": g["name"], "strategy": g["strategy"], "split": g["split"], "seeds": list(g["runs"]),
             "cells": row_cells, "final_loss": _mean_of(g["runs"], lambda t: t.get("final_loss"))["value"],
             "heldout_loss": _mean_of(g["runs"], held)["value"],
             "heldout_delta": None if is_base else compare(g["runs"], base["runs"], held,
-                                                          lambda a, b: heldout_delta(a, b, resamples, seed))}
+                                                          lambda a, b: heldout_delta(a, b, resamples, seed),
+                                                          heldout_diffs)}
 
 
 def _avg(trial: dict, task: str, mode: str) -> Optional[float]:
@@ -245,20 +320,32 @@ def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, b
         key = f"{float(r):g}"
         ci = (split_intervals or {}).get(key) or [None, None]
         row: dict[str, Any] = {"split": r, "b": (sh or dp or {}).get("b"), "S_b": split_scores.get(key),
-                               "S_b_lo": ci[0], "S_b_hi": ci[1], "modes": modes}
+                               "S_b_lo": ci[0], "S_b_hi": ci[1], "modes": modes,
+                               "shallow_name": (sh or {}).get("name"), "deep_name": (dp or {}).get("name")}
         for label, other in (("shallow_vs_full", full), ("shallow_vs_deep", dp)):
             for m in modes:
-                d = compare(sh["runs"], other["runs"], lambda t, m=m: _avg(t, task, m),
-                            lambda a, b, m=m: question_delta(a, b, task, "average", m, resamples, seed)) \
-                    if sh and other else _delta(None, None)
-                row.update({f"{label}_{m}": d["delta"], f"{label}_{m}_lo": d["lo"], f"{label}_{m}_hi": d["hi"],
-                            f"{label}_{m}_sign": d["sign"]})
-            d = compare(sh["runs"], other["runs"], lambda t: t.get("heldout_loss"),
-                        lambda a, b: heldout_delta(a, b, resamples, seed)) if sh and other else _delta(None, None)
-            row.update({f"{label}_heldout": d["delta"], f"{label}_heldout_lo": d["lo"],
-                        f"{label}_heldout_hi": d["hi"], f"{label}_heldout_sign": d["sign"]})
+                row.update(_gain(sh, other, f"{label}_{m}", lambda t, m=m: _avg(t, task, m),
+                                 lambda a, b, m=m: question_delta(a, b, task, "average", m, resamples, seed),
+                                 lambda a, b, m=m: question_diffs(a, b, task, "average", m)))
+            row.update(_gain(sh, other, f"{label}_heldout", lambda t: t.get("heldout_loss"),
+                             lambda a, b: heldout_delta(a, b, resamples, seed), heldout_diffs))
         rows.append(row)
     return rows
+
+
+def _gain(sh: Optional[dict], other: Optional[dict], key: str, value, interval, units) -> dict:
+    """One realised gain of a split as flat keys: ``key`` (delta), ``_lo``, ``_hi``, ``_sign``, ``_p``,
+    ``_method`` and ``_seeds`` (the per-seed deltas, for S(b) against the gain)."""
+    d = compare(sh["runs"], other["runs"], value, interval, units) if sh and other else _delta(None, None)
+    per_seed = []
+    if sh and other:
+        for sd in sh["runs"]:
+            if sd in other["runs"]:
+                va, vb = value(sh["runs"][sd]), value(other["runs"][sd])
+                if va is not None and vb is not None:
+                    per_seed.append(va - vb)
+    return {key: d["delta"], f"{key}_lo": d["lo"], f"{key}_hi": d["hi"], f"{key}_sign": d["sign"],
+            f"{key}_p": d["p"], f"{key}_method": d["method"], f"{key}_seeds": per_seed}
 
 
 # ------------------------------------------------------------------------------------------ domain vs general
@@ -283,8 +370,8 @@ def domain_general(tables: dict[str, list[dict]], domain: Sequence[str], general
             for task in tasks:
                 r = next((x for x in tables[task] if x["name"] == row["name"]), None)
                 for mode, cell in ((r or {}).get("cells", {}).get("average", {})).items():
-                    entry[role].append({"task": task, "mode": mode, **{k: cell.get(k) for k in
-                                                                      ("delta", "lo", "hi", "sign", "method", "n")}})
+                    entry[role].append({"task": task, "mode": mode, **{k: cell.get(k) for k in (
+                        "delta", "lo", "hi", "sign", "method", "n", "p", "p_adj", "role")}})
         entry["reading"] = reading(entry, bool(d_tasks), bool(g_tasks))
         out.append(entry)
     return out
@@ -298,17 +385,30 @@ def _direction(items: list[dict]) -> Optional[int]:
 
 
 def reading(entry: dict, has_domain: bool = True, has_general: bool = True) -> str:
-    """One phrase per role, from the interval signs only (a delta whose interval holds 0 is no change)."""
+    """One phrase per role, from the (adjusted) signs only: a delta without a mark is no change. When the
+    sweep has a primary comparison, it comes first and the rest are labelled exploratory."""
     words = {"domain": {1: "domain gain", -1: "domain loss", 2: "domain mixed", 0: "no clear domain change",
                         None: "domain: no interval"},
              "general": {1: "general improves", -1: "general forgets", 2: "general mixed",
                          0: "no clear general change", None: "general: no interval"}}
-    parts = [words[role][_direction(entry[role])] if entry[role] else f"{role}: not evaluated"
-             for role, on in (("domain", has_domain), ("general", has_general)) if on]
+    items = [i for role in ("domain", "general") for i in entry[role]] + [entry.get("heldout") or {}]
+    prim = next((i for i in items if i.get("role") == "primary"), None)
+    tag = " (exploratory)" if prim is not None else ""
+    parts = []
+    if prim is not None:
+        what = prim.get("task", "held-out loss") if prim.get("mode") is None else f"{prim['task']} {prim['mode']}"
+        word = {1: "higher", -1: "lower", 0: "no clear change", None: "no test"}[prim.get("sign")]
+        parts.append(f"primary {what}: {word}")
+    for role, on in (("domain", has_domain), ("general", has_general)):
+        if on:
+            sec = [i for i in entry[role] if i.get("role") != "primary"]
+            parts.append(words[role][_direction(sec)] + tag if sec else
+                         (f"{role}: not evaluated" if not entry[role] else ""))
     h = entry.get("heldout") or {}
-    if h.get("sign") is not None:
-        parts.append({1: "held-out loss higher", -1: "held-out loss lower", 0: "held-out loss unchanged"}[h["sign"]])
-    return "; ".join(parts)
+    if h.get("sign") is not None and h.get("role") != "primary":
+        parts.append({1: "held-out loss higher", -1: "held-out loss lower", 0: "held-out loss unchanged"}[h["sign"]]
+                     + tag)
+    return "; ".join(p for p in parts if p)
 
 
 def _fmt(v: Optional[float], sign: bool = False) -> str:
@@ -323,9 +423,10 @@ def _fmt_s(v: Optional[float]) -> str:
 
 
 MARK = {1: " ▲", -1: " ▼"}
-LEGEND = ("Δ against full with its 95% interval in brackets (one seed: paired bootstrap over questions, or over "
-          "held-out blocks for losses; several seeds: t-interval over seeds); ▲ / ▼ = better / worse than full, "
-          "marked only when the interval excludes 0 (for losses lower is better)")
+LEGEND = ("Δ against full with its 95% interval in brackets (what each interval covers: the legend of the "
+          "verdict below); ▲ / ▼ = better / worse than full, marked only when the comparison's p-value survives "
+          "the multiplicity control over the sweep (for losses lower is better), never from an interval alone; "
+          "* = best on the primary metric, only when it beats every other row")
 
 
 def _mark(sign: Optional[int], lower_is_better: bool = False) -> str:
@@ -418,7 +519,7 @@ def rich_table(task: str, rows: list[dict], mode: str):
     from rich.table import Table
 
     cats = [c for c in _row_categories(rows) if c != "overall" and any(mode in r["cells"].get(c, {}) for r in rows)]
-    table = Table(title=f"{task}, {mode} mode: accuracy (%), Δ vs full below (▲▼: 95% interval excludes 0)",
+    table = Table(title=f"{task}, {mode} mode: accuracy (%), Δ vs full below (▲▼: after multiplicity control)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("trial", no_wrap=True)
     for c in cats:
@@ -579,7 +680,8 @@ def delta_records(tables: dict[str, list[dict]]) -> list[dict]:
                                 "accuracy_hi": x.get("value_hi"), "delta_vs_full": x.get("delta"),
                                 "delta_lo": x.get("lo"), "delta_hi": x.get("hi"), "verdict":
                                     {1: "better", -1: "worse", 0: "no clear change"}.get(x.get("sign"), ""),
-                                "interval": x.get("method") or "", "best": x.get("best")})
+                                "interval": x.get("method") or "", "best": x.get("best"), "p": x.get("p"),
+                                "p_adjusted": x.get("p_adj"), "role": x.get("role") or "exploratory"})
     return out
 
 
@@ -686,7 +788,7 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
                                                               or g.get(f"shallow_vs_deep_{m}") is not None
                                                               for g in gains)] if gains else []
     letters = " / ".join(MODE_LETTER.get(m, m) for m in modes)
-    lines = [f"**{task}** — S(b) from the trace [95% interval: bootstrap over prompts] next to the realised gain "
+    lines = [f"**{task}** — S(b) from the trace [95% interval: BCa bootstrap over prompts] next to the realised gain "
              f"of train_shallow (average, percentage points, {letters}) [95% interval]", "",
              f"| split | b | S(b) [95%] | shallow−full {letters} | shallow−deep {letters} | held-out loss shallow−full "
              "| held-out loss shallow−deep |", "|---|---|---|---|---|---|---|"]
@@ -704,23 +806,272 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[dict], baseline: str) -> list[dict]:
+    """The comparisons a mark or a reading can rest on (:mod:`raycpt.report.verdict`), each with the cells it
+    decides: every row against ``baseline`` on the Average column of every task that ran (domain and general
+    first) and mode, the held-out loss, and train_shallow against train_deep at each split (the gains
+    table). A comparison found twice (the gains table repeats shallow - full) is one member."""
+    fam: dict[tuple, dict] = {}
+
+    def add(key, task, mode, d, cell=None, flat=None):
+        if d.get("delta") is None:
+            return
+        e = fam.setdefault(key, {"a": key[0], "b": key[1], "task": task, "mode": mode, "delta": d["delta"],
+                                 "p": d.get("p"), "cells": [], "flat": []})
+        e["primary"] = key[1] == baseline and verdict.is_primary(e, primary)
+        if cell is not None:
+            e["cells"].append(cell)
+        if flat is not None:
+            e["flat"].append(flat)
+
+    for task in list(dict.fromkeys([t for t in tasks if t in tables] + list(tables))):
+        for r in tables[task]:
+            if r["name"] == baseline:
+                continue
+            for mode, cell in r["cells"].get("average", {}).items():
+                add((r["name"], baseline, task, mode), task, mode, cell, cell=cell)
+            if r.get("heldout_delta"):
+                add((r["name"], baseline, HELDOUT, None), HELDOUT, None, r["heldout_delta"], cell=r["heldout_delta"])
+    for task in list(dict.fromkeys([t for t in tasks if t in gains] + list(gains))):
+        for g in gains[task]:
+            for label, other in (("shallow_vs_full", baseline), ("shallow_vs_deep", g.get("deep_name"))):
+                for m in g.get("modes") or []:
+                    add((g.get("shallow_name"), other, task, m), task, m, _flat(g, f"{label}_{m}"),
+                        flat=(g, f"{label}_{m}"))
+                add((g.get("shallow_name"), other, HELDOUT, None), HELDOUT, None, _flat(g, f"{label}_heldout"),
+                    flat=(g, f"{label}_heldout"))
+    return list(fam.values())
+
+
+def _flat(g: dict, key: str) -> dict:
+    return {"delta": g.get(key), "p": g.get(f"{key}_p")}
+
+
+def _clear_marks(tables: dict, gains: dict) -> None:
+    """Every interval-only sign becomes ``raw_sign``; only the verdict sets ``sign`` again."""
+    for rows in tables.values():
+        for r in rows:
+            cells = [x for modes in r["cells"].values() for x in modes.values()] + [r.get("heldout_delta") or {}]
+            for x in cells:
+                if "sign" in x:
+                    x["raw_sign"], x["sign"] = x["sign"], None
+                x["best"] = False if "value" in x else x.get("best")
+    for rows in gains.values():
+        for g in rows:
+            for k in [k for k in g if k.endswith("_sign")]:
+                g[k] = None
+
+
+def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict, baseline: str = "full") -> dict:
+    """Decide the family (adjusted p-values, marks) and write the decisions into the cells they rest on.
+    Returns ``{"comparisons", "primary", "adjust", "alpha", "family_size"}``."""
+    primary = verdict.parse_primary(report.get("primary"))
+    _clear_marks(tables, gains)
+    fam = _family(tables, gains, tasks, primary, baseline)
+    decided = verdict.decide(fam, report.get("adjust", "holm"), report.get("alpha", verdict.ALPHA))
+    for d in decided:
+        for cell in d["cells"]:
+            cell.update(sign=d["sign"], p_adj=d["p_adj"], role=d["role"])
+        for g, key in d["flat"]:
+            g.update({f"{key}_sign": d["sign"], f"{key}_p_adj": d["p_adj"], f"{key}_role": d["role"]})
+    comps = [{k: v for k, v in d.items() if k not in ("cells", "flat")} for d in decided]
+    return {"comparisons": comps, "primary": report.get("primary"), "primary_found": any(c["primary"] for c in comps),
+            "adjust": report.get("adjust", "holm"), "alpha": report.get("alpha", verdict.ALPHA),
+            "family_size": sum(c["p"] is not None for c in comps)}
+
+
+def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str = "full",
+                 resamples: int = DEFAULT_RESAMPLES) -> Optional[dict]:
+    """The best row on the primary metric (:func:`raycpt.report.verdict.best_row`: it must beat every other
+    row, Bonferroni over all pairs), marked ``best`` on its cell; None without a primary that ran."""
+    primary = verdict.parse_primary(report.get("primary"))
+    if primary is None:
+        return None
+    groups = group_trials(trials)
+    if primary["task"] == HELDOUT:
+        values = {n: _mean_of(g["runs"], lambda t: t.get("heldout_loss"))["value"] for n, g in groups.items()}
+
+        def pair_p(a, b):
+            return compare(groups[a]["runs"], groups[b]["runs"], lambda t: t.get("heldout_loss"),
+                           lambda x, y: heldout_delta(x, y, resamples), heldout_diffs)["p"]
+        higher = False
+    else:
+        task, mode = primary["task"], primary["mode"]
+        if task not in tables:
+            return None
+        value = _cell_value(task, "average", mode)
+        values = {n: _mean_of(g["runs"], value)["value"] for n, g in groups.items()}
+
+        def pair_p(a, b):
+            return compare(groups[a]["runs"], groups[b]["runs"], value,
+                           lambda x, y: question_delta(x, y, task, "average", mode, resamples),
+                           lambda x, y: question_diffs(x, y, task, "average", mode))["p"]
+        higher = True
+    if sum(v is not None for v in values.values()) < 2:
+        return None
+    best = verdict.best_row(values, pair_p, report.get("alpha", verdict.ALPHA), higher)
+    best["metric"] = report.get("primary")
+    if best["best"] is not None:
+        for rows in tables.values():
+            for r in rows:
+                if r["name"] == best["best"]:
+                    if primary["task"] == HELDOUT:
+                        r["heldout_best"] = True
+                    elif (r["cells"].get("average", {}).get(primary["mode"]) is not None
+                          and rows is tables[primary["task"]]):
+                        r["cells"]["average"][primary["mode"]]["best"] = True
+    return best
+
+
+def sb_against_gain(gains: list[dict], mode: Optional[str], alpha: float = verdict.ALPHA) -> dict:
+    """S(b) against the realised gain of train_shallow over train_deep (``mode``; the held-out loss, sign
+    flipped, when None): Spearman's rho over (split, seed) points with an exact permutation p-value, or
+    "too few splits to test" when even a perfect agreement could not reach ``alpha``."""
+    key = "shallow_vs_deep_heldout" if mode is None else f"shallow_vs_deep_{mode}"
+    xs, ys = [], []
+    for g in gains:
+        if g.get("S_b") is None:
+            continue
+        for d in g.get(f"{key}_seeds") or []:
+            xs.append(g["S_b"])
+            ys.append(-d if mode is None else d)
+    splits = len({x for x in xs})
+    res = spearman_test(xs, ys, alpha) if len(xs) >= 3 else {"n": len(xs), "rho": None, "p": None,
+                                                            "testable": False, "method": "exact permutation"}
+    res.update(splits=splits, points=len(xs), gain=key)
+    res["words"] = (f"Spearman rho = {res['rho']:+.2f} over {len(xs)} (split, seed) points, {res['method']} "
+                    f"p = {res['p']:.3g}" if res["testable"] else
+                    f"too few splits to test ({splits} split{'s' * (splits != 1)} x {len(xs) // max(splits, 1)} "
+                    f"seed(s): no ordering of {len(xs)} points reaches p < {alpha:g})")
+    return res
+
+
+def report_options(cfg) -> dict:
+    """What build_summary needs from an experiment config: ``report.*`` and how the plans treat the
+    embeddings, final norm and head (stated in the legend)."""
+    p = cfg.plan
+    parts = [name for name, on in (("embeddings", p.train_embeddings), ("final norm", p.train_final_norm),
+                                   ("head", p.train_head)) if on]
+    treat = ("train " + ", ".join(parts)) if parts else "frozen"
+    footing = (f"equal footing (sweep.equal_footing): every row, full included, trains only its decoder layers; "
+               f"embeddings, final norm and head {treat} in every row") if cfg.sweep.equal_footing else (
+        "NOT equal footing: full also trains the embeddings, final norm and head, the other rows "
+        f"{'train ' + ', '.join(parts) if parts else 'freeze them'}; a delta against full mixes the layer choice "
+        "with training those (sweep.equal_footing=true compares layers alone)")
+    return {"primary": cfg.report.primary, "adjust": cfg.report.adjust, "alpha": cfg.report.alpha, "footing": footing}
+
+
 def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[str] = ("wordnet_mc",),
-                  general: Sequence[str] = ("mmlu",), resamples: int = DEFAULT_RESAMPLES) -> dict:
-    """The summary's numbers (pure): per-task tables, split gains, domain versus general, flat records.
-    ``trials`` carry their per-question ``outcomes`` and held-out block losses (:func:`load_outcomes`) for
-    intervals; without them the deltas are shown without one."""
+                  general: Sequence[str] = ("mmlu",), resamples: int = DEFAULT_RESAMPLES,
+                  report: Optional[dict] = None) -> dict:
+    """The summary's numbers (pure): per-task tables, split gains, the verdict (adjusted marks, primary,
+    best), domain versus general, S(b) against the gain, flat records. ``trials`` carry their per-question
+    ``outcomes`` and held-out block losses (:func:`load_outcomes`) for tests and intervals; without them the
+    deltas are shown without either. ``report``: ``{"primary", "adjust", "alpha"}`` (``ReportConfig``)."""
+    report = {**DEFAULT_REPORT, **(report or {})}
     tables = summary_table(trials, resamples=resamples)
     split_scores = (trace or {}).get("split_scores", {})
     split_ci = (trace or {}).get("split_intervals", {})
     gains = {task: split_gains(trials, split_scores, task, split_intervals=split_ci, resamples=resamples)
              for task in tables}
+    tasks = list(domain) + [t for t in general if t not in domain]
+    decision = apply_verdict(tables, gains, tasks, report)
+    decision["best"] = primary_best(trials, tables, report, resamples=resamples)
+    primary = verdict.parse_primary(report.get("primary"))
+    mode = "logit" if primary is None else primary["mode"]  # None: the held-out loss
+    sb = {task: sb_against_gain(g, mode, decision["alpha"]) for task, g in gains.items()
+          if any(x.get("S_b") is not None for x in g)}
+    methods = sorted({x.get("method") for rows in tables.values() for r in rows
+                      for x in [c for ms in r["cells"].values() for c in ms.values()] + [r.get("heldout_delta") or {}]
+                      if x.get("method")})
+    decision["legend"] = verdict.legend(methods, report.get("primary") if decision["primary_found"] else
+                                        (f"{report.get('primary')} (not evaluated in this sweep)"
+                                         if report.get("primary") else None),
+                                        decision["adjust"], decision["alpha"], decision["family_size"])
+    if report.get("footing"):
+        decision["legend"].append("Plans: " + report["footing"] + ".")
     return {"tables": tables, "split_gains": gains, "domain_general": domain_general(tables, domain, general),
-            "records": delta_records(tables), "roles": {"domain": list(domain), "general": list(general)}}
+            "records": delta_records(tables), "roles": {"domain": list(domain), "general": list(general)},
+            "verdict": decision, "sb_vs_gain": sb, "split_like_best": (trace or {}).get("split_like_best") or {}}
+
+
+def verdict_markdown(summary: dict) -> list[str]:
+    """The verdict block: the primary comparison per row (adjusted), the best or "no clear best", how the
+    marks are controlled and what every interval covers, and whether S(b) could be put to a test."""
+    v = summary.get("verdict") or {}
+    md = ["**Verdict**", ""]
+    prim = [c for c in v.get("comparisons", []) if c.get("primary")]
+    if prim:
+        md.append(f"Primary comparison ({v.get('primary')}) against full, adjusted:")
+        for c in prim:
+            word = {1: "▲ better", -1: "▼ worse", 0: "no clear change", None: "no test"}[c["sign"]]
+            if c["task"] == HELDOUT and c["sign"]:
+                word = "▲ lower loss (better)" if c["sign"] < 0 else "▼ higher loss (worse)"
+            pa = "-" if c.get("p_adj") is None else f"{c['p_adj']:.3g}"
+            md.append(f"- {c['a']}: Δ {c['delta']:+.3f}, p = {_fmt_p(c.get('p'))}, adjusted p = {pa}: {word}")
+    else:
+        md.append(f"Primary comparison: {v.get('primary') or 'none declared'} - not evaluated in this sweep; "
+                  "every comparison is in one Holm family.")
+    b = v.get("best")
+    if b:
+        md.append(f"Best on {b['metric']}: **{b['best']}** (beats every other row, Bonferroni over {b['pairs']} "
+                  f"pairs, largest p = {_fmt_p(b['p'])})" if b["best"] else
+                  f"Best on {b['metric']}: no clear best - the top row {b['top']} does not beat the runner-up "
+                  f"{b['runner_up']} (or another row) at {v.get('alpha', 0.05):g} / {b['pairs']} pairs "
+                  f"(largest pairwise p = {_fmt_p(b['p'])})")
+    md += _split_words(summary)
+    for task, s in (summary.get("sb_vs_gain") or {}).items():
+        md.append(f"S(b) against the realised gain ({task}, {s['gain']}): {s['words']}.")
+    md.append("")
+    md += [f"- {line}" for line in v.get("legend", [])]
+    return md
+
+
+NO_GENERAL = ("No general task ran, so forgetting is not measured here: the default sweep leaves MMLU out because "
+              "its 16 questions (2 per subject) gave a [0, 0] interval in every trial, a third of the evaluation "
+              "spent on numbers that cannot move; configs/paper-check.yaml runs MMLU (114 questions) as the general "
+              "probe, or add it with eval.tasks=[wordnet_mc,mmlu].")
+
+
+def not_general(summary: dict) -> bool:
+    """True when the sweep declared general tasks but none of them ran."""
+    general = summary.get("roles", {}).get("general", [])
+    return bool(general) and not any(t in summary.get("tables", {}) for t in general)
+
+
+def rich_verdict(summary: dict) -> list[str]:
+    """The verdict block for the terminal (the same lines as summary.md's, Markdown marks dropped)."""
+    lines = [line.replace("**", "") for line in verdict_markdown(summary) if line]
+    return lines + ([NO_GENERAL] if not_general(summary) else [])
+
+
+def _split_words(summary: dict) -> list[str]:
+    """The split S(b) favours among the sweep's splits, and the ones the trace cannot tell from it."""
+    like = summary.get("split_like_best") or {}
+    gains = next(iter((summary.get("split_gains") or {}).values()), [])
+    scored = [(g["split"], g["S_b"]) for g in gains if g.get("S_b") is not None]
+    if not scored:
+        return []
+    top = max(scored, key=lambda x: x[1])[0]
+    same = [r for r, _ in scored if like.get(f"{float(r):g}")]
+    if not like:
+        return [f"Largest S(b) among the sweep's splits: r = {top:g} (argmax of point estimates; the trace gave no "
+                "set of splits indistinguishable from it)."]
+    tail = "the data single it out" if same == [top] else \
+        "not distinguishable from it: r = " + ", ".join(f"{r:g}" for r in same)
+    return [f"Largest S(b) among the sweep's splits: r = {top:g}; {tail} (one-sided 95% bootstrap over prompts)."]
+
+
+def _fmt_p(p: Optional[float]) -> str:
+    return "-" if p is None else f"{p:.3g}"
 
 
 def summary_markdown(summary: dict) -> str:
-    """summary.md: how to read it, domain versus general, then per task the table and the S(b) gains."""
+    """summary.md: the verdict and how to read it, domain versus general, then per task the table and the
+    S(b) gains."""
     md = [LEGEND[0].upper() + LEGEND[1:] + ".", ""]
+    if summary.get("verdict"):
+        md += verdict_markdown(summary) + [""]
     if summary["domain_general"]:
         md += [domain_general_markdown(summary["domain_general"]), ""]
     missing = {role: [t for t in summary.get("roles", {}).get(role, []) if t not in summary["tables"]]
@@ -728,6 +1079,8 @@ def summary_markdown(summary: dict) -> str:
     if any(missing.values()):
         md += ["Not evaluated in this sweep: " + "; ".join(f"eval.{role} {', '.join(ts)}"
                                                           for role, ts in missing.items() if ts) + ".", ""]
+    if not_general(summary):
+        md += [NO_GENERAL, ""]
     for task, rows in summary["tables"].items():
         md += [table_markdown(task, rows), ""]
         if summary["split_gains"].get(task):
@@ -735,12 +1088,12 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(md)
 
 
-DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights")
+DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights", "heldout_docs")
 
 
 def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_layers: int,
                   parent_run_id: Optional[str] = None, tracking=None, domain: Sequence[str] = ("wordnet_mc",),
-                  general: Sequence[str] = ("mmlu",)) -> dict:
+                  general: Sequence[str] = ("mmlu",), report=None) -> dict:
     """Write the summary files into ``run_dir/summary`` and log them to the parent run (files, the flat
     per-cell table as an MLflow table ``summary/deltas.json``, S(b) and its interval as metrics)."""
     from raycpt.io import atomic_write_json, atomic_write_text
@@ -748,7 +1101,7 @@ def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_
     out = Path(run_dir) / "summary"
     out.mkdir(parents=True, exist_ok=True)
     full = [load_outcomes(t) for t in trials]
-    summary = build_summary(full, trace, domain, general)
+    summary = build_summary(full, trace, domain, general, report=report)
     files = [atomic_write_text(out / "deltas.csv", _csv(summary["records"]))]
     for task, rows in summary["tables"].items():
         files.append(atomic_write_text(out / f"table_{task}.csv", _csv(delta_records({task: rows}))))

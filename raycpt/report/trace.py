@@ -56,11 +56,17 @@ TABLE_COLUMNS = [("ratio", "Trainable shallow ratio"), ("split_layer", "Split la
                  ("shallow_layers", "Shallow (train)"), ("deep_layers", "Deep (freeze)"), ("S", "S(b)"),
                  ("S_lo", "S(b) 2.5%"), ("S_hi", "S(b) 97.5%"),
                  ("ls_shallow", "LS^ shallow"), ("tp_deep", "TP^ deep"), ("tp_shallow", "TP^ shallow"),
-                 ("ls_deep", "LS^ deep"), ("S_median", "S(b) on medians")]
-S_INTERVAL_NOTE = ("The 95% interval of S(b) is a percentile bootstrap over prompts (prompts drawn with replacement, "
-                   "S(b) recomputed from their means each time): a few prompts whose Ratio explodes (P_t near 0; up "
-                   "to 1e5 on Gemma 3) pull the mean-based S(b) towards 0, and an interval containing 0 says its "
-                   "sign means nothing.")
+                 ("ls_deep", "LS^ deep"), ("S_median", "S(b) on medians"), ("like_best", "≈ best")]
+S_INTERVAL_NOTE = ("The 95% interval of S(b) is a BCa bootstrap over prompts (prompts drawn with replacement, S(b) "
+                   "recomputed from their means each time; bias and skew corrected, the point always inside): a few "
+                   "prompts whose Ratio explodes (P_t near 0; up to 1e5 on Gemma 3) pull the mean-based S(b) towards "
+                   "0, and an interval containing 0 says its sign means nothing. Its coverage on heavy-tailed prompts "
+                   "is measured by benchmarks/bench_calibration.py (sb_ci_coverage) and falls short there: the min-max "
+                   "normalisation of noisy per-layer means biases S(b) towards 0 by about as much as its spread, which "
+                   "no bootstrap of this statistic removes; read the interval as a lower bound on the uncertainty. "
+                   "'≈ best' marks the splits whose S(b) is not distinguishable from the largest (one-sided 95% "
+                   "bootstrap bound of the difference reaches 0): the recommended split is one of them, not a finding "
+                   "on its own when there are several.")
 S_RESAMPLES = 2000
 
 
@@ -70,15 +76,21 @@ def add_s_intervals(table: Sequence[dict], ratio_rows: np.ndarray, djs_rows: np.
     on every S(b)-table row, in place."""
     from raycpt.diagnostics.scores import boundary_score_interval
 
-    ivs = boundary_score_interval(ratio_rows, djs_rows, [row["split_layer"] for row in table], resamples, seed)
-    for row, iv in zip(table, ivs):
-        row["S_lo"], row["S_hi"] = iv.lo, iv.hi
+    from raycpt.diagnostics.scores import splits_like_best
+
+    bs = [row["split_layer"] for row in table]
+    ivs = boundary_score_interval(ratio_rows, djs_rows, bs, resamples, seed)
+    like = splits_like_best(ratio_rows, djs_rows, bs, resamples, seed) if len(bs) > 1 else [True] * len(bs)
+    for row, iv, lk in zip(table, ivs, like):
+        row["S_lo"], row["S_hi"], row["like_best"] = iv.lo, iv.hi, lk
 
 
 def fmt_cell(key: str, v) -> str:
     """One S(b)-table cell as text (ratios as percentages, floats to 3 decimals)."""
     if key == "S_ci":  # the row's interval, passed as (lo, hi)
         return "-" if v is None or v[0] is None else f"[{v[0]:.3f}, {v[1]:.3f}]"
+    if key == "like_best":
+        return "-" if v in (None, "-") else ("yes" if v else "no")
     if key == "ratio":
         return f"{v:.0%}" if abs(v * 100 - round(v * 100)) < 1e-9 else f"{v:.1%}"
     if isinstance(v, float):
@@ -117,12 +129,15 @@ def profiles_csv(profiles: dict) -> str:
     w = csv.writer(buf, lineterminator="\n")
     groups = list(profiles.get("groups", {}))
     med = profiles.get("median")
+    out_k = profiles.get("mass_outside")  # [embedding, block 0..N-1]: block i is column i + 1
     w.writerow(["layer", "tp", "ls", "tp_norm", "ls_norm"] + (["tp_median", "ls_median"] if med else [])
+               + (["q_mass_outside_topk"] if out_k is not None else [])
                + [f"tp/{g}" for g in groups] + [f"ls/{g}" for g in groups])
     for i in range(len(profiles["tp"])):
         w.writerow([i, repr(float(profiles["tp"][i])), repr(float(profiles["ls"][i])),
                     repr(float(profiles["tp_norm"][i])), repr(float(profiles["ls_norm"][i]))]
                    + ([repr(float(med["tp"][i])), repr(float(med["ls"][i]))] if med else [])
+                   + ([repr(float(out_k[i + 1]))] if out_k is not None else [])
                    + [repr(float(profiles["groups"][g]["tp"][i])) for g in groups]
                    + [repr(float(profiles["groups"][g]["ls"][i])) for g in groups])
     return buf.getvalue()
@@ -243,7 +258,9 @@ def aggregate(prep, rows: dict[str, np.ndarray]) -> dict:
     answer_ids = np.array([e.answer_id for e in prep.encoded])
     has_answer = answer_ids >= 0
     hit = (rows["t_star"] == answer_ids) & has_answer
-    intervals = [tp_interval(r, t.tau) for r in rows["ratio"]]
+    # the Task-Particle interval under 004 §4.1's per-layer top-k reading (over the full softmax P_t is
+    # never 0, so Ratio > 0 everywhere and the interval would be every layer); full-softmax rows as fallback
+    intervals = [tp_interval(r, t.tau) for r in rows.get("ratio_topk", rows["ratio"])]
     df = pd.DataFrame({
         "index": np.arange(len(groups)),
         "line": [r.line for r in prep.records],
@@ -264,7 +281,10 @@ def aggregate(prep, rows: dict[str, np.ndarray]) -> dict:
         "js": list(rows["js"]),
         "ratio": list(rows["ratio"]),
         "djs": list(rows["djs"]),
+        **({"q_mass_outside": list(rows["q_mass_outside"])} if "q_mass_outside" in rows else {}),
     })
     tp_layers = [int(i) for i in np.flatnonzero(prof["tp"] > t.tau)]
     hit_rate = float(hit[has_answer].mean()) if has_answer.any() else None
+    if "q_mass_outside" in rows:  # per layer: mean share of Q outside P's top-k, beside JS@k
+        prof["mass_outside"] = np.asarray(rows["q_mass_outside"], dtype=np.float64).mean(axis=0)
     return dict(df=df, profiles=prof, table=table, recommended=rec, tp_layers=tp_layers, hit_rate=hit_rate)

@@ -131,3 +131,36 @@ def test_answers_of_every_mode():
     assert answers_of(qs, "logit") == {"q1": {"pred": "A", "gold": "B", "correct": False}}
     assert answers_of(qs, "cloze") == {"q1": {"pred": "B", "gold": "B", "correct": True}}
     assert answers_of(qs, "generate") == {"q1": {"pred": "B", "gold": "B", "correct": True}}
+
+
+# ------------------------------------------------------------------------------ issue 24: intervals with a guard
+def test_fieller_interval_is_the_set_of_ratios_a_t_test_accepts():
+    import numpy as np
+    from scipy.stats import ttest_1samp
+
+    from raycpt.stats import fieller_ratio
+
+    rng = np.random.default_rng(0)
+    b = (rng.random(200) < 0.3).astype(float)  # full - base per question (0/1 gains)
+    a = b * (rng.random(200) < 0.6)  # the layer recovers ~60% of them
+    lo, hi, ok = fieller_ratio(a, b)
+    grid = np.linspace(-1, 2, 30001)
+    kept = [th for th in grid if ttest_1samp(a - th * b, 0.0).pvalue >= 0.05]
+    assert ok and lo == pytest.approx(min(kept), abs=2e-4) and hi == pytest.approx(max(kept), abs=2e-4)
+
+
+def test_contribution_guard_when_full_training_does_not_gain():
+    from raycpt.diagnostics.contribution import contribution_intervals
+
+    def res(correct):
+        return {"answers": {f"q{i}": {"correct": bool(c), "pred": "A", "gold": "A"} for i, c in enumerate(correct)}}
+
+    base = res([0] * 40)
+    full = res([1, 1] + [0] * 38)  # 2 questions of 40: exact McNemar p = 0.5
+    single = {3: res([1] + [0] * 39)}
+    out = contribution_intervals(base, full, single)
+    assert "contribution_guard" in out and "contribution_ci" not in out and "not above 0" in out["contribution_guard"]
+    full = res([1] * 20 + [0] * 20)  # a clear gain: intervals come back
+    out = contribution_intervals(base, full, {3: res([1] * 10 + [0] * 30)})
+    lo, hi = out["contribution_ci"][3]
+    assert lo < 0.5 < hi

@@ -287,3 +287,64 @@ def test_skip_is_arithmetic_and_equals_reading():
         assert e == seq[skip][0] and np.array_equal(rows, seq[skip][1])
     with pytest.raises(RaycptError, match="fewer than one micro-batch"):
         next(iter_micro_batches(ArrayBlocks(np.zeros((3, 2))), 2, world=2))
+
+
+# ------------------------------------------------------------------------------ issue 24: the held-out sample
+def test_spread_sample_covers_the_whole_corpus_seeded():
+    import numpy as np
+
+    from raycpt.data.corpus import spread_sample
+
+    idx = spread_sample(31587, 128, seed=3)
+    assert len(idx) == 128 == len(set(idx.tolist())) and (np.diff(idx) > 0).all()
+    # one document per stratum of 31587 / 128 = 246.8 documents: each quarter of the corpus holds 32
+    assert [int(((idx >= q * 31587 / 4) & (idx < (q + 1) * 31587 / 4)).sum()) for q in range(4)] == [32] * 4
+    assert (spread_sample(31587, 128, seed=3) == idx).all() and not (spread_sample(31587, 128, seed=4) == idx).all()
+    assert spread_sample(5, 10).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_block_documents_names_the_majority_document_of_each_block():
+    from raycpt.data.corpus import block_documents, pack_token_lists
+
+    docs = [[1] * 5, [2] * 2, [3] * 9]  # with EOS: 6, 3, 10 tokens -> 19 tokens, blocks of 4: 4 full blocks
+    assert len(pack_token_lists(docs, 4, 0)) == 4
+    # block 0: d0 x4; block 1: d0 x2, d1 x2 (tie -> the first); block 2: d1 x1, d2 x3; block 3: d2 x4
+    assert block_documents(docs, 4, ["a", "b", "c"]) == ["a", "a", "c", "c"]
+
+
+def test_heldout_share_holds_documents_out_of_the_store_everywhere_in_the_corpus(tmp_path):
+    import hashlib
+
+    from raycpt.data.corpus import heldout_blocks_and_documents, heldout_documents
+
+    tiny = save_tiny(tmp_path / "tiny")
+    tok = tiny_tokenizer()
+    docs = _lines_corpus(tmp_path / "c.jsonl", 400)
+    cfg = DataConfig(corpus=[str(tmp_path / "c.jsonl")], seq_len=16, max_documents=350, heldout_share=0.1,
+                     heldout_seed=1)
+
+    def held(d):  # the rule, written here: blake2b-64 of "seed\0text" below share * 2^64
+        h = int.from_bytes(hashlib.blake2b(f"1\0{d}".encode(), digest_size=8).digest(), "big")
+        return h < 0.1 * 2 ** 64
+
+    out = [i for i, d in enumerate(docs[:350]) if held(d)]
+    assert 15 < len(out) < 60  # ~35 of 350
+    store, _ = ensure_packed(cfg, str(tiny), tmp_path / "runs")
+    keep = [d for i, d in enumerate(docs[:350]) if i not in set(out)]
+    assert store.manifest["num_documents"] == len(keep)
+    want = _hand_pack(keep, tok, 16)
+    assert PackedBlocks(store.path, store.manifest).rows(np.arange(len(want))).tolist() == want.tolist()
+    # another key than the store without a held-out set
+    plain, _ = ensure_packed(DataConfig(corpus=cfg.corpus, seq_len=16, max_documents=350), str(tiny),
+                             tmp_path / "runs")
+    assert plain.key != store.key
+    # the held-out sample: 12 evenly spaced among the held-out documents, spread over the training range
+    sample = heldout_documents(cfg, 12)
+    idx = [docs.index(d) for d in sample]
+    assert set(idx) <= set(out) and len(idx) == 12 and idx == sorted(idx)
+    assert idx[0] < 350 / 4 and idx[-1] > 3 * 350 / 4
+    blocks, doc_of = heldout_blocks_and_documents(cfg, str(tiny), 12)
+    assert blocks == _hand_pack(sample, tok, 16).tolist() and len(doc_of) == len(blocks)
+    assert doc_of == sorted(doc_of) and set(doc_of) <= set(range(12))
+    with pytest.raises(RaycptError, match="raise data.heldout_share"):
+        heldout_documents(cfg, 1000)

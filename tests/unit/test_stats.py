@@ -12,6 +12,19 @@ from raycpt.stats import (Interval, paired_delta, percentile_interval, resample_
                           stratified_paired_delta)
 
 
+def naive_bca(point, reps, jack, level=0.95):
+    """Efron's BCa ends, by the textbook: z0 from the share of replicates below the point, the acceleration
+    from the jackknife's third moment; then the interval widened to hold the point."""
+    from scipy.stats import norm
+
+    z0 = norm.ppf((np.sum(reps < point) + 0.5 * np.sum(reps == point)) / len(reps))
+    u = jack.mean() - jack
+    a = np.sum(u ** 3) / (6 * np.sum(u ** 2) ** 1.5)
+    qs = [norm.cdf(z0 + (z0 + z) / (1 - a * (z0 + z))) for z in norm.ppf([(1 - level) / 2, (1 + level) / 2])]
+    lo, hi = np.quantile(reps, qs)
+    return min(lo, point), max(hi, point)
+
+
 def _exact_quantiles(values, level=0.95):
     """The percentile interval of the *exact* bootstrap distribution of the mean of ``values``:
     every one of the n**n index tuples enumerated, equally likely."""
@@ -146,9 +159,14 @@ def test_boundary_score_interval_resamples_prompts_and_recomputes_s_b():
     idx = np.random.default_rng(5).integers(0, 9, size=(400, 9))
     for iv, b in zip(ivs, (2, 3)):
         reps = np.array([_naive_s(ratio[i], djs[i], b) for i in idx])
-        lo, hi = np.quantile(reps, [0.025, 0.975])
-        assert iv.point == pytest.approx(_naive_s(ratio, djs, b), abs=1e-12)
+        point = _naive_s(ratio, djs, b)
+        jack = np.array([_naive_s(np.delete(ratio, k, 0), np.delete(djs, k, 0), b) for k in range(9)])
+        # was the percentile interval of these replicates; the issue (24): it can exclude its own point on
+        # heavy-tailed prompts, so the interval is BCa (written out here by hand) widened to hold the point
+        lo, hi = naive_bca(point, reps, jack)
+        assert iv.point == pytest.approx(point, abs=1e-12)
         assert (iv.lo, iv.hi) == pytest.approx((lo, hi), abs=1e-12) and iv.n == 9
+        assert iv.lo <= iv.point <= iv.hi
 
 
 def test_boundary_score_interval_of_identical_prompts_is_a_point():
@@ -160,3 +178,99 @@ def test_boundary_score_interval_of_identical_prompts_is_a_point():
     # S = mean ls[0:2] + mean tp[2:] - mean tp[0:2] - mean ls[2:] = 2/3 + 0.5625 - 0.25 - 1/18
     s = 2 / 3 + 0.5625 - 0.25 - 1 / 18
     assert (iv.point, iv.lo, iv.hi) == pytest.approx((s, s, s))
+
+
+# ------------------------------------------------------------------------------ exact paired tests, issue 24
+@pytest.mark.parametrize("n10, n01", [(4, 0), (0, 4), (7, 2), (12, 11), (0, 0), (30, 5), (1, 0)])
+def test_mcnemar_exact_is_scipys_binomial_test(n10, n01):
+    from scipy.stats import binomtest
+
+    from raycpt.stats import mcnemar_exact
+
+    ref = 1.0 if n10 + n01 == 0 else binomtest(n10, n10 + n01, 0.5).pvalue
+    assert mcnemar_exact(n10, n01) == pytest.approx(ref, rel=1e-12)
+
+
+def test_issue_example_four_to_zero_of_32_is_not_a_change():
+    # the issue: 4 questions to 0 out of 32 was marked with a bootstrap [3.12, 25.00]; exact p = 2 / 2^4 = 0.125
+    from raycpt.stats import paired_accuracy_delta
+
+    a = np.zeros(32)
+    a[:4] = 1
+    iv = paired_accuracy_delta(a, np.zeros(32), scale=100.0)
+    assert iv.p == pytest.approx(0.125) and iv.point == pytest.approx(12.5)
+    assert iv.lo < 0 < iv.hi and iv.sign() == 0
+
+
+def test_score_interval_matches_a_naive_grid_inversion():
+    from tests.unit.test_sweep_report import _naive_score_interval
+
+    from raycpt.stats import paired_accuracy_delta
+
+    rng = np.random.default_rng(3)
+    a = (rng.random(60) < 0.5).astype(int)
+    b = np.where(rng.random(60) < 0.85, a, 1 - a)
+    iv = paired_accuracy_delta(a, b, scale=100.0)
+    lo, hi = _naive_score_interval(a, b)
+    assert (iv.lo, iv.hi) == pytest.approx((lo, hi), abs=0.06)
+
+
+def test_ratio_t_over_documents_is_scipys_t_on_document_means():
+    from scipy.stats import ttest_1samp
+
+    from raycpt.stats import ratio_delta_t
+
+    rng = np.random.default_rng(4)
+    docs = np.repeat(np.arange(10), 4)
+    a = 3 + rng.standard_normal(40) + np.repeat(rng.standard_normal(10), 4)
+    b = a + 0.1 + 0.3 * rng.standard_normal(40)
+    iv = ratio_delta_t(a, b, clusters=docs)
+    ref = ttest_1samp((a - b).reshape(10, 4).mean(1), 0.0)
+    assert (iv.lo, iv.hi) == pytest.approx(tuple(ref.confidence_interval(0.95)), rel=1e-9)
+    assert iv.p == pytest.approx(ref.pvalue, rel=1e-9) and iv.n == 10
+
+
+def test_bca_holds_its_point_and_matches_scipy_on_a_mean():
+    from scipy.stats import bootstrap as sp_bootstrap
+
+    from raycpt.stats import bca_interval, bootstrap_replicates
+
+    rng = np.random.default_rng(5)
+    x = rng.lognormal(0, 1.2, 80)
+    reps = bootstrap_replicates([x], lambda v: v.mean(-1), 20000, seed=1)
+    jack = (x.sum() - x) / (len(x) - 1)
+    lo, hi = bca_interval(x.mean(), reps, jack)
+    ref = sp_bootstrap((x,), np.mean, method="BCa", n_resamples=20000, rng=np.random.default_rng(2)).confidence_interval
+    assert lo == pytest.approx(ref.low, rel=0.03) and hi == pytest.approx(ref.high, rel=0.03)
+    # a replicate cloud entirely above the point still gives an interval holding the point
+    lo, hi = bca_interval(0.0, np.linspace(1, 2, 1000), np.linspace(-1, 1, 50))
+    assert lo <= 0.0 <= hi
+
+
+def test_spearman_exact_permutation_against_enumeration_and_too_few_splits():
+    import itertools
+
+    from scipy.stats import spearmanr
+
+    from raycpt.stats import spearman_test
+
+    x, y = [0.1, 0.3, 0.2, 0.5, 0.4, 0.7], [1.0, 2.5, 0.5, 4.0, 3.0, 3.5]
+    res = spearman_test(x, y)
+    rho = spearmanr(x, y).statistic
+    # the exact two-sided p, enumerated here: share of the 720 orderings of y with |rho| >= the observed
+    rhos = [spearmanr(x, p).statistic for p in itertools.permutations(y)]
+    assert res["rho"] == pytest.approx(rho) and res["testable"]
+    assert res["p"] == pytest.approx(np.mean(np.abs(rhos) >= abs(rho) - 1e-12))
+    three = spearman_test([0.1, 0.2, 0.3], [1.0, 2.0, 3.0])  # n = 3: the smallest two-sided p is 1/3
+    assert not three["testable"] and three["p"] is None and three["rho"] == pytest.approx(1.0)
+
+
+def test_seed_question_interval_reduces_to_the_question_part_with_identical_seeds():
+    from scipy.stats import t as student
+
+    from raycpt.stats import seed_question_interval
+
+    d = np.array([1.0, 0.0, 0.0, 1.0, -1.0, 1.0, 0.0, 1.0])
+    iv = seed_question_interval([d.mean()] * 3, [d] * 3)  # no seed spread: the one-sample t over questions
+    half = student.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    assert (iv.lo, iv.hi) == pytest.approx((d.mean() - half, d.mean() + half))

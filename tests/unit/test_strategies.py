@@ -39,8 +39,8 @@ def expected_map(n, layers):
 # (plan config, num_layers, expected trainable layers) - worked by hand
 CASES = [
     (dict(name="full"), 5, [0, 1, 2, 3, 4]),
-    (dict(name="train_shallow", split=0.5), 5, [0, 1]),          # round(2.5) = 2 (half to even)
-    (dict(name="train_deep", split=0.5), 5, [2, 3, 4]),
+    (dict(name="train_shallow", split=0.5), 5, [0, 1, 2]),       # 2.5 -> 3 (half up; was 2, half to even)
+    (dict(name="train_deep", split=0.5), 5, [3, 4]),
     (dict(name="train_shallow", split=0.5), 7, [0, 1, 2, 3]),    # round(3.5) = 4
     (dict(name="train_deep", split=0.5), 7, [4, 5, 6]),
     (dict(name="train_shallow", split=0.3), 5, [0, 1]),          # round(1.5) = 2
@@ -82,7 +82,7 @@ def test_every_registered_plan_is_covered():
     assert {c[0]["name"] for c in CASES} | {"elite"} == set(PLANS)
 
 
-@pytest.mark.parametrize("n,r,b", [(30, 0.5, 15), (30, 0.33, 10), (30, 0.66, 20), (28, 0.5, 14), (5, 0.5, 2),
+@pytest.mark.parametrize("n,r,b", [(30, 0.5, 15), (30, 0.33, 10), (30, 0.66, 20), (28, 0.5, 14), (5, 0.5, 3),
                                    (7, 0.5, 4), (36, 0.5, 18), (5, 0.7, 4)])
 def test_split_index_rounds(n, r, b):
     assert split_index(r, n) == b

@@ -259,15 +259,58 @@ def test_s_b_table_carries_a_bootstrap_interval_over_prompts():
         row["S_median"] = 0.0
     add_s_intervals(rows, r_rows, d_rows, resamples=300, seed=4)
     idx = np.random.default_rng(4).integers(0, 12, size=(300, 12))
+    from tests.unit.test_stats import naive_bca
+
+    def s_of(r, d, b):
+        p = profiles(r, d)
+        return boundary_score(p["tp_norm"], p["ls_norm"], b)
+
     for row in rows:
-        reps = []
-        for i in idx:
-            p = profiles(r_rows[i], d_rows[i])
-            reps.append(boundary_score(p["tp_norm"], p["ls_norm"], row["split_layer"]))
-        assert (row["S_lo"], row["S_hi"]) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])), abs=1e-12)
+        b = row["split_layer"]
+        reps = np.array([s_of(r_rows[i], d_rows[i], b) for i in idx])
+        jack = np.array([s_of(np.delete(r_rows, k, 0), np.delete(d_rows, k, 0), b) for k in range(12)])
+        # was the percentile interval of the replicates; now BCa holding the point (issue 24), by hand
+        assert (row["S_lo"], row["S_hi"]) == pytest.approx(naive_bca(row["S"], reps, jack), abs=1e-12)
+        assert row["like_best"] in (True, False)
     from raycpt.report.trace import fmt_cell
 
     assert fmt_cell("S_ci", (rows[0]["S_lo"], rows[0]["S_hi"])) == f"[{rows[0]['S_lo']:.3f}, {rows[0]['S_hi']:.3f}]"
     assert fmt_cell("S_ci", (None, None)) == "-"  # a table from before the intervals
     md = table_markdown(rows)
     assert "S(b) 2.5%" in md and f"{rows[0]['S_lo']:.3f}" in md and "bootstrap over prompts" in md
+
+
+# ------------------------------------------------------------------------------ issue 24: 004 §4.1 readings
+def test_task_particle_under_each_layers_top_k_is_not_every_layer():
+    import torch
+
+    from raycpt.diagnostics.scores import topk_target_prob
+
+    # 3 layers, vocabulary 6, t* = 5: layer 0 ranks it last, layer 1 third, layer 2 first
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0],
+                           [5.0, 4.0, 3.0, 0.0, 0.0, 3.5],
+                           [0.0, 1.0, 0.0, 0.0, 0.0, 6.0]])
+    tgt = torch.tensor([5, 5, 5])
+    p = topk_target_prob(logits, tgt, 3).numpy()
+    # by hand: layer 0: t* not in its top-3 -> 0; layer 1: top-3 = {5, 4, 3.5}: e^3.5 / (e^5 + e^4 + e^3.5);
+    # layer 2: top-3 = {6, 1, 0}: e^6 / (e^6 + e^1 + e^0)
+    e = np.exp
+    assert p == pytest.approx([0.0, e(3.5) / (e(5) + e(4) + e(3.5)), e(6) / (e(6) + e(1) + 1)])
+    full = torch.softmax(logits.double(), -1)[:, 5].numpy()
+    assert (ratio(np.r_[full[0], full])[1:] > 0).all()  # full softmax: every layer in the interval
+    # Ratio over [layer 0 again as the embedding, layers 0..2] with the top-k reading: layer 0 drops out
+    assert tp_interval(ratio(np.r_[p[0], p]), 0.0) == (1, 2, 2)
+
+
+def test_mass_outside_top_k_sees_what_js_at_k_cannot():
+    import torch
+
+    from raycpt.diagnostics.scores import mass_outside, support, topk_js
+
+    # P puts its mass on tokens 0-1; Q keeps their ratio but moves 86% of its mass to tokens 2-5
+    p = torch.log(torch.tensor([[0.6, 0.4, 0.0 + 1e-12, 1e-12, 1e-12, 1e-12]]))
+    q = torch.log(torch.tensor([[0.6 * 0.14, 0.4 * 0.14, 0.215, 0.215, 0.215, 0.215]]))
+    idx = support(p, 2)
+    assert float(topk_js(p, q, 2, idx=idx)) == pytest.approx(0.0, abs=1e-9)  # renormalised: identical
+    assert float(mass_outside(p, q, idx)) == pytest.approx(0.86, abs=1e-6)
+    assert float(topk_js(p, q, 0)) > 0.3  # over the full vocabulary the move shows

@@ -1,0 +1,235 @@
+#!/usr/bin/env python
+"""Does the sweep's verdict keep its stated error rates? Simulated sweeps through the REAL summary code.
+
+Five checks, one run (``--smoke``: the same code on a handful of sweeps, seconds; the full run takes a
+few minutes on one core):
+
+1. **null_false_claim_rate** - ``--sweeps`` (>= 200) null sweeps fed to
+   :func:`raycpt.report.sweep.build_summary`: 7 cells (``full``, ``train_shallow`` and ``train_deep`` at
+   three splits: 6 rows against full), ``wordnet_mc`` (domain, 400 questions in 4 categories) and ``mmlu``
+   (general, 456 in 4), three modes (logit, generate, cloze), a held-out set (128 documents x 4 blocks),
+   the primary declared as ``wordnet_mc/logit`` (``report.primary``), Holm with the gate at 0.05. *Null*: every trial answers
+   like one shared base model whose answers it flips independently with probability ``--flip`` (1%: two
+   trials disagree on ~2% of the questions, as two short fine-tunes of one checkpoint do); held-out block
+   losses share a document effect and differ by noise only. A sweep *claims* when any ▲ / ▼ is set
+   (any adjusted sign != 0, gains table included) or a best row is named. Target: share <= 0.05.
+2. **power_5pt** - the same sweeps with one row (``train_shallow`` at the middle split) truly 5 points
+   better on the primary (wordnet_mc, logit, 400 questions): on top of its flips it gets right, with the
+   probability that adds 5 points, the questions it would miss. Detected = that row's primary cell marked
+   ▲ after the whole family's control (exact McNemar, gated Holm over 6 rows and the secondaries). The
+   discordance matters: at 1% flips the gaining row and full disagree on ~7% of questions (p10 ~ 6%,
+   p01 ~ 1%); INFO lines give the power at 2% and 5% flips (~9% and ~15% disagreement) too. Target >= 0.8.
+3. **paired_ci_coverage** - the continuity-corrected score interval of a paired accuracy difference,
+   coverage computed *exactly* (sum over every (n10, n01) outcome of the trinomial, not sampled) on a
+   grid of few-discordant regimes: 32, 100, 400 questions, 0.5-20 expected discordant pairs, 50-100% of
+   them one way. Reported: the minimum over the grid. Target >= 0.94. (INFO: the old percentile bootstrap
+   at 4 expected discordant pairs, one way, on 32 questions.)
+4. **sb_ci_coverage** - :func:`raycpt.diagnostics.scores.boundary_score_interval` (BCa over prompts, the
+   paper's mean-based S(b)) on heavy-tailed prompts: 60 prompts (the sweep's trace), 30 layers, a
+   per-prompt Pareto(1.5) scale (infinite variance) times log-normal per-layer noise on known TP / LS
+   profiles; the truth is S(b) of the known profiles (the scale cancels in the min-max normalisation).
+   Coverage of the three splits' intervals. Target >= 0.93.
+5. **heldout_ci_coverage** - :func:`raycpt.stats.ratio_delta_t` (t over documents) at 20 blocks per
+   document, 128 documents, a document effect twice the block noise. Target >= 0.93 (INFO: the same over
+   blocks, as if blocks were independent).
+
+Prints ``RESULT <name> <value> target <op> <x> PASS|FAIL`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raycpt.diagnostics.scores import boundary_score_interval, boundary_scores, minmax  # noqa: E402
+from raycpt.report.sweep import build_summary, question_outcomes  # noqa: E402
+from raycpt.stats import paired_delta, paired_score_bounds, ratio_delta_t  # noqa: E402
+
+CATS = ["STEM", "Social Science", "Humanities", "Other"]
+KEYS = {"STEM": "stem", "Social Science": "social_science", "Humanities": "humanities", "Other": "other"}
+TASKS = {"wordnet_mc": 400, "mmlu": 456}
+MODES = ("logit", "generate", "cloze")
+BASE_ACC = {"logit": 0.35, "generate": 0.28, "cloze": 0.45}
+SPLITS = (1 / 3, 0.5, 2 / 3)
+CELLS = [("full", "full", None)] + [(f"{s}-r{r:.3g}", s, r) for s in ("train_shallow", "train_deep") for r in SPLITS]
+GAIN_ROW = "train_shallow-r0.5"
+REPORT = {"primary": "wordnet_mc/logit", "adjust": "holm", "alpha": 0.05}  # declared before the "data"
+
+
+def _trial(name, strategy, split, correct: dict, blocks: np.ndarray, docs: np.ndarray) -> dict:
+    """A trial dict as the sweep hands it to build_summary (see tests/unit/test_sweep_report.py)."""
+    scores, questions = {}, {}
+    for task, by_mode in correct.items():
+        n = len(next(iter(by_mode.values())))
+        cat_of = np.arange(n) % 4
+        questions[task] = [{"id": f"{task}{i}", "category": CATS[cat_of[i]],
+                            **{m: {"correct": bool(c[i])} for m, c in by_mode.items()}} for i in range(n)]
+        for m, c in by_mode.items():
+            per = {KEYS[CATS[k]]: 100 * c[cat_of == k].mean() for k in range(4)}
+            scores.update({f"{task}/{k}/{m}": v for k, v in per.items()})
+            scores[f"{task}/average/{m}"] = float(np.mean(list(per.values())))
+            scores[f"{task}/overall/{m}"] = 100 * c.mean()
+    return {"name": name, "group": name, "strategy": strategy, "split": split, "b": None, "seed": 0,
+            "scores": scores, "outcomes": question_outcomes(questions), "heldout_blocks": blocks.tolist(),
+            "heldout_weights": [63] * len(blocks), "heldout_docs": docs.tolist(),
+            "heldout_loss": float(blocks.mean())}
+
+
+def simulate_sweep(rng: np.random.Generator, flip: float, gain: float = 0.0) -> list[dict]:
+    """One sweep's trials: a shared base model's answers, each trial flipping them independently; the
+    ``GAIN_ROW`` trial additionally right, with the probability that adds ``gain``, where it would miss."""
+    base = {t: {m: rng.random(n) < BASE_ACC[m] for m in MODES} for t, n in TASKS.items()}
+    docs = np.repeat(np.arange(128), 4)
+    doc_effect = 0.3 * rng.standard_normal(128)[docs]
+    trials = []
+    for name, strategy, split in CELLS:
+        correct = {}
+        for t, by_mode in base.items():
+            correct[t] = {}
+            for m, b in by_mode.items():
+                c = b ^ (rng.random(b.size) < flip)
+                if gain and name == GAIN_ROW and t == "wordnet_mc" and m == "logit":
+                    c = c | (~c & (rng.random(b.size) < gain / max(1e-9, (~c).mean())))
+                correct[t][m] = c.astype(int)
+        blocks = 3.5 + doc_effect + 0.15 * rng.standard_normal(docs.size)
+        trials.append(_trial(name, strategy, split, correct, blocks, docs))
+    return trials
+
+
+def claims(summary: dict) -> bool:
+    """Any adjusted mark or a named best in the summary."""
+    v = summary["verdict"]
+    if any(c.get("sign") for c in v["comparisons"]):
+        return True
+    return bool(v.get("best") and v["best"].get("best"))
+
+
+def detected(summary: dict) -> bool:
+    return any(c["a"] == GAIN_ROW and c.get("primary") and c.get("sign") == 1 for c in summary["verdict"]["comparisons"])
+
+
+def run_sweeps(n: int, flip: float, gain: float, seed: int) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    hits = []
+    for _ in range(n):
+        s = build_summary(simulate_sweep(rng, flip, gain), None, ["wordnet_mc"], ["mmlu"], resamples=200,
+                          report=REPORT)
+        hits.append(detected(s) if gain else claims(s))
+    share = float(np.mean(hits))
+    return share, 1.96 * np.sqrt(max(share * (1 - share), 1e-12) / n)
+
+
+# ------------------------------------------------------------------------------------------ intervals
+def exact_paired_coverage(n: int, p10: float, p01: float) -> float:
+    """P(the score interval holds p10 - p01), summed exactly over the trinomial's (n10, n01) outcomes."""
+    from scipy.stats import multinomial
+
+    m = min(n, int(n * (p10 + p01) + 12 * np.sqrt(n * (p10 + p01) + 1) + 10))
+    b, c = np.meshgrid(np.arange(m + 1), np.arange(m + 1), indexing="ij")
+    ok = b + c <= n
+    b, c = b[ok], c[ok]
+    pr = multinomial.pmf(np.stack([b, c, n - b - c], -1), n, [p10, p01, 1 - p10 - p01])
+    lo, hi = paired_score_bounds(b, c, n)
+    d = p10 - p01
+    return float(np.sum(pr * ((lo <= d + 1e-12) & (d - 1e-12 <= hi))))
+
+
+def paired_coverage(smoke: bool) -> tuple[float, tuple]:
+    grid = [(n, ed, fr) for n in (32, 100, 400) for ed in np.linspace(0.5, 20, 6 if smoke else 40)
+            for fr in np.linspace(0.5, 1.0, 3 if smoke else 11)]
+    covs = [(exact_paired_coverage(n, ed * fr / n, ed * (1 - fr) / n), n, ed, fr) for n, ed, fr in grid]
+    return min(covs)[0], min(covs)[1:]
+
+
+def bootstrap_coverage(reps: int, rng) -> float:
+    """The old percentile bootstrap at 4 expected discordant pairs (all one way) on 32 questions."""
+    hit = 0
+    for k in range(reps):
+        d = rng.random(32) < 4 / 32
+        iv = paired_delta(d.astype(float), np.zeros(32), resamples=400, seed=k)
+        hit += iv.lo <= 4 / 32 <= iv.hi
+    return hit / reps
+
+
+def sb_coverage(reps: int, prompts: int = 60, seed: int = 0) -> tuple[float, float]:
+    """Coverage of the S(b) interval (BCa over prompts) on heavy-tailed prompts, and the share holding the point."""
+    rng = np.random.default_rng(seed)
+    layers = np.arange(30)
+    tp = 0.05 + np.exp(-(layers - 24) ** 2 / 20.0)  # task particle deep
+    ls = 0.05 + np.exp(-(layers - 4) ** 2 / 30.0)  # sensitive layers shallow
+    bs = [10, 15, 20]
+    true = np.array([boundary_scores(minmax(tp), minmax(ls), b) for b in bs])
+    hit, inside = 0, 0
+    for k in range(reps):
+        def noisy(profile):
+            scale = 1 + rng.pareto(1.5, (prompts, 1))
+            return profile * scale * rng.lognormal(0, 0.3, (prompts, 30))
+        ivs = boundary_score_interval(noisy(tp), noisy(ls), bs, resamples=1000, seed=k)
+        hit += sum(iv.lo <= t <= iv.hi for iv, t in zip(ivs, true))
+        inside += sum(iv.lo <= iv.point <= iv.hi for iv in ivs)
+    return hit / (3 * reps), inside / (3 * reps)
+
+
+def heldout_coverage(reps: int, per_doc: int = 20, docs: int = 128, seed: int = 0) -> tuple[float, float]:
+    """Coverage of the held-out loss delta's interval: t over documents, and (INFO) over blocks."""
+    rng = np.random.default_rng(seed)
+    doc_of = np.repeat(np.arange(docs), per_doc)
+    hit_doc, hit_blk, true = 0, 0, -0.02
+    for _ in range(reps):
+        d = true + 0.1 * rng.standard_normal(docs)[doc_of] + 0.05 * rng.standard_normal(doc_of.size)
+        a = 3.5 + d
+        iv = ratio_delta_t(a, np.full_like(a, 3.5), clusters=doc_of)
+        hit_doc += iv.lo <= true <= iv.hi
+        ivb = ratio_delta_t(a, np.full_like(a, 3.5))
+        hit_blk += ivb.lo <= true <= ivb.hi
+    return hit_doc / reps, hit_blk / reps
+
+
+def result(name: str, value: float, op: str, target: float, extra: str = "") -> bool:
+    ok = value <= target if op == "<=" else value >= target
+    print(f"RESULT {name} {value:.4f} target {op} {target:g} {'PASS' if ok else 'FAIL'}" + (f"  # {extra}" if extra else ""),
+          flush=True)
+    return ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="a handful of sweeps and a coarse grid (seconds)")
+    ap.add_argument("--sweeps", type=int, default=200, help="null sweeps and power sweeps (each)")
+    ap.add_argument("--flip", type=float, default=0.01, help="per-answer flip probability of each trial")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    n = 4 if args.smoke else max(200, args.sweeps)
+    t0 = time.perf_counter()
+    null, null_hw = run_sweeps(n, args.flip, 0.0, args.seed)
+    result("null_false_claim_rate", null, "<=", 0.05, f"{n} null sweeps, 6 rows x 2 tasks x 3 modes + held-out, "
+           f"gated Holm at 0.05, +-{null_hw:.3f} (95% MC)")
+    power, pw_hw = run_sweeps(n, args.flip, 0.05, args.seed + 1)
+    result("power_5pt", power, ">=", 0.8, f"{n} sweeps, {GAIN_ROW} +5 points on wordnet_mc logit (400 q), exact "
+           f"McNemar, flips {args.flip:g}, +-{pw_hw:.3f}")
+    if not args.smoke:
+        for k, f in enumerate((0.02, 0.05)):
+            pk, hw = run_sweeps(max(50, n // 4), f, 0.05, args.seed + 2 + k)
+            print(f"INFO power_5pt at flips {f:g} (null trials disagree on {2 * f:.0%}; the gaining row and full on "
+                  f"~{2 * f + 0.05:.0%}): {pk:.3f} +-{hw:.3f}", flush=True)
+    cov, where = paired_coverage(args.smoke)
+    result("paired_ci_coverage", cov, ">=", 0.94, f"exact, min at n={where[0]}, {where[1]:.1f} expected discordant, "
+           f"{where[2]:.0%} one way")
+    print(f"INFO percentile bootstrap coverage, 4 expected discordant of 32, one way: "
+          f"{bootstrap_coverage(50 if args.smoke else 1000, np.random.default_rng(3)):.3f}", flush=True)
+    sb, inside = sb_coverage(3 if args.smoke else 150)
+    result("sb_ci_coverage", sb, ">=", 0.93, f"BCa over 60 heavy-tailed prompts; point inside {inside:.3f}")
+    hd, hb = heldout_coverage(50 if args.smoke else 2000)
+    result("heldout_ci_coverage", hd, ">=", 0.93, f"t over 128 documents x 20 blocks; over blocks: {hb:.3f}")
+    print(f"INFO wall {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
