@@ -85,8 +85,8 @@ COMMANDS: dict[str, Row] = {
     "hybrid build": Row("raycpt.jobs.hybrid:build_hybrids", "render_hybrid_build", "Assemble the hybrid(s) of the "
                         "config's hybrid section, save each (safetensors) and print its segment map.", (
                             Opt("out", S, "folder to write the builds into (default: a new run folder)"),
-                            Opt("build", S, "only this build: new_shallow, new_deep or custom (default: every "
-                                "build in hybrid.builds)", conv=lambda b: [b]),
+                            Opt("builds", S, "only this build: new_shallow, new_deep or custom (default: every "
+                                "build in hybrid.builds)", conv=lambda b: [b], flag="--build"),
                             Opt("overwrite", B, "replace an existing non-empty --out/<build> folder", default=False))),
     "hybrid run": Row("raycpt.jobs.hybrid:run_hybrid", "render_hybrid_run", "Build every hybrid, train its "
                       "trainable segments (Ray Train), evaluate and trace it; print Table 4.", (RESUME,)),
