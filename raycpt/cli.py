@@ -123,6 +123,8 @@ def overrides_of(row: Row, options: dict) -> tuple[list[str], dict]:
     overrides, kwargs = [], {}
     for o in row.options:
         value = options.get(o.name)
+        if o.name == "config":  # compare's hidden --config: more CONFIG / override words (run_row reads them)
+            continue
         if o.key is None:
             kwargs[o.name] = o.conv(value) if o.conv is not None and value is not None else value
         elif value is not None:
