@@ -20,6 +20,7 @@ from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate import EvalResult, evaluate_model, resolve_eval_tasks
 from raycpt.models.sources import parse_ref, resolve_model_path
+from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
 from raycpt.runs import command_run
 from raycpt.runtime import cluster_address, ray_session
@@ -100,8 +101,7 @@ def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Opt
                             max_retries=1)(_eval_remote)
         refs = [remote.remote(p, eval_dict, n, threads) for p, n in zip(paths, names)]
         results: dict[Any, EvalResult] = {}
-        bar = _Bar(len(refs), "evaluating checkpoints", enabled=progress)
-        try:
+        with progress_bar("evaluating checkpoints", len(refs), enabled=progress) as advance:
             pending = list(refs)
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
@@ -113,9 +113,7 @@ def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Opt
                         if isinstance(cause, RaycptError):
                             raise cause from None
                         raise
-                    bar.advance()
-        finally:
-            bar.close()
+                    advance(1)
     return [results[r] for r in refs]
 
 
@@ -176,23 +174,3 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
     plan = prepare(cfg, checkpoints)
     with command_run(cfg, "eval") as run:
         return execute(plan, run, progress=progress)
-
-
-class _Bar:
-    def __init__(self, total: int, text: str, enabled: bool = True):
-        self.progress = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), transient=False)
-            self.progress.start()
-            self.task = self.progress.add_task(text, total=total)
-
-    def advance(self) -> None:
-        if self.progress:
-            self.progress.advance(self.task)
-
-    def close(self) -> None:
-        if self.progress:
-            self.progress.stop()

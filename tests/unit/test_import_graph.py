@@ -36,9 +36,9 @@ the code needs:
     command lifecycle (``runs.command_run``) and run folders, MLflow (and its UI server), Ray bootstrap
     (``runs`` builds on ``tracking``, never the reverse).
 11. ``raycpt.config``, ``raycpt.tasks`` (benchmark names and category tables) - the typed config tree.
-12. ``raycpt.io``, ``raycpt.errors`` (and ``raycpt.splits``, ``raycpt.usage``, ``raycpt.stats``) - atomic
-    file helpers and run-root paths, ``RaycptError``, the split rule, usage-error words, bootstrap and
-    seed intervals: leaves.
+12. ``raycpt.io``, ``raycpt.errors`` (and ``raycpt.splits``, ``raycpt.usage``, ``raycpt.stats``,
+    ``raycpt.progress``) - atomic file helpers and run-root paths, ``RaycptError``, the split rule, usage-error
+    words and the CLI table's vocabulary, bootstrap and seed intervals, THE progress bar: leaves.
 
 Names in parentheses are modules other branches add; a module no layer names fails
 :func:`test_every_module_has_a_layer`, so a new top-level module must be placed here on purpose.
@@ -69,7 +69,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt.models",),
     ("raycpt.runs", "raycpt.tracking", "raycpt.runtime", "raycpt.cluster", "raycpt.ui"),
     ("raycpt.config", "raycpt.tasks"),
-    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats"),
+    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress"),
 )
 
 
