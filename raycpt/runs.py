@@ -24,6 +24,7 @@ from raycpt.cluster import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
+from raycpt.runtime import sigterm_as_interrupt
 from raycpt.tracking import tracking_uri
 
 OPENING = "opening"  # state.json status of a folder whose MLflow run does not exist yet
@@ -208,27 +209,6 @@ def end_status(exc_type, exc) -> str:
     if issubclass(exc_type, KeyboardInterrupt):
         return "KILLED"
     return "KILLED" if getattr(exc, "status", None) == "KILLED" else "FAILED"
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM (``timeout``, ``kill``, a scheduler) raises KeyboardInterrupt in the main thread, so a command
-    ends KILLED as on Ctrl-C. The one place raycpt installs a signal handler; the old one comes back after."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def memo(path: Path, compute):
