@@ -39,7 +39,7 @@ from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import Grid, Trial, grid_params, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json, atomic_write_text
-from raycpt.runs import command_run, open_run_dir, read_state, refuse_existing_outputs, write_state
+from raycpt.runs import command_run, open_run_dir, read_state, refuse_existing_outputs
 from raycpt.tracking import log_metrics
 
 SEGMENT_MAP = "segment_map.json"

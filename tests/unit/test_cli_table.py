@@ -4,8 +4,6 @@ not the config's, and a bad ``--splits`` is one line before anything else is pri
 
 from __future__ import annotations
 
-import pytest
-
 from tiny import save_tiny
 
 
