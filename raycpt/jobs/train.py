@@ -12,12 +12,14 @@ from raycpt.config import ExperimentConfig
 
 
 def prepare(cfg: ExperimentConfig, console=None) -> ExperimentConfig:
-    """The train settings and the plan's memory estimate (printed to ``console``), before any run."""
-    from raycpt.train.launch import check_train_config
+    """Every check before any run folder or MLflow run: the train settings, the plan and its memory estimate
+    (printed to ``console``), the corpus packed (once) and big enough for this run."""
+    from raycpt.train.launch import check_train_config, packed_corpus, resolve_model_path
     from raycpt.train.preflight import preflight
 
     check_train_config(cfg)
     preflight(cfg, console)
+    packed_corpus(cfg, resolve_model_path(cfg), quiet=console is None)
     return cfg
 
 
