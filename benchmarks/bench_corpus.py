@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import add_smoke, smoke
+
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = r"""
 import json, sys, time
@@ -61,7 +63,7 @@ print(json.dumps({"tokens": tokens}))
 """
 
 
-def make_corpus(path: Path, mb: int, seed: int = 0) -> int:
+def make_corpus(path: Path, mb: float, seed: int = 0) -> int:
     """Documents of 3-12 glosses each, seeded; stops once the file has ``mb`` MB. Returns documents."""
     import random
 
@@ -132,8 +134,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="5,40,160", help="corpus sizes in MB")
     ap.add_argument("--model", default=None, help="model reference (default: the embedded SmolLM2)")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder")
-    args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    add_smoke(ap)
+    args = smoke(ap.parse_args(), sizes="0.05")  # one size: the growth ratios are then 1
+    sizes = [float(s) for s in args.sizes.split(",")]
 
     from raycpt.config import load_config
     from raycpt.data.store import list_stores
@@ -156,7 +159,7 @@ def main() -> None:
             (store,) = list_stores(work / f"store-{mb}")
             ours_tokens = store.manifest["tokens_read"]
             assert ours_tokens == plain_tokens, (ours_tokens, plain_tokens)  # the same documents, the same tokens
-            print(f"{mb:5d} MB pack: plain {plain_tokens / plain['wall']:,.0f} tok/s ({plain['wall']:.0f}s), ours "
+            print(f"{mb:5g} MB pack: plain {plain_tokens / plain['wall']:,.0f} tok/s ({plain['wall']:.0f}s), ours "
                   f"{ours_tokens / ours['wall']:,.0f} tok/s ({ours['wall']:.0f}s)", flush=True)
             train = timed([raycpt, "train", *base, "train.max_steps=2", "train.checkpoint_every=2"],
                           watch=work / f"runs-{mb}")
@@ -164,7 +167,7 @@ def main() -> None:
                    "ours_tok_s": ours_tokens / ours["wall"], "first_step_s": train["first_step"],
                    "train_wall_s": train["wall"], "peak_gb": train["peak"] / 1e9, "store_mb": store.disk_bytes() / 1e6}
             rows.append(row)
-            print(f"{mb:5d} MB  {docs:9,d} docs  {ours_tokens:12,d} tokens | pack: plain {row['plain_tok_s']:9,.0f} "
+            print(f"{mb:5g} MB  {docs:9,d} docs  {ours_tokens:12,d} tokens | pack: plain {row['plain_tok_s']:9,.0f} "
                   f"tok/s  ours {row['ours_tok_s']:9,.0f} tok/s  ratio {row['ours_tok_s'] / row['plain_tok_s']:.3f}"
                   f"  store {row['store_mb']:.0f} MB | train (cached pack): first step {row['first_step_s']:.1f}s, "
                   f"wall {row['train_wall_s']:.1f}s, peak RSS {row['peak_gb']:.2f} GB", flush=True)

@@ -31,6 +31,8 @@ import time
 
 import torch
 
+from _smoke import add_smoke, smoke
+
 
 def prompts_of(rows) -> list[str]:
     desc = "The following are multiple choice questions about the meanings of English words. Choose the correct answer.\n\n"
@@ -63,7 +65,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model reference or folder (default: the config default)")
     ap.add_argument("--naive", action="store_true", help="also time lm-eval without context sharing")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    args = ap.parse_args()
+    add_smoke(ap)
+    args = smoke(ap.parse_args(), questions=8, batch_size=4, repeats=1)
 
     from raycpt.config import EvalConfig, ModelConfig
     from raycpt.evaluate import WORDNET_MC_FILE, evaluate_model, read_questions, task_manager

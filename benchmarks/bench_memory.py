@@ -44,8 +44,12 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from _smoke import add_smoke
+
 PLANS = ("full", "train_shallow", "train_deep")
 SEQS = (256, 1024)
+HEAD = (4, 1024, 576, 49152)  # batch, tokens, hidden, vocab of the LM-head case
+SMOKE = False  # --smoke: tiny sizes, the tiny model, every case in this process
 
 
 def _rss_kb(field: str) -> int:
@@ -64,7 +68,8 @@ def _reset_peak() -> None:
 def _cfg(plan: str, seq: int, batch: int, ckpt: bool):
     from raycpt.config import load_config
 
-    return load_config(None, [f"plan.name={plan}", "plan.split=0.5", f"data.seq_len={seq}",
+    model = [f"model.ref={os.environ['BENCH_MODEL']}"] if os.environ.get("BENCH_MODEL") else []
+    return load_config(None, [f"plan.name={plan}", "plan.split=0.5", f"data.seq_len={seq}", *model,
                               f"train.micro_batch_size={batch}", f"train.activation_checkpointing={str(ckpt).lower()}"])
 
 
@@ -123,9 +128,10 @@ def _head_inputs():
     import torch
 
     torch.manual_seed(0)
-    h = torch.randn(4, 1024, 576, requires_grad=True)
-    head = torch.nn.Linear(576, 49152, bias=False)
-    y = torch.randint(0, 49152, (4, 1024))
+    b, t, d, v = HEAD
+    h = torch.randn(b, t, d, requires_grad=True)
+    head = torch.nn.Linear(d, v, bias=False)
+    y = torch.randint(0, v, (b, t))
     return h, head, y
 
 
@@ -133,12 +139,16 @@ def _head_step(kind: str, h, head, y) -> float:
     from raycpt.train.loss import chunked_lm_loss, plain_lm_loss
 
     h.grad, head.weight.grad = None, None
-    loss = plain_lm_loss(h, head, y) if kind == "plain" else chunked_lm_loss(h, head, y, chunk_tokens=1024)
+    loss = plain_lm_loss(h, head, y) if kind == "plain" else chunked_lm_loss(h, head, y, chunk_tokens=HEAD[1])
     loss.backward()
     return float(loss.detach())
 
 
 def _sub(args: list[str]) -> dict:
+    if SMOKE:  # in this process: no interpreter start per case (peak RSS then means little)
+        if args[0] == "--head":
+            return head_case(args[1], 1)
+        return case(args[1], int(args[2]), int(args[args.index("--batch") + 1]), args[3] == "1", 1)
     out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True,
                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -156,7 +166,15 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=3, help="cases run at once (each its own process)")
     ap.add_argument("--case", nargs=3, metavar=("PLAN", "SEQ", "CKPT"), help=argparse.SUPPRESS)
     ap.add_argument("--head", choices=("plain", "chunked"), help=argparse.SUPPRESS)
+    add_smoke(ap)
     a = ap.parse_args()
+    if a.smoke:
+        global PLANS, SEQS, HEAD, SMOKE
+        from _smoke import tiny_model_dir
+
+        PLANS, SEQS, HEAD, SMOKE, a.rounds, a.jobs = ("full", "train_deep"), (32,), (2, 64, 32, 512), True, 1, 1
+        os.environ["BENCH_MODEL"] = tiny_model_dir()
+        print("smoke mode: the tiny model, seq_len 32, one round, cases in this process (numbers are not the claim)")
     if a.case:
         print(json.dumps(case(a.case[0], int(a.case[1]), a.batch, a.case[2] == "1", a.threads)))
         return
@@ -166,7 +184,7 @@ def main() -> None:
     t0 = time.time()
     common = ["--batch", str(a.batch), "--threads", str(a.threads)]
     jobs = [["--case", plan, str(seq), "0", *common] for seq in SEQS for plan in PLANS]
-    jobs.append(["--case", "full", "1024", "1", *common])
+    jobs.append(["--case", "full", str(SEQS[-1]), "1", *common])
     with ThreadPoolExecutor(a.jobs) as pool:  # separate processes: peak RSS is per process
         rows = list(pool.map(_sub, jobs))
     print(f"{'plan':14s} {'seq':>5s} {'ckpt':>4s} {'measured MB':>11s} {'estimate MB':>11s} {'est/meas':>8s}  terms (MB)")
@@ -187,7 +205,7 @@ def main() -> None:
             losses[kind] = _head_step(kind, h, head, y)
             times[kind].append(time.process_time() - c0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"LM head + loss on 4x1024 tokens: plain {heads['plain']['measured'] / 1e6:.0f} MB, {med['plain']:.2f} s CPU; "
+    print(f"LM head + loss on {HEAD[0]}x{HEAD[1]} tokens: plain {heads['plain']['measured'] / 1e6:.0f} MB, {med['plain']:.2f} s CPU; "
           f"chunked {heads['chunked']['measured'] / 1e6:.0f} MB, {med['chunked']:.2f} s CPU; losses {losses['plain']:.6f} "
           f"/ {losses['chunked']:.6f}")
     print(f"wall {time.time() - t0:.0f}s, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -195,7 +213,7 @@ def main() -> None:
     _result("memory_estimate_error", max(abs(r["estimate"] / r["measured"] - 1) for r in steps), 0.20)
     _result("chunked_loss_memory", heads["chunked"]["measured"] / heads["plain"]["measured"], 0.5)
     _result("chunked_loss_time", med["chunked"] / med["plain"], 1.10)
-    off = next(r for r in steps if r["plan"] == "full" and r["seq"] == 1024)
+    off = next(r for r in steps if r["plan"] == "full" and r["seq"] == SEQS[-1])
     on = next(r for r in rows if r["ckpt"])
     _result("activation_checkpointing_memory", on["measured"] / off["measured"], 0.6)
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _smoke import add_smoke, smoke  # noqa: E402
+
 from raycpt.train.checkpoint import (_VERIFIED, publish_model, verify_checkpoint,  # noqa: E402
                                      write_manifest)
 
@@ -38,7 +40,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--repeats", type=int, default=3)
-    a = ap.parse_args(argv)
+    add_smoke(ap)
+    a = smoke(ap.parse_args(argv), repeats=1)
     src = Path(a.model) if a.model else default_model()
     with tempfile.TemporaryDirectory(prefix="bench-publish-", dir=os.environ.get("BENCH_DIR")) as tmp:
         ck = Path(tmp) / "checkpoint_000040"

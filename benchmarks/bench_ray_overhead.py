@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import add_smoke, smoke
+
 
 WARMUP = 3
 
@@ -62,7 +64,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads in both loops (1: CPU time is robust "
                                                          "to other users of a shared machine)")
-    args = ap.parse_args()
+    add_smoke(ap)
+    args = smoke(ap.parse_args(), steps=WARMUP + 2, batch=1, seq_len=32, reps=1)  # the warm-up steps are not timed
 
     import numpy as np
     import ray

@@ -57,6 +57,8 @@ import time
 
 import torch
 
+from _smoke import add_smoke, smoke
+
 PLANS = {"full": dict(name="full"), "train_shallow": dict(name="train_shallow", split=0.5),
          "train_deep": dict(name="train_deep", split=0.5)}
 
@@ -128,9 +130,10 @@ def load(args):
 
 
 def make_batches(tok, args, n: int):
-    from raycpt.data.corpus import local_blocks
+    from raycpt.data.corpus import eos_id_of, iter_documents, pack_token_lists
 
-    blocks = local_blocks(["builtin:wordnet-glosses"], tok, args.seq_len, seed=0, max_documents=4000)
+    docs = list(iter_documents(["builtin:wordnet-glosses"], max_documents=4000))
+    blocks = pack_token_lists(tok(docs, add_special_tokens=False)["input_ids"], args.seq_len, eos_id_of(tok))
     need = n * args.batch
     assert len(blocks) >= need, f"only {len(blocks)} blocks"
     return [torch.from_numpy(blocks[i * args.batch:(i + 1) * args.batch].astype("int64")) for i in range(n)]
@@ -188,7 +191,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads on CPU (1: CPU time is then robust to other users; 0 = torch's default)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    add_smoke(ap)
+    args = smoke(ap.parse_args(), rounds=1, steps=1, batch=1, seq_len=32, memory=False)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     if args.memory_child:

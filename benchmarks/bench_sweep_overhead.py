@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import add_smoke, tiny_model_dir
+
 REPO = Path(__file__).resolve().parents[1]
 TARGET = 1.5
 DEFAULT_SWEEP = ["--splits", "0.5"]  # full + train_shallow + train_deep at r = 0.5 on configs/default.yaml
@@ -72,7 +74,8 @@ def parent_wall(run_dir: Path) -> float:
     from raycpt.tracking import tracking_uri
 
     cfg = load_config(str(run_dir / "config.yaml"), [])
-    run_id = _read_json(run_dir / "state.json").get("parent_run_id")
+    state = _read_json(run_dir / "state.json")
+    run_id = state.get("mlflow_run_id") or state.get("parent_run_id")
     info = MlflowClient(tracking_uri(cfg.tracking)).get_run(run_id).info
     return (info.end_time - info.start_time) / 1000.0
 
@@ -124,7 +127,14 @@ def main() -> int:
     ap.add_argument("run_dir", nargs="?", help="a finished sweep folder (default: run a small default sweep)")
     ap.add_argument("--splits", default=None, help="splits of the sweep this script runs (default 0.5)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the sweep this script runs")
+    add_smoke(ap)
     args, rest = ap.parse_known_args()
+    if args.smoke:  # one trial (full, 1 step) of the tiny model, no trace, 4 questions
+        args.splits = "0.5"
+        rest += [f"model.ref={tiny_model_dir()}", "sweep.strategies=[full]", "sweep.trace_first=false",
+                 "sweep.heldout_docs=0", "train.max_steps=1", "data.max_documents=200", "eval.tasks=[wordnet_mc]",
+                 "eval.modes=[logit]", "eval.limit=4"]
+        print("smoke mode: one 1-step trial of a tiny model (numbers are not the claim)", flush=True)
     words = [w for w in ([args.run_dir] if args.run_dir else []) + args.overrides + rest]
     folder = next((w for w in words if "=" not in w and Path(w).is_dir()), None)
     overrides = [w for w in words if "=" in w]

@@ -34,6 +34,8 @@ import time
 import numpy as np
 import torch
 
+from _smoke import add_smoke, smoke
+
 
 def naive_trace(model, batch, top_k: int = 10, eps: float = 1e-6) -> dict[str, np.ndarray]:
     """The plain reference: N + 2 full forwards per batch, a zeroing hook for each perturbation."""
@@ -105,7 +107,8 @@ def main(argv=None) -> int:
                     help="what the speed-up compares: this process's CPU time (default; with 1 thread it counts "
                          "the work done and is far less disturbed by other processes on a shared, oversubscribed "
                          "machine) or wall time. Both are printed")
-    args = ap.parse_args(argv)
+    add_smoke(ap)
+    args = smoke(ap.parse_args(argv), prompts=8, batch_size=4, top_k=5)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, dtype="float32", device="cpu")

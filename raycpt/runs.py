@@ -1,9 +1,15 @@
-"""Run folders: one per command invocation, holding everything that command wrote.
+"""THE command lifecycle (:func:`command_run`) and run folders: one per command invocation, holding
+everything that command wrote.
 
 ``<run_root>/<command>-<name>-<id>/`` with ``config.yaml`` (the resolved config), tables, plots,
 checkpoints and a ``state.json`` the command updates as it goes. ``--resume`` re-opens the newest
 folder of the same command and name instead of making a new one. Files are written aside and
 renamed into place (:func:`raycpt.io.atomic_write_text`), so an interrupted command never leaves half a file.
+
+Every job runs inside :func:`command_run`: it opens (or re-opens) the folder, saves ``config.yaml``,
+creates (or continues) the command's MLflow run, keeps ``state.json``, turns SIGTERM into Ctrl-C and
+ends the run - and every child run it left RUNNING - FINISHED, FAILED or KILLED on every exit path.
+:func:`memo` is the finished-work memo: work whose result file exists is read back, never redone.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from raycpt.cluster import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
+from raycpt.runtime import sigterm_as_interrupt
 from raycpt.tracking import tracking_uri
+
+OPENING = "opening"  # state.json status of a folder whose MLflow run does not exist yet
 
 
 def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> Path:
@@ -34,8 +43,9 @@ def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> P
     cfg.tracking.uri = tracking_uri(cfg.tracking)
     root.mkdir(parents=True, exist_ok=True)
     prefix = f"{command}-{cfg.name}-"
-    if resume:
-        existing = sorted((p for p in root.glob(prefix + "*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    if resume:  # a folder whose command never got its MLflow run is not "the newest run"
+        existing = sorted((p for p in root.glob(prefix + "*") if p.is_dir() and not _never_started(p)),
+                          key=lambda p: p.stat().st_mtime)
         if not existing:
             raise RaycptError(f"--resume: no earlier {command!r} run named {cfg.name!r} under {root}")
         run_dir = existing[-1]
@@ -46,6 +56,10 @@ def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> P
         run_dir.mkdir(parents=True)
     save_config(cfg, run_dir / "config.yaml")
     return run_dir
+
+
+def _never_started(run_dir: Path) -> bool:
+    return read_state(run_dir).get("status") == OPENING
 
 
 RESUME_NEUTRAL = ("train.max_failures", "train.log_every", "train.keep_checkpoints", "train.cpus_per_worker")
@@ -80,7 +94,10 @@ def resume_changes(run_dir: Path, cfg: ExperimentConfig, sections=("model", "dat
 
 def read_state(run_dir: Path) -> dict:
     p = Path(run_dir) / "state.json"
-    return json.loads(p.read_text()) if p.is_file() else {}
+    try:
+        return json.loads(p.read_text()) if p.is_file() else {}
+    except ValueError:
+        return {}
 
 
 def write_state(run_dir: Path, **updates) -> dict:
@@ -179,3 +196,159 @@ def assert_private_folder(path) -> Path:
                     f" Tune's restore unpickles files from this folder, so whoever can write there can run code here"
                     f" (chmod -R go-w {path} if you trust its contents)")
     return path
+
+
+# ------------------------------------------------------------------------------------- the lifecycle
+END_STATE = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "interrupted"}
+
+
+def end_status(exc_type, exc) -> str:
+    """The MLflow status a command ends with: FINISHED, KILLED (Ctrl-C, SIGTERM, an interrupted grid) or FAILED."""
+    if exc_type is None:
+        return "FINISHED"
+    if issubclass(exc_type, KeyboardInterrupt):
+        return "KILLED"
+    return "KILLED" if getattr(exc, "status", None) == "KILLED" else "FAILED"
+
+
+def memo(path: Path, compute):
+    """The finished-work memo: ``path``'s JSON when it exists (that work finished before), else
+    ``compute()``, saved to ``path`` atomically (an interrupted computation leaves no file) and returned."""
+    path = Path(path)
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = compute()
+    atomic_write_json(path, result)
+    return result
+
+
+class CommandRun:
+    """What a job's ``execute`` gets from :func:`command_run`: the run folder, the effective config and the
+    command's MLflow run (``run_id``; its ``client``), with helpers to log into it and to keep state."""
+
+    def __init__(self, cfg: ExperimentConfig, command: str, run_dir: Path, run_id: str, client, created: bool,
+                 experiment_id: str):
+        import time
+
+        self.cfg, self.command, self.run_dir, self.run_id = cfg, command, Path(run_dir), run_id
+        self.client, self.created, self.experiment_id = client, created, experiment_id
+        self.t_start = time.time()
+
+    parent_run_id = property(lambda self: self.run_id)  # the grid's children nest under it
+
+    @contextlib.contextmanager
+    def active(self):
+        """The run as MLflow's active run (fluent ``log_metrics`` / ``log_artifact`` / nested children inside);
+        left RUNNING afterwards: only :func:`command_run` ends it."""
+        import mlflow
+
+        mlflow.set_tracking_uri(self.cfg.tracking.uri)
+        with mlflow.start_run(run_id=self.run_id):
+            yield
+        self.client.update_run(self.run_id, status="RUNNING")
+
+    def state(self, **updates) -> dict:
+        """Update the folder's ``state.json``."""
+        return write_state(self.run_dir, **updates)
+
+    def end(self, status: str) -> None:
+        """End every child run still RUNNING (a Tune trial stopped mid-way never reaches its own handlers),
+        then the run itself, with ``status``; ``--resume`` sets them RUNNING again."""
+        for child in self.client.search_runs([self.experiment_id],
+                                             f"tags.mlflow.parentRunId = '{self.run_id}' and "
+                                             "attributes.status = 'RUNNING'"):
+            with contextlib.suppress(Exception):  # best effort while already failing
+                self.client.set_terminated(child.info.run_id, status=status)
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _open_or_use(cfg: ExperimentConfig, command: str, run_dir, resume: bool) -> Path:
+    if run_dir is None:
+        return open_run_dir(cfg, command, resume=resume)
+    check_store(cfg.tracking)  # a folder given by the caller (a sweep's trace): paths absolute, config saved
+    cfg.tracking.run_root = str(run_root(cfg.tracking))
+    cfg.tracking.uri = tracking_uri(cfg.tracking)
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "config.yaml").is_file():
+        save_config(cfg, run_dir / "config.yaml")
+    return run_dir
+
+
+def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id, run_name, params, tags):
+    """Create the command's MLflow run, or continue the one ``state.json`` names; ``(run, created)``."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.cluster import version_tags
+    from raycpt.tracking import ensure_store, log_config
+
+    exp_id = ensure_store(cfg.tracking)
+    client = MlflowClient()
+    state = read_state(run_dir)
+    run_id = state.get("mlflow_run_id") or state.get("parent_run_id")
+    created = not run_id
+    if created:
+        nest = {"mlflow.parentRunId": parent_run_id} if parent_run_id else {}
+        run_id = client.create_run(exp_id, run_name=run_name or run_dir.name,
+                                   tags={"raycpt.command": command, "raycpt.run_dir": str(run_dir), **nest,
+                                         **({} if parent_run_id else version_tags()), **(tags or {})}).info.run_id
+    # a finished run re-opened stays "finished" until it ends again (the train launcher's memo reads it)
+    write_state(run_dir, command=command, mlflow_run_id=run_id,
+                status="finished" if state.get("status") == "finished" else "running")
+    run = CommandRun(cfg, command, run_dir, run_id, client, created, exp_id)
+    if created:
+        with run.active():
+            log_config(cfg)
+            if params:
+                mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+    else:
+        client.update_run(run_id, status="RUNNING")
+    return run
+
+
+@contextlib.contextmanager
+def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, run_dir=None, parent_run_id=None,
+                run_name=None, params=None, tags=None, on_open=None):
+    """THE lifecycle of a command: ``with command_run(cfg, "sweep", resume=...) as run: execute(plan, run)``.
+
+    Opens the run folder (``<run_root>/<command>-<name>-<id>/``; ``--resume``: the newest one that got its
+    MLflow run; ``run_dir``: that folder, e.g. a sweep's ``trace/``) with ``config.yaml``; ``on_open(run_dir)``
+    may refuse it (one line) before anything is logged. Creates the MLflow run (nested under
+    ``parent_run_id``; the config and ``params`` logged) or continues the one ``state.json`` names. SIGTERM is
+    Ctrl-C inside. On exit the run and every child left RUNNING end FINISHED (success), KILLED (Ctrl-C,
+    SIGTERM, an interrupted grid) or FAILED (any other error); ``state.json`` says finished / interrupted /
+    failed. Nothing is ever left RUNNING."""
+    import time
+
+    run_dir = _open_or_use(cfg, command, run_dir, resume)
+    if on_open is not None:
+        on_open(run_dir)
+    if not read_state(run_dir).get("mlflow_run_id"):
+        write_state(run_dir, status=OPENING)
+    with sigterm_as_interrupt():
+        run = _start_run(cfg, command, run_dir, parent_run_id, run_name, params, tags)
+        try:
+            yield run
+        except BaseException as e:
+            status = end_status(type(e), e)
+            with contextlib.suppress(Exception):
+                write_state(run_dir, status=END_STATE[status], **({} if status == "KILLED" else
+                                                                  {"error": f"{type(e).__name__}: {e}"[:500]}))
+            _pop_active(run.run_id, status)
+            run.end(status)
+            raise
+        run.client.log_metric(run.run_id, f"{command}_wall_time_s", time.time() - run.t_start)
+        write_state(run_dir, status="finished")
+        _pop_active(run.run_id, "FINISHED")
+        run.end("FINISHED")
+
+
+def _pop_active(run_id: str, status: str) -> None:
+    """Fluent runs left active (ours, and children started inside :meth:`CommandRun.active`) end with ``status``."""
+    import mlflow
+
+    active = mlflow.active_run()
+    while active is not None and run_id in (active.info.run_id, active.data.tags.get("mlflow.parentRunId")):
+        mlflow.end_run(status=status)
+        active = mlflow.active_run()

@@ -162,6 +162,44 @@ def private_worker_setup() -> None:
     rdzv._raycpt_loopback = True
 
 
+_SIGTERM_HANDLERS: list = []
+"""The handlers :func:`sigterm_as_interrupt` installed, innermost last (re-asserted after Ray starts and stops)."""
+
+
+def _sigterm_handler(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _reassert_sigterm() -> None:
+    """Ray's core worker installs its own SIGTERM handler (it logs and aborts, leaving MLflow runs RUNNING) when
+    the driver connects: put the command's back."""
+    import signal
+    import threading
+
+    if _SIGTERM_HANDLERS and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _SIGTERM_HANDLERS[-1])
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``timeout``, ``kill``, a scheduler) raises KeyboardInterrupt in the main thread, so a command
+    ends KILLED as on Ctrl-C; kept over Ray's own handler (:func:`init_ray`). The one place raycpt handles a
+    signal (:func:`raycpt.runs.command_run` uses it); the old handler comes back after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _sigterm_handler)
+    _SIGTERM_HANDLERS.append(_sigterm_handler)
+    try:
+        yield
+    finally:
+        _SIGTERM_HANDLERS.pop()
+        signal.signal(signal.SIGTERM, old)
+
+
 def init_ray(cfg: RayConfig) -> bool:
     """Initialise Ray once; return True when this call started it (and so must shut it down)."""
     import ray
@@ -169,6 +207,20 @@ def init_ray(cfg: RayConfig) -> bool:
     quiet_environment()
     if ray.is_initialized():
         return False
+    _start_ray(cfg)
+    _reassert_sigterm()
+    try:
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = False
+    except Exception:  # pragma: no cover - older/newer Ray
+        pass
+    return True
+
+
+def _start_ray(cfg: RayConfig) -> None:
+    import ray
+
     address = cluster_address(cfg)
     if address:
         host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
@@ -176,7 +228,7 @@ def init_ray(cfg: RayConfig) -> bool:
         # private Ray does not listen on)
         with loopback_only() if _is_loopback(host) else contextlib.nullcontext():
             ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.ERROR)
-        return True
+        return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     num_cpus = cfg.num_cpus or max(4, os.cpu_count() or 1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torch.distributed (gloo) pairs on loopback too
@@ -193,13 +245,6 @@ def init_ray(cfg: RayConfig) -> bool:
             logging_level=logging.ERROR,
             configure_logging=True,
         )
-    try:
-        from ray.data import DataContext
-
-        DataContext.get_current().enable_progress_bars = False
-    except Exception:  # pragma: no cover - older/newer Ray
-        pass
-    return True
 
 
 @contextlib.contextmanager
@@ -213,3 +258,4 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
     finally:
         if started:
             ray.shutdown()
+            _reassert_sigterm()

@@ -134,14 +134,26 @@ class PlanSpec:
 PLANS: dict[str, Callable[[Any, int], PlanSpec]] = CONFIG_PLANS  # the one registry, which the config checks
 
 
-def register_plan(name: str):
-    """Decorator: ``@register_plan("my_plan") def build(pcfg, num_layers) -> PlanSpec``."""
+def register_plan(name: str, takes_split: bool = False):
+    """Decorator: ``@register_plan("my_plan") def build(pcfg, num_layers) -> PlanSpec``. ``takes_split``: the
+    plan reads ``plan.split`` (a sweep runs it at every split; the memory check at the first and the last)."""
 
     def deco(fn):
+        fn.takes_split = bool(takes_split)
         PLANS[name] = fn
         return fn
 
     return deco
+
+
+def takes_split(name: str) -> bool:
+    """Whether the registered plan ``name`` reads ``plan.split`` (what the plan declared when registered)."""
+    return bool(getattr(PLANS.get(name), "takes_split", False))
+
+
+def split_plans() -> list[str]:
+    """The registered plans that take a split, in registration order."""
+    return [n for n in PLANS if takes_split(n)]
 
 
 def _check_layer(i: Any, n: int, what: str) -> int:
@@ -159,14 +171,14 @@ def _full(pcfg, n: int) -> PlanSpec:
                     notes=["full: every parameter trains (embeddings, final norm and head included)"])
 
 
-@register_plan("train_shallow")
+@register_plan("train_shallow", takes_split=True)
 def _train_shallow(pcfg, n: int) -> PlanSpec:
     b = check_split(pcfg.split, n, "plan.split")
     return PlanSpec(range(0, b), notes=[f"split {pcfg.split:g}: b = round({pcfg.split:g}*{n}) = {b}; "
                                         f"layers 0..{b - 1} train, {b}..{n - 1} frozen"])
 
 
-@register_plan("train_deep")
+@register_plan("train_deep", takes_split=True)
 def _train_deep(pcfg, n: int) -> PlanSpec:
     b = check_split(pcfg.split, n, "plan.split")
     return PlanSpec(range(b, n), notes=[f"split {pcfg.split:g}: b = round({pcfg.split:g}*{n}) = {b}; "

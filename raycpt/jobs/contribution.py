@@ -23,14 +23,14 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from raycpt.config import ExperimentConfig, config_with
 from raycpt.diagnostics.contribution import answers_of, gold_prob_of, primary_score
 from raycpt.errors import RaycptError
-from raycpt.jobs.grid import Grid, ParentRun, Trial, heldout_blocks, model_layers, run_grid, train_and_evaluate
+from raycpt.jobs.grid import Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json
-from raycpt.runs import open_run_dir, read_state, write_state
+from raycpt.runs import command_run, read_state
 from raycpt.tracking import log_metrics
 
 
@@ -170,32 +170,70 @@ class ContributionResult:
     num_layers: int = 0
 
 
-def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) -> ContributionResult:
-    """The ``raycpt contribution`` command (see the module docstring)."""
-    from raycpt.runtime import ray_session
+@dataclass
+class ContributionPlan:
+    """What :func:`prepare` checked: the effective config, the model, the scanned layers, the held-out blocks."""
 
-    t0, c = time.time(), cfg.contribution
+    cfg: ExperimentConfig
+    model_path: str
+    num_layers: int
+    layers: list[int]
+    against: Any
+    heldout: Optional[list] = None
+
+
+def prepare(cfg: ExperimentConfig, console=None) -> ContributionPlan:
+    """Every check of a scan, with no Ray and no MLflow (before any run folder); the memory of ``full``."""
+    from raycpt.train.preflight import full_plan, preflight
+
+    c = cfg.contribution
     model_path, n = model_layers(cfg)
-    layers, against = scan_plan(cfg, n)  # all checks before any run folder / Ray / MLflow
+    layers, against = scan_plan(cfg, n)
+    preflight(cfg, console, [full_plan(cfg)])
     blocks = heldout_blocks(cfg, model_path, c.heldout_docs, "contribution.score=heldout_loss",
                             "contribution.heldout_docs") if c.score == "heldout_loss" else None
-    run_dir = open_run_dir(cfg, "contribution", resume=resume)
-    state = read_state(run_dir)
-    shared = {"model_path": model_path,
-              "heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", blocks)) if blocks else None}
-    grid = Grid("contribution", scan_trials(layers), shared=shared, cpus=c.cpus_per_trial,
+    return ContributionPlan(cfg, model_path, n, layers, against, blocks)
+
+
+def execute(plan: ContributionPlan, run, resume: bool = False, console=None) -> ContributionResult:
+    """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`)."""
+    from raycpt.runtime import ray_session
+
+    t0, cfg, run_dir = time.time(), plan.cfg, run.run_dir
+    c, state = cfg.contribution, read_state(run_dir)
+    shared = {"model_path": plan.model_path, "heldout_path": str(atomic_write_json(
+        run_dir / "heldout_blocks.json", plan.heldout)) if plan.heldout else None}
+    grid = Grid("contribution", scan_trials(plan.layers), shared=shared, cpus=c.cpus_per_trial,
                 data_cpus=c.data_cpus_per_trial, max_concurrent=c.max_concurrent_trials, max_steps=cfg.train.max_steps,
-                model_path=model_path,
-                params={"num_layers": n, "scan_layers": ",".join(map(str, layers))[:500]})
-    with ParentRun(cfg, run_dir, grid) as parent:
-        with ray_session(cfg.ray):
-            trials = run_grid(parent, resume=resume, console=console)
-        analysis, trials, ranking_file, files = _analyze(cfg, run_dir, trials, n, against)
-        wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)
-        _log_scan(parent, analysis, files, wall)
-        write_state(run_dir, done=True, wall_s=wall)
+                model_path=plan.model_path)
+    with ray_session(cfg.ray):
+        trials = run_grid(run, grid, resume=resume, console=console)
+    analysis, trials, ranking_file, files = _analyze(cfg, run_dir, trials, plan.num_layers, plan.against)
+    analysis["against_name"] = c.against
+    wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)
+    _log_scan(run, analysis, files, wall)
+    run.state(done=True, wall_s=wall)
     return ContributionResult(run_dir=run_dir, analysis=analysis, trials=trials, ranking_file=ranking_file,
-                              files=files, wall_s=wall, parent_run_id=parent.run_id, num_layers=n)
+                              files=files, wall_s=wall, parent_run_id=run.run_id, num_layers=plan.num_layers)
+
+
+def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) -> ContributionResult:
+    """The ``raycpt contribution`` command (see the module docstring): :func:`prepare`, then :func:`execute`."""
+    plan = prepare(cfg, console)
+    params = {"num_layers": plan.num_layers, "scan_layers": ",".join(map(str, plan.layers))[:500]}
+    with command_run(cfg, "contribution", resume=resume,
+                     params=grid_params(scan_trials(plan.layers), params)) as run:
+        return execute(plan, run, resume=resume, console=console)
+
+
+def contribution_cli(cfg: ExperimentConfig, spearman: Optional[str] = None, resume: bool = False, console=None):
+    """The CLI row: ``--spearman A.json,B.json`` only correlates two ranking files (a dict); else the scan."""
+    if spearman is None:
+        return run_contribution(cfg, resume=resume, console=console)
+    files = [f.strip() for f in spearman.split(",") if f.strip()]
+    if len(files) != 2:
+        raise RaycptError(f"--spearman {spearman!r}: give exactly two ranking files, A.json,B.json")
+    return spearman_files(*files)
 
 
 def _analyze(cfg: ExperimentConfig, run_dir: Path, trials: dict[str, dict], n: int, against):
@@ -218,7 +256,7 @@ def _analyze(cfg: ExperimentConfig, run_dir: Path, trials: dict[str, dict], n: i
     return a, scored, ranking_file, [ranking_file] + write_outputs(run_dir, a, scored, n, c)
 
 
-def _log_scan(parent: ParentRun, a: dict, files: list[Path], wall: float) -> None:
+def _log_scan(parent, a: dict, files: list[Path], wall: float) -> None:
     import mlflow
 
     summary = {k: a[k] for k in ("num_above", "band_mean", "outside_mean", "base_score", "full_score")}

@@ -4,16 +4,15 @@
 work, opens ``<run_root>/eval-<name>-<id>/``, evaluates (:func:`evaluate_checkpoints`: one Ray task per
 checkpoint with ``eval.cpus_per_task`` / ``eval.gpus_per_task``; a single checkpoint without a cluster
 runs in this process), writes the tables and every question (:func:`raycpt.report.eval.write_results`)
-and logs them to MLflow. SIGTERM (``timeout``, a scheduler) ends the run KILLED like Ctrl-C, and
-``state.json`` says ``interrupted`` or ``failed``. The evaluation itself is the bridge in
+and logs them to MLflow, inside :func:`raycpt.runs.command_run` (SIGTERM ends the run KILLED like Ctrl-C). The evaluation itself is the bridge in
 :mod:`raycpt.evaluate`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -21,10 +20,11 @@ from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate import EvalResult, evaluate_model, resolve_eval_tasks
 from raycpt.models.sources import parse_ref, resolve_model_path
+from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
-from raycpt.runs import open_run_dir, write_state
+from raycpt.runs import command_run
 from raycpt.runtime import cluster_address, ray_session
-from raycpt.tracking import log_config, log_metrics, mlflow_run
+from raycpt.tracking import log_metrics, mlflow_run
 
 _REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
 
@@ -101,8 +101,7 @@ def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Opt
                             max_retries=1)(_eval_remote)
         refs = [remote.remote(p, eval_dict, n, threads) for p, n in zip(paths, names)]
         results: dict[Any, EvalResult] = {}
-        bar = _Bar(len(refs), "evaluating checkpoints", enabled=progress)
-        try:
+        with progress_bar("evaluating checkpoints", len(refs), enabled=progress) as advance:
             pending = list(refs)
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
@@ -114,22 +113,21 @@ def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Opt
                         if isinstance(cause, RaycptError):
                             raise cause from None
                         raise
-                    bar.advance()
-        finally:
-            bar.close()
+                    advance(1)
     return [results[r] for r in refs]
 
 
-def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
-             progress: bool = True) -> tuple[list[EvalResult], Path, dict[str, Path]]:
-    """``raycpt eval``: validate, open the run folder, evaluate, write files, log to MLflow.
+@dataclass
+class EvalPlan:
+    """What :func:`prepare` checked: the models to evaluate (resolved folders) and their names."""
 
-    Default model: ``cfg.model.ref``. One MLflow run ``eval-<name>-<id>`` holding the config, the
-    files as artifacts and, for a single model, its metrics; with several models, one nested child
-    run per model holds that model's metrics (names like ``wordnet_mc/stem/logit``).
-    """
-    import mlflow
+    cfg: ExperimentConfig
+    names: list[str]
+    paths: list[str]
 
+
+def prepare(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None) -> EvalPlan:
+    """Every check of ``raycpt eval`` (tasks, hub access, checkpoints) and the model folders, before any run."""
     resolve_eval_tasks(cfg.eval)
     if checkpoints:
         paths = check_checkpoints(list(checkpoints))
@@ -137,78 +135,42 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
         parse_ref(cfg.model.ref)  # one line for a bad reference, before any run starts
         paths = [cfg.model.ref]
     names = _unique_names(paths)
-    paths = [resolve_model_path(cfg.model, p) for p in paths]  # on the driver, under model.revision
-    run_dir = open_run_dir(cfg, "eval")
-    write_state(run_dir, status="running", models=dict(zip(names, paths)))
-    with _sigterm_as_interrupt(), _state_on_interrupt(run_dir), \
-            mlflow_run(cfg.tracking, run_name=run_dir.name, tags={"raycpt.command": "eval"}) as run:
-        log_config(cfg)
-        t0 = time.perf_counter()
-        results = evaluate_checkpoints(cfg, paths, names=names, progress=progress)
-        files = write_results(results, run_dir)
+    return EvalPlan(cfg, names, [resolve_model_path(cfg.model, p) for p in paths])  # on the driver, model.revision
+
+
+def execute(plan: EvalPlan, run, progress: bool = True) -> tuple[list[EvalResult], Path, dict[str, Path]]:
+    """Evaluate, write the tables, log them (one child run per model when there are several)."""
+    import mlflow
+
+    cfg, run_dir = plan.cfg, run.run_dir
+    run.state(models=dict(zip(plan.names, plan.paths)))
+    t0 = time.perf_counter()
+    results = evaluate_checkpoints(cfg, plan.paths, names=plan.names, progress=progress)
+    files = write_results(results, run_dir)
+    with run.active():
         for p in files.values():
             mlflow.log_artifact(str(p))
         if len(results) == 1:
             log_metrics(results[0].metrics())
         else:
             for r in results:
-                with mlflow_run(cfg.tracking, run_name=r.name, parent_run_id=run.info.run_id,
+                with mlflow_run(cfg.tracking, run_name=r.name, parent_run_id=run.run_id,
                                 tags={"raycpt.command": "eval", "raycpt.model": r.source}):
                     log_metrics(r.metrics())
                     mlflow.log_params({"model": r.source[:500]})
         log_metrics({"eval/seconds": time.perf_counter() - t0})
-        write_state(run_dir, status="finished", mlflow_run_id=run.info.run_id,
-                    seconds=time.perf_counter() - t0, files={k: str(v) for k, v in files.items()})
+    run.state(seconds=time.perf_counter() - t0, files={k: str(v) for k, v in files.items()})
     return results, run_dir, files
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Turn SIGTERM (``timeout``, a scheduler) into KeyboardInterrupt so the MLflow run ends KILLED."""
-    import signal
-    import threading
+def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
+             progress: bool = True) -> tuple[list[EvalResult], Path, dict[str, Path]]:
+    """``raycpt eval``: :func:`prepare`, then :func:`execute` in the command's run.
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextlib.contextmanager
-def _state_on_interrupt(run_dir: Path):
-    try:
-        yield
-    except KeyboardInterrupt:
-        write_state(run_dir, status="interrupted")
-        raise
-    except Exception as e:
-        write_state(run_dir, status="failed", error=f"{type(e).__name__}: {e}"[:500])
-        raise
-
-
-class _Bar:
-    def __init__(self, total: int, text: str, enabled: bool = True):
-        self.progress = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), transient=False)
-            self.progress.start()
-            self.task = self.progress.add_task(text, total=total)
-
-    def advance(self) -> None:
-        if self.progress:
-            self.progress.advance(self.task)
-
-    def close(self) -> None:
-        if self.progress:
-            self.progress.stop()
+    Default model: ``cfg.model.ref``. One MLflow run ``eval-<name>-<id>`` holding the config, the
+    files as artifacts and, for a single model, its metrics; with several models, one nested child
+    run per model holds that model's metrics (names like ``wordnet_mc/stem/logit``).
+    """
+    plan = prepare(cfg, checkpoints)
+    with command_run(cfg, "eval") as run:
+        return execute(plan, run, progress=progress)

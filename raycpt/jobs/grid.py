@@ -3,16 +3,15 @@
 A job hands :func:`run_grid` a list of typed trial specs (frozen dataclasses with a ``name`` and a
 ``run(trial)`` method: the trial body); the driver does everything else, once:
 
-- the MLflow *parent* run (:class:`ParentRun`: created, or re-opened with ``--resume``; ended
-  FINISHED, FAILED or KILLED, never left RUNNING) and one nested *child* run per trial
-  (:class:`raycpt.tracking.ChildRun`, whose id the trial keeps in ``<trial>/trial.json``);
+- one nested *child* run per trial (:class:`raycpt.tracking.ChildRun`, whose id the trial keeps in
+  ``<trial>/trial.json``) under the job's run (:func:`raycpt.runs.command_run` owns that run, its end
+  status and the children left RUNNING);
 - the Ray Tune grid: a placement group per trial (one bundle for the trial driver, one for the Ray
   Data tasks it launches), ``Tuner`` created or restored (``--resume`` finishes unfinished trials),
   results collected from the Tune ``ResultGrid``; or, for jobs whose trials place their own Ray work
   (``hybrid run``), the same trials one after the other in this process;
-- progress (:class:`raycpt.report.progress.TrialsProgress`) and interruption: trials that did not
-  finish end their child runs (:func:`end_unfinished`) and the command ends in one line that says
-  "continue with --resume".
+- progress (:class:`raycpt.report.progress.TrialsProgress`) and interruption: the command ends in one
+  line that says "continue with --resume".
 
 A trial's config crosses the Ray boundary once, as a plain dict in ``param_space``, and is validated
 when rebuilt (:func:`raycpt.config.config_from_dict`); so is its spec (``dataclasses.asdict`` and back).
@@ -23,20 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 from unittest import mock
 
-from raycpt.cluster import preflight, version_tags
+from raycpt.cluster import preflight
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
-from raycpt.io import atomic_write_json
-from raycpt.runs import AttemptClock, assert_private_folder, read_state, write_state
-from raycpt.tracking import ChildRun, ensure_store, log_config
+from raycpt.runs import AttemptClock, assert_private_folder, memo
+from raycpt.tracking import ChildRun, ensure_store
 
 RESULT = "result.json"
 
@@ -102,91 +98,25 @@ class Trial:
             yield
 
 
-# ------------------------------------------------------------------------------------- parent run
-class ParentRun:
-    """The parent MLflow run of a grid job, its id kept in the run folder's ``state.json``.
-
-    Created (with the config, ``grid.params`` and the trial names) or, on resume, set RUNNING again. As a
-    context manager it ends FINISHED on success; on an error it first ends every child run still
-    RUNNING (:func:`end_unfinished`), then itself: KILLED for Ctrl-C or an interrupted grid, else FAILED."""
-
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, grid: Grid):
-        import mlflow
-        from mlflow.tracking import MlflowClient
-
-        self.cfg, self.run_dir, self.grid = cfg, Path(run_dir), grid
-        self.t_start = time.time()
-        trials = [s.name for s in grid.specs]
-        self.experiment_id = ensure_store(cfg.tracking)
-        self.client = MlflowClient()
-        state = read_state(run_dir)
-        self.created = not state.get("parent_run_id")
-        if self.created:
-            run = self.client.create_run(self.experiment_id, run_name=self.run_dir.name,
-                                         tags={"raycpt.command": grid.command, "raycpt.run_dir": str(run_dir),
-                                               **version_tags()})
-            self.run_id = run.info.run_id
-            write_state(run_dir, command=grid.command, parent_run_id=self.run_id, trials=trials)
-            with self.active():
-                log_config(cfg)
-                mlflow.log_params({"trials": ",".join(trials)[:500], **grid.params})
-        else:
-            self.run_id = state["parent_run_id"]
-        self.client.update_run(self.run_id, status="RUNNING")
-
-    @contextlib.contextmanager
-    def active(self):
-        """The parent run as MLflow's active run (for ``log_metrics`` / ``log_artifact``), left RUNNING."""
-        import mlflow
-
-        mlflow.set_tracking_uri(self.cfg.tracking.uri)
-        with mlflow.start_run(run_id=self.run_id):
-            yield
-        self.client.update_run(self.run_id, status="RUNNING")
-
-    def __enter__(self) -> "ParentRun":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is None:  # this invocation's wall time (a resumed run logs its own)
-            self.client.log_metric(self.run_id, f"{self.grid.command}_wall_time_s", time.time() - self.t_start)
-            self.client.set_terminated(self.run_id, status="FINISHED")
-            return False
-        status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else getattr(exc, "status", "FAILED")
-        end_unfinished(self.client, self.run_dir / self.grid.folder, status, self.grid.meta_file)
-        if self.client.get_run(self.run_id).info.status == "RUNNING":
-            self.client.set_terminated(self.run_id, status=status)
-        return False
-
-
-def end_unfinished(client, trials_root: Path, status: str, meta_file: str = "trial.json") -> int:
-    """End every trial's child run still RUNNING with ``status`` (a trial actor stopped by Tune never
-    reaches its own handlers); ``--resume`` sets them RUNNING again and continues them, so no run is
-    duplicated. Returns how many it ended."""
-    n = 0
-    for meta in sorted(Path(trials_root).glob(f"*/{meta_file}")):
-        try:
-            run_id = json.loads(meta.read_text())["mlflow_run_id"]
-            if client.get_run(run_id).info.status == "RUNNING":
-                client.set_terminated(run_id, status=status)
-                n += 1
-        except Exception:  # noqa: BLE001 - best effort while already failing
-            continue
-    return n
+def grid_params(specs, params: Optional[dict] = None) -> dict:
+    """The parent run's parameters of a grid job: its trial names and the job's own ``params``."""
+    return {"trials": ",".join(s.name for s in specs)[:500], **(params or {})}
 
 
 # ------------------------------------------------------------------------------------- one trial
 def run_trial(config: dict) -> dict:
     """One trial from its ``param_space`` entry (in a Tune trial, or inline): rebuild and validate the
     config and the spec, skip a finished trial, open its child run, run the body, keep its result."""
-    from mlflow.tracking import MlflowClient
-
     cfg = config_from_dict(config["cfg"])
     spec = config["spec_type"](**config["spec"])
     tdir = Path(config["trials_root"]) / spec.name
     tdir.mkdir(parents=True, exist_ok=True)
-    if (tdir / RESULT).is_file():  # finished before an interruption: never redo it
-        return json.loads((tdir / RESULT).read_text())
+    return memo(tdir / RESULT, lambda: _trial_body(config, cfg, spec, tdir))  # a finished trial is never redone
+
+
+def _trial_body(config: dict, cfg: ExperimentConfig, spec, tdir: Path) -> dict:
+    from mlflow.tracking import MlflowClient
+
     exp_id = ensure_store(cfg.tracking)
     label = getattr(spec, "label", None) or spec.name
     with ChildRun(MlflowClient(), tdir / config["meta_file"], exp_id, config["parent_run_id"], label,
@@ -194,9 +124,7 @@ def run_trial(config: dict) -> dict:
                   meta={"spec": config["spec"]}) as run, AttemptClock(tdir / "attempts.json") as clock:
         trial = Trial(cfg=cfg, dir=tdir, run=run, parent_run_id=config["parent_run_id"], shared=config["shared"],
                       threads=config.get("threads"), console=config.get("console"), clock=clock)
-        result = spec.run(trial)
-        atomic_write_json(tdir / RESULT, result)
-    return result
+        return spec.run(trial)
 
 
 def tune_trainable(config: dict) -> None:
@@ -207,12 +135,13 @@ def tune_trainable(config: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------- the driver
-def run_grid(parent: ParentRun, resume: bool = False, console=None) -> dict[str, dict]:
-    """Run every trial of ``parent.grid`` (Ray must be up) and return ``{name: result}`` in spec order.
+def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str, dict]:
+    """Run every trial of ``grid`` under ``parent`` (the job's :class:`raycpt.runs.CommandRun`; Ray must be up,
+    unless ``grid.inline``) and return ``{name: result}`` in spec order.
 
     Raises :class:`GridIncomplete` (one line ending in "continue with --resume") when a trial did not
-    finish; the :class:`ParentRun` then ends itself and the unfinished children."""
-    cfg, run_dir, grid = parent.cfg, parent.run_dir, parent.grid
+    finish; :func:`raycpt.runs.command_run` then ends the unfinished children and itself KILLED or FAILED."""
+    cfg, run_dir = parent.cfg, parent.run_dir
     names = [s.name for s in grid.specs]
     space = {"cfg": config_to_dict(cfg), "spec_type": type(grid.specs[0]), "trials_root": str(run_dir / grid.folder),
              "parent_run_id": parent.run_id, "shared": grid.shared, "command": grid.command,

@@ -37,9 +37,9 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
-from raycpt.jobs.grid import Grid, ParentRun, Trial, run_grid, train_and_evaluate
+from raycpt.jobs.grid import Grid, Trial, grid_params, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json, atomic_write_text
-from raycpt.runs import open_run_dir, read_state, refuse_existing_outputs, write_state
+from raycpt.runs import command_run, open_run_dir, read_state, refuse_existing_outputs
 from raycpt.tracking import log_metrics
 
 SEGMENT_MAP = "segment_map.json"
@@ -216,45 +216,65 @@ class HybridRunResult:
     paths: dict = field(default_factory=dict)
 
 
-def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True) -> HybridRunResult:
-    """``raycpt hybrid run``: build, train, evaluate and trace every build; the Table-4 report."""
-    from raycpt.evaluate import EvalResult, resolve_eval_tasks
+def prepare(cfg: ExperimentConfig, console=None) -> list:
+    """Every check of a hybrid run, with no Ray and no MLflow: the builds' specs, the eval tasks, the memory."""
+    from raycpt.evaluate import resolve_eval_tasks
+    from raycpt.train.preflight import full_plan, preflight
+
+    plans = plan_builds(cfg)
+    resolve_eval_tasks(cfg.eval)
+    # the hybrids do not exist yet and each build sets its own layers plan: check the donor's full plan
+    # (cfg.plan's empty ``layers`` list would "train nothing")
+    preflight(cfg, console, plans=[full_plan(cfg)])
+    return plans
+
+
+def _builds(plans: list) -> list:
+    return [HybridBuild(p.name, f"{display_name(p)} ({p.name})") for p in plans]
+
+
+def execute(cfg: ExperimentConfig, plans: list, run, resume: bool = False, console=None,
+            progress: bool = True) -> HybridRunResult:
+    """Build, train, evaluate and trace every build (inline grid trials), then the Table-4 files."""
+    from raycpt.evaluate import EvalResult
     from raycpt.report.eval import render_table, table_text, write_results
     from raycpt.report.hybrid import plot_profiles
     from raycpt.runtime import ray_session
 
-    t0 = time.time()
-    plans = plan_builds(cfg)  # every user error about the spec surfaces here, before any run exists
-    resolve_eval_tasks(cfg.eval)
-    run_dir = open_run_dir(cfg, "hybrid", resume=resume)
+    t0, run_dir = time.time(), run.run_dir
     state = read_state(run_dir)
-    grid = Grid("hybrid", [HybridBuild(p.name, f"{display_name(p)} ({p.name})") for p in plans],
-                shared={"progress": progress}, folder="builds", meta_file="build.json", name_tag="raycpt.build",
-                inline=True)
-    with ParentRun(cfg, run_dir, grid) as parent:
-        with ray_session(cfg.ray):
-            results = list(run_grid(parent, resume=resume, console=console).values())
-        evals = [EvalResult.from_dict(r["eval"]) for r in results]
-        paths = write_results(evals, run_dir, stem="hybrid")
-        text = table_text(evals)
-        paths["table"] = atomic_write_text(run_dir / "hybrid_table.txt", text)
-        paths["profiles"] = plot_profiles(results, run_dir / "hybrid_profiles.png")
-        wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)
-        summary = {"run_dir": str(run_dir), "parent_run_id": parent.run_id, "wall_s": wall,
-                   "builds": [{k: r[k] for k in ("build", "name", "final_model_dir", "trainable_layers", "counts",
-                                                 "final_loss", "metrics", "wall_s", "mlflow_run_id")}
-                              for r in results]}
-        atomic_write_json(run_dir / "summary.json", summary)
-        _log_run(parent, results, [*paths.values(), run_dir / "summary.json"], wall)
-        write_state(run_dir, done=True, wall_s=wall)
+    grid = Grid("hybrid", _builds(plans), shared={"progress": progress}, folder="builds", meta_file="build.json",
+                name_tag="raycpt.build", inline=True)
+    with ray_session(cfg.ray):
+        results = list(run_grid(run, grid, resume=resume, console=console).values())
+    evals = [EvalResult.from_dict(r["eval"]) for r in results]
+    paths = write_results(evals, run_dir, stem="hybrid")
+    text = table_text(evals)
+    paths["table"] = atomic_write_text(run_dir / "hybrid_table.txt", text)
+    paths["profiles"] = plot_profiles(results, run_dir / "hybrid_profiles.png")
+    wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)
+    summary = {"run_dir": str(run_dir), "parent_run_id": run.run_id, "wall_s": wall,
+               "builds": [{k: r[k] for k in ("build", "name", "final_model_dir", "trainable_layers", "counts",
+                                             "final_loss", "metrics", "wall_s", "mlflow_run_id")}
+                          for r in results]}
+    atomic_write_json(run_dir / "summary.json", summary)
+    _log_run(run, results, [*paths.values(), run_dir / "summary.json"], wall)
+    run.state(done=True, wall_s=wall)
     if console is not None:
         for t in render_table(evals):
             console.print(t)
-    return HybridRunResult(run_dir=run_dir, parent_run_id=parent.run_id, builds=results, table=text, wall_s=wall,
+    return HybridRunResult(run_dir=run_dir, parent_run_id=run.run_id, builds=results, table=text, wall_s=wall,
                            paths={k: str(v) for k, v in paths.items()})
 
 
-def _log_run(parent: ParentRun, results: list[dict], files: list, wall: float) -> None:
+def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True) -> HybridRunResult:
+    """``raycpt hybrid run``: :func:`prepare`, then :func:`execute` in the command's run."""
+    plans = prepare(cfg, console)  # every user error about the spec surfaces here, before any run exists
+    with command_run(cfg, "hybrid", resume=resume, params=grid_params(_builds(plans))) as run:
+        return execute(cfg, plans, run, resume=resume, console=console, progress=progress)
+
+
+def _log_run(parent, results: list[dict], files: list, wall: float) -> None:
     import mlflow
 
     with parent.active():

@@ -13,20 +13,19 @@ into the run folder and the parent run. With ``sweep.seeds`` every trial runs on
 from __future__ import annotations
 
 import dataclasses
-import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from raycpt.config import ExperimentConfig, config_with
 from raycpt.errors import RaycptError
-from raycpt.jobs.grid import Grid, ParentRun, Trial, heldout_blocks, model_layers, run_grid, train_and_evaluate
+from raycpt.jobs.grid import Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json
-from raycpt.runs import open_run_dir, write_state
+from raycpt.runs import command_run, memo
 from raycpt.splits import check_split
+from raycpt.strategies import split_plans, takes_split
 from raycpt.tracking import log_metrics
-
-SPLIT_STRATEGIES = ("train_shallow", "train_deep")
 
 
 @dataclass(frozen=True)
@@ -100,12 +99,12 @@ def _plan_cells(splits: list[float], strategies: list[str], num_layers: int, inc
         by_b.setdefault(check_split(r, num_layers, "split"), float(r))
     specs = [TrialSpec(name="full", strategy="full")] if include_full or "full" in strategies else []
     for s in strategies:
-        if s in SPLIT_STRATEGIES:
+        if takes_split(s):
             specs += [TrialSpec(name=f"{s}-r{r:g}", strategy=s, split=r, b=b) for b, r in by_b.items()]
         elif s in recipes:
             specs.append(TrialSpec(name=s, strategy=str(recipes[s].get("plan.name", s)), recipe=dict(recipes[s])))
         elif s != "full":
-            allowed = ", ".join(list(SPLIT_STRATEGIES) + sorted(recipes) + ["full"])
+            allowed = ", ".join(split_plans() + sorted(recipes) + ["full"])
             raise RaycptError(f"unknown sweep strategy {s!r}: use one of {allowed}")
     if not specs:
         raise RaycptError("the sweep has no trials: give --strategies or keep sweep.include_full")
@@ -127,57 +126,132 @@ class SweepResult:
     trials: list[dict]
     summary: dict = field(default_factory=dict)
     trace: Any = None
+    wall_s: float = 0.0
+
+
+@dataclass
+class SweepPlan:
+    """What :func:`prepare` checked: the effective config, the model and its depth, the trials, the held-out blocks."""
+
+    cfg: ExperimentConfig
+    model_path: str
+    num_layers: int
+    specs: list[TrialSpec]
+    heldout: Optional[list] = None
+
+
+def prepare(cfg: ExperimentConfig, console=None) -> SweepPlan:
+    """Every check of a sweep, with no Ray and no MLflow: the splits against the model's depth and the trials
+    first, then the memory of the plans that will run (printed to ``console``: the first and the last split)."""
+    from raycpt.train.preflight import sweep_plans
+
+    model_path, num_layers = model_layers(cfg)
+    s = cfg.sweep
+    specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds)
+    check_memory(cfg, console, sweep_plans(cfg))
+    blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
+        if s.heldout_docs else None
+    return SweepPlan(cfg, model_path, num_layers, specs, blocks)
+
+
+def check_memory(cfg: ExperimentConfig, console, plans: list) -> None:
+    """The memory estimate of every plan the sweep will train (each printed), then one line naming every plan
+    (with its split) that does not fit."""
+    from raycpt.train.preflight import preflight
+
+    failed = []
+    for pc in plans:
+        try:
+            preflight(cfg, console, [pc])
+        except RaycptError as e:
+            failed.append((pc.name + (f" r={pc.split:g}" if takes_split(pc.name) else ""), str(e)))
+    if failed:
+        names = ", ".join(n for n, _ in failed)
+        raise RaycptError(f"{len(failed)} of {len(plans)} sweep plans do not fit ({names}); {failed[0][1]}")
+
+
+def execute(plan: SweepPlan, run, resume: bool = False, console=None) -> SweepResult:
+    """Trace once, run the grid, write the summary (inside the sweep's :func:`raycpt.runs.command_run`)."""
+    from raycpt.report.sweep import HELDOUT_DOCS_FILE, report_options, write_summary
+    from raycpt.runtime import ray_session
+
+    cfg, run_dir, s = plan.cfg, run.run_dir, plan.cfg.sweep
+    shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", plan.heldout))
+              if plan.heldout else None}
+    if plan.heldout and getattr(plan.heldout, "documents", None):  # the document of each block: the summary's clusters
+        atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(plan.heldout.documents))
+    grid = Grid("sweep", plan.specs, shared=shared, cpus=s.cpus_per_trial, data_cpus=s.data_cpus_per_trial,
+                resources=s.trial_resources, max_concurrent=s.max_concurrent_trials, max_steps=cfg.train.max_steps,
+                model_path=plan.model_path)
+    with ray_session(cfg.ray):
+        trace = None
+        if s.trace_first:
+            trace = _trace_once(cfg, run_dir, sorted({t.split for t in plan.specs if t.split is not None}), run.run_id)
+        trials = list(run_grid(run, grid, resume=resume, console=console).values())
+        summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
+                                general=cfg.eval.general, report=report_options(cfg))
+        log_summary(run, summary["files"], trace, summary)
+        run.state(done=True)
+    return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace)
 
 
 def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strategies: Optional[list[str]] = None,
               resume: bool = False, console=None) -> SweepResult:
-    """The ``raycpt sweep`` command (see the module docstring)."""
-    from raycpt.report.sweep import HELDOUT_DOCS_FILE, report_options, write_summary
-    from raycpt.runtime import ray_session
-
+    """The ``raycpt sweep`` command (see the module docstring): :func:`prepare`, then :func:`execute` in the
+    command's run. ``splits`` / ``strategies`` set ``sweep.splits`` / ``sweep.strategies`` (library callers)."""
     if splits is not None:
         cfg.sweep.splits = list(splits)
     if strategies is not None:
         cfg.sweep.strategies = list(strategies)
-    model_path, num_layers = model_layers(cfg)
-    s = cfg.sweep
-    specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds)
-    blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
-        if s.heldout_docs else None
-    run_dir = open_run_dir(cfg, "sweep", resume=resume)
-    shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", blocks)) if blocks else None}
-    if blocks and getattr(blocks, "documents", None):  # the document of each block: the summary's clusters
-        atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(blocks.documents))
-    grid = Grid("sweep", specs, params={"num_layers": num_layers}, shared=shared, cpus=s.cpus_per_trial,
-                data_cpus=s.data_cpus_per_trial, resources=s.trial_resources, max_concurrent=s.max_concurrent_trials,
-                max_steps=cfg.train.max_steps, model_path=model_path)
-    with ParentRun(cfg, run_dir, grid) as parent, ray_session(cfg.ray):
-        trace = None
-        if s.trace_first:
-            trace = _trace_once(cfg, run_dir, sorted({t.split for t in specs if t.split is not None}), parent.run_id)
-        trials = list(run_grid(parent, resume=resume, console=console).values())
-        summary = write_summary(run_dir, trials, trace=trace, num_layers=num_layers, parent_run_id=parent.run_id,
-                                tracking=cfg.tracking, domain=cfg.eval.domain, general=cfg.eval.general,
-                                report=report_options(cfg))
-        write_state(run_dir, done=True)
-    return SweepResult(run_dir=run_dir, parent_run_id=parent.run_id, trials=trials, summary=summary, trace=trace)
+    t0 = time.time()
+    plan = prepare(cfg, console)
+    with command_run(cfg, "sweep", resume=resume,
+                     params=grid_params(plan.specs, {"num_layers": plan.num_layers})) as run:
+        res = execute(plan, run, resume=resume, console=console)
+    res.wall_s = time.time() - t0
+    return res
 
 
 def _trace_once(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent_id: str) -> dict:
-    """Run the trace once per sweep (skipped on resume when it already finished)."""
-    from raycpt.jobs.trace import run_trace
-
-    done = run_dir / "trace" / "trace_result.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    """Run the trace once per sweep (skipped on resume when it already finished: the memo)."""
     if cfg.sweep.trace_max_prompts is not None:
         cfg = dataclasses.replace(cfg, trace=dataclasses.replace(cfg.trace, max_prompts=cfg.sweep.trace_max_prompts))
+    return memo(run_dir / "trace" / "trace_result.json", lambda: _trace(cfg, run_dir, splits, parent_id))
+
+
+def _trace(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent_id: str) -> dict:
+    from raycpt.jobs.trace import run_trace
+
     res = run_trace(cfg, run_dir=run_dir / "trace", splits=splits, parent_run_id=parent_id)
-    out = {"recommended_split": res.recommended_split,
-           "split_scores": {f"{float(row['ratio']):g}": float(row["S"]) for row in res.split_table},
-           "split_intervals": {f"{float(row['ratio']):g}": [row.get("S_lo"), row.get("S_hi")]
-                               for row in res.split_table},
-           "split_like_best": {f"{float(row['ratio']):g}": row.get("like_best") for row in res.split_table},
-           "artifacts": [str(p) for p in res.artifacts]}
-    atomic_write_json(done, out)
-    return out
+    return {"recommended_split": res.recommended_split,
+            "split_scores": {f"{float(row['ratio']):g}": float(row["S"]) for row in res.split_table},
+            "split_intervals": {f"{float(row['ratio']):g}": [row.get("S_lo"), row.get("S_hi")]
+                                for row in res.split_table},
+            "split_like_best": {f"{float(row['ratio']):g}": row.get("like_best") for row in res.split_table},
+            "artifacts": [str(p) for p in res.artifacts]}
+
+
+def log_summary(run, files: list, trace: Optional[dict], summary: dict) -> None:
+    """The summary on the sweep's run (a :class:`raycpt.runs.CommandRun`): its files, the flat per-cell table as
+    the MLflow table ``summary/deltas.json`` (once, also when a resumed sweep summarises again), S(b) and the
+    headline deltas as metrics."""
+    client, run_id = run.client, run.run_id
+    for f in files:
+        client.log_artifact(run_id, str(f), artifact_path="summary")
+    for a in (trace or {}).get("artifacts", []):
+        if Path(a).is_file():
+            client.log_artifact(run_id, a, artifact_path="trace")
+    # the parent's table (log_table appends: a re-run summary of the same parent run logs it once)
+    if summary["records"] and not any(f.path == "summary/deltas.json" for f in client.list_artifacts(run_id, "summary")):
+        cols = list(summary["records"][0])
+        client.log_table(run_id, data={c: [r[c] for r in summary["records"]] for c in cols},
+                         artifact_file="summary/deltas.json")
+    for task, gains in summary["split_gains"].items():
+        for g in gains:
+            if g["S_b"] is not None:
+                client.log_metric(run_id, f"S_b/{g['split']:g}", g["S_b"])
+    for e in summary["domain_general"]:  # the headline numbers as metrics too (compare parents in the UI)
+        for role in ("domain", "general"):
+            for i in e[role]:
+                if i.get("delta") is not None:
+                    client.log_metric(run_id, f"{role}_delta/{e['name']}/{i['task']}/{i['mode']}", i["delta"])

@@ -214,9 +214,8 @@ def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: floa
     import mlflow
     from mlflow.entities import Metric
 
-    from raycpt.tracking import log_config, log_metrics
+    from raycpt.tracking import log_metrics
 
-    log_config(prep.cfg)
     mlflow.log_params({"trace.model_path": prep.model_path, "trace.num_layers": prep.num_layers,
                        "trace.num_prompts": len(prep.records),
                        "trace.seam_space_prompts": sum(p.seam_space for p in prep.encoded)})
@@ -258,53 +257,49 @@ def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Opt
 
     ``splits``, ``prompts`` and ``top_k`` override ``cfg.trace``; ``run_dir`` defaults to a new
     ``<run_root>/trace-<name>-<id>/``; with ``parent_run_id`` the MLflow run is nested under it.
-    Bad input raises :class:`RaycptError` before Ray or MLflow is touched.
+    Bad input raises :class:`RaycptError` before Ray or MLflow is touched (:func:`prepare_trace`);
+    the work is :func:`execute`, inside the command's :func:`raycpt.runs.command_run`.
     """
-    from raycpt.report.trace import write_artifacts
-    from raycpt.runs import open_run_dir, write_state
-    from raycpt.runtime import ray_session
-    from raycpt.tracking import mlflow_run
+    from raycpt.runs import command_run
 
     prep = prepare_trace(cfg, splits=splits, prompts=prompts, top_k=top_k)
-    cfg = prep.cfg
-    if run_dir is None:
-        run_dir = open_run_dir(cfg, "trace")
-    else:
-        from raycpt.config import save_config
+    with command_run(prep.cfg, "trace", run_dir=run_dir, parent_run_id=parent_run_id,
+                     run_name=f"trace-{prep.cfg.name}") as run:
+        return execute(prep, run, progress=progress)
 
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
+
+prepare = prepare_trace
+
+
+def execute(prep: _Prepared, run, progress: bool = True) -> TraceResult:
+    """The actor pool over the prompts (Ray), then the profiles, S(b), artifacts and MLflow records."""
+    from raycpt.report.trace import write_artifacts
+    from raycpt.runtime import ray_session
+
+    cfg, run_dir = prep.cfg, run.run_dir
     t0 = time.perf_counter()
-    with mlflow_run(cfg.tracking, run_name=f"trace-{cfg.name}", parent_run_id=parent_run_id,
-                    tags={"raycpt.command": "trace", "raycpt.run_dir": str(run_dir)}) as run:
-        write_state(run_dir, command="trace", status="running", mlflow_run_id=run.info.run_id)
-        try:
-            with ray_session(cfg.ray):
-                rows = _compute_rows(prep, progress)
-        except BaseException:
-            write_state(run_dir, status="failed")
-            raise
-        agg = aggregate(prep, rows)
-        wall_s = time.perf_counter() - t0
-        summary = dict(model_ref=cfg.model.ref, model_path=prep.model_path, num_layers=prep.num_layers,
-                       num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, eps=cfg.trace.eps,
-                       prompts=cfg.trace.prompts, wall_s=wall_s, mlflow_run_id=run.info.run_id,
-                       forward_s=float(np.sum(rows["forward_s"])) if "forward_s" in rows else None,
-                       recommended=dict((k, agg["recommended"][k]) for k in ("ratio", "split_layer", "S")),
-                       split_table=agg["table"], grid_scores=agg["recommended"]["scores"],
-                       tp_layers=agg["tp_layers"], answer_hit_rate=agg["hit_rate"],
-                       tp=agg["profiles"]["tp"].tolist(), ls=agg["profiles"]["ls"].tolist(),
-                       tp_norm=agg["profiles"]["tp_norm"].tolist(), ls_norm=agg["profiles"]["ls_norm"].tolist(),
-                       groups={g: dict(tp=v["tp"].tolist(), ls=v["ls"].tolist(), n=v["n"])
-                               for g, v in agg["profiles"]["groups"].items()},
-                       median=agg["profiles"]["median"])
-        paths = write_artifacts(run_dir, agg["df"], agg["profiles"], agg["table"], agg["recommended"], summary,
-                                requested=prep.splits, title=f"{Path(cfg.model.ref).name}")
+    with ray_session(cfg.ray):
+        rows = _compute_rows(prep, progress)
+    agg = aggregate(prep, rows)
+    wall_s = time.perf_counter() - t0
+    summary = dict(model_ref=cfg.model.ref, model_path=prep.model_path, num_layers=prep.num_layers,
+                   num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, eps=cfg.trace.eps,
+                   prompts=cfg.trace.prompts, wall_s=wall_s, mlflow_run_id=run.run_id,
+                   forward_s=float(np.sum(rows["forward_s"])) if "forward_s" in rows else None,
+                   recommended=dict((k, agg["recommended"][k]) for k in ("ratio", "split_layer", "S")),
+                   split_table=agg["table"], grid_scores=agg["recommended"]["scores"],
+                   tp_layers=agg["tp_layers"], answer_hit_rate=agg["hit_rate"],
+                   tp=agg["profiles"]["tp"].tolist(), ls=agg["profiles"]["ls"].tolist(),
+                   tp_norm=agg["profiles"]["tp_norm"].tolist(), ls_norm=agg["profiles"]["ls_norm"].tolist(),
+                   groups={g: dict(tp=v["tp"].tolist(), ls=v["ls"].tolist(), n=v["n"])
+                           for g, v in agg["profiles"]["groups"].items()},
+                   median=agg["profiles"]["median"])
+    paths = write_artifacts(run_dir, agg["df"], agg["profiles"], agg["table"], agg["recommended"], summary,
+                            requested=prep.splits, title=f"{Path(cfg.model.ref).name}")
+    with run.active():
         _log_mlflow(prep, agg, paths, wall_s)
-        write_state(run_dir, status="finished")
     prof = agg["profiles"]
-    return TraceResult(run_dir=run_dir, run_id=run.info.run_id, model_ref=cfg.model.ref, num_layers=prep.num_layers,
+    return TraceResult(run_dir=run_dir, run_id=run.run_id, model_ref=cfg.model.ref, num_layers=prep.num_layers,
                        num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, tp=prof["tp"],
                        ls=prof["ls"], tp_norm=prof["tp_norm"], ls_norm=prof["ls_norm"], groups=prof["groups"],
                        median=prof["median"],

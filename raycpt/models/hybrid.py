@@ -45,7 +45,7 @@ from raycpt.config import ModelConfig
 from raycpt.errors import RaycptError
 from raycpt.models.hybrid_config import MODEL_TYPE, RaycptHybridConfig, register_config
 from raycpt.models.sources import resolve_model_path
-from raycpt.models.stack import register_architecture
+from raycpt.models.stack import TABLE, Architecture, register_architecture
 
 
 
@@ -53,53 +53,10 @@ from raycpt.models.stack import register_architecture
 # layer kinds
 
 
-@dataclass(frozen=True)
-class LayerKind:
-    """How to build and call one kind of decoder layer (a transformers architecture)."""
-
-    name: str
-    """transformers ``model_type`` of the architecture."""
-    module: str
-    """Package under ``transformers.models`` holding ``modeling_<module>.py``."""
-    layer_cls: str
-    """Decoder layer / block class."""
-    call: str
-    """Calling convention: ``attention`` (mask + rotary), ``mamba2`` (padding mask), ``nemotron_h``."""
-    norm_cls: str
-    """RMSNorm class of the architecture (final norm when this kind is the head donor)."""
-    eps_attr: str
-    """Config attribute holding the norm epsilon."""
-    rotary_cls: Optional[str] = None
-    """Rotary embedding class (attention kinds)."""
-    embed_cls: Optional[str] = None
-    """Embedding class when not a plain ``nn.Embedding`` (Gemma's scaled embedding)."""
-    residual_writes: tuple[str, ...] = ("self_attn.o_proj", "mlp.down_proj")
-    """Modules (or parameters) of one layer whose output is added to the residual stream: zeroed, a layer
-    adds nothing (``hybrid.init: identity``). Gemma's post-norms map a zero input to zero."""
-
-
-KINDS: dict[str, LayerKind] = {
-    "llama": LayerKind("llama", "llama", "LlamaDecoderLayer", "attention", "LlamaRMSNorm", "rms_norm_eps",
-                       "LlamaRotaryEmbedding"),
-    "mistral": LayerKind("mistral", "mistral", "MistralDecoderLayer", "attention", "MistralRMSNorm", "rms_norm_eps",
-                         "MistralRotaryEmbedding"),
-    "qwen2": LayerKind("qwen2", "qwen2", "Qwen2DecoderLayer", "attention", "Qwen2RMSNorm", "rms_norm_eps",
-                       "Qwen2RotaryEmbedding"),
-    "qwen3": LayerKind("qwen3", "qwen3", "Qwen3DecoderLayer", "attention", "Qwen3RMSNorm", "rms_norm_eps",
-                       "Qwen3RotaryEmbedding"),
-    "gemma3_text": LayerKind("gemma3_text", "gemma3", "Gemma3DecoderLayer", "attention", "Gemma3RMSNorm",
-                             "rms_norm_eps", "Gemma3RotaryEmbedding", "Gemma3TextScaledWordEmbedding"),
-    "mamba2": LayerKind("mamba2", "mamba2", "Mamba2Block", "mamba2", "Mamba2RMSNorm", "layer_norm_epsilon",
-                        residual_writes=("mixer.out_proj",)),
-    # a NemotronH block has one mixer: Mamba2 (out_proj), attention (o_proj), MLP (down_proj) or MoE (routed
-    # experts' down_proj parameter, the shared expert's down_proj, and the latent up-projection's bias)
-    "nemotron_h": LayerKind("nemotron_h", "nemotron_h", "NemotronHBlock", "nemotron_h", "NemotronHRMSNorm",
-                            "layer_norm_epsilon",
-                            residual_writes=("mixer.out_proj", "mixer.o_proj", "mixer.down_proj",
-                                             "mixer.experts.down_proj", "mixer.shared_experts.down_proj",
-                                             "mixer.fc2_latent_proj")),
-}
-ALIASES = {"gemma3": "gemma3_text", "nemotron": "nemotron_h", "nemotronh": "nemotron_h", "mamba": "mamba2"}
+LayerKind = Architecture
+"""A hybrid layer kind is a row of THE architecture table (:class:`raycpt.models.stack.Architecture`)."""
+KINDS: dict[str, LayerKind] = dict(TABLE)
+ALIASES = {alias: a.name for a in TABLE.values() for alias in a.aliases}
 
 
 def layer_kind(name: str, what: str = "layer kind") -> LayerKind:

@@ -33,17 +33,67 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import nn
 
-# model_type -> (attribute path of the decoder inside the CausalLM, embeddings attr, layers attr,
-# final-norm attr, head attr on the CausalLM). ``get_decoder()`` finds the decoder for all of them;
-# the table is kept explicit so an unknown architecture fails loudly instead of guessing.
+@dataclass(frozen=True)
+class Architecture:
+    """THE architecture table's row: where a transformers architecture keeps its parts (the layer view),
+    how to build and call one of its decoder layers (a hybrid layer kind) and its memory family.
+
+    ``get_decoder()`` finds the decoder for all of them; the table is explicit so an unknown architecture
+    fails loudly instead of guessing. :data:`raycpt.models.hybrid.KINDS` and
+    :data:`raycpt.train.memory.FAMILY` are derived from it."""
+
+    name: str
+    """transformers ``model_type``."""
+    module: str
+    """Package under ``transformers.models`` holding ``modeling_<module>.py``."""
+    layer_cls: str
+    """Decoder layer / block class."""
+    call: str
+    """Calling convention: ``attention`` (mask + rotary), ``mamba2`` (padding mask), ``nemotron_h``."""
+    norm_cls: str
+    """RMSNorm class of the architecture (final norm when this kind is the head donor)."""
+    eps_attr: str
+    """Config attribute holding the norm epsilon."""
+    rotary_cls: Optional[str] = None
+    """Rotary embedding class (attention kinds)."""
+    embed_cls: Optional[str] = None
+    """Embedding class when not a plain ``nn.Embedding`` (Gemma's scaled embedding)."""
+    residual_writes: tuple[str, ...] = ("self_attn.o_proj", "mlp.down_proj")
+    """Modules (or parameters) of one layer whose output is added to the residual stream: zeroed, a layer
+    adds nothing (``hybrid.init: identity``). Gemma's post-norms map a zero input to zero."""
+    parts: tuple[str, str, str, str] = ("embed_tokens", "layers", "norm", "lm_head")
+    """Attribute names of (embeddings, decoder layers, final norm) on the decoder and the head on the CausalLM."""
+    memory: Optional[str] = None
+    """Memory family of :mod:`raycpt.train.memory` (None: no memory model)."""
+    aliases: tuple[str, ...] = ()
+    """Other names for it (a hybrid layer kind's ``new: gemma3``; a multimodal config's ``model_type``)."""
+
+
+_MAMBA_PARTS = ("embeddings", "layers", "norm_f", "lm_head")
+TABLE: dict[str, Architecture] = {a.name: a for a in (
+    Architecture("llama", "llama", "LlamaDecoderLayer", "attention", "LlamaRMSNorm", "rms_norm_eps",
+                 "LlamaRotaryEmbedding", memory="llama"),
+    Architecture("mistral", "mistral", "MistralDecoderLayer", "attention", "MistralRMSNorm", "rms_norm_eps",
+                 "MistralRotaryEmbedding", memory="llama"),
+    Architecture("qwen2", "qwen2", "Qwen2DecoderLayer", "attention", "Qwen2RMSNorm", "rms_norm_eps",
+                 "Qwen2RotaryEmbedding", memory="llama"),
+    Architecture("qwen3", "qwen3", "Qwen3DecoderLayer", "attention", "Qwen3RMSNorm", "rms_norm_eps",
+                 "Qwen3RotaryEmbedding", memory="qwen3"),
+    Architecture("gemma3_text", "gemma3", "Gemma3DecoderLayer", "attention", "Gemma3RMSNorm", "rms_norm_eps",
+                 "Gemma3RotaryEmbedding", "Gemma3TextScaledWordEmbedding", memory="gemma3", aliases=("gemma3",)),
+    Architecture("mamba2", "mamba2", "Mamba2Block", "mamba2", "Mamba2RMSNorm", "layer_norm_epsilon",
+                 residual_writes=("mixer.out_proj",), parts=_MAMBA_PARTS, aliases=("mamba",)),
+    # a NemotronH block has one mixer: Mamba2 (out_proj), attention (o_proj), MLP (down_proj) or MoE (routed
+    # experts' down_proj parameter, the shared expert's down_proj, and the latent up-projection's bias)
+    Architecture("nemotron_h", "nemotron_h", "NemotronHBlock", "nemotron_h", "NemotronHRMSNorm", "layer_norm_epsilon",
+                 residual_writes=("mixer.out_proj", "mixer.o_proj", "mixer.down_proj", "mixer.experts.down_proj",
+                                  "mixer.shared_experts.down_proj", "mixer.fc2_latent_proj"),
+                 parts=_MAMBA_PARTS, aliases=("nemotron", "nemotronh")),
+)}
+"""THE architecture table (model_type -> :class:`Architecture`)."""
 ARCHITECTURES: dict[str, dict[str, str]] = {
-    "llama": dict(embed="embed_tokens", layers="layers", norm="norm", head="lm_head"),
-    "qwen2": dict(embed="embed_tokens", layers="layers", norm="norm", head="lm_head"),
-    "qwen3": dict(embed="embed_tokens", layers="layers", norm="norm", head="lm_head"),
-    "gemma3_text": dict(embed="embed_tokens", layers="layers", norm="norm", head="lm_head"),
-    "nemotron_h": dict(embed="embeddings", layers="layers", norm="norm_f", head="lm_head"),
-    "mamba2": dict(embed="embeddings", layers="layers", norm="norm_f", head="lm_head"),
-}
+    a.name: dict(zip(("embed", "layers", "norm", "head"), a.parts)) for a in TABLE.values()}
+"""The layer view of every architecture LayerStack knows (the table's ``parts``, plus registered ones)."""
 
 
 def register_architecture(model_type: str, embed: str, layers: str, norm: str, head: str = "lm_head") -> None:

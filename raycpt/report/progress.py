@@ -11,12 +11,13 @@ items (a trace's prompts, a compare's Ray tasks) that the driver advances itself
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
+
+from raycpt.progress import progress_bar
 
 METRICS = Path("train") / "train_metrics.jsonl"
 RESULT = "result.json"
@@ -231,15 +232,6 @@ class TrialsProgress(FilePoller):
         bar.update(task, completed=done, info="; ".join(running))
 
 
-@contextlib.contextmanager
 def count_progress(label: str, total: int, enabled: bool = True, unit: str = "", console=None, transient: bool = False):
-    """A rich bar over ``total`` items the caller counts: yields ``advance(n)`` (a no-op when disabled)."""
-    if not enabled:
-        yield lambda n: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(),
-                  console=console, transient=transient) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
+    """A rich bar over ``total`` items the caller counts: yields ``advance(n)`` (THE bar: :mod:`raycpt.progress`)."""
+    return progress_bar(label, total, enabled=enabled, unit=unit, console=console, transient=transient)

@@ -9,8 +9,8 @@ interval. A cell is marked better / worse only by the verdict (:mod:`raycpt.repo
 comparison's p-value after the sweep's multiplicity control, never its interval alone.
 
 ``summary_table``, ``split_gains``, ``domain_general`` and ``build_summary`` are pure (unit-tested on
-fabricated per-question records); ``write_summary`` writes CSV / Markdown / JSON / PNG files and logs
-them, the flat per-cell table (``summary/deltas.json``) and the headline deltas to the parent MLflow run.
+fabricated per-question records); ``write_summary`` writes CSV / Markdown / JSON / PNG files (the sweep
+job logs them to its MLflow run: :func:`raycpt.jobs.sweep.log_summary`; no report module talks to MLflow).
 """
 
 from __future__ import annotations
@@ -1092,10 +1092,9 @@ DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights", "heldout_docs
 
 
 def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_layers: int,
-                  parent_run_id: Optional[str] = None, tracking=None, domain: Sequence[str] = ("wordnet_mc",),
-                  general: Sequence[str] = ("mmlu",), report=None) -> dict:
-    """Write the summary files into ``run_dir/summary`` and log them to the parent run (files, the flat
-    per-cell table as an MLflow table ``summary/deltas.json``, S(b) and its interval as metrics)."""
+                  domain: Sequence[str] = ("wordnet_mc",), general: Sequence[str] = ("mmlu",), report=None) -> dict:
+    """Write the summary files into ``run_dir/summary``; ``summary["files"]`` lists them (the sweep job
+    logs them to its run: :func:`raycpt.jobs.sweep.log_summary`)."""
     from raycpt.io import atomic_write_json, atomic_write_text
 
     out = Path(run_dir) / "summary"
@@ -1113,32 +1112,5 @@ def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_
     summary.update(num_layers=num_layers, recommended_split=(trace or {}).get("recommended_split"),
                    trials=[{k: v for k, v in t.items() if k not in DROP} for t in trials])
     files.append(atomic_write_json(out / "summary.json", summary))
-    if parent_run_id and tracking is not None:
-        _log_parent(parent_run_id, tracking, files, trace, summary)
+    summary["files"] = [str(f) for f in files]
     return summary
-
-
-def _log_parent(run_id: str, tracking, files: list[Path], trace: Optional[dict], summary: dict) -> None:
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking.uri)
-    client = mlflow.tracking.MlflowClient()
-    for f in files:
-        client.log_artifact(run_id, str(f), artifact_path="summary")
-    for a in (trace or {}).get("artifacts", []):
-        if Path(a).is_file():
-            client.log_artifact(run_id, a, artifact_path="trace")
-    # the parent's table (log_table appends: a re-run summary of the same parent run logs it once)
-    if summary["records"] and not any(f.path == "summary/deltas.json" for f in client.list_artifacts(run_id, "summary")):
-        cols = list(summary["records"][0])
-        client.log_table(run_id, data={c: [r[c] for r in summary["records"]] for c in cols},
-                         artifact_file="summary/deltas.json")
-    for task, gains in summary["split_gains"].items():
-        for g in gains:
-            if g["S_b"] is not None:
-                client.log_metric(run_id, f"S_b/{g['split']:g}", g["S_b"])
-    for e in summary["domain_general"]:  # the headline numbers as metrics too (compare parents in the UI)
-        for role in ("domain", "general"):
-            for i in e[role]:
-                if i.get("delta") is not None:
-                    client.log_metric(run_id, f"{role}_delta/{e['name']}/{i['task']}/{i['mode']}", i["delta"])

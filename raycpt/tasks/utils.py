@@ -10,18 +10,19 @@ from typing import Any
 
 from lm_eval.api.filter import Filter
 
-from raycpt.evaluate import WORDNET_MC_FILE, extract_choice, mmlu_questions, read_questions
+from raycpt.evaluate import READERS, WORDNET_MC_FILE, extract_choice, mmlu_questions
 
 
-def wordnet_mc_dataset(questions: str | None = None, **_: Any):
+def wordnet_mc_dataset(questions: str | None = None, reader: str = "questions", **_: Any):
     """lm-eval ``custom_dataset``: the question file as a ``DatasetDict`` with a ``validation`` split.
 
-    ``questions`` (from the task's ``dataset_kwargs``) names another file in the same format;
-    default: the shipped ``raycpt/assets/wordnet_mc.jsonl``. Bad files raise ``RaycptError``.
+    ``questions`` (from the task's ``dataset_kwargs``) names another file, read by the registered
+    ``reader`` (a benchmark YAML's; default: wordnet_mc's format); default file: the shipped
+    ``raycpt/assets/wordnet_mc.jsonl``. Bad files raise ``RaycptError``.
     """
     import datasets
 
-    rows = read_questions(questions or WORDNET_MC_FILE)
+    rows = READERS[reader](questions or WORDNET_MC_FILE)
     return datasets.DatasetDict({"validation": datasets.Dataset.from_list(rows)})
 
 

@@ -172,10 +172,9 @@ def _faults_from_env() -> dict:
 
 # ------------------------------------------------------------------------------------ data
 
-def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
-    """The packed-token store of ``cfg.data`` (packed now when missing; one line either way unless
-    ``quiet``), checked to hold at least one micro-batch per worker. No corpus pass: counts are the
-    manifest's."""
+def pack_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
+    """The packed-token store of ``cfg.data`` (packed now when missing; one line either way unless ``quiet``).
+    No corpus pass: counts are the manifest's. Whether it is big enough for a run is :func:`packed_corpus`'s."""
     from raycpt.data.pack import describe_build, describe_hit, ensure_packed
     from raycpt.tracking import run_root
 
@@ -184,6 +183,12 @@ def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, re
     log.info(line)
     if not quiet:
         print(line, flush=True)
+    return store
+
+
+def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
+    """:func:`pack_corpus`, checked to hold at least one micro-batch per worker of this run."""
+    store = pack_corpus(cfg, model_path, quiet=quiet, rebuild=rebuild)
     t = cfg.train
     need = t.num_workers * t.micro_batch_size
     if store.num_blocks < need:
@@ -274,12 +279,13 @@ def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> t
 
     if run_dir is None and resume:
         run_dir = open_run_dir(cfg, "train", resume=True)
-        _check_resume_settings(run_dir, cfg)
+        check_resume_settings(run_dir, cfg)
     elif run_dir is not None:
         run_dir = Path(run_dir).resolve()
         _make_absolute(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
+        if not (resume and (run_dir / "config.yaml").is_file()):  # a resume keeps the config it was made with
+            save_config(cfg, run_dir / "config.yaml")
     return run_dir, (read_state(run_dir) if run_dir is not None else {})
 
 
@@ -437,7 +443,7 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _check_resume_settings(run_dir: Path, cfg: ExperimentConfig) -> None:
+def check_resume_settings(run_dir: Path, cfg: ExperimentConfig) -> None:
     """``--resume`` continues a run with the settings it was made with; one line when ``cfg`` differs."""
     from raycpt.runs import resume_changes
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from raycpt.errors import RaycptError
+from raycpt.models.stack import TABLE
 from raycpt.strategies import LayerPlan
 
 GB = 1e9
@@ -62,8 +63,8 @@ BF16_FP32_COEFFS: dict[str, tuple[float, ...]] = {
     "qwen3": (7, 0, 1, 2, 1, 1, 2, 2),
 }
 BF16_BYTES_PER_FLOAT = 2.4  # families without BF16_FP32_COEFFS (fitted on small shapes only)
-FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "gemma3_text": "gemma3",
-          "gemma3": "gemma3"}
+FAMILY = {name: a.memory for a in TABLE.values() if a.memory for name in (a.name, *a.aliases)}
+"""model_type -> memory family, from THE architecture table (:data:`raycpt.models.stack.TABLE`)."""
 
 KNOBS = {
     "activations": "train.activation_checkpointing=true, or a smaller train.micro_batch_size / data.seq_len "

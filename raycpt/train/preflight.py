@@ -18,6 +18,7 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, PlanConfig
 from raycpt.errors import RaycptError
+from raycpt.strategies import takes_split
 from raycpt.train.launch import prepare_plan, resolve_model_path
 from raycpt.train.parallel import check_parallel
 from raycpt.train.memory import FAMILY, MemoryEstimate, check_fits, estimate_memory, model_shape
@@ -78,7 +79,7 @@ def sweep_plans(cfg: ExperimentConfig) -> list[PlanConfig]:
     splits = sorted(set(s.splits)) or [cfg.plan.split]
     out = [dataclasses.replace(cfg.plan, name="full")] if s.include_full else []
     for name in s.strategies:
-        if name in ("train_shallow", "train_deep"):
+        if takes_split(name):
             out += [dataclasses.replace(cfg.plan, name=name, split=r) for r in {splits[0], splits[-1]}]
     return out or [cfg.plan]
 

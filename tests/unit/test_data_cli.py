@@ -73,3 +73,26 @@ def test_changed_corpus_is_refused_with_how_to_rebuild(tmp_path):
     assert left.build_id == store.build_id and len(builds_logged(tmp_path / "runs" / "packed")) == 1
     info = _run("info", *args)
     assert info.returncode == 0 and "corpus: " + str(corpus) + " changed" in info.stdout
+
+
+def test_prepare_packs_a_store_smaller_than_a_training_run_needs(tmp_path):
+    """Packing is separate from "is it big enough for this run": ``data prepare`` packs any non-empty store
+    whatever train.* says (no faked training shape); a training run checks its own need."""
+    from raycpt.config import load_config
+    from raycpt.errors import RaycptError
+    from raycpt.train.launch import packed_corpus
+
+    tiny = save_tiny(tmp_path / "tiny")
+    corpus = tmp_path / "small.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document number {i}"}) + "\n" for i in range(10)))
+    args = [f"model.ref={tiny}", f"data.corpus=[{corpus}]", "data.seq_len=16", f"tracking.run_root={tmp_path / 'runs'}",
+            "train.num_workers=4", "train.micro_batch_size=64"]
+    p = _run("prepare", *args)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (store,) = list_stores(tmp_path / "runs" / "packed")
+    assert 0 < store.num_blocks < 4 * 64
+    try:
+        packed_corpus(load_config(None, args), str(tiny))
+        raise AssertionError("a run that needs more blocks than the store holds must stop")
+    except RaycptError as e:
+        assert "need at least 256" in str(e)

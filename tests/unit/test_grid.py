@@ -27,14 +27,13 @@ class Spec:
 
 
 def _run(tmp_path, specs, resume=False):
-    from raycpt.jobs.grid import Grid, ParentRun, run_grid
-    from raycpt.runs import open_run_dir
+    from raycpt.jobs.grid import Grid, grid_params, run_grid
+    from raycpt.runs import command_run
 
     cfg = config_from_dict({"name": "g", "tracking": {"run_root": str(tmp_path / "runs"), "experiment": "grid"}})
-    run_dir = open_run_dir(cfg, "sweep", resume=resume)
     grid = Grid("sweep", specs, shared={"x": 7}, inline=True)
-    with ParentRun(cfg, run_dir, grid) as parent:
-        return run_dir, parent.run_id, run_grid(parent, resume=resume)
+    with command_run(cfg, "sweep", resume=resume, params=grid_params(specs)) as parent:
+        return parent.run_dir, parent.run_id, run_grid(parent, grid, resume=resume)
 
 
 def _runs(tmp_path):

@@ -14,14 +14,17 @@ within a layer the cycle check alone applies). The order follows ARCHITECTURE.md
 the code needs:
 
 1. ``raycpt`` (the package root: version, and the import that registers hybrid models),
-   ``raycpt.__main__``, ``raycpt.cli`` - the entry points: parse, call one job, print.
-2. ``raycpt.jobs`` - where work runs on Ray (trace, compare, eval, sweep, contribution, hybrid).
+   ``raycpt.__main__``, ``raycpt.cli`` - the entry points: the command table (job, renderer, option ->
+   dotted key per row), nothing else.
+2. ``raycpt.jobs`` - where work runs on Ray (trace, compare, eval, sweep, contribution, hybrid, train; and
+   ``jobs.info``: the commands that run no experiment), each ``prepare(cfg)`` -> ``execute(plan, run)``.
 3. ``raycpt.train`` - the TorchTrainer launcher, the worker loop and its per-step callbacks (drift).
 4. ``raycpt.evaluate`` and ``raycpt.tasks.utils`` - the lm-eval bridge (``tasks/utils.py`` is the
    half lm-eval loads from the task YAMLs; it uses the bridge's answer extraction and question files).
    Above report (ARCHITECTURE.md drew it below): the bridge writes its per-question files with
    ``report.eval``, and no report needs the bridge.
-5. ``raycpt.report`` - plots, tables and progress bars from results (data in, files out).
+5. ``raycpt.report`` - plots, tables and progress bars from results (data in, files out); ``report.render``
+   holds what each command prints (the renderer a row of the CLI table names).
 6. ``raycpt.diagnostics`` - pure torch/numpy metrics: no Ray, no MLflow, no train/jobs/report.
 7. ``raycpt.strategies`` - the plan registry and ``LayerPlan``. Below diagnostics (ARCHITECTURE.md
    drew it above): the plans are the vocabulary of layer indices and the split rule, and the trace's
@@ -29,12 +32,13 @@ the code needs:
 8. ``raycpt.data`` - corpus sources and shards.
 9. ``raycpt.models`` - model references -> folders, ``LayerStack``, hybrid assembly. Inside it, the
    hybrid config never imports the hybrid model: the package wires the model's lazy registration.
-10. ``raycpt.runs``, ``raycpt.tracking``, ``raycpt.runtime`` (and ``raycpt.cluster``) - run folders,
-    MLflow, Ray bootstrap (``runs`` builds on ``tracking``, never the reverse).
+10. ``raycpt.runs``, ``raycpt.tracking``, ``raycpt.runtime`` (and ``raycpt.cluster``, ``raycpt.ui``) - THE
+    command lifecycle (``runs.command_run``) and run folders, MLflow (and its UI server), Ray bootstrap
+    (``runs`` builds on ``tracking``, never the reverse).
 11. ``raycpt.config``, ``raycpt.tasks`` (benchmark names and category tables) - the typed config tree.
-12. ``raycpt.io``, ``raycpt.errors`` (and ``raycpt.splits``, ``raycpt.usage``, ``raycpt.stats``) - atomic
-    file helpers and run-root paths, ``RaycptError``, the split rule, usage-error words, bootstrap and
-    seed intervals: leaves.
+12. ``raycpt.io``, ``raycpt.errors`` (and ``raycpt.splits``, ``raycpt.usage``, ``raycpt.stats``,
+    ``raycpt.progress``) - atomic file helpers and run-root paths, ``RaycptError``, the split rule, usage-error
+    words and the CLI table's vocabulary, bootstrap and seed intervals, THE progress bar: leaves.
 
 Names in parentheses are modules other branches add; a module no layer names fails
 :func:`test_every_module_has_a_layer`, so a new top-level module must be placed here on purpose.
@@ -63,9 +67,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt.strategies",),
     ("raycpt.data",),
     ("raycpt.models",),
-    ("raycpt.runs", "raycpt.tracking", "raycpt.runtime", "raycpt.cluster"),
+    ("raycpt.runs", "raycpt.tracking", "raycpt.runtime", "raycpt.cluster", "raycpt.ui"),
     ("raycpt.config", "raycpt.tasks"),
-    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats"),
+    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress"),
 )
 
 

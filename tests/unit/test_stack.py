@@ -205,3 +205,25 @@ def test_unknown_architecture_is_a_user_error():
     model = T.GPT2LMHeadModel(T.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     with pytest.raises(RaycptError, match="unsupported architecture 'gpt2'"):
         LayerStack(model)
+
+
+def test_one_architecture_table_behind_the_layer_view_the_hybrid_kinds_and_the_memory_families():
+    """The layer view, the hybrid layer kinds and the memory families all come from models.stack.TABLE, so
+    they cannot disagree: ``mistral`` is a hybrid kind and a memory family, and LayerStack takes it."""
+    import transformers as T
+
+    from raycpt.models.hybrid import KINDS
+    from raycpt.models.stack import ARCHITECTURES, TABLE, LayerStack
+    from raycpt.train.memory import FAMILY
+
+    assert set(KINDS) <= set(TABLE) <= set(ARCHITECTURES)
+    assert {TABLE[k].name for k in FAMILY if k in TABLE} == {a.name for a in TABLE.values() if a.memory}
+    conf = T.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(conf).eval()
+    stack = LayerStack(model)
+    assert stack.num_layers == 3 and "mistral" in KINDS and FAMILY["mistral"] == "llama"
+    ids = torch.randint(0, 64, (2, 7))
+    tr = stack.trace(ids)
+    torch.testing.assert_close(stack.lens(tr.hidden[-1]), model(ids).logits, rtol=1e-4, atol=1e-4)

@@ -384,7 +384,10 @@ def test_write_summary_writes_intervals_and_drops_per_question_data(tmp_path):
 def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
     from mlflow.tracking import MlflowClient
 
+    from types import SimpleNamespace
+
     from raycpt.config import TrackingConfig
+    from raycpt.jobs.sweep import log_summary
     from raycpt.report.sweep import write_summary
     from raycpt.tracking import ensure_store
 
@@ -395,8 +398,9 @@ def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
     client = MlflowClient(cfg.uri)
     parent = client.create_run(exp, run_name="parent").info.run_id
     for _ in range(2):  # a finished sweep summarised again (--resume) logs the table once
-        s = write_summary(tmp_path / "run", _one_seed_trials(), {"split_scores": {"0.5": 0.1}}, 30, parent, cfg,
-                          domain=["wn"], general=["gen_bench"])
+        trace = {"split_scores": {"0.5": 0.1}}
+        s = write_summary(tmp_path / "run", _one_seed_trials(), trace, 30, domain=["wn"], general=["gen_bench"])
+        log_summary(SimpleNamespace(client=client, run_id=parent), s["files"], trace, s)
     import json
 
     from mlflow.artifacts import download_artifacts

