@@ -38,9 +38,13 @@ def test_parse_ratio_reads_decimals_and_fractions_and_rejects_the_rest():
 
 
 def test_config_and_cli_accept_fractions(tmp_path):
-    from raycpt.cli import parse_floats
+    import yaml
 
-    assert parse_floats("1/3,1/2,2/3", "--splits") == pytest.approx([1 / 3, 0.5, 2 / 3])
+    from raycpt.usage import floats
+
+    # the CLI's --splits converter (an override value, read back as YAML by the config loader)
+    assert yaml.safe_load(floats("--splits")("1/3,1/2,2/3")) == pytest.approx([1 / 3, 0.5, 2 / 3])
+    assert [split_index(r, 28) for r in yaml.safe_load(floats("--splits")("1/3,1/2,2/3"))] == [9, 14, 19]
     cfg = load_config(None, ["sweep.splits=1/3,1/2,2/3"])
     assert [split_index(r, 28) for r in cfg.sweep.splits] == [9, 14, 19]
     qwen = load_config("configs/qwen3-0.6b.yaml")
