@@ -25,6 +25,7 @@ from raycpt.report.eval import write_results
 from raycpt.runs import open_run_dir, write_state
 from raycpt.runtime import cluster_address, ray_session
 from raycpt.tracking import log_config, log_metrics, mlflow_run
+from raycpt.train.launch import saved_model_load
 
 _REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
 
@@ -73,7 +74,7 @@ def _eval_remote(path: str, eval_cfg_dict: dict, name: str, threads: int) -> Eva
 
     if threads > 0:
         torch.set_num_threads(threads)
-    return evaluate_model(path, EvalConfig(**eval_cfg_dict), name=name)
+    return evaluate_model(path, EvalConfig(**eval_cfg_dict), name=name, **saved_model_load(path))
 
 
 def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Optional[Sequence[str]] = None,
@@ -90,7 +91,7 @@ def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Opt
     if use_ray is None:
         use_ray = len(paths) > 1 or bool(cluster_address(cfg.ray))
     if not use_ray:
-        return [evaluate_model(p, cfg.eval, name=n) for p, n in zip(paths, names)]
+        return [evaluate_model(p, cfg.eval, name=n, **saved_model_load(p)) for p, n in zip(paths, names)]
 
     import ray
 
