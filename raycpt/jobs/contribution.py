@@ -179,6 +179,8 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
     layers, against = scan_plan(cfg, n)  # all checks before any run folder / Ray / MLflow
     blocks = heldout_blocks(cfg, model_path, c.heldout_docs, "contribution.score=heldout_loss",
                             "contribution.heldout_docs") if c.score == "heldout_loss" else None
+    from raycpt.evaluate_prefetch import prefetch_hub_datasets
+    prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, here; the trials read it offline
     run_dir = open_run_dir(cfg, "contribution", resume=resume)
     state = read_state(run_dir)
     shared = {"model_path": model_path,

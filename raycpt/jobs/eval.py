@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate import EvalResult, evaluate_model, resolve_eval_tasks
+from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.models.sources import parse_ref, resolve_model_path
 from raycpt.report.eval import write_results
 from raycpt.runs import open_run_dir, write_state
@@ -87,6 +88,7 @@ def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Opt
     """
     resolve_eval_tasks(cfg.eval)
     paths = check_checkpoints(list(paths))
+    prefetch_hub_datasets(cfg.eval, progress=progress)  # hub eval data once, here; the Ray tasks read it offline
     names = list(names) if names else _unique_names(paths)
     if use_ray is None:
         use_ray = len(paths) > 1 or bool(cluster_address(cfg.ray))

@@ -226,6 +226,8 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
     t0 = time.time()
     plans = plan_builds(cfg)  # every user error about the spec surfaces here, before any run exists
     resolve_eval_tasks(cfg.eval)
+    from raycpt.evaluate_prefetch import prefetch_hub_datasets
+    prefetch_hub_datasets(cfg.eval, progress=progress, console=console)  # hub eval data once, before any build
     run_dir = open_run_dir(cfg, "hybrid", resume=resume)
     state = read_state(run_dir)
     grid = Grid("hybrid", [HybridBuild(p.name, f"{display_name(p)} ({p.name})") for p in plans],

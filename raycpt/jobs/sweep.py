@@ -143,6 +143,8 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
     specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds)
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
+    from raycpt.evaluate_prefetch import prefetch_hub_datasets
+    prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, here; the trials read it offline
     run_dir = open_run_dir(cfg, "sweep", resume=resume)
     shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", blocks)) if blocks else None}
     grid = Grid("sweep", specs, params={"num_layers": num_layers}, shared=shared, cpus=s.cpus_per_trial,
