@@ -30,6 +30,8 @@ QUIET_ENV = {
 """Environment defaults of the quiet mode (``setdefault``: a user's own setting wins)."""
 QUIET_LOGGERS = ("ray.data._internal.progress",)
 """Python loggers lowered to ERROR in the quiet mode (Ray Data's "Progress bars disabled")."""
+WORKER_ENV: dict[str, str] = {}
+"""Env vars every worker of the next Ray job gets (job runtime env): ``HF_*_OFFLINE`` once raycpt.evaluate_prefetch ran."""
 
 
 def quiet_environment() -> None:
@@ -227,7 +229,8 @@ def _start_ray(cfg: RayConfig) -> None:
         # a loopback address stays loopback (Ray would turn 127.0.0.1 into this machine's IP, which a
         # private Ray does not listen on)
         with loopback_only() if _is_loopback(host) else contextlib.nullcontext():
-            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.ERROR)
+            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.ERROR,
+                     runtime_env={"env_vars": dict(WORKER_ENV)} if WORKER_ENV else None)
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     num_cpus = cfg.num_cpus or max(4, os.cpu_count() or 1)
@@ -240,7 +243,8 @@ def _start_ray(cfg: RayConfig) -> None:
             include_dashboard=cfg.include_dashboard,
             dashboard_host="127.0.0.1",
             _node_ip_address="127.0.0.1",
-            runtime_env={"worker_process_setup_hook": "raycpt.runtime.private_worker_setup"},
+            runtime_env={"worker_process_setup_hook": "raycpt.runtime.private_worker_setup",
+                         **({"env_vars": dict(WORKER_ENV)} if WORKER_ENV else {})},
             log_to_driver=False,
             logging_level=logging.ERROR,
             configure_logging=True,

@@ -28,6 +28,7 @@ from typing import Any, Optional
 from raycpt.config import ExperimentConfig, config_with
 from raycpt.diagnostics.contribution import answers_of, gold_prob_of, primary_score
 from raycpt.errors import RaycptError
+from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.jobs.grid import Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, read_state
@@ -192,6 +193,7 @@ def prepare(cfg: ExperimentConfig, console=None) -> ContributionPlan:
     preflight(cfg, console, [full_plan(cfg)])
     blocks = heldout_blocks(cfg, model_path, c.heldout_docs, "contribution.score=heldout_loss",
                             "contribution.heldout_docs") if c.score == "heldout_loss" else None
+    prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
     return ContributionPlan(cfg, model_path, n, layers, against, blocks)
 
 

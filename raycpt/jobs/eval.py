@@ -19,12 +19,14 @@ from typing import Any, Optional, Sequence
 from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate import EvalResult, evaluate_model, resolve_eval_tasks
+from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.models.sources import parse_ref, resolve_model_path
 from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
 from raycpt.runs import command_run
 from raycpt.runtime import cluster_address, ray_session
 from raycpt.tracking import log_metrics, mlflow_run
+from raycpt.train.launch import saved_model_load
 
 _REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
 
@@ -73,7 +75,7 @@ def _eval_remote(path: str, eval_cfg_dict: dict, name: str, threads: int) -> Eva
 
     if threads > 0:
         torch.set_num_threads(threads)
-    return evaluate_model(path, EvalConfig(**eval_cfg_dict), name=name)
+    return evaluate_model(path, EvalConfig(**eval_cfg_dict), name=name, **saved_model_load(path))
 
 
 def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Optional[Sequence[str]] = None,
@@ -86,11 +88,12 @@ def evaluate_checkpoints(cfg: ExperimentConfig, paths: Sequence[str], names: Opt
     """
     resolve_eval_tasks(cfg.eval)
     paths = check_checkpoints(list(paths))
+    prefetch_hub_datasets(cfg.eval, progress=progress)  # hub eval data once, here; the Ray tasks read it offline
     names = list(names) if names else _unique_names(paths)
     if use_ray is None:
         use_ray = len(paths) > 1 or bool(cluster_address(cfg.ray))
     if not use_ray:
-        return [evaluate_model(p, cfg.eval, name=n) for p, n in zip(paths, names)]
+        return [evaluate_model(p, cfg.eval, name=n, **saved_model_load(p)) for p, n in zip(paths, names)]
 
     import ray
 

@@ -37,6 +37,7 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
+from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.jobs.grid import Grid, Trial, grid_params, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json, atomic_write_text
 from raycpt.runs import command_run, open_run_dir, read_state, refuse_existing_outputs
@@ -226,6 +227,7 @@ def prepare(cfg: ExperimentConfig, console=None) -> list:
     # the hybrids do not exist yet and each build sets its own layers plan: check the donor's full plan
     # (cfg.plan's empty ``layers`` list would "train nothing")
     preflight(cfg, console, plans=[full_plan(cfg)])
+    prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
     return plans
 
 

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from raycpt.config import ExperimentConfig, config_with
 from raycpt.errors import RaycptError
+from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.jobs.grid import Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, memo
@@ -151,6 +152,7 @@ def prepare(cfg: ExperimentConfig, console=None) -> SweepPlan:
     check_memory(cfg, console, sweep_plans(cfg))
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
+    prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
     return SweepPlan(cfg, model_path, num_layers, specs, blocks)
 
 

@@ -522,6 +522,13 @@ def saved_dtype(model_dir) -> str:
     return name if name in ("float32", "bfloat16", "float16") else "auto"
 
 
+def saved_model_load(model_dir) -> dict:
+    """``load_model`` / ``evaluate_model`` keywords for evaluating a saved model folder, the one rule of every
+    path that scores one (:func:`final_evaluation`, ``raycpt eval``): the dtype it was saved in
+    (:func:`saved_dtype`) on this process's reserved device (:func:`reserved_device`)."""
+    return {"dtype": saved_dtype(model_dir), "device": reserved_device()}
+
+
 def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optional[int] = None):
     """``(EvalResult, held-out loss or None)`` of a training run's final model.
 
@@ -544,7 +551,7 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
 
     if threads:
         torch.set_num_threads(threads)
-    model, tok = load_model(str(final_model_dir), dtype=saved_dtype(final_model_dir), device=reserved_device())
+    model, tok = load_model(str(final_model_dir), **saved_model_load(final_model_dir))
     ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=req.out_dir, name=req.name)
     record = eval_result_record(ev, model, req.heldout_path, eval_cfg.batch_size)
     atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, record)

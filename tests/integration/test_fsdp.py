@@ -238,7 +238,8 @@ def test_bench_fsdp_smoke_prints_its_three_results():
 
 def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model_scores(runs):
     """One dtype for both paths: the in-worker evaluation of an FSDP bf16 run (rank 0, the gathered weights in the
-    checkpoint's dtype) gives the same per-question log-probabilities as evaluating the published folder."""
+    checkpoint's dtype) gives the same per-question log-probabilities as evaluating the published folder, by
+    final_evaluation and by `raycpt eval`."""
     from raycpt.config import config_from_dict
     from raycpt.train.checkpoint import publish_model
     from raycpt.train.launch import final_evaluation, saved_dtype
@@ -255,6 +256,11 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
     assert len(a) == len(b) == 6 and [q["id"] for q in a] == [q["id"] for q in b]
     assert [q["logit"]["logprobs"] for q in a] == [q["logit"]["logprobs"] for q in b]
     assert got["scores"] == ev.scores
+    # and `raycpt eval` of the same folder (its in-process loader; each Ray task runs the same call)
+    from raycpt.jobs.eval import evaluate_checkpoints
+
+    cli = evaluate_checkpoints(config_from_dict(job_cfg), [str(final)], use_ray=False, progress=False)[0]
+    assert [q["logit"]["logprobs"] for q in cli.questions["wordnet_mc"]] == [q["logit"]["logprobs"] for q in a]
 
 
 def test_on_a_restart_only_rank_0_reads_the_checkpoints(monkeypatch, tmp_path):

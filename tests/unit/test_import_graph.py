@@ -19,7 +19,8 @@ the code needs:
 2. ``raycpt.jobs`` - where work runs on Ray (trace, compare, eval, sweep, contribution, hybrid, train; and
    ``jobs.info``: the commands that run no experiment), each ``prepare(cfg)`` -> ``execute(plan, run)``.
 3. ``raycpt.train`` - the TorchTrainer launcher, the worker loop and its per-step callbacks (drift).
-4. ``raycpt.evaluate`` and ``raycpt.tasks.utils`` - the lm-eval bridge (``tasks/utils.py`` is the
+4. ``raycpt.evaluate`` (and ``raycpt.evaluate_prefetch``, hub data fetched once on the driver) and
+   ``raycpt.tasks.utils`` - the lm-eval bridge (``tasks/utils.py`` is the
    half lm-eval loads from the task YAMLs; it uses the bridge's answer extraction and question files).
    Above report (ARCHITECTURE.md drew it below): the bridge writes its per-question files with
    ``report.eval``, and no report needs the bridge.
@@ -61,7 +62,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt", "raycpt.__main__", "raycpt.cli"),
     ("raycpt.jobs",),
     ("raycpt.train",),
-    ("raycpt.evaluate", "raycpt.tasks.utils"),
+    ("raycpt.evaluate", "raycpt.evaluate_prefetch", "raycpt.tasks.utils"),
     ("raycpt.report",),
     ("raycpt.diagnostics",),
     ("raycpt.strategies",),
