@@ -296,7 +296,7 @@ def is_tied(stack) -> bool:
 def plan_for_model(pcfg, model) -> LayerPlan:
     from raycpt.models.stack import LayerStack
 
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     return build_plan(pcfg, stack.num_layers, tied_embeddings=is_tied(stack))
 
 
@@ -332,7 +332,7 @@ def apply_plan(model, plan: LayerPlan) -> dict[str, int]:
     counting shared (tied) tensors once."""
     from raycpt.models.stack import LayerStack
 
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     _check_depth(plan, stack)
     trains = _part_flags(plan)
     parts = stack.named_parts()
@@ -368,7 +368,7 @@ def param_layer_index(model) -> dict[str, Optional[int]]:
     """Parameter name (as ``model.named_parameters()`` gives it) -> decoder layer index, None outside layers."""
     from raycpt.models.stack import LayerStack
 
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     by_id: dict[int, Optional[int]] = {}
     for part, params in stack.named_parts().items():
         idx = int(part.split(".")[1]) if part.startswith("layers.") else None
@@ -415,7 +415,7 @@ def plan_table(model, plan: LayerPlan) -> dict:
     built on the meta device works) and count a tied matrix once, under ``embed``."""
     from raycpt.models.stack import LayerStack
 
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     _check_depth(plan, stack)
     trains = _part_flags(plan)
     rows, trainable, frozen = [], 0, 0

@@ -14,6 +14,7 @@ once enough are counted) so each task knows how many of its documents to keep.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -222,23 +223,18 @@ def _cpus() -> int:
     return os.cpu_count() or 1
 
 
+@contextlib.contextmanager
 def _progress(total_chunks: int, enabled: bool):
-    """``(update(record), close())`` for a rich bar in tokens/s (no-ops when disabled)."""
-    if not enabled:
-        return (lambda rec: None), (lambda: None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """Yields ``update(record)``: one chunk done, on raycpt's one counting bar, with the tokens/s so far."""
+    from raycpt.progress import progress_bar
 
-    bar = Progress(TextColumn("packing"), BarColumn(), MofNCompleteColumn(), TextColumn("chunks"),
-                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), transient=True)
-    task = bar.add_task("pack", total=total_chunks, rate="")
     t0, tokens = time.time(), [0]
-    bar.start()
+    with progress_bar("packing", total_chunks, enabled=enabled, unit="chunks", transient=True, rate="") as advance:
+        def update(rec):
+            tokens[0] += rec["tokens"]
+            advance(1, rate=f"{tokens[0] / max(time.time() - t0, 1e-6):,.0f} tokens/s")
 
-    def update(rec):
-        tokens[0] += rec["tokens"]
-        bar.update(task, advance=1, rate=f"{tokens[0] / max(time.time() - t0, 1e-6):,.0f} tokens/s")
-
-    return update, bar.stop
+        yield update
 
 
 def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, previous: Optional[StoreInfo],
@@ -264,11 +260,8 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
                   "dtype": dtype, "out_dir": str(tmp)}
         if getattr(data_cfg, "heldout_share", 0.0):
             kwargs.update(heldout_share=float(data_cfg.heldout_share), heldout_seed=int(data_cfg.heldout_seed))
-        update, close = _progress(len(chunks), progress)
-        try:
+        with _progress(len(chunks), progress) as update:
             shards = run_chunks("pack", chunks, kwargs, limits, on_done=update)
-        finally:
-            close()
         docs = sum(s["documents"] for s in shards)
         blocks = sum(s["blocks"] for s in shards)
         tokens = sum(s["tokens"] for s in shards)

@@ -42,7 +42,7 @@ def layer_states(model, ids: torch.Tensor) -> list[torch.Tensor]:
     """Residual stream after every decoder block, as ``(tokens, d)`` float32 CPU matrices (BOS dropped)."""
     from raycpt.models.stack import LayerStack
 
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     was_training = model.training
     model.eval()
     try:
@@ -57,14 +57,14 @@ def layer_params(model) -> list[dict[str, torch.Tensor]]:
     from raycpt.models.stack import LayerStack
 
     return [{n: p.detach().float().cpu().clone() for n, p in layer.named_parameters()}
-            for layer in LayerStack(model).layers]
+            for layer in LayerStack.of(model).layers]
 
 
 def drift_metrics(start_params, start_states, model, ids: torch.Tensor) -> dict[str, float]:
     """The drift metrics of ``model`` against the saved start (see the module docstring)."""
     from raycpt.models.stack import LayerStack
 
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     out: dict[str, float] = {}
     dws, ckas = [], []
     now = layer_states(model, ids) if start_states else []

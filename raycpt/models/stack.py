@@ -141,6 +141,20 @@ class LayerStack:
         self.head: nn.Module = getattr(model, spec["head"])
         self.softcap: Optional[float] = getattr(model.config, "final_logit_softcapping", None)
 
+    @classmethod
+    def of(cls, model: nn.Module) -> "LayerStack":
+        """The one view of ``model``, built on first use and kept on the model (a training worker builds it
+        once: the plan, the optimizer groups, the wrapping, the freeze check and the throughput model all
+        read this one). Rebuilt when the decoder's layer list was replaced (a hybrid build, a block
+        insertion), so a cached view never names modules the model no longer has."""
+        view = model.__dict__.get("_raycpt_layer_stack")
+        if view is not None and view.decoder is model.get_decoder() and view.layers is getattr(
+                view.decoder, ARCHITECTURES[view.model_type]["layers"], None):
+            return view
+        view = cls(model)
+        model.__dict__["_raycpt_layer_stack"] = view  # plain attribute: not a submodule, not in state_dict
+        return view
+
     # ------------------------------------------------------------------ structure
     @property
     def num_layers(self) -> int:

@@ -104,7 +104,7 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
     from raycpt.strategies import apply_plan
 
     model = model_skeleton(model_path)
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     plan = build_plan(cfg.plan, stack.num_layers, tied_embeddings=is_tied(stack))
     limit = position_limit(model.config)
     if limit is not None and cfg.data.seq_len > limit:

@@ -98,7 +98,7 @@ class FrozenPrefix:
         first = plan.first_trainable
         if first is None or first < 0:
             return
-        stack = LayerStack(model)
+        stack = LayerStack.of(model)
         resume_at = stack.layers[first] if first < stack.num_layers else stack.final_norm
         self._prev: list[bool] = []
 
@@ -473,7 +473,7 @@ class FaultHooks:
             return
         from raycpt.models.stack import LayerStack
 
-        for p in LayerStack(model).layers[int(layer)].parameters():
+        for p in LayerStack.of(model).layers[int(layer)].parameters():
             p.grad = None
 
 

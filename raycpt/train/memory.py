@@ -105,7 +105,7 @@ def model_shape(model) -> ModelShape:
     from raycpt.models.stack import LayerStack
 
     conf = model.config
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     family = FAMILY.get(conf.model_type)
     if family is None:
         raise RaycptError(f"no memory model for architecture {conf.model_type!r}; known: {', '.join(sorted(FAMILY))}")

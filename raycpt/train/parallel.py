@@ -56,7 +56,7 @@ def shard_fsdp(model, device: torch.device, bf16: bool):
     # the mesh of this run's device type (not whatever accelerator the host has: a CPU run on a GPU node is gloo)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = mixed_precision(bf16)
-    for layer in LayerStack(model).layers:
+    for layer in LayerStack.of(model).layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model

@@ -27,7 +27,7 @@ def flops_per_token(model, plan, seq_len: int) -> float:
     """Training FLOPs per token of one step under ``plan`` (see the module docstring)."""
     from raycpt.models.stack import LayerStack
 
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     conf = model.config
     heads = getattr(conf, "num_attention_heads", None)  # None: no attention to count (Mamba2, raycpt hybrids)
     head_dim = (getattr(conf, "head_dim", None) or conf.hidden_size // heads) if heads else 0

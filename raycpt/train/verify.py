@@ -64,7 +64,7 @@ def parts_of(model) -> dict[str, list[torch.nn.Parameter]]:
     """Parameters by part (shared tensors once, under the first part: a tied head under ``embed``)."""
     from raycpt.models.stack import LayerStack
 
-    return LayerStack(model).named_parts()
+    return LayerStack.of(model).named_parts()
 
 
 def _optimizer_ids(optimizer) -> set[int]:
@@ -76,7 +76,7 @@ def build_table(model, plan: LayerPlan, optimizer, grads: Optional[dict[int, boo
     """The per-part rows of ``model`` (the plain or FSDP2-sharded model, not a DDP wrapper)."""
     from raycpt.models.stack import LayerStack
 
-    stack = LayerStack(model)
+    stack = LayerStack.of(model)
     parts = stack.named_parts()
     planned = _planned_parts(plan, parts, tied=stack.head.weight is stack.embed.weight)
     in_opt = _optimizer_ids(optimizer)

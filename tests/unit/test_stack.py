@@ -227,3 +227,20 @@ def test_one_architecture_table_behind_the_layer_view_the_hybrid_kinds_and_the_m
     ids = torch.randint(0, 64, (2, 7))
     tr = stack.trace(ids)
     torch.testing.assert_close(stack.lens(tr.hidden[-1]), model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_layer_stack_of_is_built_once_and_rebuilt_when_the_layers_change():
+    import torch.nn as nn
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from raycpt.models.stack import LayerStack
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=2)
+    model = LlamaForCausalLM(cfg)
+    a = LayerStack.of(model)
+    assert LayerStack.of(model) is a and a.num_layers == 3
+    assert "_raycpt_layer_stack" not in "".join(model.state_dict())  # not a submodule, not saved
+    model.model.layers = nn.ModuleList(list(model.model.layers)[:2])  # a build replaced the layer list
+    b = LayerStack.of(model)
+    assert b is not a and b.num_layers == 2 and b.layers is model.model.layers

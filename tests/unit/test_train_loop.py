@@ -195,3 +195,23 @@ def test_step_callbacks_run_every_n(tiny_dir, tmp_path):
     assert cb.calls == [2, 4]
     recs = [json.loads(line) for line in (tmp_path / "train_metrics.jsonl").read_text().splitlines()]
     assert [r.get("extra_metric") for r in recs if "loss" in r] == [None, 2.0, None, 4.0, None]
+
+
+def test_a_worker_builds_the_layer_view_once(tiny_dir, tmp_path, monkeypatch):
+    """Plan, optimizer groups, wrapping, freeze check and throughput all read one LayerStack per loaded model:
+    counted by wrapping LayerStack.__init__, over a whole run with a checkpoint and a drift-free 3-step loop."""
+    from raycpt.models import stack as stack_mod
+
+    built = []
+    orig = stack_mod.LayerStack.__init__
+
+    def counting(self, model):
+        built.append(id(model))
+        orig(self, model)
+
+    monkeypatch.setattr(stack_mod.LayerStack, "__init__", counting)
+    cfg = _loop_config(tiny_dir, tmp_path, dict(name="train_shallow", split=0.5), max_steps=3, checkpoint_every=2,
+                       micro_batch_size=2)
+    out = run_loop(cfg, LocalSession(_blocks(), tmp_path / "ckpts"))
+    assert out["status"]["status"] == "finished"
+    assert len(built) == len(set(built)) == 1, f"{len(built)} layer views built for {len(set(built))} model(s)"
