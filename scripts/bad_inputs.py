@@ -47,6 +47,11 @@ def fixtures(tmp: Path) -> dict:
     (tmp / "adir").mkdir(exist_ok=True)
     (tmp / "broken.yaml").write_text("train: [1, 2\n")
     (tmp / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp / "dupkey.yaml").write_text("train:\n  lr: 1.0e-3\nplan:\n  name: full\ntrain:\n  max_steps: 2\n")
+    bomb = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    bomb += [f"{c}: &{c} [" + ", ".join([f"*{p}"] * 9) + "]" for p, c in zip("abcdefgh", "bcdefghi")]
+    (tmp / "bomb.yaml").write_text("\n".join(bomb) + "\n")  # ~350 bytes, 9**9 strings once expanded
+    (tmp / "huge.yaml").write_text("name: x\n" + "#" * (2 << 20) + "\n")
     ok = {"format": "raycpt.layer-ranking/1", "model": "tiny", "num_layers": 4, "metric": "contribution",
           "ranking": [{"layer": i, "score": 1.0 - i / 10} for i in range(4)]}
     variants = {"ok": ok, "nl_text": {**ok, "num_layers": "many"},
@@ -87,6 +92,10 @@ def cases(f: dict) -> list[Case]:
         Case("binary config", ["config", "validate", str(t / "binary.yaml")], "is not UTF-8 text"),
         Case("broken YAML", ["config", "validate", str(t / "broken.yaml")], "is not valid YAML at line"),
         Case("YAML list at top level", ["config", "validate", str(t / "list.yaml")], "must hold a mapping"),
+        Case("a YAML key twice", ["config", "validate", str(t / "dupkey.yaml")],
+             "key 'train' is given twice (lines 1 and 5)"),
+        Case("a YAML alias bomb", ["config", "validate", str(t / "bomb.yaml")], "expands to more than 100,000 nodes"),
+        Case("a 2 MB config", ["config", "validate", str(t / "huge.yaml")], "a config is at most 1,048,576 bytes"),
         Case("two config files", ["config", "validate", str(t / "list.yaml"), str(t / "broken.yaml")],
              "unexpected argument"),
         Case("unknown key", ["config", "validate", "train.lrr=1"], "unknown key (did you mean 'train.lr'?)"),

@@ -241,3 +241,35 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, start, capsys, monkeypatch):
     captured = capsys.readouterr()
     assert captured.err.startswith(start), captured.err
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("train:\n  lr: 1.0e-3\nplan:\n  name: full\ntrain:\n  max_steps: 2\n")
+    with pytest.raises(RaycptError, match=r"key 'train' is given twice \(lines 1 and 5\)"):
+        load_config(p)
+    p.write_text("train:\n  lr: 1.0e-3\n  lr: 2.0e-3\n")  # inside a section too
+    with pytest.raises(RaycptError, match=r"key 'lr' is given twice \(lines 2 and 3\)"):
+        load_config(p)
+
+
+def test_alias_expansion_and_file_size_are_bounded(tmp_path):
+    from raycpt.config import MAX_CONFIG_BYTES, MAX_CONFIG_NODES
+
+    bomb = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    bomb += [f"{c}: &{c} [" + ", ".join([f"*{p}"] * 9) + "]" for p, c in zip("abcdefgh", "bcdefghi")]
+    p = tmp_path / "bomb.yaml"
+    p.write_text("\n".join(bomb) + "\n")  # 9**9 = 387M strings once expanded
+    assert p.stat().st_size < 600
+    with pytest.raises(RaycptError, match="expands to more than 100,000 nodes") as e:
+        load_config(p)
+    assert len(str(e.value)) < 400 and "\n" not in str(e.value)
+    # a legitimate anchor reuse well under the bound still loads (4 levels of 9: 1 + 9 + 81 + 729 nodes)
+    p.write_text("\n".join(bomb[:3]) + "\nname: fine\n")
+    assert 9 ** 3 < MAX_CONFIG_NODES
+    with pytest.raises(RaycptError, match="unknown key"):  # parsed fine; 'a', 'b', 'c' are not config keys
+        load_config(p)
+    big = tmp_path / "big.yaml"
+    big.write_text("name: x\n" + "#" * MAX_CONFIG_BYTES + "\n")
+    with pytest.raises(RaycptError, match="a config is at most 1,048,576 bytes"):
+        load_config(big)
