@@ -52,6 +52,11 @@ def fixtures(tmp: Path) -> dict:
     bomb += [f"{c}: &{c} [" + ", ".join([f"*{p}"] * 9) + "]" for p, c in zip("abcdefgh", "bcdefghi")]
     (tmp / "bomb.yaml").write_text("\n".join(bomb) + "\n")  # ~350 bytes, 9**9 strings once expanded
     (tmp / "huge.yaml").write_text("name: x\n" + "#" * (2 << 20) + "\n")
+    (tmp / "intfield.jsonl").write_text('{"text": "a gloss"}\n{"text": 12345}\n')
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": [1, 2, 3]}), tmp / "ints.parquet")
     ok = {"format": "raycpt.layer-ranking/1", "model": "tiny", "num_layers": 4, "metric": "contribution",
           "ranking": [{"layer": i, "score": 1.0 - i / 10} for i in range(4)]}
     variants = {"ok": ok, "nl_text": {**ok, "num_layers": "many"},
@@ -216,6 +221,12 @@ def cases(f: dict) -> list[Case]:
         Case("unknown command", ["trian"], "No such command", owner="16"),
         Case("unknown option", ["train", "--bogus"], "No such option", owner="16"),
         # train (these start Ray)
+        Case("a JSONL text field holding a number", ["data", "prepare", f"model.ref={m}", rr,
+                                                     f"data.corpus=[{t / 'intfield.jsonl'}]"],
+             "field 'text' is a number (12345), not a string"),
+        Case("a Parquet text column of int64", ["data", "prepare", f"model.ref={m}", rr,
+                                                f"data.corpus=[{t / 'ints.parquet'}]"],
+             "column 'text' is of type int64, not a string column"),
         Case("train empty corpus", train + [f"data.corpus=[{t / 'empty.jsonl'}]"], "gives no full", ray=True),
         Case("train --resume without an earlier run", train + ["name=never", "--resume"],
              "no earlier 'train' run named 'never'", ray=True),

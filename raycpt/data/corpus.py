@@ -179,6 +179,7 @@ def check_file(path: str, kind: str, text_field: str) -> None:
             raise RaycptError(f"data.corpus: {path} is not a readable Parquet file") from None
         if text_field not in names:
             raise RaycptError(f"data.corpus: {path} has no column {text_field!r} (data.text_field)")
+        check_text_column(path, pq.read_schema(path), text_field)
         return
     try:
         with _open_binary(path) as f:
@@ -222,6 +223,8 @@ def _lines_of(f, path: str, start: int = 0, end: Optional[int] = None) -> Iterat
         n += 1
         at = pos if end is not None else n
         pos += len(raw)
+        if pos == len(raw) and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark opens the file
+            raw = raw[3:]
         try:
             yield at, raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError:
@@ -245,7 +248,28 @@ def _json_docs(lines: Iterable[tuple[int, str]], path: str, text_field: str, ran
         if not isinstance(rec, dict) or text_field not in rec:
             raise RaycptError(f"data.corpus: {path} {_where(at, 0 if ranged else None)} has no field "
                               f"{text_field!r} (data.text_field)")
-        yield str(rec[text_field] or "")
+        value = rec[text_field]
+        if value is not None and not isinstance(value, str):
+            shown = json.dumps(value, ensure_ascii=False)
+            raise RaycptError(f"data.corpus: {path} {_where(at, 0 if ranged else None)}: field {text_field!r} is a "
+                              f"{_json_type(value)} ({shown[:60]}{'...' if len(shown) > 60 else ''}), not a string "
+                              "(data.text_field names the text)")
+        yield value or ""
+
+
+def _json_type(value) -> str:
+    return {bool: "boolean", int: "number", float: "number", list: "list", dict: "object"}.get(type(value), "value")
+
+
+def check_text_column(path: str, schema, field: str) -> None:
+    """A Parquet text column must be a string column: an int64 or list column would be packed as the repr of
+    each value."""
+    import pyarrow as pa
+
+    kind = schema.field(field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+        raise RaycptError(f"data.corpus: {path} column {field!r} is of type {kind}, not a string column "
+                          "(data.text_field names the text)")
 
 
 # ------------------------------------------------------------------------------------ hub
@@ -422,7 +446,7 @@ def _parquet_texts(path: str, field: str, first: int, last: int) -> Iterator[str
 
     pf = pq.ParquetFile(path)
     for batch in pf.iter_batches(batch_size=4096, row_groups=list(range(first, last)), columns=[field]):
-        yield from (str(t or "") for t in batch.column(0).to_pylist())
+        yield from (t or "" for t in batch.column(0).to_pylist())
 
 
 def _hf_texts(url: str, field: str) -> Iterator[str]:
@@ -437,9 +461,10 @@ def _hf_texts(url: str, field: str) -> Iterator[str]:
         raise _hf_error(url, e) from None
     if field not in pf.schema_arrow.names:
         raise RaycptError(f"data.corpus: {url} has no column {field!r} (data.text_field)")
+    check_text_column(url, pf.schema_arrow, field)
     with f:
         for batch in pf.iter_batches(batch_size=4096, columns=[field]):
-            yield from (str(t or "") for t in batch.column(0).to_pylist())
+            yield from (t or "" for t in batch.column(0).to_pylist())
 
 
 def iter_documents(sources: Sequence[str], text_field: str = "text", max_documents: Optional[int] = None

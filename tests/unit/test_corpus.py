@@ -348,3 +348,38 @@ def test_heldout_share_holds_documents_out_of_the_store_everywhere_in_the_corpus
     assert doc_of == sorted(doc_of) and set(doc_of) <= set(range(12))
     with pytest.raises(RaycptError, match="raise data.heldout_share"):
         heldout_documents(cfg, 1000)
+
+
+@pytest.mark.parametrize("value, kind", [(12345, "number"), (["a", "b", 1], "list"), ({"k": 2}, "object"),
+                                         (True, "boolean"), (1.5, "number")])
+def test_a_jsonl_text_that_is_not_a_string_is_refused_naming_field_type_and_line(tmp_path, value, kind):
+    p = tmp_path / "c.jsonl"
+    p.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": value}) + "\n")
+    with pytest.raises(RaycptError) as e:
+        list(iter_documents([str(p)]))
+    msg = str(e.value)
+    assert f"c.jsonl at byte 17: field 'text' is a {kind}" in msg and "not a string" in msg and "\n" not in msg
+    p.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": None}) + "\n")  # null stays an empty doc
+    assert list(iter_documents([str(p)])) == ["a"]  # null is an empty document, skipped as before
+
+
+@pytest.mark.parametrize("column", [[0, 1, 2], [[1.5, 2.5], [3.0]]])
+def test_a_parquet_text_column_that_is_not_strings_is_refused_before_reading(tmp_path, column):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": column}), p)
+    with pytest.raises(RaycptError, match=r"column 'text' is of type (int64|list<element: double>), not a string column"):
+        list(iter_documents([str(p)]))
+    pq.write_table(pa.table({"text": ["x", None, "y"]}), p)
+    assert list(iter_documents([str(p)])) == ["x", "y"]
+
+
+def test_a_utf8_byte_order_mark_does_not_break_the_first_record(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"text": "first"}) + "\n" + json.dumps({"text": "second"})).encode())
+    assert list(iter_documents([str(p)])) == ["first", "second"]
+    t = tmp_path / "bom.txt"
+    t.write_bytes(b"\xef\xbb\xbfone\ntwo\n")
+    assert list(iter_documents([str(t)])) == ["one", "two"]
