@@ -8,21 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from naive_stats import naive_bca, naive_score_interval
 from raycpt.stats import (Interval, paired_delta, percentile_interval, resample_indices, seed_interval,
                           stratified_paired_delta)
-
-
-def naive_bca(point, reps, jack, level=0.95):
-    """Efron's BCa ends, by the textbook: z0 from the share of replicates below the point, the acceleration
-    from the jackknife's third moment; then the interval widened to hold the point."""
-    from scipy.stats import norm
-
-    z0 = norm.ppf((np.sum(reps < point) + 0.5 * np.sum(reps == point)) / len(reps))
-    u = jack.mean() - jack
-    a = np.sum(u ** 3) / (6 * np.sum(u ** 2) ** 1.5)
-    qs = [norm.cdf(z0 + (z0 + z) / (1 - a * (z0 + z))) for z in norm.ppf([(1 - level) / 2, (1 + level) / 2])]
-    lo, hi = np.quantile(reps, qs)
-    return min(lo, point), max(hi, point)
 
 
 def _exact_quantiles(values, level=0.95):
@@ -203,15 +191,13 @@ def test_issue_example_four_to_zero_of_32_is_not_a_change():
 
 
 def test_score_interval_matches_a_naive_grid_inversion():
-    from tests.unit.test_sweep_report import _naive_score_interval
-
     from raycpt.stats import paired_accuracy_delta
 
     rng = np.random.default_rng(3)
     a = (rng.random(60) < 0.5).astype(int)
     b = np.where(rng.random(60) < 0.85, a, 1 - a)
     iv = paired_accuracy_delta(a, b, scale=100.0)
-    lo, hi = _naive_score_interval(a, b)
+    lo, hi = naive_score_interval(a, b)
     assert (iv.lo, iv.hi) == pytest.approx((lo, hi), abs=0.06)
 
 

@@ -95,6 +95,7 @@ import math  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from naive_stats import naive_score_interval  # noqa: E402
 from raycpt.report.sweep import (build_summary, domain_general, load_outcomes, question_outcomes,  # noqa: E402
                                  summary_markdown)
 
@@ -159,27 +160,6 @@ def test_question_outcomes_keeps_every_mode_and_maps_categories():
                                                     "cloze": {"q0": ("stem", False), "q1": ("social_science", False)}}}
 
 
-def _naive_score_interval(x, y, cc=0.5, z=1.959963984540054, step=5e-4):
-    """Tango's score interval for p10 - p01 of paired 0/1 outcomes, written here from its definition: a grid
-    of deltas, each kept when the (continuity-corrected) score statistic with the variance at the restricted
-    MLE (found numerically, not by the closed form raycpt uses) stays within z."""
-    from scipy.optimize import minimize_scalar
-
-    x, y = np.asarray(x, bool), np.asarray(y, bool)
-    n10, n01, n = int((x & ~y).sum()), int((~x & y).sum()), len(x)
-    kept = []
-    for d in np.arange(-1 + step, 1, step):
-        lo_q, hi_q = max(0.0, -d), (1 - d) / 2
-
-        def nll(q):
-            return -(n10 * np.log(max(q + d, 1e-300)) + n01 * np.log(max(q, 1e-300))
-                     + (n - n10 - n01) * np.log(max(1 - 2 * q - d, 1e-300)))
-        q = minimize_scalar(nll, bounds=(lo_q, hi_q), method="bounded", options={"xatol": 1e-10}).x
-        if max(abs(n10 - n01 - n * d) - cc, 0.0) <= z * np.sqrt(n * (2 * q + d - d * d)):
-            kept.append(d)
-    return 100 * min(kept), 100 * max(kept)
-
-
 def test_one_seed_deltas_carry_exact_mcnemar_and_score_intervals_checked_against_scipy():
     # was: a percentile bootstrap checked against scipy's; the issue (24) shows it anti-conservative when few
     # questions differ, so one seed now gets the exact McNemar test and the score interval
@@ -189,7 +169,7 @@ def test_one_seed_deltas_carry_exact_mcnemar_and_score_intervals_checked_against
                                                 resamples=2000)["tables"]["wn"]}
     cell = rows["train_shallow-r0.5"]["cells"]["overall"]["logit"]
     assert cell["delta"] == pytest.approx(100 * (SH_DOM.mean() - FULL_DOM.mean()))
-    lo, hi = _naive_score_interval(SH_DOM, FULL_DOM)
+    lo, hi = naive_score_interval(SH_DOM, FULL_DOM)
     assert cell["lo"] == pytest.approx(lo, abs=0.06) and cell["hi"] == pytest.approx(hi, abs=0.06)
     n10, n01 = int(((SH_DOM == 1) & (FULL_DOM == 0)).sum()), int(((SH_DOM == 0) & (FULL_DOM == 1)).sum())
     assert cell["p"] == pytest.approx(binomtest(n10, n10 + n01, 0.5).pvalue, rel=1e-9)
@@ -197,12 +177,12 @@ def test_one_seed_deltas_carry_exact_mcnemar_and_score_intervals_checked_against
     # the overall column is outside the family (the Average column is in it): an interval, no mark
     assert cell["sign"] is None and cell["raw_sign"] == 1
     stem = rows["train_shallow-r0.5"]["cells"]["stem"]["logit"]  # only questions 0, 4, 8, ...
-    lo, hi = _naive_score_interval(SH_DOM[0::4], FULL_DOM[0::4])
+    lo, hi = naive_score_interval(SH_DOM[0::4], FULL_DOM[0::4])
     assert stem["lo"] == pytest.approx(lo, abs=0.06) and stem["hi"] == pytest.approx(hi, abs=0.06)
     # the cloze mode is identical in both runs: delta 0 with an interval around it (80 agreeing questions
     # do not prove a zero difference; was a zero-width bootstrap interval), p = 1, no mark
     same = rows["train_shallow-r0.5"]["cells"]["average"]["cloze"]
-    lo, hi = _naive_score_interval(FULL_DOM, FULL_DOM)
+    lo, hi = naive_score_interval(FULL_DOM, FULL_DOM)
     assert same["delta"] == 0.0 and same["lo"] == pytest.approx(lo, abs=0.06) and same["hi"] == pytest.approx(hi, abs=0.06)
     assert same["p"] == 1.0 and same["sign"] == 0
     assert rows["full"]["cells"]["overall"]["logit"]["delta"] is None

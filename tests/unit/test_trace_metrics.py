@@ -259,7 +259,7 @@ def test_s_b_table_carries_a_bootstrap_interval_over_prompts():
         row["S_median"] = 0.0
     add_s_intervals(rows, r_rows, d_rows, resamples=300, seed=4)
     idx = np.random.default_rng(4).integers(0, 12, size=(300, 12))
-    from tests.unit.test_stats import naive_bca
+    from naive_stats import naive_bca
 
     def s_of(r, d, b):
         p = profiles(r, d)
