@@ -44,17 +44,7 @@ SMOKE = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_
              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True)
 
 
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+from _rss import reset_peak as _reset_peak, rss_kb as _rss_kb  # noqa: E402
 
 
 class PeakAfterStep:

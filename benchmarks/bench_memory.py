@@ -52,17 +52,7 @@ HEAD = (4, 1024, 576, 49152)  # batch, tokens, hidden, vocab of the LM-head case
 SMOKE = False  # --smoke: tiny sizes, the tiny model, every case in this process
 
 
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+from _rss import reset_peak as _reset_peak, rss_kb as _rss_kb  # noqa: E402
 
 
 def _cfg(plan: str, seq: int, batch: int, ckpt: bool):
