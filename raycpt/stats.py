@@ -307,29 +307,6 @@ def adjust(pvalues: Sequence[Optional[float]], method: str = "holm") -> list[Opt
 
 
 # ------------------------------------------------------------------------------ clustered and two-level intervals
-def cluster_paired_delta(a: Sequence[float], b: Sequence[float], clusters: Sequence, weights=None,
-                         resamples: int = DEFAULT_RESAMPLES, seed=0, level: float = LEVEL,
-                         scale: float = 1.0) -> Interval:
-    """The weighted mean difference of paired units (held-out blocks) with a percentile bootstrap that
-    resamples whole clusters (documents): blocks of one document share its difficulty, so resampling
-    blocks alone treats correlated units as independent and under-covers. Ratio of resampled sums."""
-    x = np.asarray(a, dtype=np.float64)
-    y = np.asarray(b, dtype=np.float64)
-    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64)
-    g = np.asarray(list(clusters))
-    if not (len(x) == len(y) == len(w) == len(g)) or len(x) == 0:
-        raise ValueError("cluster bootstrap: a, b, weights and clusters must be non-empty and of equal length")
-    _, inv = np.unique(g, return_inverse=True)
-    k = int(inv.max()) + 1
-    sd = np.bincount(inv, weights=w * (x - y), minlength=k)
-    sw = np.bincount(inv, weights=w, minlength=k)
-    point = scale * float(sd.sum() / sw.sum())
-    reps = np.concatenate([scale * sd[idx].sum(1) / sw[idx].sum(1) for idx in resample_indices(k, resamples,
-                                                                                                generator(seed))])
-    lo, hi = percentile_interval(reps, level)
-    return Interval(point, min(lo, point), max(hi, point), k, "bootstrap over documents", level)
-
-
 def seed_question_interval(per_seed: Sequence[float], per_unit_diffs: Sequence[Sequence[float]],
                            level: float = LEVEL) -> Interval:
     """The mean over k seeds of a paired difference with an interval for seed *and* question noise.
