@@ -112,6 +112,11 @@ class TraceConfig:
     """Perturbation schedule (same numbers): zeroed context once per prefix group, or per prompt."""
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     """Weights dtype of the trace actors: float32 (bf16 moved per-layer mean dJS 5-25% in a stand-in); auto = model.dtype."""
+    sb_aggregate: Literal["scaled", "mean", "median"] = "scaled"
+    """Profiles behind S(b), its interval and the recommended split: ``scaled`` (each prompt's Ratio and dJS divided by
+    their own mean over layers, then averaged: every prompt weighs the same; jackknife-t interval, coverage checked by
+    benchmarks/bench_calibration.py), ``mean`` (004's raw mean; a few exploding prompts dominate it; BCa interval) or
+    ``median``. The table shows the paper's mean-based S(b) beside it."""
 
     def __post_init__(self):
         _check(self.top_k >= 0, "trace.top_k", self.top_k, "an integer >= 0 (0 = full vocabulary)")

@@ -361,6 +361,25 @@ def bca_interval(point: float, replicates: np.ndarray, jackknife: np.ndarray, le
     return float(min(lo, point)), float(max(hi, point))
 
 
+def jackknife_t_interval(point: float, jackknife: np.ndarray, level: float = LEVEL,
+                         one_sided: bool = False) -> tuple[float, float]:
+    """A studentised interval around ``point`` with the jackknife standard error: point -+ t_{n-1} * se,
+    se^2 = (n-1)/n * sum (theta_(i) - mean theta_(.))^2 over the n leave-one-out values. For a mean it is
+    the one-sample t-interval. ``one_sided``: (point - t_{level, n-1} * se, +inf). Symmetric, so the point
+    is always inside; it needs no resampling. NaNs when fewer than 3 leave-one-out values."""
+    from scipy.stats import t
+
+    j = np.asarray(jackknife, dtype=np.float64)
+    n = j.size
+    if n < 3 or not np.isfinite(j).all():
+        return math.nan, math.nan
+    se = math.sqrt((n - 1) / n * float(np.sum((j - j.mean()) ** 2)))
+    if one_sided:
+        return float(point - t.ppf(level, n - 1) * se), math.inf
+    half = float(t.ppf((1.0 + level) / 2.0, n - 1)) * se
+    return float(point - half), float(point + half)
+
+
 def spearman_test(x: Sequence[float], y: Sequence[float], alpha: float = 0.05, max_exact: int = 8,
                   resamples: int = 20000, seed=0) -> dict:
     """Spearman's rho of x and y with a two-sided permutation p-value: exact over all n! orderings of y

@@ -28,7 +28,8 @@ import torch
 
 from raycpt.errors import RaycptError
 from raycpt.splits import check_split, split_index
-from raycpt.stats import DEFAULT_RESAMPLES, LEVEL, Interval, bca_interval, bootstrap_replicates, percentile_interval
+from raycpt.stats import (DEFAULT_RESAMPLES, LEVEL, Interval, bca_interval, bootstrap_replicates, jackknife_t_interval,
+                          percentile_interval)
 
 EPS = 1e-6
 
@@ -119,25 +120,48 @@ def minmax(x: np.ndarray) -> np.ndarray:
     return np.where(span > 0, (x - lo) / np.where(span > 0, span, 1.0), 0.0)
 
 
+AGGREGATES = ("scaled", "mean", "median")
+
+
+def scaled(rows: np.ndarray) -> np.ndarray:
+    """Each prompt's profile divided by its own mean over layers (last axis): every prompt then weighs the
+    same in a mean over prompts, whatever its scale (a prompt whose P_t or JS is near 0 has Ratio or dJS
+    up to 1e5 at every layer). An all-zero profile stays zero."""
+    x = np.asarray(rows, dtype=np.float64)
+    m = x.mean(axis=-1, keepdims=True)
+    return np.where(m > 0, x / np.where(m > 0, m, 1.0), 0.0)
+
+
+def _reduce(aggregate: str):
+    """The per-layer reduction over prompts (axis -2) of an aggregate name."""
+    if aggregate not in AGGREGATES:
+        raise ValueError(f"aggregate={aggregate!r}: one of {', '.join(AGGREGATES)}")
+    if aggregate == "median":
+        return lambda x: np.median(x, axis=-2)
+    if aggregate == "scaled":
+        return lambda x: scaled(x).mean(axis=-2)
+    return lambda x: x.mean(axis=-2)
+
+
 def profiles(ratio_rows: np.ndarray, djs_rows: np.ndarray, groups: Optional[Sequence[str]] = None,
              aggregate: str = "mean") -> dict:
     """Mean Ratio (TP) and mean dJS (LS) per layer, overall and per group (first-seen group order).
 
-    ``aggregate="median"`` takes the per-layer median instead (not the paper's; robust to the few
-    prompts whose Ratio or dJS explodes when a probability or JS value is near 0).
+    ``aggregate="median"`` takes the per-layer median instead; ``"scaled"`` the mean of each prompt's
+    profile divided by its own mean over layers (:func:`scaled`). Neither is the paper's (004 averages the
+    raw values); both are robust to the few prompts whose Ratio or dJS explodes when a probability or JS
+    value is near 0, and the S(b) interval of ``"scaled"`` has its coverage measured.
     Returns ``{"tp", "ls", "tp_norm", "ls_norm", "groups": {g: {"tp", "ls", "n"}}}``."""
-    if aggregate not in ("mean", "median"):
-        raise ValueError(f"aggregate={aggregate!r}: mean or median")
-    f = np.mean if aggregate == "mean" else np.median
+    f = _reduce(aggregate)
     r = np.asarray(ratio_rows, dtype=np.float64)
     d = np.asarray(djs_rows, dtype=np.float64)
-    tp, ls = f(r, axis=0), f(d, axis=0)
+    tp, ls = f(r), f(d)
     out = dict(tp=tp, ls=ls, tp_norm=minmax(tp), ls_norm=minmax(ls), groups={})
     if groups is not None:
         g_arr = np.asarray(list(groups), dtype=object)
         for g in dict.fromkeys(g_arr.tolist()):
             sel = g_arr == g
-            out["groups"][g] = dict(tp=f(r[sel], axis=0), ls=f(d[sel], axis=0), n=int(sel.sum()))
+            out["groups"][g] = dict(tp=f(r[sel]), ls=f(d[sel]), n=int(sel.sum()))
     return out
 
 
@@ -159,46 +183,65 @@ def boundary_score(tp_norm: np.ndarray, ls_norm: np.ndarray, b: int) -> float:
 def _jackknife_rows(r: np.ndarray, d: np.ndarray, stat, aggregate: str) -> np.ndarray:
     """The statistic with each prompt left out in turn: (prompts, len(bs)). Means in closed form."""
     n = len(r)
-    if aggregate == "mean":
+    if aggregate in ("mean", "scaled"):
+        if aggregate == "scaled":  # scaling is per prompt: leave-one-out means of the scaled rows
+            r, d = scaled(r), scaled(d)
         lr = (r.sum(0)[None] - r) / (n - 1)
         ld = (d.sum(0)[None] - d) / (n - 1)
-        return stat(lr[:, None], ld[:, None])
+        return stat(lr[:, None], ld[:, None], "mean")
     keep = ~np.eye(n, dtype=bool)
-    return np.concatenate([stat(r[keep[i]][None], d[keep[i]][None]) for i in range(n)])
+    return np.concatenate([stat(r[keep[i]][None], d[keep[i]][None], aggregate) for i in range(n)])
+
+
+def _s_statistic(bs: Sequence[int]):
+    """S(b) for every b of ``bs`` from stacked prompt rows: stat(r, d, aggregate), (m, prompts, N) -> (m, len(bs))."""
+    def stat(r, d, aggregate):
+        f = _reduce(aggregate)
+        tp, ls = minmax(f(r)), minmax(f(d))
+        return np.stack([boundary_scores(tp, ls, b) for b in bs], axis=-1)
+    return stat
+
+
+METHODS = ("jackknife_t", "bca", "basic", "percentile")
 
 
 def boundary_score_interval(ratio_rows: np.ndarray, djs_rows: np.ndarray, bs: Sequence[int],
                             resamples: int = DEFAULT_RESAMPLES, seed=0, level: float = LEVEL,
                             aggregate: str = "mean", method: str = "bca") -> list[Interval]:
-    """S(b) for each b in ``bs`` with a bootstrap interval over prompts.
+    """S(b) for each b in ``bs`` with an interval over prompts.
 
-    Each resample draws the prompts with replacement (the same draw for every b) and recomputes S(b)
-    exactly as the point estimate is computed: per-layer mean (or median) of Ratio and dJS over the
-    drawn prompts (:func:`profiles`), min-max normalised (:func:`minmax`), then eq. 7. A mean over
-    prompts is pulled by the few prompts whose Ratio explodes (P_t near 0: values up to 1e5 on Gemma 3),
-    which skews the replicates; ``method="bca"`` (default) corrects the percentile ends for that bias and
-    skew (Efron's BCa, acceleration from the prompt jackknife) and always holds the point
-    (:func:`raycpt.stats.bca_interval`); its coverage on heavy-tailed prompts is shown by
-    ``benchmarks/bench_calibration.py``. ``"percentile"`` is the plain percentile interval (can exclude
-    its own point on such data)."""
-    if aggregate not in ("mean", "median"):
-        raise ValueError(f"aggregate={aggregate!r}: mean or median")
-    f = np.mean if aggregate == "mean" else np.median
+    S(b) is computed from per-layer profiles over prompts (``aggregate``: the paper's ``"mean"``, the
+    per-prompt ``"scaled"`` mean of :func:`scaled`, or ``"median"``), min-max normalised (:func:`minmax`),
+    then eq. 7. ``method``:
+
+    - ``"jackknife_t"``: point -+ t_{n-1} times the prompt-jackknife standard error
+      (:func:`raycpt.stats.jackknife_t_interval`; symmetric, the point inside, no resampling). With
+      ``aggregate="scaled"`` this is the interval whose coverage ``benchmarks/bench_calibration.py`` checks
+      (sb_ci_coverage); the sweep's default.
+    - ``"bca"``: Efron's BCa over ``resamples`` prompt bootstraps (the same draw for every b), the point
+      held inside. On the paper's mean with heavy-tailed prompts (infinite variance: the bootstrap of a mean
+      is then inconsistent) it covers about 2 in 3.
+    - ``"basic"``: the bias-corrected basic interval; ``"percentile"``: the plain percentile interval (can
+      exclude its own point on such data)."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}: one of {', '.join(METHODS)}")
+    _reduce(aggregate)
     bs = [int(b) for b in bs]
-
-    def stat(r, d):  # (m, prompts, N) -> (m, len(bs))
-        tp, ls = minmax(f(r, axis=-2)), minmax(f(d, axis=-2))
-        return np.stack([boundary_scores(tp, ls, b) for b in bs], axis=-1)
-
+    stat = _s_statistic(bs)
     r = np.asarray(ratio_rows, dtype=np.float64)
     d = np.asarray(djs_rows, dtype=np.float64)
-    point = stat(r[None], d[None])[0]
-    reps = bootstrap_replicates([r, d], stat, resamples, seed)
-    jack = _jackknife_rows(r, d, stat, aggregate) if method == "bca" and len(r) > 2 else None
+    point = stat(r[None], d[None], aggregate)[0]
+    reps = (bootstrap_replicates([r, d], lambda x, y: stat(x, y, aggregate), resamples, seed)
+            if method != "jackknife_t" else None)
+    jack = _jackknife_rows(r, d, stat, aggregate) if method in ("bca", "jackknife_t") and len(r) > 2 else None
+    label = {"bca": "BCa bootstrap", "basic": "bias-corrected basic bootstrap", "percentile": "percentile bootstrap",
+             "jackknife_t": "jackknife t"}[method]
     out = []
     for k in range(len(bs)):
-        pt, label = float(point[k]), {"bca": "BCa", "basic": "bias-corrected basic"}.get(method, "percentile")
-        if method == "basic":  # reflect the replicates around the point: removes the bias they show
+        pt = float(point[k])
+        if method == "jackknife_t":
+            lo, hi = jackknife_t_interval(pt, jack[:, k], level) if jack is not None else (math.nan, math.nan)
+        elif method == "basic":  # reflect the replicates around the point: removes the bias they show
             q_lo, q_hi = percentile_interval(reps[:, k], level)
             pt = 2 * pt - float(np.nanmean(reps[:, k]))
             lo, hi = min(2 * float(point[k]) - q_hi, pt), max(2 * float(point[k]) - q_lo, pt)
@@ -206,29 +249,32 @@ def boundary_score_interval(ratio_rows: np.ndarray, djs_rows: np.ndarray, bs: Se
             lo, hi = bca_interval(pt, reps[:, k], jack[:, k], level)
         else:
             lo, hi = percentile_interval(reps[:, k], level)
-        out.append(Interval(pt, lo, hi, len(r), f"{label} bootstrap over prompts ({aggregate})", level))
+        out.append(Interval(pt, lo, hi, len(r), f"{label} over prompts ({aggregate})", level))
     return out
 
 
 def splits_like_best(ratio_rows: np.ndarray, djs_rows: np.ndarray, bs: Sequence[int],
-                     resamples: int = DEFAULT_RESAMPLES, seed=0, level: float = LEVEL) -> list[bool]:
+                     resamples: int = DEFAULT_RESAMPLES, seed=0, level: float = LEVEL,
+                     aggregate: str = "mean", method: str = "bootstrap") -> list[bool]:
     """For each b: whether S(b) is *not* distinguishable from the best of ``bs``: the one-sided ``level``
-    bootstrap bound (over prompts, the same draws for every b) of S(best) - S(b) reaches 0. The best
-    itself is always in the set; a set of one says the data single it out."""
+    bound of S(best) - S(b) over prompts reaches 0 (``method="bootstrap"``: the bootstrap quantile, the same
+    draws for every b; ``"jackknife_t"``: the difference minus t_{level, n-1} times its jackknife standard
+    error). The best itself is always in the set; a set of one says the data single it out."""
     bs = [int(b) for b in bs]
+    stat = _s_statistic(bs)
     r = np.asarray(ratio_rows, dtype=np.float64)
     d = np.asarray(djs_rows, dtype=np.float64)
-
-    def stat(x, y):
-        tp, ls = minmax(x.mean(axis=-2)), minmax(y.mean(axis=-2))
-        return np.stack([boundary_scores(tp, ls, b) for b in bs], axis=-1)
-
-    point = stat(r[None], d[None])[0]
+    point = stat(r[None], d[None], aggregate)[0]
     best = int(np.argmax(point))
-    reps = bootstrap_replicates([r, d], stat, resamples, seed)
-    gap = reps[:, best][:, None] - reps
-    lower = np.quantile(gap, 1.0 - level, axis=0)
-    return [bool(k == best or lower[k] <= 0) for k in range(len(bs))]
+    if method == "jackknife_t":
+        jack = _jackknife_rows(r, d, stat, aggregate)
+        gaps = jack[:, best][:, None] - jack
+        lower = [jackknife_t_interval(float(point[best] - point[k]), gaps[:, k], level, one_sided=True)[0]
+                 for k in range(len(bs))]
+    else:
+        reps = bootstrap_replicates([r, d], lambda x, y: stat(x, y, aggregate), resamples, seed)
+        lower = np.quantile(reps[:, best][:, None] - reps, 1.0 - level, axis=0)
+    return [bool(k == best or not lower[k] > 0) for k in range(len(bs))]
 
 
 def grid_ratios(grid: Sequence[float]) -> list[float]:

@@ -61,7 +61,7 @@ class TraceResult:
     """Per group: {"tp": (N,), "ls": (N,), "n": prompts}."""
     split_table: list[dict]
     """Table-9 rows for the requested splits: ratio, split_layer, S, the four means that make it up,
-    and S_median (the same score on per-layer medians instead of means)."""
+    S_mean (004's score on raw per-layer means) and S_median (on per-layer medians); S follows trace.sb_aggregate."""
     recommended: dict
     """{"ratio", "split_layer", "S"} of the best grid ratio."""
     grid_scores: list[tuple]
@@ -237,7 +237,8 @@ def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: floa
     rec = agg["recommended"]
     metrics = {f"S_b/{row['ratio']:g}": row["S"] for row in agg["table"]}
     metrics.update({f"S_b_median/{row['ratio']:g}": row["S_median"] for row in agg["table"]})
-    for row in agg["table"]:  # the bootstrap-over-prompts interval of S(b)
+    metrics.update({f"S_b_mean/{row['ratio']:g}": row["S_mean"] for row in agg["table"]})
+    for row in agg["table"]:  # the over-prompts interval of S(b)
         metrics.update({f"S_b_lo/{row['ratio']:g}": row["S_lo"], f"S_b_hi/{row['ratio']:g}": row["S_hi"]})
     metrics["recommended_split_median"] = prof["median"]["recommended"]["ratio"]
     metrics.update({f"S_b_grid/{r:g}": s for r, _b, s in rec["scores"]})

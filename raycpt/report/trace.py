@@ -51,36 +51,38 @@ def _save(fig, path: Path) -> Path:
 # ------------------------------------------------------------------------------------------ tables
 SHORT_COLUMNS = [("ratio", "shallow ratio r"), ("split_layer", "b"), ("shallow_layers", "train (shallow)"),
                  ("deep_layers", "freeze (deep)"), ("S", "S(b)"), ("S_ci", "95% interval"),
-                 ("S_median", "S(b) on medians")]
+                 ("S_mean", "S(b) paper mean")]
 TABLE_COLUMNS = [("ratio", "Trainable shallow ratio"), ("split_layer", "Split layer b"),
                  ("shallow_layers", "Shallow (train)"), ("deep_layers", "Deep (freeze)"), ("S", "S(b)"),
                  ("S_lo", "S(b) 2.5%"), ("S_hi", "S(b) 97.5%"),
                  ("ls_shallow", "LS^ shallow"), ("tp_deep", "TP^ deep"), ("tp_shallow", "TP^ shallow"),
-                 ("ls_deep", "LS^ deep"), ("S_median", "S(b) on medians"), ("like_best", "≈ best")]
-S_INTERVAL_NOTE = ("The 95% interval of S(b) is a BCa bootstrap over prompts (prompts drawn with replacement, S(b) "
-                   "recomputed from their means each time; bias and skew corrected, the point always inside): a few "
-                   "prompts whose Ratio explodes (P_t near 0; up to 1e5 on Gemma 3) pull the mean-based S(b) towards "
-                   "0, and an interval containing 0 says its sign means nothing. Its coverage on heavy-tailed prompts "
-                   "is measured by benchmarks/bench_calibration.py (sb_ci_coverage) and falls short there: the min-max "
-                   "normalisation of noisy per-layer means biases S(b) towards 0 by about as much as its spread, which "
-                   "no bootstrap of this statistic removes; read the interval as a lower bound on the uncertainty. "
-                   "'≈ best' marks the splits whose S(b) is not distinguishable from the largest (one-sided 95% "
-                   "bootstrap bound of the difference reaches 0): the recommended split is one of them, not a finding "
-                   "on its own when there are several.")
+                 ("ls_deep", "LS^ deep"), ("S_mean", "S(b) paper mean"), ("S_median", "S(b) on medians"),
+                 ("like_best", "≈ best")]
+S_INTERVAL_NOTE = ("S(b), its 95% interval and the recommended split use scaled profiles by default (trace.sb_aggregate): "
+                   "each prompt's Ratio and dJS divided by their own mean over layers before averaging, so every prompt "
+                   "weighs the same (004 averages raw values, and a few prompts whose Ratio explodes, P_t near 0, up to "
+                   "1e5 on Gemma 3, then decide the mean; the table shows that paper-mean S(b) beside it). The interval "
+                   "is S(b) -+ t(n-1) times its jackknife standard error over prompts (the point always inside); its "
+                   "coverage on heavy-tailed prompts is measured by benchmarks/bench_calibration.py (sb_ci_coverage). "
+                   "An interval containing 0 says the sign of S(b) means nothing. '≈ best' marks the splits whose S(b) "
+                   "is not distinguishable from the largest (one-sided 95% jackknife-t bound of the difference reaches "
+                   "0): the recommended split is one of them, not a finding on its own when there are several.")
 S_RESAMPLES = 2000
 
 
 def add_s_intervals(table: Sequence[dict], ratio_rows: np.ndarray, djs_rows: np.ndarray,
-                    resamples: int = S_RESAMPLES, seed: int = 0) -> None:
-    """Set ``S_lo`` / ``S_hi`` (bootstrap over prompts, :func:`raycpt.diagnostics.scores.boundary_score_interval`)
-    on every S(b)-table row, in place."""
-    from raycpt.diagnostics.scores import boundary_score_interval
-
-    from raycpt.diagnostics.scores import splits_like_best
+                    resamples: int = S_RESAMPLES, seed: int = 0, aggregate: str = "scaled") -> None:
+    """Set ``S_lo`` / ``S_hi`` and ``like_best`` (over prompts, :func:`raycpt.diagnostics.scores.boundary_score_interval`
+    and :func:`~raycpt.diagnostics.scores.splits_like_best`) on every S(b)-table row, in place: a jackknife-t
+    interval for ``aggregate="scaled"`` (the one whose coverage is checked), BCa bootstrap otherwise."""
+    from raycpt.diagnostics.scores import boundary_score_interval, splits_like_best
 
     bs = [row["split_layer"] for row in table]
-    ivs = boundary_score_interval(ratio_rows, djs_rows, bs, resamples, seed)
-    like = splits_like_best(ratio_rows, djs_rows, bs, resamples, seed) if len(bs) > 1 else [True] * len(bs)
+    method = "jackknife_t" if aggregate == "scaled" else "bca"
+    ivs = boundary_score_interval(ratio_rows, djs_rows, bs, resamples, seed, aggregate=aggregate, method=method)
+    like = (splits_like_best(ratio_rows, djs_rows, bs, resamples, seed, aggregate=aggregate,
+                             method="jackknife_t" if aggregate == "scaled" else "bootstrap")
+            if len(bs) > 1 else [True] * len(bs))
     for row, iv, lk in zip(table, ivs, like):
         row["S_lo"], row["S_hi"], row["like_best"] = iv.lo, iv.hi, lk
 
@@ -244,13 +246,16 @@ def aggregate(prep, rows: dict[str, np.ndarray]) -> dict:
 
     t = prep.cfg.trace
     groups = [r.group for r in prep.records]
-    prof = profiles(rows["ratio"], rows["djs"], groups)
+    prof = profiles(rows["ratio"], rows["djs"], groups)  # the paper's raw means: plots, CSV, Task-Particle layers
+    sb = prof if t.sb_aggregate == "mean" else profiles(rows["ratio"], rows["djs"], aggregate=t.sb_aggregate)
     med = profiles(rows["ratio"], rows["djs"], aggregate="median")
-    table = split_table(prof["tp_norm"], prof["ls_norm"], prep.splits)
-    for row in table:  # the same S(b) on median profiles, as a robustness check next to the paper's mean
+    table = split_table(sb["tp_norm"], sb["ls_norm"], prep.splits)
+    for row in table:  # the paper's mean-based S(b) and the median one beside the reported estimator
+        row["S_mean"] = boundary_score(prof["tp_norm"], prof["ls_norm"], row["split_layer"])
         row["S_median"] = boundary_score(med["tp_norm"], med["ls_norm"], row["split_layer"])
-    add_s_intervals(table, rows["ratio"], rows["djs"])
-    rec = recommend_split(prof["tp_norm"], prof["ls_norm"], t.grid)
+    add_s_intervals(table, rows["ratio"], rows["djs"], aggregate=t.sb_aggregate)
+    rec = recommend_split(sb["tp_norm"], sb["ls_norm"], t.grid)
+    rec["aggregate"] = t.sb_aggregate
     rec_med = recommend_split(med["tp_norm"], med["ls_norm"], t.grid)
     prof["median"] = dict((k, med[k]) for k in ("tp", "ls", "tp_norm", "ls_norm"))
     prof["median"]["recommended"] = dict((k, rec_med[k]) for k in ("ratio", "split_layer", "S"))

@@ -257,7 +257,7 @@ def test_s_b_table_carries_a_bootstrap_interval_over_prompts():
     rows = split_table(prof["tp_norm"], prof["ls_norm"], [0.25, 0.5])
     for row in rows:
         row["S_median"] = 0.0
-    add_s_intervals(rows, r_rows, d_rows, resamples=300, seed=4)
+    add_s_intervals(rows, r_rows, d_rows, resamples=300, seed=4, aggregate="mean")
     idx = np.random.default_rng(4).integers(0, 12, size=(300, 12))
     from naive_stats import naive_bca
 
@@ -277,7 +277,54 @@ def test_s_b_table_carries_a_bootstrap_interval_over_prompts():
     assert fmt_cell("S_ci", (rows[0]["S_lo"], rows[0]["S_hi"])) == f"[{rows[0]['S_lo']:.3f}, {rows[0]['S_hi']:.3f}]"
     assert fmt_cell("S_ci", (None, None)) == "-"  # a table from before the intervals
     md = table_markdown(rows)
-    assert "S(b) 2.5%" in md and f"{rows[0]['S_lo']:.3f}" in md and "bootstrap over prompts" in md
+    assert "S(b) 2.5%" in md and f"{rows[0]['S_lo']:.3f}" in md and "jackknife standard error" in md
+
+
+def test_s_b_default_is_scaled_profiles_with_a_jackknife_t_interval():
+    """The default S(b) (trace.sb_aggregate = scaled): each prompt's row divided by its own mean over layers,
+    averaged, min-max, eq. 7; the interval S -+ t(n-1) * jackknife SE. Recomputed here by plain loops and
+    scipy's t quantile; a prompt's overall scale does not move it."""
+    from scipy.stats import t
+
+    from raycpt.report.trace import add_s_intervals
+
+    rng = np.random.default_rng(7)
+    r_rows, d_rows = rng.lognormal(size=(15, 6)), rng.lognormal(size=(15, 6))
+
+    def s_scaled(r, d, b):
+        tp = np.array([row / row.mean() for row in r]).mean(0)
+        ls = np.array([row / row.mean() for row in d]).mean(0)
+        tp, ls = (tp - tp.min()) / (tp.max() - tp.min()), (ls - ls.min()) / (ls.max() - ls.min())
+        return ls[:b].mean() + tp[b:].mean() - tp[:b].mean() - ls[b:].mean()
+
+    sc = profiles(r_rows, d_rows, aggregate="scaled")
+    rows = split_table(sc["tp_norm"], sc["ls_norm"], [1 / 3, 0.5])
+    add_s_intervals(rows, r_rows, d_rows)
+    for row in rows:
+        b = row["split_layer"]
+        assert row["S"] == pytest.approx(s_scaled(r_rows, d_rows, b), abs=1e-12)
+        jack = np.array([s_scaled(np.delete(r_rows, k, 0), np.delete(d_rows, k, 0), b) for k in range(15)])
+        se = np.sqrt(14 / 15 * ((jack - jack.mean()) ** 2).sum())
+        half = t.ppf(0.975, 14) * se
+        assert (row["S_lo"], row["S_hi"]) == pytest.approx((row["S"] - half, row["S"] + half), abs=1e-12)
+    bumped = r_rows.copy()
+    bumped[3] *= 1e5  # one exploding prompt: the paper's mean moves, the scaled profile does not
+    sc2 = profiles(bumped, d_rows, aggregate="scaled")
+    assert sc2["tp_norm"] == pytest.approx(sc["tp_norm"], abs=1e-12)
+    assert not np.allclose(profiles(bumped, d_rows)["tp_norm"], profiles(r_rows, d_rows)["tp_norm"])
+
+
+def test_jackknife_t_of_a_mean_is_the_one_sample_t_interval():
+    from scipy import stats
+
+    from raycpt.stats import jackknife_t_interval
+
+    x = np.random.default_rng(1).standard_normal(9) + 3.0
+    jack = np.array([np.delete(x, k).mean() for k in range(9)])
+    want = stats.t.interval(0.95, 8, loc=x.mean(), scale=stats.sem(x))
+    assert jackknife_t_interval(x.mean(), jack) == pytest.approx(want, abs=1e-12)
+    lo, hi = jackknife_t_interval(x.mean(), jack, one_sided=True)
+    assert lo == pytest.approx(x.mean() - stats.t.ppf(0.95, 8) * stats.sem(x), abs=1e-12) and hi == np.inf
 
 
 # ------------------------------------------------------------------------------ issue 24: 004 §4.1 readings
