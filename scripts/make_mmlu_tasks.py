@@ -58,9 +58,11 @@ MODES = {
         aggregate="  - metric: exact_match\n    aggregation: mean\n    filter_list: extract\n    weight_by_size: true\n"),
     "cloze": dict(
         head="# Cloze mode: each option's text scored as the continuation after the question (lm-eval's\n"
-             "# mmlu_continuation); the prediction is the option with the highest raw log-likelihood (acc).\n",
+             "# mmlu_continuation); the prediction is the option with the highest raw log-likelihood (acc);\n"
+             "# acc_norm (lm-eval's, over the option's characters) is raycpt's cloze_norm score.\n",
         body="output_type: multiple_choice\n" + 'doc_to_text: "Question: {{question.strip()}}\\nAnswer:"\n'
-             + "doc_to_choice: \"{{[A, B, C, D]}}\"\n" + TARGET + ACC,
+             + "doc_to_choice: \"{{[A, B, C, D]}}\"\n" + TARGET + ACC
+             + "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n",
         description="The following are questions (with answers) about {}.\n\n",
         aggregate="  - metric: acc\n    weight_by_size: true\n"),
 }

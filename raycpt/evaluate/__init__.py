@@ -444,7 +444,8 @@ LOCAL_CLOZE = {
 """Cloze on a local C-Eval / CMMLU copy: the logit task's description, data, target and metric, but the
 prompt stops after the question (no lettered options) and the four choices are the option *texts*,
 each scored as the continuation right after ``答案：`` (no delimiter: Chinese puts no space there) - the
-``mmlu_continuation`` formulation in the benchmark's own language. ``acc`` on the raw log-likelihood."""
+``mmlu_continuation`` formulation in the benchmark's own language. ``acc`` on the raw log-likelihood, and
+lm-eval's ``acc_norm`` (over the option's characters) as the ``cloze_norm`` score."""
 
 
 def local_task_configs(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list[dict]:
@@ -468,7 +469,9 @@ def local_task_configs(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list[dict]
         if mode == "cloze":
             cloze = LOCAL_CLOZE[spec.name]
             conf.update(task=cloze["task"].format(subject=subject), doc_to_text=cloze["doc_to_text"],
-                        doc_to_choice="{{[A, B, C, D]}}", target_delimiter="")
+                        doc_to_choice="{{[A, B, C, D]}}", target_delimiter="",
+                        metric_list=[{"metric": m, "aggregation": "mean", "higher_is_better": True}
+                                     for m in ("acc", "acc_norm")])
         out.append(conf)
     return out
 
@@ -553,8 +556,10 @@ def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: st
         best = max(range(len(lls)), key=lambda i: (lls[i], -i))  # first maximum, like numpy.argmax
         gold = LETTERS[int(s["target"])]
         key, base = _question_key(task_name, s, spec)
-        out[key] = {**base, "gold": gold,
-                    mode: {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}}
+        rec = {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}
+        if mode == "cloze" and "acc_norm" in s:  # lm-eval's own: log-likelihood over the option's characters
+            rec["correct_norm"] = bool(s["acc_norm"])
+        out[key] = {**base, "gold": gold, mode: rec}
     return out
 
 
@@ -714,6 +719,10 @@ def _score(result: EvalResult, modes: Sequence[str]) -> None:
             sc, counts = category_scores((q["category"], q[mode]["correct"]) for q in qs if mode in q)
             result.scores[bench][mode] = sc
             result.counts[bench] = counts
+        if "cloze" in modes and qs and all("correct_norm" in q.get("cloze", {}) for q in qs):
+            # lm-eval's acc_norm of the cloze run: a score, not a mode (nothing is compared on it by default)
+            result.scores[bench]["cloze_norm"] = category_scores(
+                (q["category"], q["cloze"]["correct_norm"]) for q in qs)[0]
 
 
 def merge_shards(parts: Sequence[EvalResult], out_dir: str | os.PathLike | None = None) -> EvalResult:

@@ -239,6 +239,13 @@ def test_cloze_mode_equals_independent_scorer(tiny, qfile):
     assert res.scores["tiny_q"]["cloze"]["overall"] == pytest.approx(overall)
     assert set(res.seconds) == {"load", "logit", "cloze"}
     assert "tiny_q/average/cloze" in res.metrics()
+    # acc_norm (lm-eval's, issue 24): argmax of each option's log-likelihood over its length in characters
+    norm = ["ABCD"[max(range(4), key=lambda i: (ref[i] / len(r["ABCD"[i]]), -i))] for r, ref in zip(rows, lps)]
+    for r, p in zip(rows, norm):
+        assert qs[r["id"]]["cloze"]["correct_norm"] == (p == r["answer"])
+    want = 100.0 * sum(p == r["answer"] for p, r in zip(norm, rows)) / len(rows)
+    assert res.scores["tiny_q"]["cloze_norm"]["overall"] == pytest.approx(want)
+    assert "tiny_q/average/cloze_norm" in res.metrics()
 
 
 def test_generate_mode_records_and_limit(tiny, qfile):
