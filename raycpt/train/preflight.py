@@ -77,11 +77,14 @@ def sweep_plans(cfg: ExperimentConfig) -> list[PlanConfig]:
     """``full`` (when the sweep runs it) and each strategy at its largest-cost split (first and last split)."""
     s = cfg.sweep
     splits = sorted(set(s.splits)) or [cfg.plan.split]
-    out = [dataclasses.replace(cfg.plan, name="full")] if s.include_full else []
+    # as the trials train them (jobs/sweep.trial_config): under sweep.equal_footing `full` trains its decoder
+    # layers only, not the embeddings, final norm and head
+    base = dataclasses.replace(cfg.plan, full_non_layers=False) if s.equal_footing else cfg.plan
+    out = [dataclasses.replace(base, name="full")] if s.include_full else []
     for name in s.strategies:
         if takes_split(name):
-            out += [dataclasses.replace(cfg.plan, name=name, split=r) for r in {splits[0], splits[-1]}]
-    return out or [cfg.plan]
+            out += [dataclasses.replace(base, name=name, split=r) for r in {splits[0], splits[-1]}]
+    return out or [base]
 
 
 def full_plan(cfg: ExperimentConfig) -> PlanConfig:

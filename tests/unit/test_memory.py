@@ -159,3 +159,26 @@ def test_loop_with_chunked_loss_and_checkpointing_matches_the_plain_loop(tiny_di
     assert all("mfu" in r for r in steps)
     plain_rec = [json.loads(line) for line in (tmp_path / "plain" / METRICS_FILE).read_text().splitlines()]
     assert not any("mfu" in r for r in plain_rec)
+
+
+def test_sweep_estimates_full_as_it_trains_under_equal_footing():
+    """sweep.equal_footing: the pre-launch estimate of `full` counts its decoder layers only (as the trial
+    trains it), so its optimizer term is the sum of the layers' parameters counted here by hand."""
+    import dataclasses
+
+    from raycpt.config import load_config
+    from raycpt.train.memory import _trainable
+    from raycpt.train.preflight import sweep_plans
+    from tiny import tiny_model
+
+    model = tiny_model("llama", num_layers=4)
+    shape = model_shape(model)
+    by_hand = sum(p.numel() for layer in model.model.layers for p in layer.parameters())
+    cfg = load_config("configs/default.yaml")
+    assert cfg.sweep.equal_footing
+    full = [p for p in sweep_plans(cfg) if p.name == "full"][0]
+    assert _trainable(shape, build_plan(full, 4, tied_embeddings=shape.tied)) == by_hand
+    off = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, equal_footing=False))
+    full_off = [p for p in sweep_plans(off) if p.name == "full"][0]
+    assert _trainable(shape, build_plan(full_off, 4, tied_embeddings=shape.tied)) == sum(
+        p.numel() for p in model.parameters())
