@@ -788,7 +788,7 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
                                                               or g.get(f"shallow_vs_deep_{m}") is not None
                                                               for g in gains)] if gains else []
     letters = " / ".join(MODE_LETTER.get(m, m) for m in modes)
-    lines = [f"**{task}** — S(b) from the trace [95% interval: BCa bootstrap over prompts] next to the realised gain "
+    lines = [f"**{task}** — S(b) from the trace [95% interval over prompts, trace.sb_aggregate] next to the realised gain "
              f"of train_shallow (average, percentage points, {letters}) [95% interval]", "",
              f"| split | b | S(b) [95%] | shallow−full {letters} | shallow−deep {letters} | held-out loss shallow−full "
              "| held-out loss shallow−deep |", "|---|---|---|---|---|---|---|"]
@@ -1059,7 +1059,7 @@ def _split_words(summary: dict) -> list[str]:
                 "set of splits indistinguishable from it)."]
     tail = "the data single it out" if same == [top] else \
         "not distinguishable from it: r = " + ", ".join(f"{r:g}" for r in same)
-    return [f"Largest S(b) among the sweep's splits: r = {top:g}; {tail} (one-sided 95% bootstrap over prompts)."]
+    return [f"Largest S(b) among the sweep's splits: r = {top:g}; {tail} (one-sided 95% bound over prompts)."]
 
 
 def _fmt_p(p: Optional[float]) -> str:
