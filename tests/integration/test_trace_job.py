@@ -78,9 +78,14 @@ def test_trace_job_end_to_end(ray_local, tiny_dir, tmp_path, monkeypatch):
     np.testing.assert_allclose(res.tp, tp)
     np.testing.assert_allclose(res.groups["synonym"]["ls"], np.stack(df["djs"].to_numpy())[3:].mean(0))
     tp_med, ls_med = np.median(np.stack(df["ratio"].to_numpy()), 0), np.median(np.stack(df["djs"].to_numpy()), 0)
+    r_all, d_all = np.stack(df["ratio"].to_numpy()), np.stack(df["djs"].to_numpy())
+    tp_sc = (r_all / r_all.mean(1, keepdims=True)).mean(0)  # trace.sb_aggregate=scaled: rows over their layer mean
+    ls_sc = (d_all / d_all.mean(1, keepdims=True)).mean(0)
     for row, b in zip(res.split_table, [1, 2, 3]):
         assert row["split_layer"] == b
-        assert row["S"] == pytest.approx(boundary_score(minmax(tp), minmax(ls), b))
+        assert row["S"] == pytest.approx(boundary_score(minmax(tp_sc), minmax(ls_sc), b))
+        assert row["S_mean"] == pytest.approx(boundary_score(minmax(tp), minmax(ls), b))  # 004's raw means
+        assert row["S_lo"] <= row["S"] <= row["S_hi"]
         assert row["S_median"] == pytest.approx(boundary_score(minmax(tp_med), minmax(ls_med), b))
     assert res.recommended["S"] == pytest.approx(max(r["S"] for r in res.split_table))  # grid covers b = 1..3
 
