@@ -75,6 +75,10 @@ class DataConfig:
     evenly spaced sample of them. 0 = the held-out documents are those after ``max_documents`` (the tail)."""
     heldout_seed: int = 0
     """Seed of the held-out hash (``heldout_share``)."""
+    verify: Literal["stat", "content"] = "stat"
+    """How a packed store is checked against its corpus files: ``stat`` (size and mtime; the hash is read
+    again only when they differ) or ``content`` (every file hashed whole at pack time and on every check:
+    catches an edit that kept size and mtime, e.g. ``cp -p``, at the cost of reading the corpus)."""
 
     def __post_init__(self):
         _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")

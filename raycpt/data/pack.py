@@ -246,7 +246,7 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
     tmp.mkdir(parents=True)
     try:
         chunks = check_corpus(data_cfg)
-        prints = fingerprints(data_cfg.corpus)  # before reading: a change during the pack shows up next time
+        prints = fingerprints(data_cfg.corpus, full=_content_check(data_cfg))  # before reading: a change during the pack shows up next time
         tok = _tokenizer(tokenizer_path)
         from raycpt.data.corpus import eos_id_of
 
@@ -328,8 +328,12 @@ def find_packed(data_cfg, tokenizer_path: str, run_root) -> Optional[StoreInfo]:
     return found
 
 
+def _content_check(data_cfg) -> bool:
+    return getattr(data_cfg, "verify", "stat") == "content"
+
+
 def _check_fresh(store: StoreInfo, data_cfg) -> None:
-    what = changed_files(store.manifest["fingerprints"], data_cfg.corpus)
+    what = changed_files(store.manifest["fingerprints"], data_cfg.corpus, content=_content_check(data_cfg))
     if what:
         raise RaycptError(f"data.corpus: {what} since it was packed into {store.path}; re-pack it with "
                           "`raycpt data prepare [CONFIG] [overrides] --rebuild` (runs that read this store then "

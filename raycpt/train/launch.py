@@ -302,6 +302,8 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
             resumed_step, ckpt = found
             resume_from = str(ckpt)
     store = packed_corpus(cfg, model_path, quiet=not progress)
+    if resume_from is not None:
+        check_resume_data(Path(resume_from), store)
     return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
                      resumed_step=resumed_step, store=store, n_blocks=store.num_blocks)
 
@@ -330,7 +332,8 @@ def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: 
     loop_config = {
         "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
         "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": prep.resume_from,
-        "store": str(prep.store.path), "store_build": prep.store.build_id, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
+        "store": str(prep.store.path), "store_build": prep.store.build_id, "store_key": prep.store.key,
+        "store_identity": prep.store.identity, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
     }
     if evaluate:
@@ -453,6 +456,42 @@ def check_resume_settings(run_dir: Path, cfg: ExperimentConfig) -> None:
         raise RaycptError(f"--resume: {run_dir} was made with other settings: {'; '.join(changed[:3])}{more}. "
                           "A resume continues a run with its own settings (its learning-rate schedule depends on "
                           "them): drop the change, or start a new run without --resume")
+
+
+def resume_data_mismatch(recorded: Optional[dict], store) -> Optional[str]:
+    """None when a checkpoint's ``data`` record (``train_state.json``) names the packed store ``store``
+    holds now, else what differs, in a few words. A record without a store (an older raycpt) passes."""
+    rec = recorded or {}
+    if rec.get("store_identity"):
+        if rec.get("store_key") not in (None, store.key):
+            return f"packed store {rec['store_key']}, now {store.key}"
+        if rec["store_identity"] != store.identity:
+            return f"corpus {rec['store_identity']}, now {store.identity} (the corpus files changed and were re-packed)"
+        return None
+    if rec.get("store_build") and rec["store_build"] != store.build_id:
+        return f"store build {rec['store_build'][:12]}, now {store.build_id[:12]} (the corpus was re-packed)"
+    return None
+
+
+def check_resume_data(ckpt: Path, store) -> None:
+    """One line when the checkpoint ``--resume`` would continue from was trained on another pack than ``store``:
+    the remaining steps would silently read other tokens."""
+    from raycpt.train.checkpoint import STATE_JSON
+
+    why = resume_data_mismatch(_read_json(Path(ckpt) / STATE_JSON).get("data"), store)
+    if why is not None:
+        raise RaycptError(f"--resume: checkpoint {ckpt} was trained on other data ({why}): its remaining steps would "
+                          "read other tokens. Start fresh: the same command without --resume makes a new run (or "
+                          "restore the corpus it was trained on and re-pack it with `raycpt data prepare --rebuild`)")
+
+
+def check_resume_run(run_dir: Path, cfg: ExperimentConfig, store) -> None:
+    """``--resume`` of ``run_dir``: its settings (:func:`check_resume_settings`) and the pack its newest
+    checkpoint read (:func:`check_resume_data`), before the run's MLflow run is touched."""
+    check_resume_settings(run_dir, cfg)
+    found = latest_checkpoint(run_dir)
+    if found is not None:
+        check_resume_data(found[1], store)
 
 
 def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
