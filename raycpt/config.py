@@ -731,6 +731,9 @@ def _coerce_scalar(value: Any, tp, name: str):
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
+        if value is None:  # YAML reads a bare ~ (and null, or nothing) as null, not as the home folder
+            raise ConfigError(name, value, "a string (YAML reads a bare ~ or an empty value as null: write the "
+                                           "path in full, e.g. /home/me/runs, or quote it: '~/runs')")
         raise ConfigError(name, value, "a string")
     if tp is dict:
         if isinstance(value, dict):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, environment_error
 from raycpt.strategies import LayerPlan, build_plan, is_tied
 from raycpt.train.checkpoint import find_checkpoints, publish_model, verify_model_folder
 from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
@@ -117,12 +117,32 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
 def check_train_config(cfg: ExperimentConfig) -> None:
     t = cfg.train
     check_parallel(t.distributed, t.num_workers)
+    check_worker_cpus(cfg)
     if t.use_gpu:
         import ray
 
         if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) < t.num_workers:
             raise RaycptError(f"train.use_gpu=true with train.num_workers={t.num_workers}, but the Ray cluster has "
                               f"{int(ray.cluster_resources().get('GPU', 0))} GPU(s)")
+
+
+def check_worker_cpus(cfg: ExperimentConfig) -> None:
+    """One line, before Ray Train waits for them, when a local Ray can never hold the run's workers:
+    ``train.num_workers`` x ``train.cpus_per_worker`` beyond its CPUs (Ray Train would wait at "starting
+    workers" forever). A cluster (``ray.address`` / ``RAY_ADDRESS``) may grow, so it is not judged."""
+    import ray
+
+    from raycpt.runtime import cluster_address
+
+    if not ray.is_initialized() or cluster_address(cfg.ray):
+        return
+    t = cfg.train
+    have = float(ray.cluster_resources().get("CPU", 0))
+    need = t.num_workers * float(t.cpus_per_worker)
+    if need > have + 1e-9:
+        raise RaycptError(f"train.num_workers={t.num_workers} x train.cpus_per_worker={t.cpus_per_worker:g} need "
+                          f"{need:g} CPUs; this Ray has {have:g} (ray.num_cpus): lower train.num_workers or "
+                          "train.cpus_per_worker, or raise ray.num_cpus")
 
 
 # ------------------------------------------------------------------------------------ checkpoints
@@ -512,6 +532,8 @@ def _training_error(e: Exception) -> Exception:
         seen.add(id(cur))
         if isinstance(cur, RaycptError):
             return cur
+        if environment_error(cur) is not None:  # a full disk / unwritable folder in a worker: one line
+            return environment_error(cur)
         nxt = getattr(cur, "cause", None) or cur.__cause__
         if nxt is None:
             errs = getattr(cur, "worker_failures", None)
