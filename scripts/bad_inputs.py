@@ -111,6 +111,8 @@ def _issue27_fixtures(tmp: Path, f: dict) -> None:
     (tmp / "an_out_file").write_text("the user's file named as --out")
     (tmp / "out2").mkdir(exist_ok=True)
     (tmp / "out2" / "new_shallow").write_text("the user's file where a build would go")
+    dup = json.dumps({"s1": "Example: hot->cold; Query: up->", "s2": "down", "group": "antonym"})
+    (tmp / "dup_prompts.jsonl").write_text((dup + "\n") * 4)
     (tmp / "small.jsonl").write_text("".join(json.dumps({"text": f"gloss {i} of a small corpus"}) + "\n"
                                              for i in range(200)))
     with socket.socket() as s:
@@ -306,12 +308,14 @@ def issue27_cases(f: dict) -> list[Case]:
         Case("tracking.uri mysql:// without its driver", ["ui", rr, "tracking.uri=mysql://me@127.0.0.1:1/db",
                                                           "--port", port], "its database driver is not installed",
              owner="27"),
+        Case("trace on four identical prompts", ["trace", f"model.ref={m}", rr, "--prompts",
+                                                 str(t / "dup_prompts.jsonl")], "line 2 repeats line 1", owner="27"),
         Case("tracking.run_root=~ (YAML null)", ["config", "validate", "tracking.run_root=~"],
              "YAML reads a bare ~ or an empty value as null", owner="27"),
         Case("train.num_workers beyond the cluster's CPUs", ["train", f"model.ref={m}", rr, "data.seq_len=32",
-                                                             "train.max_steps=2", "train.num_workers=64",
+                                                             "train.max_steps=2", "train.num_workers=16",
                                                              "ray.num_cpus=2", f"data.corpus=[{t / 'small.jsonl'}]"],
-             "train.num_workers=64", ray=True, owner="27"),
+             "train.num_workers=16", ray=True, owner="27"),
     ]
 
 

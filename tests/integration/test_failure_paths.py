@@ -51,7 +51,7 @@ FAST = [label for label in (
     "eval a folder without weights", "eval a checkpoint its manifest disagrees with", "eval pickle weights (.bin)",
     "ui on a corrupt mlflow.db", "train on a corrupt mlflow.db", "tracking.uri naming a text file",
     "tracking.uri postgresql:// without its driver", "tracking.uri mysql:// without its driver",
-    "tracking.run_root=~ (YAML null)")]
+    "tracking.run_root=~ (YAML null)", "trace on four identical prompts")]
 
 
 @pytest.mark.parametrize("label", FAST)
