@@ -111,6 +111,7 @@ def _issue27_fixtures(tmp: Path, f: dict) -> None:
     (tmp / "an_out_file").write_text("the user's file named as --out")
     (tmp / "out2").mkdir(exist_ok=True)
     (tmp / "out2" / "new_shallow").write_text("the user's file where a build would go")
+    (tmp / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 4)  # a GGUF header cut short
     dup = json.dumps({"s1": "Example: hot->cold; Query: up->", "s2": "down", "group": "antonym"})
     (tmp / "dup_prompts.jsonl").write_text((dup + "\n") * 4)
     (tmp / "small.jsonl").write_text("".join(json.dumps({"text": f"gloss {i} of a small corpus"}) + "\n"
@@ -310,6 +311,8 @@ def issue27_cases(f: dict) -> list[Case]:
              owner="27"),
         Case("trace on four identical prompts", ["trace", f"model.ref={m}", rr, "--prompts",
                                                  str(t / "dup_prompts.jsonl")], "line 2 repeats line 1", owner="27"),
+        Case("models pull a broken .gguf", ["models", "pull", str(t / "broken.gguf"), "--cache-dir",
+                                            str(t / "cache")], "transformers cannot load broken.gguf", owner="27"),
         Case("tracking.run_root=~ (YAML null)", ["config", "validate", "tracking.run_root=~"],
              "YAML reads a bare ~ or an empty value as null", owner="27"),
         Case("train.num_workers beyond the cluster's CPUs", ["train", f"model.ref={m}", rr, "data.seq_len=32",

@@ -104,3 +104,13 @@ def test_two_commands_of_one_name_at_once_on_a_fresh_run_root_both_open_the_stor
         assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
         ids = {o[0].strip().splitlines()[-1] for o in outs}
         assert len(ids) == 1  # one experiment, made once
+
+
+def test_models_pull_error_is_the_only_output_on_stderr(table):
+    """No step list ("hash ...", "load GGUF ...") above the error line, not even a blank line."""
+    f, cases = table
+    case = cases["models pull a broken .gguf"]
+    r = _cli(case.args)
+    line = _one_line(r)
+    assert r.stderr.splitlines() == [line] and case.expect in line
+    assert not (f["tmp"] / "cache").exists() or not any(p.name.startswith(".tmp-") for p in (f["tmp"] / "cache").rglob("*"))
