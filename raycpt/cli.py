@@ -236,6 +236,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     except click_classes("ClickException") as e:  # typer's vendored click and click itself
         err_console.print(usage_line(e), markup=False, highlight=False, soft_wrap=True)
         return 2
+    except OSError as e:  # a full disk, a read-only or unwritable folder: one line naming the path and the errno
+        from raycpt.errors import environment_error
+
+        line = environment_error(e)
+        if line is None:
+            raise
+        err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+        return line.exit_code
     except click_classes("Abort") + (KeyboardInterrupt,):
         err_console.print("interrupted", markup=False)
         return 130

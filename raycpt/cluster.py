@@ -93,7 +93,11 @@ def check_store(cfg: TrackingConfig) -> None:
     """Validate ``cfg.uri`` (scheme; a server that answers) and ``cfg.run_root`` (writable), once per
     process and setting. Caps MLflow's own HTTP retries (unless the user set them) so a server that
     dies mid-run fails a trial in about a minute instead of after several."""
-    root = Path(cfg.run_root).expanduser().resolve()
+    try:
+        root = Path(cfg.run_root).expanduser().resolve()
+    except RuntimeError:  # pathlib's "Could not determine home directory."
+        raise RaycptError(f"tracking.run_root {cfg.run_root!r}: ~ names the home folder, but this process has none "
+                          "($HOME is not set): write the path in full") from None
     uri = cfg.uri or os.environ.get("RAYCPT_TRACKING_URI") or ""
     key = (str(root), uri)
     if key in _checked:

@@ -75,6 +75,10 @@ class DataConfig:
     evenly spaced sample of them. 0 = the held-out documents are those after ``max_documents`` (the tail)."""
     heldout_seed: int = 0
     """Seed of the held-out hash (``heldout_share``)."""
+    verify: Literal["stat", "content"] = "stat"
+    """How a packed store is checked against its corpus files: ``stat`` (size and mtime; the hash is read
+    again only when they differ) or ``content`` (every file hashed whole at pack time and on every check:
+    catches an edit that kept size and mtime, e.g. ``cp -p``, at the cost of reading the corpus)."""
 
     def __post_init__(self):
         _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
@@ -732,6 +736,9 @@ def _coerce_scalar(value: Any, tp, name: str):
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
+        if value is None:  # YAML reads a bare ~ (and null, or nothing) as null, not as the home folder
+            raise ConfigError(name, value, "a string (YAML reads a bare ~ or an empty value as null: write the "
+                                           "path in full, e.g. /home/me/runs, or quote it: '~/runs')")
         raise ConfigError(name, value, "a string")
     if tp is dict:
         if isinstance(value, dict):

@@ -42,3 +42,20 @@ def read_user_text(path, what: str) -> str:
                           "is it a binary file?") from None
     except OSError as e:
         raise RaycptError(f"{what} {p} cannot be read: {e.strerror}") from None
+
+
+#: errnos that say the machine, not the code, refused: a full disk or quota, a read-only or unwritable folder
+ENVIRONMENT_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO")
+
+
+def environment_error(e: BaseException):
+    """The one line (a :class:`RaycptError`) for an ``OSError`` the environment caused - a full disk or quota, a
+    read-only or unwritable folder, an I/O error - naming the path and the errno; None for any other error."""
+    import errno
+
+    if not isinstance(e, OSError) or errno.errorcode.get(e.errno or -1) not in ENVIRONMENT_ERRNOS:
+        return None
+    where = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "") if e.filename else "a file"
+    hint = "free some space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+    return RaycptError(f"cannot write {where}: {e.strerror or e} ({errno.errorcode[e.errno]}); {hint}, then run "
+                       "the same command with --resume to continue from the last checkpoint")

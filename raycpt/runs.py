@@ -321,13 +321,18 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
     failed. Nothing is ever left RUNNING."""
     import time
 
+    fresh = run_dir is None and not resume
     run_dir = _open_or_use(cfg, command, run_dir, resume)
-    if on_open is not None:
+    if on_open is not None:  # a refusal here leaves the folder and its run as they were
         on_open(run_dir)
-    if not read_state(run_dir).get("mlflow_run_id"):
-        write_state(run_dir, status=OPENING)
     with sigterm_as_interrupt():
-        run = _start_run(cfg, command, run_dir, parent_run_id, run_name, params, tags)
+        try:
+            if not read_state(run_dir).get("mlflow_run_id"):
+                write_state(run_dir, status=OPENING)
+            run = _start_run(cfg, command, run_dir, parent_run_id, run_name, params, tags)
+        except BaseException as e:
+            _failed_start(cfg, run_dir, fresh, e)
+            raise
         try:
             yield run
         except BaseException as e:
@@ -342,6 +347,25 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
         write_state(run_dir, status="finished")
         _pop_active(run.run_id, "FINISHED")
         run.end("FINISHED")
+
+
+def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseException) -> None:
+    """A command that failed before its job started: a new folder whose MLflow run never existed is removed
+    (it would be nobody's run); a run already created (its config failed to log) ends FAILED / KILLED."""
+    run_id = read_state(run_dir).get("mlflow_run_id")
+    if run_id is None:
+        if fresh:
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    status = end_status(type(exc), exc)
+    with contextlib.suppress(Exception):  # best effort while already failing
+        write_state(run_dir, status=END_STATE[status], error=f"{type(exc).__name__}: {exc}"[:500])
+        _pop_active(run_id, status)
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(cfg.tracking.uri).set_terminated(run_id, status=status)
 
 
 def _pop_active(run_id: str, status: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 
 from raycpt.cluster import check_store, node_tags
 from raycpt.config import ExperimentConfig, TrackingConfig
+from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -36,11 +37,64 @@ def tracking_uri(cfg: TrackingConfig) -> str:
 
 
 def ensure_store(cfg: TrackingConfig) -> str:
-    """Create the store and the experiment from the driver; return the experiment id."""
-    import mlflow
-
+    """Create the store and the experiment from the driver; return the experiment id. A store that cannot be
+    opened (a corrupt ``mlflow.db``, a file that is not a database, a database URI whose driver is not
+    installed) is one line; a new SQLite store is created under a file lock, so two commands starting at
+    once on a fresh run root do not race on its schema (one waits for the other)."""
     check_store(cfg)  # one line for a bad scheme, a server that does not answer, an unwritable run root
     uri = tracking_uri(cfg)
+    try:
+        with _store_lock(uri):
+            return _ensure_store(cfg, uri)
+    except ModuleNotFoundError as e:
+        raise RaycptError(f"tracking.uri {_safe_uri(uri)}: its database driver is not installed (no module "
+                          f"{e.name!r}); pip install it (e.g. psycopg2-binary for postgresql://, pymysql for "
+                          "mysql+pymysql://) or leave tracking.uri empty for SQLite in the run root") from None
+    except Exception as e:  # noqa: BLE001 - only the store's own errors become one line
+        if not _store_error(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise RaycptError(f"tracking.uri {_safe_uri(uri)}: the MLflow store cannot be opened ({first}); is it an "
+                          "MLflow database? Move it aside (a new one is made) or name another store") from None
+
+
+def _safe_uri(uri: str) -> str:
+    """``uri`` without a password (``scheme://user:***@host/db``)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.password:
+        return uri.replace(f":{parts.password}@", ":***@", 1)
+    return uri
+
+
+def _store_error(e: BaseException) -> bool:
+    """An error of the store itself (SQLAlchemy, the DB-API, MLflow's own), not a bug of ours."""
+    names = {c.__module__.split(".")[0] for c in type(e).__mro__}
+    return bool(names & {"sqlalchemy", "sqlite3", "mlflow", "alembic", "psycopg2", "pymysql", "MySQLdb"})
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str):
+    """An exclusive ``flock`` on ``<db>.lock`` next to a SQLite store while it is created (no-op otherwise)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(f".{db.name}.lock"), "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _ensure_store(cfg: TrackingConfig, uri: str) -> str:
+    import mlflow
+
     os.environ["MLFLOW_TRACKING_URI"] = uri
     mlflow.set_tracking_uri(uri)
     client = mlflow.tracking.MlflowClient(uri)

@@ -2,7 +2,9 @@
 
 ``mlflow ui`` starts a web server and job-runner processes of its own. :func:`serve_ui` checks the
 port first (a busy port is one line and exit 2, with nothing started), runs MLflow in its own
-process group, and on any way out (the UI exiting, Ctrl-C, SIGTERM, SIGHUP) ends that whole group
+process group without its artifact proxy (:func:`ui_command`: ``--no-serve-artifacts``, so there is no upload
+endpoint and nothing is written under the folder it was started from; the UI still shows a run's files, which it
+reads from the run's own artifact location), and and on any way out (the UI exiting, Ctrl-C, SIGTERM, SIGHUP) ends that whole group
 and every descendant it saw, so no MLflow process is left behind.
 """
 
@@ -63,12 +65,23 @@ def stop_group(proc: subprocess.Popen, seen: list, grace_s: float = 10.0) -> Non
             return
 
 
+def ui_command(uri: str, port: int) -> list[str]:
+    """The ``mlflow ui`` command line: 127.0.0.1 only, no artifact proxy (MLflow's default serves a writable,
+    unauthenticated ``<cwd>/mlartifacts``), new experiments' artifacts next to a SQLite store (not ``./mlruns``)."""
+    from pathlib import Path
+
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+           "--port", str(port), "--no-serve-artifacts"]
+    if uri.startswith("sqlite:///"):
+        cmd += ["--default-artifact-root", (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()]
+    return cmd
+
+
 def serve_ui(uri: str, port: int) -> int:
     """Run ``mlflow ui`` on 127.0.0.1:``port`` until it exits or we are stopped; return its exit code
     (0 when we were stopped by a signal or Ctrl-C). Nothing of it survives this call."""
     check_port_free(port)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-           "--port", str(port)]
+    cmd = ui_command(uri, port)
     stopped = {"sig": None}
 
     def on_signal(signum, frame):

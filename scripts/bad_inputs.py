@@ -77,11 +77,48 @@ def fixtures(tmp: Path) -> dict:
     (tmp / "hybrid.yaml").write_text(yaml.safe_dump(hy))
     (tmp / "out" / "new_shallow").mkdir(parents=True, exist_ok=True)
     (tmp / "out" / "new_shallow" / "my_notes.txt").write_text("the user's file")
+    _issue27_fixtures(tmp, f)
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     f.update(runs=str(runs), busy=busy, busy_port=busy.getsockname()[1])
     return f
+
+
+def _issue27_fixtures(tmp: Path, f: dict) -> None:
+    """Issue 27's fixtures: model folders an evaluation must refuse, broken MLflow stores, files in an --out's way."""
+    import shutil
+
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from raycpt.train.checkpoint import write_manifest
+
+    tiny = Path(f["model"])
+    (tmp / "noweights").mkdir(exist_ok=True)
+    shutil.copy(tiny / "config.json", tmp / "noweights" / "config.json")
+    shutil.copytree(tiny, tmp / "truncated", dirs_exist_ok=True)
+    write_manifest(tmp / "truncated", 4, finite=True)
+    weights = tmp / "truncated" / "model.safetensors"
+    with open(weights, "r+b") as fh:  # cut short after its manifest was written (a copy or a disk that failed)
+        fh.truncate(weights.stat().st_size // 2)
+    (tmp / "pickled").mkdir(exist_ok=True)
+    shutil.copy(tiny / "config.json", tmp / "pickled" / "config.json")
+    torch.save({"w": torch.zeros(2)}, tmp / "pickled" / "pytorch_model.bin")
+    (tmp / "corrupt_runs").mkdir(exist_ok=True)
+    (tmp / "corrupt_runs" / "mlflow.db").write_bytes(b"this is not a database" * 100)
+    (tmp / "notes.txt").write_text("the user's notes, not a database")
+    (tmp / "an_out_file").write_text("the user's file named as --out")
+    (tmp / "out2").mkdir(exist_ok=True)
+    (tmp / "out2" / "new_shallow").write_text("the user's file where a build would go")
+    (tmp / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 4)  # a GGUF header cut short
+    dup = json.dumps({"s1": "Example: hot->cold; Query: up->", "s2": "down", "group": "antonym"})
+    (tmp / "dup_prompts.jsonl").write_text((dup + "\n") * 4)
+    (tmp / "small.jsonl").write_text("".join(json.dumps({"text": f"gloss {i} of a small corpus"}) + "\n"
+                                             for i in range(200)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        f["free_port"] = str(s.getsockname()[1])
 
 
 def cases(f: dict) -> list[Case]:
@@ -238,7 +275,51 @@ def cases(f: dict) -> list[Case]:
         Case("train unreachable tracking.uri", train + ["tracking.uri=http://127.0.0.1:9"], "", ray=True,
              owner="13"),
     ]
-    return c
+    return c + issue27_cases(f)
+
+
+def issue27_cases(f: dict) -> list[Case]:
+    """Issue 27: every failure path ends with one line (what is left behind is checked by
+    tests/integration/test_failure_paths.py)."""
+    t, m, runs = f["tmp"], f["model"], f["runs"]
+    rr = f"tracking.run_root={runs}"
+    hy = ["hybrid", "build", str(t / "hybrid.yaml")]
+    port = f["free_port"]
+    return [
+        Case("hybrid build --out FILE", hy + ["--out", str(t / "an_out_file")], "is a file, not a folder", owner="27"),
+        Case("hybrid build --out DIR --overwrite, a file at DIR/new_shallow",
+             hy + ["--out", str(t / "out2"), "--overwrite"], "new_shallow is a file, not a folder", owner="27"),
+        Case("eval a folder without weights", ["eval", rr, "--checkpoints", str(t / "noweights")],
+             "has config.json but no weights", owner="27"),
+        Case("eval a checkpoint its manifest disagrees with", ["eval", rr, "--checkpoints", str(t / "truncated")],
+             "fails its manifest check: model.safetensors has", owner="27"),
+        Case("eval pickle weights (.bin)", ["eval", rr, "--checkpoints", str(t / "pickled")],
+             "pytorch_model.bin is pickle weights, which raycpt never loads", owner="27"),
+        Case("ui on a corrupt mlflow.db", ["ui", f"tracking.run_root={t / 'corrupt_runs'}", "--port", port],
+             "the MLflow store cannot be opened", owner="27"),
+        Case("train on a corrupt mlflow.db", ["train", f"model.ref={m}", f"tracking.run_root={t / 'corrupt_runs'}",
+                                              f"data.corpus=[{t / 'small.jsonl'}]", "data.seq_len=32",
+                                              "train.max_steps=2", "train.num_workers=1"],
+             "the MLflow store cannot be opened", owner="27"),
+        Case("tracking.uri naming a text file", ["ui", rr, f"tracking.uri=sqlite:///{t / 'notes.txt'}", "--port",
+                                                 port], "file is not a database", owner="27"),
+        Case("tracking.uri postgresql:// without its driver",
+             ["ui", rr, "tracking.uri=postgresql://me:secret@127.0.0.1:1/db", "--port", port],
+             "its database driver is not installed", owner="27"),
+        Case("tracking.uri mysql:// without its driver", ["ui", rr, "tracking.uri=mysql://me@127.0.0.1:1/db",
+                                                          "--port", port], "its database driver is not installed",
+             owner="27"),
+        Case("trace on four identical prompts", ["trace", f"model.ref={m}", rr, "--prompts",
+                                                 str(t / "dup_prompts.jsonl")], "line 2 repeats line 1", owner="27"),
+        Case("models pull a broken .gguf", ["models", "pull", str(t / "broken.gguf"), "--cache-dir",
+                                            str(t / "cache")], "transformers cannot load broken.gguf", owner="27"),
+        Case("tracking.run_root=~ (YAML null)", ["config", "validate", "tracking.run_root=~"],
+             "YAML reads a bare ~ or an empty value as null", owner="27"),
+        Case("train.num_workers beyond the cluster's CPUs", ["train", f"model.ref={m}", rr, "data.seq_len=32",
+                                                             "train.max_steps=2", "train.num_workers=16",
+                                                             "ray.num_cpus=2", f"data.corpus=[{t / 'small.jsonl'}]"],
+             "train.num_workers=16", ray=True, owner="27"),
+    ]
 
 
 def run_case(case: Case, env: dict, timeout: float = 600) -> dict:

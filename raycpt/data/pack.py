@@ -172,6 +172,24 @@ def _local_task(fn_name: str, chunk: dict, kwargs: dict, limit: int) -> dict:
     return pack_chunk(chunk, **kwargs, **({"doc_limit": limit} if limit >= 0 else {}))
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """A pack process's first act: ask Linux to SIGKILL it when the process that started it dies
+    (``prctl(PR_SET_PDEATHSIG)``; a ``kill -9`` of ``raycpt data prepare`` then leaves no packer running),
+    and exit at once when that parent is already gone. Elsewhere a no-op."""
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no libc prctl
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 def _local_rows(fn_name: str, chunks: Sequence[dict], kwargs: dict, limits: Sequence[int]) -> Iterator[dict]:
     """The same chunk tasks without Ray: a pool of one process per CPU (spawned, so each imports only
     this module, numpy and ``tokenizers``), or this process for a single chunk. Starting a local Ray
@@ -184,7 +202,8 @@ def _local_rows(fn_name: str, chunks: Sequence[dict], kwargs: dict, limits: Sequ
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         futures = [pool.submit(_local_task, fn_name, c, kwargs, lim) for c, lim in zip(chunks, limits)]
         try:
             for f in as_completed(futures):
@@ -246,7 +265,7 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
     tmp.mkdir(parents=True)
     try:
         chunks = check_corpus(data_cfg)
-        prints = fingerprints(data_cfg.corpus)  # before reading: a change during the pack shows up next time
+        prints = fingerprints(data_cfg.corpus, full=_content_check(data_cfg))  # before reading: a change during the pack shows up next time
         tok = _tokenizer(tokenizer_path)
         from raycpt.data.corpus import eos_id_of
 
@@ -328,8 +347,12 @@ def find_packed(data_cfg, tokenizer_path: str, run_root) -> Optional[StoreInfo]:
     return found
 
 
+def _content_check(data_cfg) -> bool:
+    return getattr(data_cfg, "verify", "stat") == "content"
+
+
 def _check_fresh(store: StoreInfo, data_cfg) -> None:
-    what = changed_files(store.manifest["fingerprints"], data_cfg.corpus)
+    what = changed_files(store.manifest["fingerprints"], data_cfg.corpus, content=_content_check(data_cfg))
     if what:
         raise RaycptError(f"data.corpus: {what} since it was packed into {store.path}; re-pack it with "
                           "`raycpt data prepare [CONFIG] [overrides] --rebuild` (runs that read this store then "

@@ -17,6 +17,11 @@ whole file up to :data:`FULL_HASH_BYTES`, else of :data:`SAMPLES` evenly spaced 
 and the size). A later command checks size and mtime (one ``stat`` per file); only when they
 differ is the hash read again (a ``touch`` alone is not a change). A changed corpus is refused
 with one line that says how to re-pack, so no run silently mixes two versions of a corpus.
+
+The size-and-mtime shortcut misses an edit that keeps both (``cp -p``, ``touch -r``): ``data.verify:
+content`` records the SHA-256 of every whole file at pack time and hashes every file again on every
+check (a full read of the corpus per command). :attr:`StoreInfo.identity` names what a store holds
+(its key and its files' hashes); a checkpoint records it and ``--resume`` compares it.
 """
 
 from __future__ import annotations
@@ -85,12 +90,13 @@ def store_key(data_cfg, tok_hash: str) -> str:
 
 # ------------------------------------------------------------------------------------ fingerprints
 
-def file_hash(path: str, size: Optional[int] = None) -> tuple[str, str]:
-    """``(kind, hex)``: the whole file's SHA-256 up to FULL_HASH_BYTES, else a sampled one."""
+def file_hash(path: str, size: Optional[int] = None, full: bool = False) -> tuple[str, str]:
+    """``(kind, hex)``: the whole file's SHA-256 up to FULL_HASH_BYTES (or at any size with ``full``),
+    else a sampled one."""
     size = os.path.getsize(path) if size is None else size
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        if size <= FULL_HASH_BYTES:
+        if full or size <= FULL_HASH_BYTES:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
             return "full", h.hexdigest()
@@ -113,8 +119,9 @@ def _source_files(source: str) -> list[dict]:
     return [{"path": p} for p in expand_source(source)]
 
 
-def fingerprints(sources: Sequence[str], hashes: bool = True) -> list[dict]:
-    """One record per file read: ``{source, path, size, mtime_ns[, hash_kind, sha256]}``."""
+def fingerprints(sources: Sequence[str], hashes: bool = True, full: bool = False) -> list[dict]:
+    """One record per file read: ``{source, path, size, mtime_ns[, hash_kind, sha256]}`` (``full``: the
+    whole-file SHA-256 whatever the size, what ``data.verify: content`` compares)."""
     out = []
     for source in sources:
         for f in _source_files(source):
@@ -124,13 +131,15 @@ def fingerprints(sources: Sequence[str], hashes: bool = True) -> list[dict]:
             st = os.stat(f["path"])
             rec = {"source": source, "path": f["path"], "size": st.st_size, "mtime_ns": st.st_mtime_ns}
             if hashes:
-                rec["hash_kind"], rec["sha256"] = file_hash(f["path"], st.st_size)
+                rec["hash_kind"], rec["sha256"] = file_hash(f["path"], st.st_size, full=full)
             out.append(rec)
     return out
 
 
-def changed_files(recorded: list[dict], sources: Sequence[str]) -> Optional[str]:
-    """None when the corpus still matches the manifest's fingerprints, else what changed (short)."""
+def changed_files(recorded: list[dict], sources: Sequence[str], content: bool = False) -> Optional[str]:
+    """None when the corpus still matches the manifest's fingerprints, else what changed (short).
+    ``content`` (``data.verify: content``): every local file is hashed whole and compared, whatever its
+    size and mtime say."""
     offline_hub = [s for s in sources if s.startswith("hf:") and offline()]  # trust the manifest offline
     now = fingerprints([s for s in sources if s not in offline_hub], hashes=False)
     now += [r for r in recorded if r["source"] in offline_hub]
@@ -141,14 +150,28 @@ def changed_files(recorded: list[dict], sources: Sequence[str]) -> Optional[str]
         return f"{added[0]} is new" if added else f"{gone[0]} is gone"
     for path, r in new.items():
         o = old[path]
-        if r["size"] == o["size"] and r.get("mtime_ns") == o.get("mtime_ns"):
-            continue
         if r["size"] != o["size"]:
             return f"{path} changed (size {o['size']:,} -> {r['size']:,} bytes)"
+        if content and "mtime_ns" in r:
+            if o.get("hash_kind") != "full":
+                return (f"{path} was fingerprinted by samples when it was packed, so its content cannot be "
+                        "compared (data.verify: content needs a store packed with it)")
+            if file_hash(path, r["size"], full=True)[1] != o["sha256"]:
+                return f"{path} changed (same size, different content)"
+            continue
+        if r.get("mtime_ns") == o.get("mtime_ns"):
+            continue
         if "sha256" in o and file_hash(path, r["size"])[1] == o["sha256"]:
             continue  # touched, same bytes
         return f"{path} changed (same size, different content)"
     return None
+
+
+def corpus_identity(key: str, recorded: list[dict]) -> str:
+    """What a store holds, in 16 hex digits: its key (sources, tokenizer, seq_len, ...) and every source
+    file's path, size and hash as fingerprinted when it was packed (a re-pack of unchanged files keeps it)."""
+    files = sorted((r["path"], r["size"], r.get("sha256")) for r in recorded)
+    return hashlib.sha256(json.dumps([key, files]).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------ manifests
@@ -175,6 +198,11 @@ class StoreInfo:
     @property
     def build_id(self) -> str:
         return str(self.manifest["build_id"])
+
+    @property
+    def identity(self) -> str:
+        """:func:`corpus_identity` of this store: what a checkpoint records and ``--resume`` compares."""
+        return corpus_identity(self.key, self.manifest.get("fingerprints", []))
 
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())

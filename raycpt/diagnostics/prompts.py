@@ -166,6 +166,26 @@ def load_prompt_records(source: str) -> list[PromptRecord]:
     return records
 
 
+MIN_INTERVAL_PROMPTS = 10
+"""Fewer distinct prompts than this: S(b)'s bootstrap-over-prompts interval is printed with a warning (a
+percentile bootstrap of a handful of values covers far less often than it says)."""
+
+
+def check_prompt_set(records: list[PromptRecord], warn=None) -> None:
+    """Refuse a prompt set with a repeated prompt (the same s1 and s2: it would count twice and narrow S(b)'s
+    interval; four copies of one prompt gave a zero-width interval), naming both lines; ``warn`` (one line)
+    when fewer than :data:`MIN_INTERVAL_PROMPTS` prompts are left for the interval."""
+    seen: dict[tuple[str, str], PromptRecord] = {}
+    for r in records:
+        first = seen.setdefault((r.s1, r.s2), r)
+        if first is not r:
+            raise RaycptError(f"prompt file {r.source} line {r.line} repeats line {first.line} (the same s1 and s2): "
+                              "a repeated prompt counts twice and narrows S(b)'s interval; remove the repeats")
+    if len(records) < MIN_INTERVAL_PROMPTS and warn is not None:
+        warn(f"warning: S(b) on {len(records)} prompts: its interval (a bootstrap over prompts) needs at least "
+             f"{MIN_INTERVAL_PROMPTS} to mean much; add prompts or raise trace.max_prompts")
+
+
 def _require_fast(tokenizer) -> None:
     if not getattr(tokenizer, "is_fast", False):
         raise RaycptError(f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer: LayerTracer needs "

@@ -53,8 +53,37 @@ def check_checkpoints(paths: Sequence[str]) -> list[str]:
             if len(inner) != 1:
                 raise RaycptError(f"checkpoint {p} holds no model: expected config.json in it (or in one sub-folder)")
             q = inner[0]
+        if q.is_dir():
+            check_model_files(q, p)
         out.append(str(q.resolve()))
     return out
+
+
+PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def check_model_files(folder: Path, given: str) -> None:
+    """One line for a model folder an evaluation would fail on: no weights, pickle weights only (never
+    unpickled: a pickle can run code), or a folder whose ``manifest.json`` (a raycpt checkpoint's, or
+    ``final_model/``'s) it no longer matches - the same check a resume makes."""
+    from raycpt.train.checkpoint import MANIFEST_FILE, MODEL_DIR, verify_checkpoint
+
+    if not any(folder.glob("*.safetensors")):
+        pickles = sorted(f.name for pat in PICKLE_WEIGHTS for f in folder.glob(pat))
+        if pickles:
+            raise RaycptError(f"checkpoint {given}: {pickles[0]} is pickle weights, which raycpt never loads (a "
+                              "pickle can run code); save the model with safetensors (save_pretrained(..., "
+                              "safe_serialization=True)) and evaluate that folder")
+        raise RaycptError(f"checkpoint {given}: {folder} has config.json but no weights (*.safetensors)")
+    if (folder / MANIFEST_FILE).is_file():
+        why = verify_checkpoint(folder, require=("config.json",))
+    elif folder.name == MODEL_DIR and (folder.parent / MANIFEST_FILE).is_file():
+        why = verify_checkpoint(folder.parent, require=(f"{MODEL_DIR}/config.json",))
+    else:
+        return
+    if why is not None:
+        raise RaycptError(f"checkpoint {given} fails its manifest check: {why} (cut short or damaged); evaluate "
+                          "another checkpoint of the run")
 
 
 def _unique_names(paths: Sequence[str]) -> list[str]:

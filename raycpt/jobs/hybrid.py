@@ -114,6 +114,18 @@ def build_one(plan, folder: Path, progress: bool = False) -> BuiltHybrid:
     return built
 
 
+def refuse_files_in_the_way(root: Path, folders) -> None:
+    """One line, before anything is built, when ``--out`` or one of its build folders is a file: ``--overwrite``
+    replaces a build folder, never a file of the user's."""
+    for p in [root, *folders]:
+        if p.exists() and not p.is_dir():
+            raise RaycptError(f"--out: {p} is a file, not a folder: nothing was written; a build is a folder "
+                              "(--overwrite replaces only folders): move the file or choose another --out")
+    for parent in root.parents:
+        if parent.exists() and not parent.is_dir():
+            raise RaycptError(f"--out {root}: {parent} is a file, not a folder: nothing was written")
+
+
 def build_hybrids(cfg: ExperimentConfig, builds: Optional[list[str]] = None, out: Optional[str] = None,
                   progress: bool = True, overwrite: bool = False) -> tuple[Path, list[BuiltHybrid]]:
     """``raycpt hybrid build``: write every build under ``out/<build>/`` (default: a new run folder).
@@ -123,6 +135,7 @@ def build_hybrids(cfg: ExperimentConfig, builds: Optional[list[str]] = None, out
         root = open_run_dir(cfg, "hybrid-build")
     else:
         root = Path(out).expanduser().resolve()
+        refuse_files_in_the_way(root, [root / p.name for p in plans])
         refuse_existing_outputs([root / p.name for p in plans], overwrite, "--overwrite")
         root.mkdir(parents=True, exist_ok=True)
     built = [build_one(p, root / p.name, progress=progress) for p in plans]

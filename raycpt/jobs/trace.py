@@ -23,6 +23,7 @@ set ``trace.gpus_per_actor=1`` and ``trace.num_actors`` to the GPU count).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +140,7 @@ def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, p
                   top_k: Optional[int] = None) -> _Prepared:
     """Every user-input check of a trace, with no Ray and no MLflow: returns the effective config,
     the resolved model path and depth, and the encoded prompts. Raises RaycptError (one line)."""
-    from raycpt.diagnostics.prompts import encode_prompts, load_prompt_records
+    from raycpt.diagnostics.prompts import check_prompt_set, encode_prompts, load_prompt_records
 
     t = cfg.trace
     splits = list(t.splits if splits is None else splits)
@@ -157,6 +158,7 @@ def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, p
     records = load_prompt_records(prompts)
     if t.max_prompts:
         records = records[:t.max_prompts]
+    check_prompt_set(records, warn=lambda line: print(line, file=sys.stderr, flush=True))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_path)

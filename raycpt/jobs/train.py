@@ -11,16 +11,15 @@ from __future__ import annotations
 from raycpt.config import ExperimentConfig
 
 
-def prepare(cfg: ExperimentConfig, console=None) -> ExperimentConfig:
+def prepare(cfg: ExperimentConfig, console=None):
     """Every check before any run folder or MLflow run: the train settings, the plan and its memory estimate
-    (printed to ``console``), the corpus packed (once) and big enough for this run."""
+    (printed to ``console``), the corpus packed (once) and big enough for this run; the packed store."""
     from raycpt.train.launch import check_train_config, packed_corpus, resolve_model_path
     from raycpt.train.preflight import preflight
 
     check_train_config(cfg)
     preflight(cfg, console)
-    packed_corpus(cfg, resolve_model_path(cfg), quiet=console is None)
-    return cfg
+    return packed_corpus(cfg, resolve_model_path(cfg), quiet=console is None)
 
 
 def execute(cfg: ExperimentConfig, run, resume: bool = False, progress: bool = True):
@@ -34,11 +33,12 @@ def execute(cfg: ExperimentConfig, run, resume: bool = False, progress: bool = T
 
 def run_train(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True):
     """``raycpt train``: :func:`prepare`, then :func:`execute` in the command's run (``--resume``: the newest
-    train run of this config, refused in one line when its saved settings differ)."""
+    train run of this config, refused in one line when its saved settings differ or its newest checkpoint was
+    trained on another pack of the corpus)."""
     from raycpt.runs import command_run
-    from raycpt.train.launch import check_resume_settings
+    from raycpt.train.launch import check_resume_run
 
-    prepare(cfg, console)
+    store = prepare(cfg, console)
     with command_run(cfg, "train", resume=resume, run_name=f"train-{cfg.name}",
-                     on_open=(lambda d: check_resume_settings(d, cfg)) if resume else None) as run:
+                     on_open=(lambda d: check_resume_run(d, cfg, store)) if resume else None) as run:
         return execute(cfg, run, resume=resume, progress=progress)

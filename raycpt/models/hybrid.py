@@ -711,12 +711,15 @@ def save_hybrid(model: PreTrainedModel, tokenizer, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp")
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)  # a file in the way: NotADirectoryError / IsADirectoryError, and no tmp left
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

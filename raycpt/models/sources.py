@@ -234,6 +234,9 @@ def resolve_model(ref: str, cache_dir: str | os.PathLike | None = None, force: b
                     seconds=round(time.perf_counter() - t0, 2))
         (out / SOURCE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
         _publish(out, final, replace)
+    except BaseException:
+        ui.close(erase=True)  # the error is the one line: no half-done step list above it
+        raise
     finally:
         ui.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -508,9 +511,17 @@ class _Progress:
         if self._p is not None and self._task is not None:
             self._p.advance(self._task, n)
 
-    def close(self):
+    def close(self, erase: bool = False):
+        """Stop the display; ``erase`` (a failed pull): remove its lines, so the error line stands alone."""
         if self._p is not None:
-            self._finish()
+            if erase and self._p.console.is_terminal:
+                self._p.live.transient = True  # rich clears a transient display from the terminal when it stops
+            elif erase:  # a pipe or a file: rich would write its final render (and a blank line) now; drop it
+                import io
+
+                self._p.console.file = io.StringIO()
+            else:
+                self._finish()
             self._p.stop()
             self._p = None
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, environment_error
 from raycpt.strategies import LayerPlan, build_plan, is_tied
 from raycpt.train.checkpoint import find_checkpoints, publish_model, verify_model_folder
 from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
@@ -117,12 +117,32 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
 def check_train_config(cfg: ExperimentConfig) -> None:
     t = cfg.train
     check_parallel(t.distributed, t.num_workers)
+    check_worker_cpus(cfg)
     if t.use_gpu:
         import ray
 
         if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) < t.num_workers:
             raise RaycptError(f"train.use_gpu=true with train.num_workers={t.num_workers}, but the Ray cluster has "
                               f"{int(ray.cluster_resources().get('GPU', 0))} GPU(s)")
+
+
+def check_worker_cpus(cfg: ExperimentConfig) -> None:
+    """One line, before Ray Train waits for them, when a local Ray can never hold the run's workers:
+    ``train.num_workers`` x ``train.cpus_per_worker`` beyond its CPUs (Ray Train would wait at "starting
+    workers" forever). A cluster (``ray.address`` / ``RAY_ADDRESS``) may grow, so it is not judged."""
+    import ray
+
+    from raycpt.runtime import cluster_address
+
+    if not ray.is_initialized() or cluster_address(cfg.ray):
+        return
+    t = cfg.train
+    have = float(ray.cluster_resources().get("CPU", 0))
+    need = t.num_workers * float(t.cpus_per_worker)
+    if need > have + 1e-9:
+        raise RaycptError(f"train.num_workers={t.num_workers} x train.cpus_per_worker={t.cpus_per_worker:g} need "
+                          f"{need:g} CPUs; this Ray has {have:g} (ray.num_cpus): lower train.num_workers or "
+                          "train.cpus_per_worker, or raise ray.num_cpus")
 
 
 # ------------------------------------------------------------------------------------ checkpoints
@@ -302,6 +322,8 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
             resumed_step, ckpt = found
             resume_from = str(ckpt)
     store = packed_corpus(cfg, model_path, quiet=not progress)
+    if resume_from is not None:
+        check_resume_data(Path(resume_from), store)
     return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
                      resumed_step=resumed_step, store=store, n_blocks=store.num_blocks)
 
@@ -330,7 +352,8 @@ def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: 
     loop_config = {
         "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
         "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": prep.resume_from,
-        "store": str(prep.store.path), "store_build": prep.store.build_id, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
+        "store": str(prep.store.path), "store_build": prep.store.build_id, "store_key": prep.store.key,
+        "store_identity": prep.store.identity, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
     }
     if evaluate:
@@ -455,6 +478,42 @@ def check_resume_settings(run_dir: Path, cfg: ExperimentConfig) -> None:
                           "them): drop the change, or start a new run without --resume")
 
 
+def resume_data_mismatch(recorded: Optional[dict], store) -> Optional[str]:
+    """None when a checkpoint's ``data`` record (``train_state.json``) names the packed store ``store``
+    holds now, else what differs, in a few words. A record without a store (an older raycpt) passes."""
+    rec = recorded or {}
+    if rec.get("store_identity"):
+        if rec.get("store_key") not in (None, store.key):
+            return f"packed store {rec['store_key']}, now {store.key}"
+        if rec["store_identity"] != store.identity:
+            return f"corpus {rec['store_identity']}, now {store.identity} (the corpus files changed and were re-packed)"
+        return None
+    if rec.get("store_build") and rec["store_build"] != store.build_id:
+        return f"store build {rec['store_build'][:12]}, now {store.build_id[:12]} (the corpus was re-packed)"
+    return None
+
+
+def check_resume_data(ckpt: Path, store) -> None:
+    """One line when the checkpoint ``--resume`` would continue from was trained on another pack than ``store``:
+    the remaining steps would silently read other tokens."""
+    from raycpt.train.checkpoint import STATE_JSON
+
+    why = resume_data_mismatch(_read_json(Path(ckpt) / STATE_JSON).get("data"), store)
+    if why is not None:
+        raise RaycptError(f"--resume: checkpoint {ckpt} was trained on other data ({why}): its remaining steps would "
+                          "read other tokens. Start fresh: the same command without --resume makes a new run (or "
+                          "restore the corpus it was trained on and re-pack it with `raycpt data prepare --rebuild`)")
+
+
+def check_resume_run(run_dir: Path, cfg: ExperimentConfig, store) -> None:
+    """``--resume`` of ``run_dir``: its settings (:func:`check_resume_settings`) and the pack its newest
+    checkpoint read (:func:`check_resume_data`), before the run's MLflow run is touched."""
+    check_resume_settings(run_dir, cfg)
+    found = latest_checkpoint(run_dir)
+    if found is not None:
+        check_resume_data(found[1], store)
+
+
 def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
     d = _read_json(run_dir / "train_result.json")
     return TrainResult(run_dir=run_dir, final_model_dir=Path(d["final_model_dir"]), losses=d["losses"],
@@ -473,6 +532,8 @@ def _training_error(e: Exception) -> Exception:
         seen.add(id(cur))
         if isinstance(cur, RaycptError):
             return cur
+        if environment_error(cur) is not None:  # a full disk / unwritable folder in a worker: one line
+            return environment_error(cur)
         nxt = getattr(cur, "cause", None) or cur.__cause__
         if nxt is None:
             errs = getattr(cur, "worker_failures", None)

@@ -698,7 +698,9 @@ def _train(w: _Worker, data, state: LoopState) -> dict:
             why = checkpoint(w.session, w.model, w.wrapped, w.tokenizer, w.optimizer, w.scheduler, step, w.history,
                              w.plan, w.fsdp, data_pos={"micro_batches_consumed": step * tcfg.grad_accum,
                                                        "epoch": metrics["epoch"],
-                                                       "store_build": w.config.get("store_build")},
+                                                       "store_build": w.config.get("store_build"),
+                                                       "store_key": w.config.get("store_key"),
+                                                       "store_identity": w.config.get("store_identity")},
                              metrics={"step": step, "loss": metrics["loss"]},
                              dtype=weights_dtype(tcfg.precision, w.device))
             if why is not None:  # never a checkpoint from non-finite weights

@@ -179,3 +179,26 @@ def test_token_straddling_real_characters_still_refused():
     tok = space_joining_tokenizer()
     with pytest.raises(RaycptError, match=r"falls inside token ' hot'"):  # " ho" + "t": a space AND a letter in s1
         encode_prompt(PromptRecord("Example: ho", "t->Cold; Query: big->", "g"), tok)
+
+
+def test_a_repeated_prompt_is_refused_naming_both_lines_and_a_small_set_is_warned(tmp_path):
+    """Issue 27: four copies of one prompt gave `S(b) on 4 prompts` with a zero-width interval and no word."""
+    import json as _json
+
+    from raycpt.diagnostics.prompts import MIN_INTERVAL_PROMPTS, check_prompt_set, load_prompt_records
+    from raycpt.errors import RaycptError as _Err
+
+    rec = {"s1": "Example: hot->cold; Query: up->", "s2": "down", "group": "antonym"}
+    other = {**rec, "s2": "low"}
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(_json.dumps(r) for r in (rec, other, rec)) + "\n")
+    with pytest.raises(_Err, match=r"p.jsonl line 3 repeats line 1 \(the same s1 and s2\)"):
+        check_prompt_set(load_prompt_records(str(f)))
+    warned = []
+    f.write_text("\n".join(_json.dumps({**rec, "s2": f"w{i}"}) for i in range(MIN_INTERVAL_PROMPTS - 1)) + "\n")
+    check_prompt_set(load_prompt_records(str(f)), warn=warned.append)
+    assert len(warned) == 1 and f"S(b) on {MIN_INTERVAL_PROMPTS - 1} prompts" in warned[0]
+    f.write_text("\n".join(_json.dumps({**rec, "s2": f"w{i}"}) for i in range(MIN_INTERVAL_PROMPTS)) + "\n")
+    warned.clear()
+    check_prompt_set(load_prompt_records(str(f)), warn=warned.append)
+    assert warned == []

@@ -12,8 +12,11 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from raycpt.config import load_config
 
@@ -71,3 +74,60 @@ def test_raycpt_ui_prints_the_runs_url(tmp_path):
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(timeout=30)
+
+
+def _files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow  # starts the real mlflow ui: ~3 min on a contended 2-core machine
+def test_raycpt_ui_serves_no_writable_artifact_store_and_still_shows_a_runs_files(tmp_path):
+    """Issue 27: MLflow's default `ui` serves an unauthenticated artifact proxy writing under `<cwd>/mlartifacts`;
+    `raycpt ui` refuses a local PUT (no such endpoint), writes nothing, and still serves a run's own files."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.tracking import ensure_store
+
+    runs, cwd = tmp_path / "runs", tmp_path / "cwd"
+    cwd.mkdir()
+    cfg = load_config(None, [f"tracking.run_root={runs}"])
+    cfg.tracking.run_root = str(runs)
+    exp_id = ensure_store(cfg.tracking)
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    run_id = client.create_run(exp_id).info.run_id
+    (tmp_path / "notes.txt").write_text("logged by a run")
+    client.log_artifact(run_id, str(tmp_path / "notes.txt"))
+    mlflow.set_tracking_uri(None)
+    before = _files_under(runs) | {f"cwd/{f}" for f in _files_under(cwd)}
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="300")
+    p = subprocess.Popen([sys.executable, "-m", "raycpt", "ui", f"tracking.run_root={runs}", "--port", str(port)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline, shown = time.time() + 240, None
+        while time.time() < deadline and p.poll() is None:
+            try:
+                with urllib.request.urlopen(f"{base}/get-artifact?path=notes.txt&run_uuid={run_id}", timeout=5) as r:
+                    shown = r.read().decode()
+                break
+            except OSError:
+                time.sleep(1)
+        assert shown == "logged by a run"  # the UI reads a run's files from the run's own artifact location
+        codes = []
+        for prefix in ("api", "ajax-api"):
+            req = urllib.request.Request(f"{base}/{prefix}/2.0/mlflow-artifacts/artifacts/planted.txt", data=b"x",
+                                         method="PUT")
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    codes.append(r.status)
+            except urllib.error.HTTPError as e:
+                codes.append(e.code)
+        assert all(c >= 400 for c in codes), codes  # MLflow's default answers 200 and writes the file
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+    after = _files_under(runs) | {f"cwd/{f}" for f in _files_under(cwd)}
+    assert not any("planted" in f for f in after) and not (cwd / "mlartifacts").exists()
+    assert {f for f in after - before if not f.endswith(("-wal", "-shm", "-journal"))} == set()
