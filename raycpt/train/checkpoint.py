@@ -104,10 +104,14 @@ def _files(folder: Path) -> list[str]:
 
 # ------------------------------------------------------------------------------------ manifest
 
-def write_manifest(folder, step: int, finite: bool, extra: Optional[dict] = None) -> Path:
-    """Write ``manifest.json`` over every other file of ``folder`` (call it last)."""
+def write_manifest(folder, step: int, finite: bool, extra: Optional[dict] = None, known: Optional[dict] = None
+                   ) -> Path:
+    """Write ``manifest.json`` over every other file of ``folder`` (call it last). ``known``: entries already
+    checked (the links to verified base shards), taken as they are instead of hashed again."""
     folder = Path(folder)
-    files = {rel: {"size": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)} for rel in _files(folder)}
+    known = known or {}
+    files = {rel: known.get(rel) or {"size": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)}
+             for rel in _files(folder)}
     doc = {"format": MANIFEST_FORMAT, "step": int(step), "finite": bool(finite), "files": files,
            "time": time.time(), **(extra or {})}
     tmp = folder / f".{MANIFEST_FILE}.{uuid.uuid4().hex[:8]}.tmp"
@@ -411,36 +415,75 @@ def copy_file(src: Path, dst: Path) -> str:
     return "copy"
 
 
-def publish_model(ckpt, dest) -> dict:
+def sweep_leftovers(dest) -> list[Path]:
+    """Remove the hidden ``.<name>.<id>`` folders a publish of ``dest`` killed mid-way left beside it."""
+    dest = Path(dest)
+    gone = [p for p in dest.parent.glob(f".{dest.name}.*") if p.is_dir() and not p.is_symlink()]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+def publish_model(ckpt, dest, base_shards=None) -> dict:
     """Publish a verified checkpoint's ``model/`` as ``dest`` (atomically: written aside, checked
     against the checkpoint's sha256s, renamed into place) with its own ``manifest.json``.
 
+    ``base_shards`` (a folder of :func:`raycpt.models.shards.ensure_base_shards` in the checkpoint's dtype):
+    the weights are not copied; the decoder layers (and the rest) equal to the base bit for bit become
+    relative links to its verified shards, the others go into one ``model-trained.safetensors``
+    (how = ``reference``). Leftovers of a publish killed mid-way are removed first.
+
     Raises RaycptError when the checkpoint fails verification. Returns
-    ``{"files", "bytes", "seconds", "how"}`` (how = reflink or copy)."""
+    ``{"files", "bytes", "seconds", "how"}`` (how = reflink, copy or reference; bytes = bytes written)."""
     ckpt, dest = Path(ckpt), Path(dest)
     why = verify_checkpoint(ckpt)
     if why is not None:
         raise RaycptError(f"checkpoint {ckpt} fails its manifest check ({why}): not published")
     t0 = time.perf_counter()
+    sweep_leftovers(dest)
     files = {rel[len(MODEL_DIR) + 1:]: meta for rel, meta in read_manifest(ckpt)["files"].items()
              if rel.startswith(MODEL_DIR + "/")}
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-    how, total = set(), 0
     try:
+        tmp.mkdir(parents=True)
+        if base_shards is not None:
+            how, known = {"reference"}, _publish_weights_by_reference(ckpt, files, tmp, dest, Path(base_shards))
+            files = {rel: meta for rel, meta in files.items() if not _is_weights(rel)}
+        else:
+            how, known = set(), {}
+        total = 0
         for rel, meta in files.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             how.add(copy_file(ckpt / MODEL_DIR / rel, tmp / rel))
             if _sha256(tmp / rel) != meta["sha256"]:
                 raise RaycptError(f"publishing {ckpt}: the copy of {rel} differs from the checkpoint's")
             total += meta["size"]
-        write_manifest(tmp, checkpoint_step(ckpt), finite=True, extra={"source": str(ckpt)})
+        if base_shards is not None:
+            total += sum(p.stat().st_size for p in tmp.iterdir() if p.is_file() and not p.is_symlink()
+                         and p.name not in files)
+        write_manifest(tmp, checkpoint_step(ckpt), finite=True, extra={"source": str(ckpt)}, known=known)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"files": len(files), "bytes": total, "seconds": time.perf_counter() - t0,
-            "how": "reflink" if how == {"reflink"} else "copy"}
+    return {"files": len(list(Path(dest).iterdir())), "bytes": total, "seconds": time.perf_counter() - t0,
+            "how": "reference" if "reference" in how else "reflink" if how == {"reflink"} else "copy"}
+
+
+def _is_weights(rel: str) -> bool:
+    return rel.endswith(".safetensors") or rel.endswith(".safetensors.index.json")
+
+
+def _publish_weights_by_reference(ckpt: Path, files: dict, tmp: Path, dest: Path, shards: Path) -> dict:
+    """The checkpoint's weights (already verified) into ``tmp`` as trained tensors + links to the base shards."""
+    from raycpt.models.shards import read_shards, read_tensors, write_referencing_weights
+
+    groups = read_shards(shards)
+    if groups is None:
+        raise RaycptError(f"the base shards {shards} fail their sha256 check: remove that folder and run again")
+    tensors = read_tensors(ckpt / MODEL_DIR)
+    return write_referencing_weights(tensors, shards, groups, tmp, dest)
 
 
 def verify_model_folder(folder) -> Optional[str]:

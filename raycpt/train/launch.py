@@ -33,7 +33,8 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import LayerPlan, build_plan, is_tied
-from raycpt.train.checkpoint import find_checkpoints, publish_model, verify_model_folder
+from raycpt.train.checkpoint import (find_checkpoints, publish_model, read_manifest, sweep_leftovers,
+                                     verify_model_folder)
 from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
 from raycpt.train.parallel import check_parallel
 
@@ -266,10 +267,32 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         loop_config = _loop_config(cfg, run_dir, prep, run_id, ray_name, faults, callbacks, evaluate)
         _fit(cfg, run_dir, prep, loop_config, ray_name, progress, t_start)
         _check_status(run_dir)
-        ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints)
+        ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, prep))
         res = _summarize(cfg, run_dir, prep, run_id, ckpt_dir, t_start)
         write_state(run_dir, status="finished", wall_s=res.wall_s, events=len(read_events(run_dir / METRICS_FILE)))
+    if not cfg.train.keep_finished_checkpoints:
+        drop_checkpoints(run_dir)
     return res
+
+
+def _base_shards(cfg: ExperimentConfig, prep: "_Prepared"):
+    """With ``train.publish: reference``, a function of the checkpoint's weights dtype giving the base model's
+    per-layer shards folder (written once per run root); None = publish by copy."""
+    if cfg.train.publish != "reference":
+        return None
+    from raycpt.io import run_root
+    from raycpt.models.shards import ensure_base_shards
+
+    return lambda dtype: ensure_base_shards(prep.model_path, run_root(cfg.tracking) / "base_shards", dtype)
+
+
+def drop_checkpoints(run_dir: Path) -> list[Path]:
+    """Delete every checkpoint of a finished run (weights and optimizer state): ``final_model/`` holds what it
+    trained and nothing resumes a finished run (``train.keep_finished_checkpoints: false``)."""
+    gone = [d for d in Path(run_dir, "ray").glob("*/checkpoint_*") if d.is_dir()]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone
 
 
 def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> tuple[Optional[Path], dict]:
@@ -280,10 +303,12 @@ def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> t
     if run_dir is None and resume:
         run_dir = open_run_dir(cfg, "train", resume=True)
         check_resume_settings(run_dir, cfg)
+        sweep_leftovers(run_dir / FINAL_MODEL)
     elif run_dir is not None:
         run_dir = Path(run_dir).resolve()
         _make_absolute(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
+        sweep_leftovers(run_dir / FINAL_MODEL)  # a publish killed mid-way (kill -9) left its hidden copy
         if not (resume and (run_dir / "config.yaml").is_file()):  # a resume keeps the config it was made with
             save_config(cfg, run_dir / "config.yaml")
     return run_dir, (read_state(run_dir) if run_dir is not None else {})
@@ -385,13 +410,15 @@ def _check_status(run_dir: Path) -> None:
         raise RaycptError(f"training stopped at step {status['step']}: {what}; the last good checkpoint is {where}")
 
 
-def _publish(run_dir: Path, keep: int) -> Path:
-    """Publish the newest checkpoint's model as ``final_model/`` and prune old checkpoints; the checkpoint."""
+def _publish(run_dir: Path, keep: int, base_shards=None) -> Path:
+    """Publish the newest checkpoint's model as ``final_model/`` and prune old checkpoints; the checkpoint.
+    ``base_shards``: see :func:`_base_shards` (None = a verified copy, or reflink, never a hard link)."""
     found = latest_checkpoint(run_dir)
     ckpt_dir = found[1] if found else None
     if ckpt_dir is None:
         raise RuntimeError(f"training finished but left no checkpoint under {run_dir / 'ray'}")
-    published = publish_model(ckpt_dir, run_dir / FINAL_MODEL)  # a verified copy (or reflink), never a hard link
+    shards = base_shards((read_manifest(ckpt_dir) or {}).get("weights_dtype", "float32")) if base_shards else None
+    published = publish_model(ckpt_dir, run_dir / FINAL_MODEL, base_shards=shards)
     log.info("final_model: %d files, %.0f MB by %s in %.2fs", published["files"], published["bytes"] / 1e6,
              published["how"], published["seconds"])
     prune_checkpoints(run_dir, keep)
