@@ -224,7 +224,7 @@ def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress
     tdir = trial.dir / "train"
     train = run_training(tcfg, run_dir=tdir, resume=(tdir / "state.json").exists() or (tdir / "ray").exists(),
                          parent_run_id=trial.parent_run_id, mlflow_run_id=trial.run.run_id, name=name,
-                         progress=progress, evaluate=req)
+                         progress=progress, evaluate=req, in_process=trial.threads is not None)
     ev, heldout = final_evaluation(train.final_model_dir, tcfg.eval, req, threads=trial.threads)
     return train, ev, heldout
 

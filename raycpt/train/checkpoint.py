@@ -384,7 +384,9 @@ def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, h
     rngs = session.all_gather_object(rng_state())
     tmp = None
     if session.rank == 0:
-        tmp = tempfile.mkdtemp(prefix=f"raycpt-ckpt-{step:06d}-")
+        scratch = getattr(session, "checkpoint_scratch", lambda: None)()
+        tmp = tempfile.mkdtemp(prefix=f".raycpt-ckpt-{step:06d}-" if scratch else f"raycpt-ckpt-{step:06d}-",
+                               dir=scratch)
         write_checkpoint(tmp, model=model, tokenizer=tokenizer, msd=msd, osd=osd,
                          scheduler_state=scheduler.state_dict(), rngs=rngs, step=step, history=history,
                          plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype)

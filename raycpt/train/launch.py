@@ -217,7 +217,8 @@ class _Prepared:
 def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
                  parent_run_id: Optional[str] = None, mlflow_run_id: Optional[str] = None,
                  name: Optional[str] = None, progress: bool = False, faults: Optional[dict] = None,
-                 callbacks: Optional[list] = None, evaluate: Optional[EvalRequest] = None) -> TrainResult:
+                 callbacks: Optional[list] = None, evaluate: Optional[EvalRequest] = None,
+                 in_process: bool = False) -> TrainResult:
     """Train ``cfg.model`` with ``cfg.plan`` on ``cfg.data`` under a Ray ``TorchTrainer``.
 
     ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
@@ -225,6 +226,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (an :class:`EvalRequest`) makes
     the workers evaluate the final weights with ``cfg.eval`` (each its share of the questions, gathered on
     rank 0) in the worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray.
+    ``in_process`` (a grid trial): a run of one CPU worker runs in this process, Train V2's local mode
+    (:func:`local_mode`), instead of starting a worker group for it.
 
     The steps: :func:`_open_run` (the folder; a finished run resumed returns its saved result) ->
     :func:`_prepare` (validate, plan, checkpoint to resume, corpus) -> in the MLflow run:
@@ -265,11 +268,16 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
                     model_path=prep.model_path, plan=prep.plan.to_dict(), prepare_s=round(time.time() - t_start, 3))
         _log_start(cfg, run_dir, prep)
         loop_config = _loop_config(cfg, run_dir, prep, run_id, ray_name, faults, callbacks, evaluate)
+        loop_config["local_mode"] = local_mode(cfg, in_process)
+        clock = {"fit_start": time.time(), "local_mode": loop_config["local_mode"]}  # the phases' wall times
         _fit(cfg, run_dir, prep, loop_config, ray_name, progress, t_start)
+        clock["fit_end"] = time.time()
         _check_status(run_dir)
         ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, prep))
+        clock["published"] = time.time()
         res = _summarize(cfg, run_dir, prep, run_id, ckpt_dir, t_start)
-        write_state(run_dir, status="finished", wall_s=res.wall_s, events=len(read_events(run_dir / METRICS_FILE)))
+        write_state(run_dir, status="finished", wall_s=res.wall_s, events=len(read_events(run_dir / METRICS_FILE)),
+                    clock={**clock, "summarized": time.time(), "start": t_start})
     if not cfg.train.keep_finished_checkpoints:
         drop_checkpoints(run_dir)
     return res
@@ -376,9 +384,10 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
     resources = {"CPU": t.cpus_per_worker}
     if t.use_gpu:
         resources["GPU"] = 1
+    scaling = ScalingConfig(num_workers=0) if loop_config.get("local_mode") else \
+        ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources)
     trainer = TorchTrainer(
-        train_loop_per_worker, train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources),
+        train_loop_per_worker, train_loop_config=loop_config, scaling_config=scaling,
         run_config=RunConfig(name=ray_name, storage_path=str(run_dir / "ray"),
                              failure_config=FailureConfig(max_failures=t.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),
@@ -393,6 +402,16 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
             if err is e:
                 raise
             raise err from None
+
+
+def local_mode(cfg: ExperimentConfig, in_process: bool) -> bool:
+    """Whether the run uses Train V2's local mode (``ScalingConfig(num_workers=0)``: the same ``TorchTrainer`` and
+    loop, in the calling process, no worker group): only in a process that holds the run's resources already (a
+    grid trial, ``in_process``) and for one CPU worker (world size 1: nothing is distributed). A failure there
+    ends the trial, which Tune retries from the last checkpoint (``train.max_failures`` counts worker restarts
+    of a worker group only)."""
+    t = cfg.train
+    return bool(in_process) and t.num_workers == 1 and not t.use_gpu
 
 
 def _check_status(run_dir: Path) -> None:
