@@ -319,14 +319,45 @@ def save_model_folder(model, tokenizer, state_dict: Optional[dict], out: Path,
     return out
 
 
+def save_model_by_reference(model, tokenizer, state_dict: dict, out: Path, dtype: torch.dtype, shards) -> dict:
+    """:func:`save_model_folder` whose weights equal to the base bit for bit are links to the base model's
+    per-layer ``shards`` (:mod:`raycpt.models.shards`, in ``dtype``); the rest in one file, an index naming every
+    tensor's file. ``out``'s final place must sit at the same depth (a sibling folder renamed into place).
+    Returns the links' manifest entries (their sha256 as the shards recorded and checked it)."""
+    from raycpt.models.shards import read_shards, write_referencing_weights
+
+    groups = read_shards(shards)
+    if groups is None:
+        raise RaycptError(f"the base shards {shards} fail their sha256 check: remove that folder and run again")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_model_folder(model, tokenizer, {}, out, dtype=dtype)  # config, generation config, tokenizer; no weights
+    base_names = {t for g in groups.values() for t in g["tensors"]}
+    seen, tensors = {}, {}
+    for k, v in state_dict.items():  # a tied name (lm_head.weight) the base stores once is dropped, as HF does
+        key = (v.data_ptr(), tuple(v.shape))
+        if k not in base_names and key in seen:
+            continue
+        seen.setdefault(key, k)
+        tensors[k] = v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu()
+    return write_referencing_weights(tensors, Path(shards), groups, out, out)
+
+
 def write_checkpoint(folder, *, model, tokenizer, msd: dict, osd: dict, scheduler_state: dict, rngs: list[dict],
                      step: int, history: list[float], plan: dict, plan_text: str, data_pos: dict,
-                     dtype: torch.dtype = torch.float32) -> Path:
-    """Write a complete checkpoint into ``folder`` (see the module docstring), manifest last.
+                     dtype: torch.dtype = torch.float32, base_shards=None) -> Path:
+    """Write a complete checkpoint into ``folder`` (see the module docstring), manifest last. ``base_shards``:
+    ``model/`` links the layers equal to the base to its shards (:func:`save_model_by_reference`; ``folder``
+    is renamed to a sibling afterwards, so the relative links hold).
 
     ``msd`` must be finite (the caller checks with :func:`all_finite`)."""
     folder = Path(folder)
-    save_model_folder(model, tokenizer, msd, folder / MODEL_DIR, dtype=dtype)
+    known = {}
+    if base_shards is not None:
+        links = save_model_by_reference(model, tokenizer, msd, folder / MODEL_DIR, dtype, base_shards)
+        known = {f"{MODEL_DIR}/{rel}": meta for rel, meta in links.items()}
+    else:
+        save_model_folder(model, tokenizer, msd, folder / MODEL_DIR, dtype=dtype)
     rng_tensors, rng_plain = split_rng(rngs)
     tensors = {"optimizer": osd, "scheduler": scheduler_state, "rng": rng_tensors}
     if dtype != torch.float32:  # the float32 master weights of what trains (the rest is the base model)
@@ -337,7 +368,7 @@ def write_checkpoint(folder, *, model, tokenizer, msd: dict, osd: dict, schedule
                "plan_dict": plan, "losses": list(history), "rng": rng_plain,
                "weights_dtype": str(dtype).replace("torch.", ""), "time": time.time()}
     (folder / STATE_JSON).write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False), encoding="utf-8")
-    write_manifest(folder, step, finite=True, extra={"weights_dtype": summary["weights_dtype"]})
+    write_manifest(folder, step, finite=True, extra={"weights_dtype": summary["weights_dtype"]}, known=known)
     return folder
 
 
@@ -389,7 +420,8 @@ def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, h
                                dir=scratch)
         write_checkpoint(tmp, model=model, tokenizer=tokenizer, msd=msd, osd=osd,
                          scheduler_state=scheduler.state_dict(), rngs=rngs, step=step, history=history,
-                         plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype)
+                         plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype,
+                         base_shards=getattr(session, "base_shards", None))
     del msd, osd
     try:
         session.report(metrics, tmp, step)

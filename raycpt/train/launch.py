@@ -269,6 +269,11 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         _log_start(cfg, run_dir, prep)
         loop_config = _loop_config(cfg, run_dir, prep, run_id, ray_name, faults, callbacks, evaluate)
         loop_config["local_mode"] = local_mode(cfg, in_process)
+        if loop_config["local_mode"] and _base_shards(cfg, prep):  # checkpoints link the frozen layers too
+            from raycpt.train.checkpoint import weights_dtype
+
+            dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
+            loop_config["base_shards"] = str(_base_shards(cfg, prep)(dtype))
         clock = {"fit_start": time.time(), "local_mode": loop_config["local_mode"]}  # the phases' wall times
         _fit(cfg, run_dir, prep, loop_config, ray_name, progress, t_start)
         clock["fit_end"] = time.time()

@@ -415,9 +415,12 @@ class InProcessSession(_Session):
     each checkpoint beside its place, ``<checkpoint_root>/checkpoint_<step>``, renames it in and keeps the
     newest ``keep``: the same folders a worker group's checkpoints land in, so resume finds them alike."""
 
-    def __init__(self, checkpoint_root: str, keep: int = 2):
+    def __init__(self, checkpoint_root: str, keep: int = 2, base_shards: Optional[str] = None):
         self.root = Path(checkpoint_root)
         self.keep = max(1, int(keep))
+        self.base_shards = base_shards
+        """The base model's per-layer shards (``train.publish: reference``): each checkpoint's ``model/`` links the
+        layers equal to the base instead of writing them (:func:`raycpt.train.checkpoint.save_model_by_reference`)."""
 
     @contextlib.contextmanager
     def checkpoint_dir(self, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None):
@@ -553,7 +556,8 @@ def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point (see the module docstring for the config keys; ``local_mode``: Train V2's local
     mode, the loop in the calling process, :class:`InProcessSession`)."""
     if config.get("local_mode"):
-        run_loop(config, InProcessSession(config["checkpoint_root"], config["cfg"]["train"]["keep_checkpoints"]))
+        run_loop(config, InProcessSession(config["checkpoint_root"], config["cfg"]["train"]["keep_checkpoints"],
+                                          config.get("base_shards")))
     else:
         run_loop(config, RaySession())
 

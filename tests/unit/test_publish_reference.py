@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from raycpt.models.shards import INDEX_FILE, TRAINED_FILE, ensure_base_shards, group_of
 from raycpt.train.checkpoint import publish_model, verify_model_folder
-from raycpt.train.loop import LocalSession, run_loop
+from raycpt.train.loop import InProcessSession, LocalSession, run_loop
 from test_train_loop import _blocks, _loop_config
 
 
@@ -90,3 +90,41 @@ def test_a_publish_killed_midway_is_swept_on_the_next_start(tiny_dir, trained, t
     publish_model(trained, run_dir / "final_model")  # a publish also sweeps first
     assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".final_model")) == [".final_model_notes"]
     assert verify_model_folder(run_dir / "final_model") is None
+
+
+class _Blocks(InProcessSession):
+    """The in-process session of Train V2's local mode, reading test blocks instead of a packed store."""
+
+    def batches(self, config):
+        from raycpt.data.stream import ArrayBlocks
+
+        return ArrayBlocks(_blocks())
+
+
+def test_in_process_checkpoints_link_frozen_layers_and_resume_exactly(tiny_dir, tmp_path):
+    """InProcessSession with base shards: checkpoints renamed into place, frozen layers linked, the newest
+    ``keep`` kept; the same losses as the plain session; a resume from a linked checkpoint continues exactly."""
+    from raycpt.train.checkpoint import verify_checkpoint
+
+    common = dict(max_steps=4, checkpoint_every=1, keep_checkpoints=2, lr=0.01, micro_batch_size=2)
+    plain = run_loop(_loop_config(tiny_dir, tmp_path / "p", dict(name="train_deep", split=0.5), **common),
+                     LocalSession(_blocks(), tmp_path / "p" / "ckpts"))
+    shards = ensure_base_shards(tiny_dir, tmp_path / "base_shards", "float32")
+    root = tmp_path / "r" / "ray" / "attempt"
+    cfg = _loop_config(tiny_dir, tmp_path / "r", dict(name="train_deep", split=0.5), **common)
+    linked = run_loop(cfg, _Blocks(str(root), 2, str(shards)))
+    assert linked["losses"] == plain["losses"]
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_000003", "checkpoint_000004"]  # nothing hidden left
+    c3 = root / "checkpoint_000003"
+    assert verify_checkpoint(c3) is None
+    assert sorted(p.name for p in (c3 / "model").iterdir() if p.is_symlink()) == \
+        ["layer-000.safetensors", "layer-001.safetensors", "rest.safetensors"]
+    ref = _tensors(tmp_path / "p" / "ckpts" / "checkpoint_000003" / "model" / "model.safetensors")
+    from transformers import AutoModelForCausalLM
+
+    got = AutoModelForCausalLM.from_pretrained(str(c3 / "model"), dtype=torch.float32).state_dict()
+    assert all(_bits(got[k]) == _bits(ref[k]) for k in ref)
+    cfg_b = _loop_config(tiny_dir, tmp_path / "b", dict(name="train_deep", split=0.5), **common)
+    cfg_b["resume_from"] = str(c3)
+    resumed = run_loop(cfg_b, _Blocks(str(tmp_path / "b" / "ray" / "a2"), 2, str(shards)))
+    assert resumed["losses"] == plain["losses"]  # the step-4 loss after a resume from the linked step-3 checkpoint
