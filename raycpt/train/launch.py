@@ -302,7 +302,8 @@ def _base_shards(cfg: ExperimentConfig, prep: "_Prepared"):
 def drop_checkpoints(run_dir: Path) -> list[Path]:
     """Delete every checkpoint of a finished run (weights and optimizer state): ``final_model/`` holds what it
     trained and nothing resumes a finished run (``train.keep_finished_checkpoints: false``)."""
-    gone = [d for d in Path(run_dir, "ray").glob("*/checkpoint_*") if d.is_dir()]
+    ray_dir = Path(run_dir, "ray")  # with the half-written ones a killed local-mode run left (.raycpt-ckpt-*)
+    gone = [d for d in [*ray_dir.glob("*/checkpoint_*"), *ray_dir.glob("*/.raycpt-ckpt-*")] if d.is_dir()]
     for d in gone:
         shutil.rmtree(d, ignore_errors=True)
     return gone
