@@ -29,7 +29,8 @@ def test_local_mode_same_losses_reference_publish_and_resume_after_finish(ray_lo
     assert local.losses == group.losses  # the same loop, the same threads: the same floats
     state = json.loads((local.run_dir / "state.json").read_text())
     assert state["clock"]["local_mode"] is True
-    assert json.loads((group.run_dir / "state.json").read_text())["clock"]["local_mode"] is False
+    group_state = json.loads((group.run_dir / "state.json").read_text())
+    assert group_state["clock"]["local_mode"] is False
     assert sorted(p.name for p in (group.run_dir / "ray").glob("*/checkpoint_*") if p.is_dir()) == \
         ["checkpoint_000002", "checkpoint_000004"]
     assert [p for p in (local.run_dir / "ray").glob("*/checkpoint_*") if p.is_dir()] == []  # finished: nothing to resume from
