@@ -40,6 +40,9 @@ COMMANDS: dict[str, Row] = {
                  "strategy at every split on Ray Tune; print the summary.", (
                      Opt("splits", S, SPLITS, "sweep.splits", floats("--splits")),
                      Opt("strategies", S, "e.g. train_shallow,train_deep (full runs once)", "sweep.strategies"),
+                     Opt("keep_checkpoints", B, "keep each finished trial's checkpoints with their optimizer state "
+                         "(default: only final_model/, which links its frozen layers to the base model's shards)",
+                         "sweep.keep_checkpoints", lambda v: "true", flag="--keep-checkpoints", default=False),
                      RESUME)),
     "trace": Row("raycpt.jobs.trace:run_trace", "render_trace", "LayerTracer: Task Particle and Layer-wise "
                  "Sensitivity per layer, S(b) per split, recommended split.", (
@@ -127,7 +130,7 @@ def overrides_of(row: Row, options: dict) -> tuple[list[str], dict]:
             continue
         if o.key is None:
             kwargs[o.name] = o.conv(value) if o.conv is not None and value is not None else value
-        elif value is not None:
+        elif value is not None and value is not False:  # a flag not given leaves its key to the config
             overrides.append(f"{o.key}={(o.conv or str)(value)}")
     return overrides, kwargs
 

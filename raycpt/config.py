@@ -222,6 +222,13 @@ class TrainConfig:
     """Save a checkpoint every N optimizer steps (and at the end)."""
     keep_checkpoints: int = 2
     """Keep the last K checkpoints."""
+    keep_finished_checkpoints: bool = True
+    """Keep the checkpoints (optimizer state included) once the run has finished and published ``final_model/``;
+    false = delete them then (a sweep's trials, unless ``sweep.keep_checkpoints``): nothing resumes a finished run."""
+    publish: Literal["copy", "reference"] = "copy"
+    """How ``final_model/`` gets its weights: copy (a folder that stands alone), or reference (the layers equal to
+    the base model become links to its per-layer shards under ``<run_root>/base_shards``, written once per run root:
+    a sweep's trials store only what they trained; ``from_pretrained`` loads either)."""
     max_failures: int = 2
     """Worker failures tolerated (resume from the last checkpoint)."""
     log_every: int = 1
@@ -365,6 +372,9 @@ class SweepConfig:
     """Held-out documents (never trained on) on which every trial's final model gets a held-out LM loss,
     shown next to its scores; 0 = off. An evenly spaced sample of those ``data.heldout_share`` holds out
     across the corpus, or (share 0) the documents after the first ``data.max_documents``."""
+    keep_checkpoints: bool = False
+    """Keep each finished trial's checkpoints (weights and optimizer state); false = a finished trial keeps only its
+    ``final_model/``, whose frozen layers reference the base model's shards (``train.publish: reference``)."""
     trial_resources: dict[str, float] = field(default_factory=dict)
     """Extra Ray resources each trial's first bundle asks for, e.g. ``{trial_node: 1}`` puts trials
     only on nodes started with ``ray start --resources='{"trial_node": 8}'`` (see cluster/README.md)."""

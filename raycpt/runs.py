@@ -62,7 +62,8 @@ def _never_started(run_dir: Path) -> bool:
     return read_state(run_dir).get("status") == OPENING
 
 
-RESUME_NEUTRAL = ("train.max_failures", "train.log_every", "train.keep_checkpoints", "train.cpus_per_worker")
+RESUME_NEUTRAL = ("train.max_failures", "train.log_every", "train.keep_checkpoints", "train.cpus_per_worker",
+                  "train.keep_finished_checkpoints", "train.publish", "sweep.keep_checkpoints")
 
 
 def resume_changes(run_dir: Path, cfg: ExperimentConfig, sections=("model", "data", "plan", "train"),

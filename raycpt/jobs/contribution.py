@@ -110,8 +110,9 @@ def scan_plan(cfg: ExperimentConfig, num_layers: int) -> tuple[list[int], Option
 
 def scan_trial_config(cfg: ExperimentConfig, spec: ScanTrial) -> ExperimentConfig:
     """The config of one trial: the scan config with plan ``full`` or ``single`` at the trial's layer."""
-    return config_with(cfg, {"plan.name": "single", "plan.layer": spec.layer} if spec.kind == "single"
-                       else {"plan.name": "full"})
+    store = {"train.publish": "reference", "train.keep_finished_checkpoints": False}  # what it trained, no optimizer
+    return config_with(cfg, {**store, **({"plan.name": "single", "plan.layer": spec.layer} if spec.kind == "single"
+                                         else {"plan.name": "full"})})
 
 
 def trial_score(trial: dict, metric: str, run_dir: Path, task: str) -> float:
@@ -133,12 +134,19 @@ def trial_score(trial: dict, metric: str, run_dir: Path, task: str) -> float:
     raise RaycptError(f"trial {trial['name']}: no logit-mode records to compute contribution.score=gold_prob")
 
 
+_BASE: dict = {}  # (base folder, config mtime) -> the base model layer_l2 compares against (read-only)
+
+
 def layer_l2(base_path: str, model_path: str) -> list[float]:
     """``||W_l - W_l(base)||_F`` over all parameters of every decoder layer."""
     from raycpt.diagnostics.similarity import weight_change
     from raycpt.models.sources import load_model
 
-    a, _ = load_model(base_path, dtype="float32", device="cpu")
+    key = (str(Path(base_path).resolve()), Path(base_path, "config.json").stat().st_mtime_ns)
+    if key not in _BASE:  # once per trial process: a reused Tune actor scores every later trial against it
+        _BASE.clear()
+        _BASE[key] = load_model(base_path, dtype="float32", device="cpu")[0]
+    a = _BASE[key]
     b, _ = load_model(model_path, dtype="float32", device="cpu")
     return [row["total"] for row in weight_change(a, b)]
 

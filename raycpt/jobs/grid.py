@@ -104,11 +104,31 @@ def grid_params(specs, params: Optional[dict] = None) -> dict:
 
 
 # ------------------------------------------------------------------------------------- one trial
+def spec_name(cls) -> str:
+    """``module:QualName`` of a spec class: what crosses into Tune's ``param_space``. A class there does not
+    survive ``Tuner.restore`` when the driver was killed before Tune saved the trial (its search generator's
+    saved state gives it back as a tuple), a name does."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def spec_class(name):
+    """The spec class :func:`spec_name` named (a class is returned as it is)."""
+    if not isinstance(name, str):
+        return name
+    import importlib
+
+    module, _, qual = name.partition(":")
+    obj = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def run_trial(config: dict) -> dict:
     """One trial from its ``param_space`` entry (in a Tune trial, or inline): rebuild and validate the
     config and the spec, skip a finished trial, open its child run, run the body, keep its result."""
     cfg = config_from_dict(config["cfg"])
-    spec = config["spec_type"](**config["spec"])
+    spec = spec_class(config["spec_type"])(**config["spec"])
     tdir = Path(config["trials_root"]) / spec.name
     tdir.mkdir(parents=True, exist_ok=True)
     return memo(tdir / RESULT, lambda: _trial_body(config, cfg, spec, tdir))  # a finished trial is never redone
@@ -143,7 +163,8 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
     finish; :func:`raycpt.runs.command_run` then ends the unfinished children and itself KILLED or FAILED."""
     cfg, run_dir = parent.cfg, parent.run_dir
     names = [s.name for s in grid.specs]
-    space = {"cfg": config_to_dict(cfg), "spec_type": type(grid.specs[0]), "trials_root": str(run_dir / grid.folder),
+    space = {"cfg": config_to_dict(cfg), "spec_type": spec_name(type(grid.specs[0])),
+             "trials_root": str(run_dir / grid.folder),
              "parent_run_id": parent.run_id, "shared": grid.shared, "command": grid.command,
              "meta_file": grid.meta_file, "name_tag": grid.name_tag}
     if console is not None:
@@ -224,7 +245,7 @@ def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress
     tdir = trial.dir / "train"
     train = run_training(tcfg, run_dir=tdir, resume=(tdir / "state.json").exists() or (tdir / "ray").exists(),
                          parent_run_id=trial.parent_run_id, mlflow_run_id=trial.run.run_id, name=name,
-                         progress=progress, evaluate=req)
+                         progress=progress, evaluate=req, in_process=trial.threads is not None)
     ev, heldout = final_evaluation(train.final_model_dir, tcfg.eval, req, threads=trial.threads)
     return train, ev, heldout
 

@@ -117,7 +117,9 @@ def trial_config(cfg: ExperimentConfig, spec: TrialSpec) -> ExperimentConfig:
     split = {} if spec.split is None else {"plan.split": spec.split}
     seed = {} if spec.seed is None else {"train.seed": int(spec.seed)}
     footing = {"plan.full_non_layers": False} if cfg.sweep.equal_footing else {}  # issue 24: equal footing
-    return config_with(cfg, {"plan.name": spec.strategy, **split, **seed, **footing, **spec.recipe})
+    # a finished trial keeps what it trained: frozen layers are links to the base model's shards, no optimizer state
+    store = {"train.publish": "reference", "train.keep_finished_checkpoints": bool(cfg.sweep.keep_checkpoints)}
+    return config_with(cfg, {"plan.name": spec.strategy, **split, **seed, **footing, **store, **spec.recipe})
 
 
 @dataclass

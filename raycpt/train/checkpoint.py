@@ -104,10 +104,14 @@ def _files(folder: Path) -> list[str]:
 
 # ------------------------------------------------------------------------------------ manifest
 
-def write_manifest(folder, step: int, finite: bool, extra: Optional[dict] = None) -> Path:
-    """Write ``manifest.json`` over every other file of ``folder`` (call it last)."""
+def write_manifest(folder, step: int, finite: bool, extra: Optional[dict] = None, known: Optional[dict] = None
+                   ) -> Path:
+    """Write ``manifest.json`` over every other file of ``folder`` (call it last). ``known``: entries already
+    checked (the links to verified base shards), taken as they are instead of hashed again."""
     folder = Path(folder)
-    files = {rel: {"size": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)} for rel in _files(folder)}
+    known = known or {}
+    files = {rel: known.get(rel) or {"size": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)}
+             for rel in _files(folder)}
     doc = {"format": MANIFEST_FORMAT, "step": int(step), "finite": bool(finite), "files": files,
            "time": time.time(), **(extra or {})}
     tmp = folder / f".{MANIFEST_FILE}.{uuid.uuid4().hex[:8]}.tmp"
@@ -315,14 +319,45 @@ def save_model_folder(model, tokenizer, state_dict: Optional[dict], out: Path,
     return out
 
 
+def save_model_by_reference(model, tokenizer, state_dict: dict, out: Path, dtype: torch.dtype, shards) -> dict:
+    """:func:`save_model_folder` whose weights equal to the base bit for bit are links to the base model's
+    per-layer ``shards`` (:mod:`raycpt.models.shards`, in ``dtype``); the rest in one file, an index naming every
+    tensor's file. ``out``'s final place must sit at the same depth (a sibling folder renamed into place).
+    Returns the links' manifest entries (their sha256 as the shards recorded and checked it)."""
+    from raycpt.models.shards import read_shards, write_referencing_weights
+
+    groups = read_shards(shards)
+    if groups is None:
+        raise RaycptError(f"the base shards {shards} fail their sha256 check: remove that folder and run again")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_model_folder(model, tokenizer, {}, out, dtype=dtype)  # config, generation config, tokenizer; no weights
+    base_names = {t for g in groups.values() for t in g["tensors"]}
+    seen, tensors = {}, {}
+    for k, v in state_dict.items():  # a tied name (lm_head.weight) the base stores once is dropped, as HF does
+        key = (v.data_ptr(), tuple(v.shape))
+        if k not in base_names and key in seen:
+            continue
+        seen.setdefault(key, k)
+        tensors[k] = v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu()
+    return write_referencing_weights(tensors, Path(shards), groups, out, out)
+
+
 def write_checkpoint(folder, *, model, tokenizer, msd: dict, osd: dict, scheduler_state: dict, rngs: list[dict],
                      step: int, history: list[float], plan: dict, plan_text: str, data_pos: dict,
-                     dtype: torch.dtype = torch.float32) -> Path:
-    """Write a complete checkpoint into ``folder`` (see the module docstring), manifest last.
+                     dtype: torch.dtype = torch.float32, base_shards=None) -> Path:
+    """Write a complete checkpoint into ``folder`` (see the module docstring), manifest last. ``base_shards``:
+    ``model/`` links the layers equal to the base to its shards (:func:`save_model_by_reference`; ``folder``
+    is renamed to a sibling afterwards, so the relative links hold).
 
     ``msd`` must be finite (the caller checks with :func:`all_finite`)."""
     folder = Path(folder)
-    save_model_folder(model, tokenizer, msd, folder / MODEL_DIR, dtype=dtype)
+    known = {}
+    if base_shards is not None:
+        links = save_model_by_reference(model, tokenizer, msd, folder / MODEL_DIR, dtype, base_shards)
+        known = {f"{MODEL_DIR}/{rel}": meta for rel, meta in links.items()}
+    else:
+        save_model_folder(model, tokenizer, msd, folder / MODEL_DIR, dtype=dtype)
     rng_tensors, rng_plain = split_rng(rngs)
     tensors = {"optimizer": osd, "scheduler": scheduler_state, "rng": rng_tensors}
     if dtype != torch.float32:  # the float32 master weights of what trains (the rest is the base model)
@@ -333,7 +368,7 @@ def write_checkpoint(folder, *, model, tokenizer, msd: dict, osd: dict, schedule
                "plan_dict": plan, "losses": list(history), "rng": rng_plain,
                "weights_dtype": str(dtype).replace("torch.", ""), "time": time.time()}
     (folder / STATE_JSON).write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False), encoding="utf-8")
-    write_manifest(folder, step, finite=True, extra={"weights_dtype": summary["weights_dtype"]})
+    write_manifest(folder, step, finite=True, extra={"weights_dtype": summary["weights_dtype"]}, known=known)
     return folder
 
 
@@ -380,10 +415,13 @@ def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, h
     rngs = session.all_gather_object(rng_state())
     tmp = None
     if session.rank == 0:
-        tmp = tempfile.mkdtemp(prefix=f"raycpt-ckpt-{step:06d}-")
+        scratch = getattr(session, "checkpoint_scratch", lambda: None)()
+        tmp = tempfile.mkdtemp(prefix=f".raycpt-ckpt-{step:06d}-" if scratch else f"raycpt-ckpt-{step:06d}-",
+                               dir=scratch)
         write_checkpoint(tmp, model=model, tokenizer=tokenizer, msd=msd, osd=osd,
                          scheduler_state=scheduler.state_dict(), rngs=rngs, step=step, history=history,
-                         plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype)
+                         plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype,
+                         base_shards=getattr(session, "base_shards", None))
     del msd, osd
     try:
         session.report(metrics, tmp, step)
@@ -411,36 +449,75 @@ def copy_file(src: Path, dst: Path) -> str:
     return "copy"
 
 
-def publish_model(ckpt, dest) -> dict:
+def sweep_leftovers(dest) -> list[Path]:
+    """Remove the hidden ``.<name>.<id>`` folders a publish of ``dest`` killed mid-way left beside it."""
+    dest = Path(dest)
+    gone = [p for p in dest.parent.glob(f".{dest.name}.*") if p.is_dir() and not p.is_symlink()]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+def publish_model(ckpt, dest, base_shards=None) -> dict:
     """Publish a verified checkpoint's ``model/`` as ``dest`` (atomically: written aside, checked
     against the checkpoint's sha256s, renamed into place) with its own ``manifest.json``.
 
+    ``base_shards`` (a folder of :func:`raycpt.models.shards.ensure_base_shards` in the checkpoint's dtype):
+    the weights are not copied; the decoder layers (and the rest) equal to the base bit for bit become
+    relative links to its verified shards, the others go into one ``model-trained.safetensors``
+    (how = ``reference``). Leftovers of a publish killed mid-way are removed first.
+
     Raises RaycptError when the checkpoint fails verification. Returns
-    ``{"files", "bytes", "seconds", "how"}`` (how = reflink or copy)."""
+    ``{"files", "bytes", "seconds", "how"}`` (how = reflink, copy or reference; bytes = bytes written)."""
     ckpt, dest = Path(ckpt), Path(dest)
     why = verify_checkpoint(ckpt)
     if why is not None:
         raise RaycptError(f"checkpoint {ckpt} fails its manifest check ({why}): not published")
     t0 = time.perf_counter()
+    sweep_leftovers(dest)
     files = {rel[len(MODEL_DIR) + 1:]: meta for rel, meta in read_manifest(ckpt)["files"].items()
              if rel.startswith(MODEL_DIR + "/")}
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-    how, total = set(), 0
     try:
+        tmp.mkdir(parents=True)
+        if base_shards is not None:
+            how, known = {"reference"}, _publish_weights_by_reference(ckpt, files, tmp, dest, Path(base_shards))
+            files = {rel: meta for rel, meta in files.items() if not _is_weights(rel)}
+        else:
+            how, known = set(), {}
+        total = 0
         for rel, meta in files.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             how.add(copy_file(ckpt / MODEL_DIR / rel, tmp / rel))
             if _sha256(tmp / rel) != meta["sha256"]:
                 raise RaycptError(f"publishing {ckpt}: the copy of {rel} differs from the checkpoint's")
             total += meta["size"]
-        write_manifest(tmp, checkpoint_step(ckpt), finite=True, extra={"source": str(ckpt)})
+        if base_shards is not None:
+            total += sum(p.stat().st_size for p in tmp.iterdir() if p.is_file() and not p.is_symlink()
+                         and p.name not in files)
+        write_manifest(tmp, checkpoint_step(ckpt), finite=True, extra={"source": str(ckpt)}, known=known)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"files": len(files), "bytes": total, "seconds": time.perf_counter() - t0,
-            "how": "reflink" if how == {"reflink"} else "copy"}
+    return {"files": len(list(Path(dest).iterdir())), "bytes": total, "seconds": time.perf_counter() - t0,
+            "how": "reference" if "reference" in how else "reflink" if how == {"reflink"} else "copy"}
+
+
+def _is_weights(rel: str) -> bool:
+    return rel.endswith(".safetensors") or rel.endswith(".safetensors.index.json")
+
+
+def _publish_weights_by_reference(ckpt: Path, files: dict, tmp: Path, dest: Path, shards: Path) -> dict:
+    """The checkpoint's weights (already verified) into ``tmp`` as trained tensors + links to the base shards."""
+    from raycpt.models.shards import read_shards, read_tensors, write_referencing_weights
+
+    groups = read_shards(shards)
+    if groups is None:
+        raise RaycptError(f"the base shards {shards} fail their sha256 check: remove that folder and run again")
+    tensors = read_tensors(ckpt / MODEL_DIR)
+    return write_referencing_weights(tensors, shards, groups, tmp, dest)
 
 
 def verify_model_folder(folder) -> Optional[str]:

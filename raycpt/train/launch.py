@@ -33,7 +33,8 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.errors import RaycptError, environment_error
 from raycpt.strategies import LayerPlan, build_plan, is_tied
-from raycpt.train.checkpoint import find_checkpoints, publish_model, verify_model_folder
+from raycpt.train.checkpoint import (find_checkpoints, publish_model, read_manifest, sweep_leftovers,
+                                     verify_model_folder)
 from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
 from raycpt.train.parallel import check_parallel
 
@@ -236,7 +237,8 @@ class _Prepared:
 def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
                  parent_run_id: Optional[str] = None, mlflow_run_id: Optional[str] = None,
                  name: Optional[str] = None, progress: bool = False, faults: Optional[dict] = None,
-                 callbacks: Optional[list] = None, evaluate: Optional[EvalRequest] = None) -> TrainResult:
+                 callbacks: Optional[list] = None, evaluate: Optional[EvalRequest] = None,
+                 in_process: bool = False) -> TrainResult:
     """Train ``cfg.model`` with ``cfg.plan`` on ``cfg.data`` under a Ray ``TorchTrainer``.
 
     ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
@@ -244,6 +246,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (an :class:`EvalRequest`) makes
     the workers evaluate the final weights with ``cfg.eval`` (each its share of the questions, gathered on
     rank 0) in the worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray.
+    ``in_process`` (a grid trial): a run of one CPU worker runs in this process, Train V2's local mode
+    (:func:`local_mode`), instead of starting a worker group for it.
 
     The steps: :func:`_open_run` (the folder; a finished run resumed returns its saved result) ->
     :func:`_prepare` (validate, plan, checkpoint to resume, corpus) -> in the MLflow run:
@@ -284,12 +288,45 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
                     model_path=prep.model_path, plan=prep.plan.to_dict(), prepare_s=round(time.time() - t_start, 3))
         _log_start(cfg, run_dir, prep)
         loop_config = _loop_config(cfg, run_dir, prep, run_id, ray_name, faults, callbacks, evaluate)
+        loop_config["local_mode"] = local_mode(cfg, in_process)
+        if loop_config["local_mode"] and _base_shards(cfg, prep):  # checkpoints link the frozen layers too
+            from raycpt.train.checkpoint import weights_dtype
+
+            dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
+            loop_config["base_shards"] = str(_base_shards(cfg, prep)(dtype))
+        clock = {"fit_start": time.time(), "local_mode": loop_config["local_mode"]}  # the phases' wall times
         _fit(cfg, run_dir, prep, loop_config, ray_name, progress, t_start)
+        clock["fit_end"] = time.time()
         _check_status(run_dir)
-        ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints)
+        ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, prep))
+        clock["published"] = time.time()
         res = _summarize(cfg, run_dir, prep, run_id, ckpt_dir, t_start)
-        write_state(run_dir, status="finished", wall_s=res.wall_s, events=len(read_events(run_dir / METRICS_FILE)))
+        write_state(run_dir, status="finished", wall_s=res.wall_s, events=len(read_events(run_dir / METRICS_FILE)),
+                    clock={**clock, "summarized": time.time(), "start": t_start})
+    if not cfg.train.keep_finished_checkpoints:
+        drop_checkpoints(run_dir)
     return res
+
+
+def _base_shards(cfg: ExperimentConfig, prep: "_Prepared"):
+    """With ``train.publish: reference``, a function of the checkpoint's weights dtype giving the base model's
+    per-layer shards folder (written once per run root); None = publish by copy."""
+    if cfg.train.publish != "reference":
+        return None
+    from raycpt.io import run_root
+    from raycpt.models.shards import ensure_base_shards
+
+    return lambda dtype: ensure_base_shards(prep.model_path, run_root(cfg.tracking) / "base_shards", dtype)
+
+
+def drop_checkpoints(run_dir: Path) -> list[Path]:
+    """Delete every checkpoint of a finished run (weights and optimizer state): ``final_model/`` holds what it
+    trained and nothing resumes a finished run (``train.keep_finished_checkpoints: false``)."""
+    ray_dir = Path(run_dir, "ray")  # with the half-written ones a killed local-mode run left (.raycpt-ckpt-*)
+    gone = [d for d in [*ray_dir.glob("*/checkpoint_*"), *ray_dir.glob("*/.raycpt-ckpt-*")] if d.is_dir()]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone
 
 
 def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> tuple[Optional[Path], dict]:
@@ -300,10 +337,12 @@ def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> t
     if run_dir is None and resume:
         run_dir = open_run_dir(cfg, "train", resume=True)
         check_resume_settings(run_dir, cfg)
+        sweep_leftovers(run_dir / FINAL_MODEL)
     elif run_dir is not None:
         run_dir = Path(run_dir).resolve()
         _make_absolute(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
+        sweep_leftovers(run_dir / FINAL_MODEL)  # a publish killed mid-way (kill -9) left its hidden copy
         if not (resume and (run_dir / "config.yaml").is_file()):  # a resume keeps the config it was made with
             save_config(cfg, run_dir / "config.yaml")
     return run_dir, (read_state(run_dir) if run_dir is not None else {})
@@ -374,9 +413,10 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
     resources = {"CPU": t.cpus_per_worker}
     if t.use_gpu:
         resources["GPU"] = 1
+    scaling = ScalingConfig(num_workers=0) if loop_config.get("local_mode") else \
+        ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources)
     trainer = TorchTrainer(
-        train_loop_per_worker, train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources),
+        train_loop_per_worker, train_loop_config=loop_config, scaling_config=scaling,
         run_config=RunConfig(name=ray_name, storage_path=str(run_dir / "ray"),
                              failure_config=FailureConfig(max_failures=t.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),
@@ -391,6 +431,16 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
             if err is e:
                 raise
             raise err from None
+
+
+def local_mode(cfg: ExperimentConfig, in_process: bool) -> bool:
+    """Whether the run uses Train V2's local mode (``ScalingConfig(num_workers=0)``: the same ``TorchTrainer`` and
+    loop, in the calling process, no worker group): only in a process that holds the run's resources already (a
+    grid trial, ``in_process``) and for one CPU worker (world size 1: nothing is distributed). A failure there
+    ends the trial, which Tune retries from the last checkpoint (``train.max_failures`` counts worker restarts
+    of a worker group only)."""
+    t = cfg.train
+    return bool(in_process) and t.num_workers == 1 and not t.use_gpu
 
 
 def _check_status(run_dir: Path) -> None:
@@ -408,13 +458,15 @@ def _check_status(run_dir: Path) -> None:
         raise RaycptError(f"training stopped at step {status['step']}: {what}; the last good checkpoint is {where}")
 
 
-def _publish(run_dir: Path, keep: int) -> Path:
-    """Publish the newest checkpoint's model as ``final_model/`` and prune old checkpoints; the checkpoint."""
+def _publish(run_dir: Path, keep: int, base_shards=None) -> Path:
+    """Publish the newest checkpoint's model as ``final_model/`` and prune old checkpoints; the checkpoint.
+    ``base_shards``: see :func:`_base_shards` (None = a verified copy, or reflink, never a hard link)."""
     found = latest_checkpoint(run_dir)
     ckpt_dir = found[1] if found else None
     if ckpt_dir is None:
         raise RuntimeError(f"training finished but left no checkpoint under {run_dir / 'ray'}")
-    published = publish_model(ckpt_dir, run_dir / FINAL_MODEL)  # a verified copy (or reflink), never a hard link
+    shards = base_shards((read_manifest(ckpt_dir) or {}).get("weights_dtype", "float32")) if base_shards else None
+    published = publish_model(ckpt_dir, run_dir / FINAL_MODEL, base_shards=shards)
     log.info("final_model: %d files, %.0f MB by %s in %.2fs", published["files"], published["bytes"] / 1e6,
              published["how"], published["seconds"])
     prune_checkpoints(run_dir, keep)

@@ -396,12 +396,53 @@ class RaySession(_Collectives, _Session):
         ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
 
     def batches(self, config: dict):
-        """The packed store the launcher chose (``config["store"]``), memory-mapped; no Ray Data."""
-        store = read_store(Path(config["store"]))
-        if store is None or store.build_id != config.get("store_build", store.build_id):
-            raise RaycptError(f"the packed store {config['store']} was removed or re-packed while this run used it; "
-                              "run it again")
-        return PackedBlocks(store.path, store.manifest)
+        return store_blocks(config)
+
+
+def store_blocks(config: dict) -> PackedBlocks:
+    """The packed store the launcher chose (``config["store"]``), memory-mapped; no Ray Data."""
+    store = read_store(Path(config["store"]))
+    if store is None or store.build_id != config.get("store_build", store.build_id):
+        raise RaycptError(f"the packed store {config['store']} was removed or re-packed while this run used it; "
+                          "run it again")
+    return PackedBlocks(store.path, store.manifest)
+
+
+class InProcessSession(_Session):
+    """One worker in the process that calls ``TorchTrainer.fit()``: Train V2's local mode
+    (``ScalingConfig(num_workers=0)``, :func:`raycpt.train.launch.local_mode`). World size 1, the CPU; Ray keeps
+    no checkpoint there (and its ``ray.train`` calls refuse to run inside a Tune trial), so this session writes
+    each checkpoint beside its place, ``<checkpoint_root>/checkpoint_<step>``, renames it in and keeps the
+    newest ``keep``: the same folders a worker group's checkpoints land in, so resume finds them alike."""
+
+    def __init__(self, checkpoint_root: str, keep: int = 2, base_shards: Optional[str] = None):
+        self.root = Path(checkpoint_root)
+        self.keep = max(1, int(keep))
+        self.base_shards = base_shards
+        """The base model's per-layer shards (``train.publish: reference``): each checkpoint's ``model/`` links the
+        layers equal to the base instead of writing them (:func:`raycpt.train.checkpoint.save_model_by_reference`)."""
+
+    @contextlib.contextmanager
+    def checkpoint_dir(self, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None):
+        yield newest_checkpoint(None, checkpoint_root, resume_from)
+
+    def checkpoint_scratch(self) -> str:
+        """Where a checkpoint is written before :meth:`report` renames it into place (the same filesystem)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return str(self.root)
+
+    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
+        if not ckpt_dir:
+            return
+        dest = self.root / f"checkpoint_{step:06d}"
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(ckpt_dir, dest)
+        for old in sorted(p for p in self.root.glob("checkpoint_*") if p.is_dir())[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def batches(self, config: dict):
+        return store_blocks(config)
 
 
 class LocalSession(_Session):
@@ -512,8 +553,13 @@ class _Worker:
 
 
 def train_loop_per_worker(config: dict) -> None:
-    """Ray Train entry point (see the module docstring for the config keys)."""
-    run_loop(config, RaySession())
+    """Ray Train entry point (see the module docstring for the config keys; ``local_mode``: Train V2's local
+    mode, the loop in the calling process, :class:`InProcessSession`)."""
+    if config.get("local_mode"):
+        run_loop(config, InProcessSession(config["checkpoint_root"], config["cfg"]["train"]["keep_checkpoints"],
+                                          config.get("base_shards")))
+    else:
+        run_loop(config, RaySession())
 
 
 def run_loop(config: dict, session: _Session) -> dict:

@@ -33,7 +33,10 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     from raycpt.report.sweep import summary_table
 
     # the first 50 documents train; 10 after them give every trial's held-out loss
-    cfg = tiny_sweep_config(tmp_path, tiny_dir, ["data.max_documents=50", "sweep.heldout_docs=10"])
+    # sweep.keep_checkpoints: the store check below reads each finished trial's checkpoints (a finished trial
+    # drops them by default and keeps only final_model/, which links its frozen layers to the base shards)
+    cfg = tiny_sweep_config(tmp_path, tiny_dir, ["data.max_documents=50", "sweep.heldout_docs=10",
+                                                 "sweep.keep_checkpoints=true"])
     res = run_sweep(cfg, splits=[0.25, 0.5], strategies=["train_shallow", "train_deep"])
     names = {t["name"] for t in res.trials}
     assert names == {"full", "train_shallow-r0.25", "train_shallow-r0.5", "train_deep-r0.25", "train_deep-r0.5"}

@@ -1,0 +1,188 @@
+"""Base-model shards by decoder layer: what a published model references instead of copying frozen layers.
+
+A sweep's trials train a few layers of one base model; the rest of each trial's weights are the base's, byte
+for byte. :func:`ensure_base_shards` writes the base model once per run root (and weights dtype) as one
+safetensors file per decoder layer (``layer-007.safetensors``) plus one for everything else
+(``rest.safetensors``: embeddings, final norm, an untied head), with a ``shards.json`` manifest (written
+last: per file its size, sha256 and tensor names). A published model (:func:`raycpt.train.checkpoint.publish_model`
+with ``base_shards``) then holds only the groups that differ from the base, in ``model-trained.safetensors``,
+relative symbolic links to the base shards of the others, and a ``model.safetensors.index.json`` naming the one
+file of every tensor, so ``from_pretrained`` loads it as any sharded checkpoint. Each tensor lives in exactly one
+file: transformers loads every tensor of every listed file (the last one wins), so a link to the whole base
+file would overwrite the trained layers.
+
+Pure file work (no Ray, no MLflow); a group is "the base's" only when every tensor in it is bitwise equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Optional
+
+SHARDS_FILE = "shards.json"
+SHARDS_FORMAT = "raycpt.base-shards/1"
+TRAINED_FILE = "model-trained.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_CHECKED: dict[str, tuple] = {}  # shards folder -> stat signature of files whose sha256 matched (this process)
+
+
+def group_of(name: str) -> str:
+    """The shard a tensor name belongs to: ``layer-NNN`` for decoder layer NNN, else ``rest``."""
+    m = _LAYER.search(name)
+    return f"layer-{int(m.group(1)):03d}" if m else "rest"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def weight_files(model_dir) -> list[Path]:
+    """The safetensors weight files of a model folder (one file, or the shards its index names)."""
+    model_dir = Path(model_dir)
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        return [model_dir / n for n in names]
+    return sorted(model_dir.glob("*.safetensors"))
+
+
+def read_tensors(model_dir, dtype: Optional[str] = None) -> dict:
+    """Every tensor of a model folder's safetensors files (floating ones cast to ``dtype`` when given)."""
+    import torch
+    from safetensors import safe_open
+
+    out = {}
+    cast = getattr(torch, dtype) if dtype else None
+    for f in weight_files(model_dir):
+        with safe_open(str(f), framework="pt") as sf:
+            for k in sf.keys():
+                t = sf.get_tensor(k)
+                out[k] = t.to(cast) if cast is not None and t.is_floating_point() else t
+    return out
+
+
+def shards_key(model_dir, dtype: str) -> str:
+    """Names the shards of one base model folder in one dtype (its real path, its weight files' sizes and
+    modification times): a changed base model gets new shards."""
+    parts = [str(Path(model_dir).resolve()), dtype]
+    for f in weight_files(model_dir):
+        st = f.stat()
+        parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def ensure_base_shards(model_dir, root, dtype: str = "float32") -> Path:
+    """The per-layer shards of ``model_dir`` in ``dtype`` under ``root`` (written now when missing: aside,
+    manifest last, renamed into place; a concurrent writer's folder is kept). Returns the folder."""
+    from safetensors.torch import save_file
+
+    dest = Path(root) / shards_key(model_dir, dtype)
+    if (dest / SHARDS_FILE).is_file():
+        return dest
+    tensors = read_tensors(model_dir, dtype)
+    groups: dict[str, dict] = {}
+    for k, t in tensors.items():
+        groups.setdefault(group_of(k), {})[k] = t.contiguous()
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        files = {}
+        for g, part in sorted(groups.items()):
+            save_file(part, str(tmp / f"{g}.safetensors"), metadata={"format": "pt"})
+            p = tmp / f"{g}.safetensors"
+            files[g] = {"file": p.name, "size": p.stat().st_size, "sha256": _sha256(p), "tensors": sorted(part)}
+        doc = {"format": SHARDS_FORMAT, "source": str(Path(model_dir).resolve()), "dtype": dtype, "groups": files}
+        (tmp / SHARDS_FILE).write_text(json.dumps(doc, indent=2), encoding="utf-8")
+        try:
+            os.replace(tmp, dest)
+        except OSError:  # another trial wrote them first: theirs are as good
+            if not (dest / SHARDS_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def read_shards(folder) -> Optional[dict]:
+    """The ``groups`` of a shards folder's manifest whose files still have their recorded sha256 (hashed
+    once per process and file state), else None."""
+    folder = Path(folder)
+    try:
+        doc = json.loads((folder / SHARDS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    groups = doc.get("groups") or {}
+    sig = tuple((m["file"], (folder / m["file"]).stat().st_size if (folder / m["file"]).is_file() else None,
+                 (folder / m["file"]).stat().st_mtime_ns if (folder / m["file"]).is_file() else None)
+                for m in groups.values())
+    if _CHECKED.get(str(folder)) != sig:
+        for m in groups.values():
+            p = folder / m["file"]
+            if not p.is_file() or p.stat().st_size != m["size"] or _sha256(p) != m["sha256"]:
+                return None
+        _CHECKED[str(folder)] = sig
+    return groups
+
+
+def _same_bits(a, b) -> bool:
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and \
+        torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+
+
+def split_by_base(tensors: dict, shards: Path, groups: dict) -> tuple[dict, dict]:
+    """``(trained, linked)``: the tensors of every group that differs from the base shard (or has no base
+    shard) and, per group equal to the base bit for bit, its shard file name."""
+    from safetensors import safe_open
+
+    by_group: dict[str, dict] = {}
+    for k, t in tensors.items():
+        by_group.setdefault(group_of(k), {})[k] = t
+    trained, linked = {}, {}
+    for g, part in by_group.items():
+        meta = groups.get(g)
+        same = meta is not None and sorted(part) == meta["tensors"]
+        if same:
+            with safe_open(str(Path(shards) / meta["file"]), framework="pt") as sf:
+                same = all(_same_bits(part[k], sf.get_tensor(k)) for k in part)
+        if same:
+            linked[g] = meta["file"]
+        else:
+            trained.update({k: t.contiguous() for k, t in part.items()})
+    return trained, linked
+
+
+def write_referencing_weights(tensors: dict, shards: Path, groups: dict, out: Path, final: Path) -> dict:
+    """Write ``tensors`` into folder ``out`` (to be renamed to ``final``) as trained groups + links to the base
+    shards + the index. Returns ``{rel: {"size", "sha256", "link"}}`` of the links (their recorded hashes: the
+    manifest need not hash them again)."""
+    from safetensors.torch import save_file
+
+    trained, linked = split_by_base(tensors, shards, groups)
+    weight_map = {}
+    if trained:
+        save_file(trained, str(Path(out) / TRAINED_FILE), metadata={"format": "pt"})
+        weight_map.update({k: TRAINED_FILE for k in trained})
+    known = {}
+    for g, name in sorted(linked.items()):
+        target = os.path.relpath(Path(shards) / name, Path(final))
+        os.symlink(target, Path(out) / name)
+        meta = groups[g]
+        weight_map.update({k: name for k in meta["tensors"]})
+        known[name] = {"size": meta["size"], "sha256": meta["sha256"], "link": target}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (Path(out) / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                   indent=2, sort_keys=True), encoding="utf-8")
+    return known
