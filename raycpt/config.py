@@ -164,8 +164,28 @@ class PlanConfig:
     """``full``: also train the embeddings, final norm and head (full-parameter training); false = only its
     decoder layers, with the ``train_embeddings`` / ``train_final_norm`` / ``train_head`` of every other plan
     (the sweep sets false with ``sweep.equal_footing``)."""
+    adapter: Literal["none", "lora"] = "none"
+    """``lora``: train LoRA adapters (peft) on the plan's layers instead of their weights, which stay frozen;
+    embeddings, final norm and head train as ``train_*`` say (also under ``full``); merged for evaluation."""
+    lora_rank: int = 16
+    """LoRA rank r (at most the smaller side of every targeted linear layer)."""
+    lora_alpha: float = 32.0
+    """LoRA alpha: the adapter's update is scaled by alpha / r."""
+    lora_targets: list[str] = field(default_factory=list)
+    """Linear modules inside a decoder layer that get adapters, by leaf name (e.g. ``[q_proj, v_proj]``); empty =
+    every linear layer of the plan's decoder layers."""
+    lisa_layers: int = 2
+    """``lisa``: gamma, the decoder layers drawn to train in each interval (embeddings, final norm, head always train)."""
+    lisa_interval: int = 20
+    """``lisa``: K, optimizer steps between draws (steps 1..K use draw 0, K+1..2K draw 1, ...)."""
+    lisa_seed: int = 0
+    """``lisa``: seed of the draws; draw j is a pure function of (lisa_seed, j)."""
 
     def __post_init__(self):
+        _check(self.lora_rank >= 1, "plan.lora_rank", self.lora_rank, "an integer >= 1")
+        _check(self.lora_alpha > 0, "plan.lora_alpha", self.lora_alpha, "a positive number")
+        _check(self.lisa_layers >= 1, "plan.lisa_layers", self.lisa_layers, "an integer >= 1")
+        _check(self.lisa_interval >= 1, "plan.lisa_interval", self.lisa_interval, "an integer >= 1")
         close = difflib.get_close_matches(self.name, list(PLANS), n=1)
         _check(self.name in PLANS, "plan.name", self.name,
                "one of " + ", ".join(PLANS) + (f" (did you mean {close[0]!r}?)" if close else ""))

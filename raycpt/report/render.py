@@ -146,6 +146,8 @@ def render_plan(out, console) -> None:
     for r in tab["rows"]:
         mark = "[green]train[/green]" if r["trainable"] else "[dim]frozen[/dim]"
         note = " (tied to embed)" if r["tied"] else ""
+        if r["trainable"] and r.get("trainable_params", r["params"]) != r["params"]:  # LoRA: adapters train
+            note += f" ({r['trainable_params']:,} adapter parameters train)"
         table.add_row(r["part"], mark, "" if r["lr_scale"] is None else f"x{r['lr_scale']:g}", f"{r['params']:,}{note}")
     console.print(table)
     console.print(f"layer map (layer 0 first, T = trains): {tab['layer_map']}", **PLAIN)

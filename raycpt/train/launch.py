@@ -110,8 +110,23 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
     if limit is not None and cfg.data.seq_len > limit:
         raise RaycptError(f"data.seq_len={cfg.data.seq_len} is beyond this model's limit of {limit} positions "
                           f"(max_position_embeddings); use data.seq_len <= {limit}")
+    check_plan_parallel(plan, cfg.train)
+    if plan.adapter == "lora":
+        from raycpt.models.adapters import inject_lora
+
+        inject_lora(model, plan)  # the rank and target checks, on the weightless copy
     counts = apply_plan(model, plan)
     return plan, counts, model
+
+
+def check_plan_parallel(plan: LayerPlan, tcfg) -> None:
+    """LoRA under DDP or one worker (not FSDP); LISA on one worker (DDP's buckets are fixed when it wraps,
+    and LISA changes what trains every interval)."""
+    if plan.adapter == "lora" and tcfg.distributed == "fsdp" and tcfg.num_workers > 1:
+        raise RaycptError("plan.adapter=lora runs under train.distributed=ddp (or one worker), not fsdp")
+    if plan.is_lisa and tcfg.num_workers > 1:
+        raise RaycptError(f"plan.name=lisa trains on one worker (train.num_workers={tcfg.num_workers}): "
+                          "DDP fixes its gradient buckets when it wraps the model, and LISA redraws every interval")
 
 
 def check_train_config(cfg: ExperimentConfig) -> None:

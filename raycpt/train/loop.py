@@ -65,7 +65,8 @@ from raycpt.data.store import read_store
 from raycpt.data.stream import ArrayBlocks, PackedBlocks, iter_micro_batches
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
-from raycpt.strategies import LayerPlan, apply_plan, param_groups
+from raycpt.models.adapters import ADAPTER_DIR, inject_lora, load_adapter_state
+from raycpt.strategies import LayerPlan, apply_plan, lisa_interval_index, param_groups
 from raycpt.train.checkpoint import (checkpoint, checkpoint_step, find_checkpoints, json_safe, load_master_weights,
                                      load_optim_state, model_state, read_train_state, set_rng_state,
                                      verify_checkpoint, weights_dtype)
@@ -509,6 +510,13 @@ class _Worker:
     chunk_tokens: Optional[int] = None  # the chunked loss's rows per chunk; None = the plain loss
     flops_per_token: float = 0.0
     peak_flops: Optional[float] = None
+    step_plan: Optional[LayerPlan] = None  # what trains now: ``plan`` itself, or LISA's current interval's draw
+    step_plan_step: int = 1  # a step of step_plan's interval
+
+    def start_step_of(self, state: Optional[dict]) -> int:
+        """The step a checkpoint state was written at (0 without one); also where step_plan's interval is."""
+        self.step_plan_step = max(int(state["step"]) if state is not None else 0, 1)
+        return self.step_plan_step
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -564,6 +572,11 @@ def eval_model(w: _Worker) -> tuple[Any, Optional[_Session]]:
     is gathered (every rank takes part), rank 0 evaluates a plain copy alone on its device; the other
     ranks return (None, None)."""
     dtype = weights_dtype(w.cfg.train.precision, w.device)
+    if w.plan.adapter == "lora":  # the merged weights, as the final checkpoint's model/ holds them
+        from raycpt.models.adapters import merge_lora_
+
+        w.optimizer = None
+        merge_lora_(w.model)
     if not w.fsdp:
         return w.model.to(dtype), w.session
     from transformers import AutoModelForCausalLM
@@ -605,17 +618,24 @@ def _load_model(w: _Worker) -> None:
     with session.checkpoint_dir(config.get("resume_from"), config.get("checkpoint_root")) as ckpt:
         state = None
         model_path = config["model_path"]
+        lora = w.plan.adapter == "lora"
         if ckpt is not None:
             state = read_train_state(ckpt)  # weights_only: tensors and plain containers only
-            if state["master"] is None:  # float32 checkpoint: its model/ holds the master weights
+            if state["master"] is None and not lora:  # float32 checkpoint: its model/ holds the master weights
                 model_path = str(Path(ckpt) / "model")
         model, tokenizer = load_model(model_path, dtype="float32", device="cpu")  # wrap() moves it to the device
+        if lora:  # the base model + adapters (a checkpoint's model/ is merged: a resume starts from the base)
+            inject_lora(model, w.plan)
+            if ckpt is not None:
+                load_adapter_state(model, Path(ckpt) / ADAPTER_DIR)
         if state is not None and state["master"] is not None:  # bf16 checkpoint: base + float32 master copies
             load_master_weights(model, state.pop("master"))
     model.train()
     model.config.use_cache = False
     w.model, w.tokenizer = model, tokenizer
-    w.counts = apply_plan(model, w.plan)
+    # LISA: the draw of the checkpoint's interval (its optimizer state is that draw's); step 1's on a fresh start
+    w.step_plan = w.plan.at_step(max(w.start_step_of(state), 1))
+    w.counts = apply_plan(model, w.step_plan)
     enable_activation_checkpointing(model, tcfg)
     w.chunk_tokens = loss_chunk_tokens(tcfg, model, w.world)
     w.flops_per_token = flops_per_token(model, w.plan, w.cfg.data.seq_len)
@@ -623,14 +643,45 @@ def _load_model(w: _Worker) -> None:
     w.wrapped = session.wrap(model, w.device, tcfg.distributed, bf16=uses_bf16(tcfg))
     w.model = unwrap(w.wrapped)  # FSDP2 shards in place: the same object, its parameters now DTensors
     w.prefix = FrozenPrefix(w.model, w.plan)  # after wrapping: its hooks run before FSDP's own
-    w.optimizer = make_optimizer(w.model, w.plan, tcfg)
+    w.optimizer = make_optimizer(w.model, w.step_plan, tcfg)
     w.scheduler = make_scheduler(w.optimizer, tcfg)
     w.params = trainable_params(w.wrapped)
-    _verify(w, verify.check_setup(w.model, w.plan, w.optimizer, "after wrapping"), "after_wrapping")
+    _verify(w, verify.check_setup(w.model, w.step_plan, w.optimizer, "after wrapping"), "after_wrapping")
     if state is not None:
         _restore(w, state)
-        _verify(w, verify.check_setup(w.model, w.plan, w.optimizer, "after loading the checkpoint",
+        _verify(w, verify.check_setup(w.model, w.step_plan, w.optimizer, "after loading the checkpoint",
                                       resumed=w.start_step > 0), "after_checkpoint_load")
+
+
+def lisa_switch(w: "_Worker", step: int) -> bool:
+    """LISA: when ``step`` opens a new interval, train that interval's draw (:meth:`LayerPlan.at_step`) and
+    reset the AdamW state of every decoder layer, keeping that of the embeddings, final norm and head (LMFlow's
+    ``LISATrainer`` builds a new optimizer per interval and copies the state of its non-layer groups only). The
+    optimizer's groups then hold exactly the draw's parameters (the freeze check's "in the optimizer"); the
+    scheduler is untouched. Returns whether it switched."""
+    plan = w.plan
+    if not plan.is_lisa or lisa_interval_index(step, plan.lisa_interval) == \
+            lisa_interval_index(max(w.step_plan_step, 1), plan.lisa_interval):
+        return False
+    from raycpt.models.stack import LayerStack
+
+    new = plan.at_step(step)
+    for layer in LayerStack.of(w.model).layers:
+        for p in layer.parameters():
+            w.optimizer.state.pop(p, None)
+    w.counts = apply_plan(w.model, new)
+    lists = {(g["lr_scale"], g["decay"]): g["params"]
+             for g in param_groups(w.model, new, w.cfg.train.lr, w.cfg.train.weight_decay)}
+    for g in w.optimizer.param_groups:
+        g["params"] = lists.pop((g["lr_scale"], g["decay"]), [])
+    if lists:
+        raise RaycptError(f"lisa: interval of step {step} needs optimizer groups {sorted(lists)} the run lacks")
+    w.params = trainable_params(w.wrapped)
+    w.step_plan, w.step_plan_step = new, step
+    if w.logger is not None:
+        w.logger.event({"event": "lisa_draw", "step": step, "interval": lisa_interval_index(step, plan.lisa_interval),
+                        "layers": list(new.trainable_layers), "trainable": w.counts["trainable"]})
+    return True
 
 
 def _verify(w: _Worker, rows: list, when: str) -> None:
@@ -714,6 +765,7 @@ def _step(w: _Worker, data, step: int) -> dict:
     """One optimizer step over ``grad_accum`` micro-batches: its metrics, or ``{"status": "nonfinite",
     "what", "value"}`` (gradients dropped, no update) when the mean loss or the gradient norm is not finite."""
     tcfg, optimizer, scheduler, device = w.cfg.train, w.optimizer, w.scheduler, w.device
+    switched = lisa_switch(w, step)  # LISA: a new interval trains its own draw
     t0, c0 = time.perf_counter(), time.process_time()
     batch = []
     epoch = 0
@@ -723,7 +775,7 @@ def _step(w: _Worker, data, step: int) -> dict:
     loss_local = forward_backward(w.wrapped, batch, tcfg.precision, device, model=w.model, chunk_tokens=w.chunk_tokens)
     loss_local = w.faults.loss(step, loss_local)
     w.faults.drop_grads(step, w.model)
-    first = step == w.start_step + 1
+    first = step == w.start_step + 1 or switched
     if first:  # the freeze check after this step: who got a gradient, frozen bits before the update
         grads, before = verify.grad_presence(w.model), verify.frozen_fingerprints(w.model)
     loss = float(w.session.all_reduce_mean(loss_local))
@@ -736,8 +788,10 @@ def _step(w: _Worker, data, step: int) -> dict:
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    if first:
-        _verify(w, verify.check_step(w.model, w.plan, optimizer, grads, before), "after_first_step")
+    if first:  # LISA: on the first step of every interval, against that interval's draw
+        when = f"lisa_interval_{lisa_interval_index(step, w.plan.lisa_interval)}" if switched else "after_first_step"
+        _verify(w, verify.check_step(w.model, w.step_plan, optimizer, grads, before,
+                                     when=when.replace("_", " ")), when)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
