@@ -180,12 +180,16 @@ class PlanConfig:
     """``lisa``: K, optimizer steps between draws (steps 1..K use draw 0, K+1..2K draw 1, ...)."""
     lisa_seed: int = 0
     """``lisa``: seed of the draws; draw j is a pure function of (lisa_seed, j)."""
+    expand_blocks: int = 2
+    """``expand`` (LLaMA-Pro block expansion): P identity copies inserted, one after each of P equal groups of
+    layers; only they train."""
 
     def __post_init__(self):
         _check(self.lora_rank >= 1, "plan.lora_rank", self.lora_rank, "an integer >= 1")
         _check(self.lora_alpha > 0, "plan.lora_alpha", self.lora_alpha, "a positive number")
         _check(self.lisa_layers >= 1, "plan.lisa_layers", self.lisa_layers, "an integer >= 1")
         _check(self.lisa_interval >= 1, "plan.lisa_interval", self.lisa_interval, "an integer >= 1")
+        _check(self.expand_blocks >= 1, "plan.expand_blocks", self.expand_blocks, "an integer >= 1")
         close = difflib.get_close_matches(self.name, list(PLANS), n=1)
         _check(self.name in PLANS, "plan.name", self.name,
                "one of " + ", ".join(PLANS) + (f" (did you mean {close[0]!r}?)" if close else ""))

@@ -290,6 +290,20 @@ def _lisa(pcfg, n: int) -> PlanSpec:
                            "layers is reset at each draw, theirs kept (LMFlow's LISATrainer)"])
 
 
+@register_plan("expand")
+def _expand(pcfg, n: int) -> PlanSpec:
+    """Built on the EXPANDED model (N + P layers; the launcher builds it, ``expanded_model_folder``)."""
+    from raycpt.models.hybrid import expand_positions
+
+    p = pcfg.expand_blocks
+    if n - p < p:
+        raise RaycptError(f"plan.expand_blocks={p}: block expansion inserts between 1 and {n - p} blocks into a "
+                          f"{n - p}-layer model (the plan is built on the expanded model of {n} layers)")
+    new = expand_positions(n - p, p)
+    return PlanSpec(new, notes=[f"expand: {p} identity copies (o_proj, down_proj zeroed) at layers {new} of the "
+                                f"expanded {n}; the {n - p} original layers are frozen"])
+
+
 def lisa_interval_index(step: int, interval: int) -> int:
     """The LISA interval of optimizer step ``step`` (1-based): steps 1..K are interval 0."""
     return (int(step) - 1) // int(interval)

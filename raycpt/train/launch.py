@@ -71,10 +71,18 @@ class TrainResult:
 # ------------------------------------------------------------------------------------ model, plan
 
 def resolve_model_path(cfg: ExperimentConfig) -> str:
-    """The local folder of ``cfg.model.ref`` (resolved once, on the driver)."""
+    """The local folder of ``cfg.model.ref`` (resolved once, on the driver); for ``plan.name=expand`` the
+    expanded model built from it (:func:`raycpt.models.hybrid.expanded_model_folder`, cached)."""
     from raycpt.models.sources import resolve_model_path as resolve
 
-    return resolve(cfg.model)
+    path = resolve(cfg.model)
+    if cfg.plan.name == "expand":
+        from raycpt.models.hybrid import expand_groups, expanded_model_folder
+        from transformers import AutoConfig
+
+        expand_groups(AutoConfig.from_pretrained(path).num_hidden_layers, cfg.plan.expand_blocks)  # one line
+        return str(expanded_model_folder(path, cfg.plan.expand_blocks, cfg.model.cache_dir))
+    return path
 
 
 def model_skeleton(model_path: str):
