@@ -53,6 +53,27 @@ class ModelConfig:
 
 
 @dataclass
+class ReplayConfig:
+    corpus: list[str] = field(default_factory=list)
+    """Replay corpus (general text against forgetting), the same kinds of sources as ``data.corpus``; packed once
+    like it. Empty = no replay."""
+    ratio: float = 0.0
+    """rho: the share of training blocks read from the replay corpus, in [0, 1); exactly rho * window of every
+    window of ``window`` blocks when that is whole (else within one)."""
+    window: int = 64
+    """Blocks per mixing window of the stream (the replay slots of each are placed by a seeded permutation)."""
+
+    def __post_init__(self):
+        import math
+
+        _check(isinstance(self.ratio, (int, float)) and math.isfinite(self.ratio) and 0.0 <= self.ratio < 1.0,
+               "data.replay.ratio", self.ratio, "a share in [0, 1) (0 = no replay)")
+        _check(self.window >= 1, "data.replay.window", self.window, "an integer >= 1")
+        _check(self.ratio == 0 or len(self.corpus) > 0, "data.replay.corpus", self.corpus,
+               "a non-empty list of corpus sources when data.replay.ratio > 0")
+
+
+@dataclass
 class DataConfig:
     corpus: list[str] = field(default_factory=lambda: ["builtin:wordnet-glosses"])
     """Training corpus: JSONL / Parquet / text files or globs, ``builtin:wordnet-glosses``,
@@ -75,6 +96,8 @@ class DataConfig:
     evenly spaced sample of them. 0 = the held-out documents are those after ``max_documents`` (the tail)."""
     heldout_seed: int = 0
     """Seed of the held-out hash (``heldout_share``)."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay: a second corpus mixed into the stream at ``ratio`` (deterministic, resumable; docs/train.md)."""
 
     def __post_init__(self):
         _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")

@@ -20,6 +20,7 @@ MLflow run (its id is kept in ``state.json``), and returns at once when the run 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -234,6 +235,8 @@ class _Prepared:
     store: object
     """The packed-token store (:class:`raycpt.data.store.StoreInfo`)."""
     n_blocks: int
+    replay_store: object = None
+    """The replay corpus's packed store (``data.replay``), or None."""
 
 
 def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
@@ -325,8 +328,18 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
             resumed_step, ckpt = found
             resume_from = str(ckpt)
     store = packed_corpus(cfg, model_path, quiet=not progress)
+    replay = replay_corpus(cfg, model_path, quiet=not progress)
     return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
-                     resumed_step=resumed_step, store=store, n_blocks=store.num_blocks)
+                     resumed_step=resumed_step, store=store, n_blocks=store.num_blocks, replay_store=replay)
+
+
+def replay_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True):
+    """The packed store of ``data.replay.corpus`` (all of its documents, none held out), or None without replay."""
+    r = cfg.data.replay
+    if r.ratio <= 0:
+        return None
+    data = dataclasses.replace(cfg.data, corpus=list(r.corpus), max_documents=None, heldout_share=0.0)
+    return packed_corpus(dataclasses.replace(cfg, data=data), model_path, quiet=quiet)
 
 
 def _log_start(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared) -> None:
@@ -356,6 +369,8 @@ def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: 
         "store": str(prep.store.path), "store_build": prep.store.build_id, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
     }
+    if prep.replay_store is not None:
+        loop_config.update(replay_store=str(prep.replay_store.path), replay_store_build=prep.replay_store.build_id)
     if evaluate:
         (Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
     return loop_config

@@ -396,20 +396,26 @@ class RaySession(_Collectives, _Session):
         ckpt = ray.train.Checkpoint.from_directory(ckpt_dir) if ckpt_dir else None
         ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
 
-    def batches(self, config: dict):
+    def batches(self, config: dict, key: str = "store"):
         """The packed store the launcher chose (``config["store"]``), memory-mapped; no Ray Data."""
-        store = read_store(Path(config["store"]))
-        if store is None or store.build_id != config.get("store_build", store.build_id):
-            raise RaycptError(f"the packed store {config['store']} was removed or re-packed while this run used it; "
+        store = read_store(Path(config[key]))
+        if store is None or store.build_id != config.get(f"{key}_build", store.build_id):
+            raise RaycptError(f"the packed store {config[key]} was removed or re-packed while this run used it; "
                               "run it again")
         return PackedBlocks(store.path, store.manifest)
+
+    def replay_batches(self, config: dict):
+        """The replay corpus's packed store (``config["replay_store"]``)."""
+        return self.batches(config, "replay_store")
 
 
 class LocalSession(_Session):
     """The same loop in a plain process (no Ray): blocks from a numpy array, checkpoints in a folder."""
 
-    def __init__(self, blocks: np.ndarray, checkpoint_root: Optional[Path] = None):
+    def __init__(self, blocks: np.ndarray, checkpoint_root: Optional[Path] = None,
+                 replay_blocks: Optional[np.ndarray] = None):
         self.blocks = np.asarray(blocks)
+        self.replay = None if replay_blocks is None else np.asarray(replay_blocks)
         self.root = Path(checkpoint_root) if checkpoint_root else None
         self.reports: list[tuple[dict, Optional[str]]] = []
 
@@ -429,14 +435,28 @@ class LocalSession(_Session):
     def batches(self, config: dict):
         return ArrayBlocks(self.blocks)
 
+    def replay_batches(self, config: dict):
+        if self.replay is None:
+            raise RaycptError("data.replay.ratio > 0 but this session has no replay blocks")
+        return ArrayBlocks(self.replay)
 
-def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, skip: int
+
+def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, skip: int, replay=None
                   ) -> Iterator[tuple[int, torch.Tensor]]:
     """Endless ``(epoch, (mbs, seq) LongTensor)`` of this rank's share of ``source`` in the seeded
-    order of each epoch (:mod:`raycpt.data.stream`), starting after ``skip`` micro-batches."""
+    order of each epoch (:mod:`raycpt.data.stream`), starting after ``skip`` micro-batches. ``replay`` (a
+    second block source) mixes in at ``data_cfg.replay.ratio`` (:mod:`raycpt.data.replay`)."""
     seed = data_cfg.shuffle_seed if data_cfg.shuffle_seed is not None else seed
-    for epoch, rows in iter_micro_batches(source, mbs, rank=rank, world=world, seed=seed,
-                                          window=data_cfg.shuffle_window, skip=skip):
+    rcfg = getattr(data_cfg, "replay", None)
+    if replay is not None and rcfg is not None and rcfg.ratio > 0:
+        from raycpt.data.replay import iter_mixed_micro_batches
+
+        it = iter_mixed_micro_batches(source, replay, mbs, ratio=rcfg.ratio, rank=rank, world=world, seed=seed,
+                                      window=data_cfg.shuffle_window, skip=skip, mix_window=rcfg.window)
+    else:
+        it = iter_micro_batches(source, mbs, rank=rank, world=world, seed=seed, window=data_cfg.shuffle_window,
+                                skip=skip)
+    for epoch, rows in it:
         yield epoch, torch.from_numpy(rows)
 
 
@@ -710,7 +730,9 @@ def _data(w: _Worker) -> Iterator[tuple[int, torch.Tensor]]:
     """This rank's micro-batches, after the ones the steps before ``start_step`` consumed."""
     config, session, tcfg = w.config, w.session, w.cfg.train
     ga, mbs, start_step = tcfg.grad_accum, tcfg.micro_batch_size, w.start_step
-    return micro_batches(session.batches(config), w.cfg.data, mbs, w.rank, w.world, tcfg.seed, skip=start_step * ga)
+    replay = session.replay_batches(config) if w.cfg.data.replay.ratio > 0 else None
+    return micro_batches(session.batches(config), w.cfg.data, mbs, w.rank, w.world, tcfg.seed, skip=start_step * ga,
+                         replay=replay)
 
 
 def _start(w: _Worker) -> LoopState:
