@@ -126,3 +126,31 @@ def test_lisa_on_several_workers_is_refused(tiny_dir):
     cfg = load_config(None, [f"model.ref={tiny_dir}", "plan.name=lisa", "train.num_workers=2"])
     with pytest.raises(RaycptError, match="plan.name=lisa trains on one worker"):
         prepare_plan(cfg, str(tiny_dir))
+
+
+def test_bf16_lisa_keeps_float32_masters_of_every_layer_and_resumes_exactly(tiny_dir, tmp_path):
+    common = {**COMMON, "precision": "bf16"}
+    full = run_loop(_cfg(tiny_dir, tmp_path / "a", **common), LocalSession(BLOCKS, tmp_path / "a" / "ckpts"))
+    ck = tmp_path / "a" / "ckpts" / "checkpoint_000004"
+    master = torch.load(ck / "train_state.pt", weights_only=True)["master"]
+    layers = {int(k.split(".")[2]) for k in master if ".layers." in k}
+    assert layers == set(range(N))  # not only the current draw: earlier intervals trained the others
+    cfg = _cfg(tiny_dir, tmp_path / "b", **common)
+    cfg["resume_from"] = str(ck)
+    assert run_loop(cfg, LocalSession(BLOCKS, tmp_path / "b" / "ckpts"))["losses"] == full["losses"]
+
+
+def test_the_memory_estimate_counts_the_largest_draw():
+    import transformers as T
+
+    from raycpt.train.memory import estimate_memory, model_shape
+    from tiny import tiny_config
+
+    with torch.device("meta"):
+        model = T.AutoModelForCausalLM.from_config(tiny_config("llama", 4))
+    plan = build_plan(PlanConfig(name="lisa", lisa_layers=2), 4, tied_embeddings=True)
+    layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    non_layer = model.model.embed_tokens.weight.numel() + model.model.norm.weight.numel()  # tied head: once
+    est = estimate_memory(model_shape(model), plan, seq_len=16, micro_batch=2)
+    assert est.terms["gradients"] == 4.0 * (2 * layer + non_layer) == 4.0 * lisa_trainable_params([layer] * 4,
+                                                                                                  non_layer, 2)

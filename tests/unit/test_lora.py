@@ -230,3 +230,20 @@ def test_the_loop_saves_merged_weights_and_peft_adapters_and_resumes_exactly(tin
     a = load_file(str(final / "model" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "ckpts" / "checkpoint_000004" / "model" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_training_checkpoints_merged_bf16_weights_and_resumes_exactly(tiny_dir, tmp_path):
+    """precision=bf16 (CPU autocast): model/ is the merged weights in bf16, the adapters stay float32 in
+    adapter/, and a resume (base + adapters, not the bf16 merge) gives the same losses."""
+    from safetensors.torch import load_file
+
+    blocks = np.random.default_rng(0).integers(4, 128, size=(64, 16)).astype(np.int32)
+    cfg = _loop_config(tiny_dir, tmp_path / "a", max_steps=4, checkpoint_every=2, lr=0.01, micro_batch_size=2,
+                       warmup_ratio=0.0, precision="bf16")
+    full = run_loop(cfg, LocalSession(blocks, tmp_path / "a" / "ck"))
+    ck2 = tmp_path / "a" / "ck" / "checkpoint_000002"
+    assert {v.dtype for v in load_file(str(ck2 / "model" / "model.safetensors")).values()} == {torch.bfloat16}
+    assert {v.dtype for v in load_file(str(ck2 / "adapter" / "adapter_model.safetensors")).values()} == {torch.float32}
+    cfg_b = copy.deepcopy(cfg)
+    cfg_b.update(run_dir=str(tmp_path / "b"), resume_from=str(ck2))
+    assert run_loop(cfg_b, LocalSession(blocks, tmp_path / "b" / "ck"))["losses"] == full["losses"]
