@@ -632,6 +632,31 @@ class CompareConfig:
 
 
 @dataclass
+class SelectConfig:
+    """``raycpt select``: a layer selector's scores per layer -> a ranking file (its CLI options override these)."""
+
+    method: str = "bi"
+    """Selector: bi (Block Influence on corpus blocks), snr (weight-only Spectrum SNR), layertracer (LS^ - TP^ of
+    a trace) or random (seeded)."""
+    k: Optional[int] = None
+    """Top-k layers named in the ranking file (its ``top_k``) and the plot; null = half the layers."""
+    samples: int = 16
+    """bi: corpus blocks of ``select.seq_len`` tokens (data.corpus, the model's tokenizer) the cosines average over."""
+    seq_len: Optional[int] = None
+    """bi: tokens per block; null = data.seq_len."""
+    seed: int = 0
+    """random: the seed of the draw (and of the spread sample of bi's documents)."""
+    normalize: bool = False
+    """snr: divide each matrix's SNR by its largest singular value, as Spectrum's script does."""
+
+    def __post_init__(self):
+        _check(self.method in ("bi", "snr", "layertracer", "random"), "select.method", self.method,
+               "one of bi, snr, layertracer, random")
+        _check(self.samples >= 1, "select.samples", self.samples, "an integer >= 1")
+        _check(self.seq_len is None or self.seq_len >= 2, "select.seq_len", self.seq_len, "an integer >= 2 or null")
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"
     """Name of the experiment; run folders are ``<run_root>/<command>-<name>-<id>``."""
@@ -650,6 +675,8 @@ class ExperimentConfig:
     compare: CompareConfig = field(default_factory=CompareConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     """How the sweep summary decides: the primary comparison and the multiplicity control."""
+    select: SelectConfig = field(default_factory=SelectConfig)
+    """``raycpt select``: which selector, how many layers, its corpus sample."""
 
     def __post_init__(self):
         _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None
