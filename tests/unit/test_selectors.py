@@ -150,3 +150,43 @@ def test_ranking_from_another_depth_is_one_line_exit_2(tiny_dir, tmp_path, capsy
     assert rc == 2
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.strip() == f"error: ranking file {path} is for a 30-layer model, this model has 4 layers"
+
+
+# ------------------------------------------------------------------------------------ equal budget (sweep --budget)
+def test_budget_plans_by_hand():
+    from raycpt.strategies import budget_plans
+
+    # 4 layers of 10, 20, 30, 40 parameters; 5 outside the layers; LoRA 3 per unit of rank, rank <= 8; budget 47
+    rows = {r["name"]: r for r in budget_plans(47, [10, 20, 30, 40], 5, 3, 8, rankings={"bi": [3, 1, 0, 2]},
+                                               random_seeds=(0,))}
+    # shallow: b=1,2,3 -> 10, 30, 60: 60 is nearest; deep: [3:] 40, [2:] 70, [1:] 90 -> 40
+    assert rows["layertracer-shallow"]["overrides"] == ["plan.name=train_shallow", "plan.split=3/4"]
+    assert rows["layertracer-shallow"]["trainable"] == 60
+    assert rows["layertracer-deep"]["overrides"] == ["plan.name=train_deep", "plan.split=3/4"]
+    assert rows["layertracer-deep"]["trainable"] == 40
+    # bi order 3, 1, 0, 2: cumulative 40, 60, 70, 100 -> k = 1
+    assert rows["bi-top1"]["overrides"] == ["plan.name=layers", "plan.layers=[3]"]
+    # LISA: gamma largest layers + 5: 45, 75 -> gamma 1; LoRA 3r nearest 47 wants r=16 > 8 -> 8 (24)
+    assert rows["lisa-g1"]["trainable"] == 45 and rows["lisa-g1"]["overrides"][-1] == "plan.lisa_layers=1"
+    assert rows["lora-r8"]["trainable"] == 24 and "plan.lora_rank=8" in rows["lora-r8"]["overrides"]
+    # expand: P=1 copies layer 3 (40); P=2 copies layers 1, 3 (60) -> P = 1
+    assert rows["expand-p1"]["trainable"] == 40
+    # random seed 0: the top-k of default_rng(0).random(4), k nearest by the cumulative count of that order
+    draw = np.random.default_rng(0).random(4)
+    order = list(np.argsort(-draw, kind="stable"))
+    sizes = [10, 20, 30, 40]
+    cum = np.cumsum([sizes[i] for i in order])
+    k = int(np.argmin(np.abs(cum - 47))) + 1
+    name = f"random0-top{k}"
+    assert rows[name]["overrides"][-1] == f"plan.layers=[{','.join(str(int(i)) for i in sorted(order[:k]))}]"
+    assert len(rows) == 7
+
+
+@pytest.mark.parametrize("budget,msg", [(9, "below one layer's parameters (10)"),
+                                        (106, "above the model's 105 parameters")])
+def test_budget_out_of_range_is_one_line(budget, msg):
+    from raycpt.errors import RaycptError
+    from raycpt.strategies import budget_plans
+
+    with pytest.raises(RaycptError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        budget_plans(budget, [10, 20, 30, 40], 5, 3, 8)
