@@ -645,7 +645,8 @@ def check_budget(budget: int, layer_params, total_params: int) -> int:
 
 def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank: int, max_rank: int,
                  rankings: Optional[dict] = None, random_seeds=(0, 1, 2)) -> list[dict]:
-    """The trials of an equal-budget comparison: per row ``{"name", "overrides", "trainable"}``, each plan at the
+    """The trials of an equal-budget comparison: per row ``{"name", "settings", "trainable"}`` (settings: dotted
+    config keys -> typed values, a sweep recipe), each plan at the
     setting whose trainable count is nearest ``budget`` (ties: the smaller setting).
 
     ``layer_params``: parameters per decoder layer; ``non_layer_params``: embeddings + final norm + head (a tied
@@ -664,9 +665,9 @@ def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank
     check_budget(budget, sizes, sum(sizes) + int(non_layer_params))
     b = _nearest(range(1, n), lambda k: sum(sizes[:k]), budget)
     d = _nearest(range(n - 1, 0, -1), lambda k: sum(sizes[k:]), budget)
-    rows = [{"name": "layertracer-shallow", "overrides": ["plan.name=train_shallow", f"plan.split={b}/{n}"],
+    rows = [{"name": "layertracer-shallow", "settings": {"plan.name": "train_shallow", "plan.split": b / n},
              "trainable": sum(sizes[:b])},
-            {"name": "layertracer-deep", "overrides": ["plan.name=train_deep", f"plan.split={d}/{n}"],
+            {"name": "layertracer-deep", "settings": {"plan.name": "train_deep", "plan.split": d / n},
              "trainable": sum(sizes[d:])}]
     orders = dict(rankings or {})
     for seed in random_seeds:
@@ -676,16 +677,16 @@ def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank
         order = [int(i) for i in order]
         k = _nearest(range(1, len(order) + 1), lambda j: sum(sizes[i] for i in order[:j]), budget)
         top = sorted(order[:k])
-        layers = ",".join(map(str, top))
-        rows.append({"name": f"{name}-top{k}", "overrides": ["plan.name=layers", f"plan.layers=[{layers}]"],
+        rows.append({"name": f"{name}-top{k}", "settings": {"plan.name": "layers", "plan.layers": top},
                      "trainable": sum(sizes[i] for i in top)})
     g = _nearest(range(1, n + 1), lambda j: lisa_trainable_params(sizes, non_layer_params, j), budget)
     r = _nearest(range(1, int(max_rank) + 1), lambda j: j * int(lora_per_rank), budget)
     p = _nearest(range(1, n + 1), lambda j: expand_trainable_params(sizes, j), budget)
-    rows += [{"name": f"lisa-g{g}", "overrides": ["plan.name=lisa", f"plan.lisa_layers={g}"],
+    rows += [{"name": f"lisa-g{g}", "settings": {"plan.name": "lisa", "plan.lisa_layers": g},
               "trainable": lisa_trainable_params(sizes, non_layer_params, g)},
-             {"name": f"lora-r{r}", "overrides": ["plan.name=full", "plan.full_non_layers=false", "plan.adapter=lora",
-                                                  f"plan.lora_rank={r}"], "trainable": r * int(lora_per_rank)},
-             {"name": f"expand-p{p}", "overrides": ["plan.name=expand", f"plan.expand_blocks={p}"],
+             {"name": f"lora-r{r}", "settings": {"plan.name": "full", "plan.full_non_layers": False,
+                                                 "plan.adapter": "lora", "plan.lora_rank": r},
+              "trainable": r * int(lora_per_rank)},
+             {"name": f"expand-p{p}", "settings": {"plan.name": "expand", "plan.expand_blocks": p},
               "trainable": expand_trainable_params(sizes, p)}]
     return rows

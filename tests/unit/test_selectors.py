@@ -160,15 +160,15 @@ def test_budget_plans_by_hand():
     rows = {r["name"]: r for r in budget_plans(47, [10, 20, 30, 40], 5, 3, 8, rankings={"bi": [3, 1, 0, 2]},
                                                random_seeds=(0,))}
     # shallow: b=1,2,3 -> 10, 30, 60: 60 is nearest; deep: [3:] 40, [2:] 70, [1:] 90 -> 40
-    assert rows["layertracer-shallow"]["overrides"] == ["plan.name=train_shallow", "plan.split=3/4"]
+    assert rows["layertracer-shallow"]["settings"] == {"plan.name": "train_shallow", "plan.split": 0.75}
     assert rows["layertracer-shallow"]["trainable"] == 60
-    assert rows["layertracer-deep"]["overrides"] == ["plan.name=train_deep", "plan.split=3/4"]
+    assert rows["layertracer-deep"]["settings"] == {"plan.name": "train_deep", "plan.split": 0.75}
     assert rows["layertracer-deep"]["trainable"] == 40
     # bi order 3, 1, 0, 2: cumulative 40, 60, 70, 100 -> k = 1
-    assert rows["bi-top1"]["overrides"] == ["plan.name=layers", "plan.layers=[3]"]
+    assert rows["bi-top1"]["settings"] == {"plan.name": "layers", "plan.layers": [3]}
     # LISA: gamma largest layers + 5: 45, 75 -> gamma 1; LoRA 3r nearest 47 wants r=16 > 8 -> 8 (24)
-    assert rows["lisa-g1"]["trainable"] == 45 and rows["lisa-g1"]["overrides"][-1] == "plan.lisa_layers=1"
-    assert rows["lora-r8"]["trainable"] == 24 and "plan.lora_rank=8" in rows["lora-r8"]["overrides"]
+    assert rows["lisa-g1"]["trainable"] == 45 and rows["lisa-g1"]["settings"]["plan.lisa_layers"] == 1
+    assert rows["lora-r8"]["trainable"] == 24 and rows["lora-r8"]["settings"]["plan.lora_rank"] == 8
     # expand: P=1 copies layer 3 (40); P=2 copies layers 1, 3 (60) -> P = 1
     assert rows["expand-p1"]["trainable"] == 40
     # random seed 0: the top-k of default_rng(0).random(4), k nearest by the cumulative count of that order
@@ -178,7 +178,7 @@ def test_budget_plans_by_hand():
     cum = np.cumsum([sizes[i] for i in order])
     k = int(np.argmin(np.abs(cum - 47))) + 1
     name = f"random0-top{k}"
-    assert rows[name]["overrides"][-1] == f"plan.layers=[{','.join(str(int(i)) for i in sorted(order[:k]))}]"
+    assert rows[name]["settings"]["plan.layers"] == sorted(int(i) for i in order[:k])
     assert len(rows) == 7
 
 
