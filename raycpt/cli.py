@@ -40,6 +40,8 @@ COMMANDS: dict[str, Row] = {
                  "strategy at every split on Ray Tune; print the summary.", (
                      Opt("splits", S, SPLITS, "sweep.splits", floats("--splits")),
                      Opt("strategies", S, "e.g. train_shallow,train_deep (full runs once)", "sweep.strategies"),
+                     Opt("budget", S, "equal-budget comparison at this trainable-parameter count (sets "
+                         "sweep.budget)", "sweep.budget"),
                      RESUME)),
     "trace": Row("raycpt.jobs.trace:run_trace", "render_trace", "LayerTracer: Task Particle and Layer-wise "
                  "Sensitivity per layer, S(b) per split, recommended split.", (

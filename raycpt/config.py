@@ -389,6 +389,10 @@ class SweepConfig:
     """Run ``trace`` first and report S(b) next to each split's realised gain."""
     trace_max_prompts: Optional[int] = None
     """Prompts used by the sweep's trace (None = ``trace.max_prompts``); keeps the sweep short on a CPU."""
+    budget: Optional[Union[int, str]] = None
+    """Equal-budget comparison (``--budget``): a trainable-parameter count; the trials are LayerTracer's shallow
+    and deep plans, BI- and SNR-top-k, random-k (3 seeds), LISA, LoRA and expand at the settings nearest it
+    (:func:`raycpt.strategies.budget_plans`), replacing ``strategies``; null = the split grid."""
     max_concurrent_trials: int = 1
     """Tune trials running at once."""
     cpus_per_trial: float = 1.0

@@ -148,12 +148,74 @@ def prepare(cfg: ExperimentConfig, console=None) -> SweepPlan:
 
     model_path, num_layers = model_layers(cfg)
     s = cfg.sweep
+    if s.budget is not None:  # the equal-budget trials replace the strategies (as recipes: the config says them)
+        rows = budget_rows(cfg, model_path)
+        s.recipes = {**s.recipes, **{r["name"]: r["settings"] for r in rows}}
+        s.strategies = [r["name"] for r in rows]
+        if console is not None:
+            console.print("budget " + f"{int(s.budget):,}: " + ", ".join(f"{r['name']} ({r['trainable']:,})"
+                                                                          for r in rows), markup=False)
     specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds)
     check_memory(cfg, console, sweep_plans(cfg))
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
     prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
     return SweepPlan(cfg, model_path, num_layers, specs, blocks)
+
+
+def budget_numbers(skeleton, targets=()) -> dict:
+    """What :func:`raycpt.strategies.budget_plans` needs, from a weightless copy of the model: parameters per
+    layer, outside the layers (a tied matrix once), LoRA parameters per unit of rank on every layer, the largest
+    rank (the smallest targeted width), the model's total."""
+    from raycpt.models.adapters import lora_targets, lora_trainable_params
+    from raycpt.models.stack import LayerStack
+
+    stack = LayerStack.of(skeleton)
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in stack.layers]
+    total = sum(p.numel() for p in skeleton.parameters())
+    mods = lora_targets(skeleton, range(stack.num_layers), targets)
+    return {"layer_params": sizes, "non_layer_params": total - sum(sizes), "total": total,
+            "lora_per_rank": lora_trainable_params(skeleton, 1, range(stack.num_layers), targets),
+            "max_rank": min(min(m.in_features, m.out_features) for _, m in mods)}
+
+
+def parse_budget(value) -> int:
+    """``--budget``: a whole trainable-parameter count (``auto`` is not built yet: one line)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        raise RaycptError("--budget auto (the recommended train_shallow's count) is not built yet: give a "
+                          "trainable-parameter count, e.g. --budget 20000000")
+    try:
+        return int(str(value).replace("_", "").replace(",", ""))
+    except ValueError:
+        raise RaycptError(f"--budget {value!r}: expected a trainable-parameter count (a whole number)") from None
+
+
+def budget_rows(cfg: ExperimentConfig, model_path: str) -> list[dict]:
+    """The equal-budget trials: the budget checked against the model first (one line), then the BI and SNR
+    rankings computed on the driver (:mod:`raycpt.diagnostics.selectors`, as ``raycpt select`` does), then
+    :func:`raycpt.strategies.budget_plans`."""
+    import numpy as np
+    import torch
+
+    from raycpt.diagnostics.selectors import block_influence, weight_snr
+    from raycpt.jobs.select import BATCH, corpus_blocks
+    from raycpt.models.sources import load_model
+    from raycpt.models.stack import LayerStack
+    from raycpt.strategies import budget_plans, check_budget
+    from raycpt.train.launch import model_skeleton
+
+    nums = budget_numbers(model_skeleton(model_path), cfg.plan.lora_targets)
+    budget = check_budget(parse_budget(cfg.sweep.budget), nums["layer_params"], nums["total"])
+    model, tok = load_model(model_path, dtype="float32", device="cpu")
+    layers = LayerStack(model).layers
+    blocks = corpus_blocks(cfg, tok)
+    bi = block_influence(model, layers, [(torch.as_tensor(blocks[i:i + BATCH], dtype=torch.long), None)
+                                         for i in range(0, len(blocks), BATCH)])  # tokens pooled over the batches
+    snr = weight_snr(layers)
+    order = {m: sorted(range(len(v)), key=lambda i: (0, -v[i], i) if np.isfinite(v[i]) else (1, 0.0, i))
+             for m, v in (("bi", bi), ("snr", snr))}
+    return budget_plans(budget, nums["layer_params"], nums["non_layer_params"], nums["lora_per_rank"],
+                        nums["max_rank"], rankings=order)
 
 
 def check_memory(cfg: ExperimentConfig, console, plans: list) -> None:
@@ -188,7 +250,8 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None) -> SweepRe
     with ray_session(cfg.ray):
         trace = None
         if s.trace_first:
-            trace = _trace_once(cfg, run_dir, sorted({t.split for t in plan.specs if t.split is not None}), run.run_id)
+            splits = sorted({t.split for t in plan.specs if t.split is not None}) or list(s.splits)
+            trace = _trace_once(cfg, run_dir, splits, run.run_id)
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg))

@@ -1,0 +1,63 @@
+"""``raycpt sweep --budget B`` on the tiny model, up to the grid (no Ray): the trials are the equal-budget rows,
+each row's predicted trainable count equals what its plan really trains (the plan code counts it on the model),
+the LoRA rank and the splits are the ones a hand count of the tiny Llama gives; a budget below one layer or
+above the model, and ``auto`` (not built), are one line, exit 2."""
+
+import pytest
+
+
+def _cfg(tmp_path, tiny_dir, budget):
+    from raycpt.config import load_config
+
+    return load_config(None, [f"model.ref={tiny_dir}", f"tracking.run_root={tmp_path / 'runs'}", "data.seq_len=16",
+                              "select.samples=4", f"sweep.budget={budget}"])
+
+
+def test_budget_trials_train_what_they_promise(tiny_dir, tmp_path):
+    from raycpt.jobs.sweep import prepare, trial_config
+    from raycpt.train.launch import prepare_plan
+    from tiny import tiny_model
+
+    model = tiny_model("llama", num_layers=4)  # save_tiny's model
+    layer = sum(p.numel() for n, p in model.named_parameters() if n.startswith("model.layers.0."))
+    cfg = _cfg(tmp_path, tiny_dir, 2 * layer)
+    plan = prepare(cfg)
+    names = [t.name for t in plan.specs]
+    assert names[0] == "full" and len(names) == 1 + 10  # shallow, deep, bi, snr, 3 random, lisa, lora, expand
+    # LISA trains gamma layers + the tied embedding (128 x 32) + the final norm (32): gamma 1 -> layer + 4128,
+    # gamma 2 -> 2 layers + 4128 (nearer 2 layers, as a layer here has 9280 parameters)
+    assert layer == 9280
+    assert {"layertracer-shallow", "layertracer-deep", "bi-top2", "snr-top2", "lisa-g2", "expand-p2"} <= set(names)
+    # LoRA per unit of rank, by hand: hidden 32, 4 heads of 8, 2 kv heads, MLP 64 -> q 32+32, k 32+16, v 32+16,
+    # o 32+32, gate 32+64, up 32+64, down 64+32 = 512 per layer, 2048 on 4 layers; 2 layers = 2 * layer params
+    lora = next(n for n in names if n.startswith("lora-r"))
+    assert lora == f"lora-r{min(16, round(2 * layer / 2048))}"
+    by_name = {t.name: t for t in plan.specs}
+    for name in names[1:]:
+        tcfg = trial_config(plan.cfg, by_name[name])
+        if name.startswith(("lisa", "expand")):  # LISA draws per interval; expand trains an expanded model
+            continue
+        _, counts, _ = prepare_plan(tcfg, plan.model_path)
+        want = 2 * layer if not name.startswith("lora") else int(lora[6:]) * 2048
+        assert counts["trainable"] == want, (name, counts["trainable"], want)
+    assert by_name["layertracer-shallow"].recipe == {"plan.name": "train_shallow", "plan.split": 0.5}
+    assert by_name["layertracer-deep"].recipe == {"plan.name": "train_deep", "plan.split": 0.5}
+
+
+@pytest.mark.parametrize("budget,line", [
+    ("5", "error: --budget 5 is below one layer's parameters ({layer:,}): no plan fits it"),
+    ("999999999", "error: --budget 999,999,999 is above the model's {total:,} parameters"),
+    ("auto", "error: --budget auto (the recommended train_shallow's count) is not built yet: give a "
+             "trainable-parameter count, e.g. --budget 20000000")])
+def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys, budget, line):
+    from raycpt.cli import main
+    from tiny import tiny_model
+
+    model = tiny_model("llama", num_layers=4)
+    layer = sum(p.numel() for n, p in model.named_parameters() if n.startswith("model.layers.0."))
+    total = sum(p.numel() for p in model.parameters())
+    rc = main(["sweep", f"model.ref={tiny_dir}", f"tracking.run_root={tmp_path / 'runs'}", "--budget", budget])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.strip() == line.format(layer=layer, total=total)
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("sweep-*"))
