@@ -31,7 +31,6 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 import torch
 
-from raycpt.diagnostics.scores import boundary_score
 
 METHODS = ("bi", "snr", "layertracer", "random")
 METRICS = {"bi": "block_influence", "snr": "weight_snr", "layertracer": "ls_norm_minus_tp_norm",
@@ -135,12 +134,6 @@ def weight_snr(layers, normalize: bool = False) -> np.ndarray:
 def layertracer_scores(tp_norm, ls_norm) -> np.ndarray:
     """``LS^ - TP^`` per layer: ``S(b) = mean score[0:b) - mean score[b:N)`` (see the module docstring)."""
     return np.asarray(ls_norm, dtype=np.float64) - np.asarray(tp_norm, dtype=np.float64)
-
-
-def check_layertracer_identity(tp_norm, ls_norm, b: int) -> float:
-    """``S(b) - (mean score[0:b) - mean score[b:N))``: zero up to rounding (a self-check the job logs)."""
-    d = layertracer_scores(tp_norm, ls_norm)
-    return boundary_score(tp_norm, ls_norm, b) - (d[:b].mean() - d[b:].mean())
 
 
 def random_scores(num_layers: int, seed: int) -> np.ndarray:
