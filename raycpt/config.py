@@ -392,7 +392,8 @@ class SweepConfig:
     budget: Optional[Union[int, str]] = None
     """Equal-budget comparison (``--budget``): a trainable-parameter count; the trials are LayerTracer's shallow
     and deep plans, BI- and SNR-top-k, random-k (3 seeds), LISA, LoRA and expand at the settings nearest it
-    (:func:`raycpt.strategies.budget_plans`), replacing ``strategies``; null = the split grid."""
+    (:func:`raycpt.strategies.budget_plans`), replacing ``strategies``; ``auto`` = train_shallow's count at the
+    trace's recommended split; null = the split grid."""
     max_concurrent_trials: int = 1
     """Tune trials running at once."""
     cpus_per_trial: float = 1.0

@@ -24,7 +24,7 @@ from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.jobs.grid import Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, memo
-from raycpt.splits import check_split
+from raycpt.splits import check_split, split_index
 from raycpt.strategies import split_plans, takes_split
 from raycpt.tracking import log_metrics
 
@@ -148,13 +148,13 @@ def prepare(cfg: ExperimentConfig, console=None) -> SweepPlan:
 
     model_path, num_layers = model_layers(cfg)
     s = cfg.sweep
-    if s.budget is not None:  # the equal-budget trials replace the strategies (as recipes: the config says them)
-        rows = budget_rows(cfg, model_path)
-        s.recipes = {**s.recipes, **{r["name"]: r["settings"] for r in rows}}
-        s.strategies = [r["name"] for r in rows]
-        if console is not None:
-            console.print("budget " + f"{int(s.budget):,}: " + ", ".join(f"{r['name']} ({r['trainable']:,})"
-                                                                          for r in rows), markup=False)
+    if is_auto(s.budget):  # the recommended train_shallow's count: the rows come after the trace (execute)
+        if not s.trace_first:
+            raise RaycptError("--budget auto is the recommended train_shallow's count: it needs the trace "
+                              "(sweep.trace_first=true), or give a trainable-parameter count")
+        s.strategies = []
+    elif s.budget is not None:  # the equal-budget trials replace the strategies (as recipes: the config says them)
+        use_budget_rows(cfg, budget_rows(cfg, model_path), console)
     specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds)
     check_memory(cfg, console, sweep_plans(cfg))
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
@@ -179,11 +179,28 @@ def budget_numbers(skeleton, targets=()) -> dict:
             "max_rank": min(min(m.in_features, m.out_features) for _, m in mods)}
 
 
+def is_auto(value) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def auto_budget(recommended_ratio: float, layer_params) -> int:
+    """``--budget auto``: the trainable count of train_shallow at the trace's recommended split (layers [0, b))."""
+    sizes = [int(x) for x in layer_params]
+    return sum(sizes[:split_index(recommended_ratio, len(sizes))])
+
+
+def use_budget_rows(cfg: ExperimentConfig, rows: list[dict], console=None) -> None:
+    """The budget rows become the sweep's recipes and strategies (the run folder's config names each one)."""
+    s = cfg.sweep
+    s.recipes = {**s.recipes, **{r["name"]: r["settings"] for r in rows}}
+    s.strategies = [r["name"] for r in rows]
+    if console is not None:
+        console.print(f"budget {int(s.budget):,}: " + ", ".join(f"{r['name']} ({r['trainable']:,})" for r in rows),
+                      markup=False)
+
+
 def parse_budget(value) -> int:
-    """``--budget``: a whole trainable-parameter count (``auto`` is not built yet: one line)."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        raise RaycptError("--budget auto (the recommended train_shallow's count) is not built yet: give a "
-                          "trainable-parameter count, e.g. --budget 20000000")
+    """``--budget``: a whole trainable-parameter count (``auto`` is resolved after the trace, :func:`auto_budget`)."""
     try:
         return int(str(value).replace("_", "").replace(",", ""))
     except ValueError:
@@ -244,20 +261,33 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None) -> SweepRe
               if plan.heldout else None}
     if plan.heldout and getattr(plan.heldout, "documents", None):  # the document of each block: the summary's clusters
         atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(plan.heldout.documents))
-    grid = Grid("sweep", plan.specs, shared=shared, cpus=s.cpus_per_trial, data_cpus=s.data_cpus_per_trial,
-                resources=s.trial_resources, max_concurrent=s.max_concurrent_trials, max_steps=cfg.train.max_steps,
-                model_path=plan.model_path)
     with ray_session(cfg.ray):
         trace = None
         if s.trace_first:
             splits = sorted({t.split for t in plan.specs if t.split is not None}) or list(s.splits)
             trace = _trace_once(cfg, run_dir, splits, run.run_id)
+        if is_auto(s.budget):
+            plan.specs = _auto_specs(plan, trace, console)
+        grid = Grid("sweep", plan.specs, shared=shared, cpus=s.cpus_per_trial, data_cpus=s.data_cpus_per_trial,
+                    resources=s.trial_resources, max_concurrent=s.max_concurrent_trials,
+                    max_steps=cfg.train.max_steps, model_path=plan.model_path)
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg))
         log_summary(run, summary["files"], trace, summary)
         run.state(done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace)
+
+
+def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
+    """``--budget auto`` after the trace: the budget = the recommended train_shallow's count, then its rows."""
+    from raycpt.train.launch import model_skeleton
+
+    cfg, s = plan.cfg, plan.cfg.sweep
+    sizes = budget_numbers(model_skeleton(plan.model_path), cfg.plan.lora_targets)["layer_params"]
+    s.budget = auto_budget(trace["recommended_split"], sizes)
+    use_budget_rows(cfg, budget_rows(cfg, plan.model_path), console)
+    return plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds)
 
 
 def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strategies: Optional[list[str]] = None,

@@ -1,7 +1,8 @@
 """``raycpt sweep --budget B`` on the tiny model, up to the grid (no Ray): the trials are the equal-budget rows,
 each row's predicted trainable count equals what its plan really trains (the plan code counts it on the model),
 the LoRA rank and the splits are the ones a hand count of the tiny Llama gives; a budget below one layer or
-above the model, and ``auto`` (not built), are one line, exit 2."""
+above the model, and ``auto`` without the trace, are one line, exit 2; ``auto`` = the recommended
+train_shallow's count, by hand."""
 
 import pytest
 
@@ -47,8 +48,8 @@ def test_budget_trials_train_what_they_promise(tiny_dir, tmp_path):
 @pytest.mark.parametrize("budget,line", [
     ("5", "error: --budget 5 is below one layer's parameters ({layer:,}): no plan fits it"),
     ("999999999", "error: --budget 999,999,999 is above the model's {total:,} parameters"),
-    ("auto", "error: --budget auto (the recommended train_shallow's count) is not built yet: give a "
-             "trainable-parameter count, e.g. --budget 20000000")])
+    ("auto sweep.trace_first=false", "error: --budget auto is the recommended train_shallow's count: it needs "
+                                     "the trace (sweep.trace_first=true), or give a trainable-parameter count")])
 def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys, budget, line):
     from raycpt.cli import main
     from tiny import tiny_model
@@ -56,7 +57,8 @@ def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys, budget, line):
     model = tiny_model("llama", num_layers=4)
     layer = sum(p.numel() for n, p in model.named_parameters() if n.startswith("model.layers.0."))
     total = sum(p.numel() for p in model.parameters())
-    rc = main(["sweep", f"model.ref={tiny_dir}", f"tracking.run_root={tmp_path / 'runs'}", "--budget", budget])
+    word, *over = budget.split()
+    rc = main(["sweep", f"model.ref={tiny_dir}", f"tracking.run_root={tmp_path / 'runs'}", *over, "--budget", word])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
     assert err.strip() == line.format(layer=layer, total=total)
@@ -92,3 +94,13 @@ def test_budget_sweep_end_to_end(tiny_dir, tmp_path, ray_local):
         assert got[name] == 2 * layer, (name, got[name])
     lora = next(n for n in got if n.startswith("lora-r"))
     assert got[lora] == int(lora[6:]) * 2048
+
+
+def test_auto_budget_is_the_recommended_train_shallow_count():
+    from raycpt.jobs.sweep import auto_budget
+
+    sizes = [10, 20, 30, 40, 50]
+    assert auto_budget(0.5, sizes) == 10 + 20 + 30  # b = floor(0.5 * 5 + 1/2) = 3
+    assert auto_budget(0.2, sizes) == 10  # b = floor(1.5) = 1
+    assert auto_budget(0.66, sizes) == 60  # b = floor(3.3 + 0.5) = 3
+    assert auto_budget(0.8, sizes) == 100  # b = floor(4.5) = 4
