@@ -65,28 +65,46 @@ def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys, budget, line):
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("sweep-*"))
 
 
-@pytest.mark.slow
-def test_budget_sweep_end_to_end(tiny_dir, tmp_path, ray_local):
-    """Every equal-budget trial trains and evaluates in the sweep's grid; the summary has a row per trial with
-    the trainable count the budget rows predicted (LoRA, layers, splits, expand; LISA's per-interval count)."""
+def _e2e_config(tiny_dir, tmp_path, budget):
     import json
 
     from raycpt.config import load_config
-    from raycpt.jobs.sweep import run_sweep
-    from raycpt.strategies import budget_plans  # noqa: F401  (the rows' source)
-    from tiny import tiny_model
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"word {i}: a short definition of thing number {i}."}) + "\n"
                               for i in range(60)))
-    layer = sum(p.numel() for n, p in tiny_model("llama", num_layers=4).named_parameters()
-                if n.startswith("model.layers.0."))
-    cfg = load_config(None, [
+    return load_config(None, [
         "name=tiny", f"model.ref={tiny_dir}", f"data.corpus=[{corpus}]", "data.seq_len=32", "train.max_steps=2",
         "train.micro_batch_size=2", "train.checkpoint_every=2", "train.cpus_per_worker=0.5", "train.max_failures=0",
         "eval.limit=4", "eval.max_gen_toks=4", "eval.batch_size=4", "trace.max_prompts=8", "trace.batch_size=8",
         "trace.cpus_per_actor=0.5", f"tracking.run_root={tmp_path / 'runs'}", "sweep.cpus_per_trial=0.5",
-        "select.samples=4", f"sweep.budget={2 * layer}"])
+        "select.samples=4", f"sweep.budget={budget}"])
+
+
+@pytest.mark.slow
+def test_budget_auto_sweep_trains_at_the_recommended_shallow_count(tiny_dir, tmp_path, ray_local):
+    from raycpt.jobs.sweep import run_sweep
+    from raycpt.splits import split_index
+    from tiny import tiny_model
+
+    layer = sum(p.numel() for n, p in tiny_model("llama", num_layers=4).named_parameters()
+                if n.startswith("model.layers.0."))
+    res = run_sweep(_e2e_config(tiny_dir, tmp_path, "auto"))
+    b = split_index(res.trace["recommended_split"], 4)
+    got = {t["name"]: t["trainable_params"] for t in res.trials}
+    assert len(got) == 11 and got["layertracer-shallow"] == b * layer
+
+
+@pytest.mark.slow
+def test_budget_sweep_end_to_end(tiny_dir, tmp_path, ray_local):
+    """Every equal-budget trial trains and evaluates in the sweep's grid; the summary has a row per trial with
+    the trainable count the budget rows predicted (LoRA, layers, splits, expand; LISA's per-interval count)."""
+    from raycpt.jobs.sweep import run_sweep
+    from tiny import tiny_model
+
+    layer = sum(p.numel() for n, p in tiny_model("llama", num_layers=4).named_parameters()
+                if n.startswith("model.layers.0."))
+    cfg = _e2e_config(tiny_dir, tmp_path, 2 * layer)
     res = run_sweep(cfg)
     got = {t["name"]: t["trainable_params"] for t in res.trials}
     assert len(got) == 11 and got["full"] > 4 * layer
