@@ -107,7 +107,7 @@ def test_budget_sweep_end_to_end(tiny_dir, tmp_path, ray_local):
     cfg = _e2e_config(tiny_dir, tmp_path, 2 * layer)
     res = run_sweep(cfg)
     got = {t["name"]: t["trainable_params"] for t in res.trials}
-    assert len(got) == 11 and got["full"] > 4 * layer
+    assert len(got) == 11 and got["full"] == 4 * layer  # sweep.equal_footing: full trains the layers only
     for name in ("layertracer-shallow", "layertracer-deep", "bi-top2", "snr-top2", "expand-p2"):
         assert got[name] == 2 * layer, (name, got[name])
     lora = next(n for n in got if n.startswith("lora-r"))
