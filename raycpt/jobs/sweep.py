@@ -73,7 +73,10 @@ class TrialSpec:
                          **({"heldout_loss": heldout} if heldout is not None else {})})
             import mlflow
 
-            mlflow.log_param("trainable_params", result["trainable_params"])
+            # the training loop may have logged it already (LISA: the per-interval count, where the train result
+            # counts every layer a draw can pick); MLflow refuses a second, different value for a param
+            if "trainable_params" not in run.client.get_run(run.run_id).data.params:
+                mlflow.log_param("trainable_params", result["trainable_params"])
         return result
 
 
