@@ -43,6 +43,8 @@ COMMANDS: dict[str, Row] = {
                      Opt("keep_checkpoints", B, "keep each finished trial's checkpoints with their optimizer state "
                          "(default: only final_model/, which links its frozen layers to the base model's shards)",
                          "sweep.keep_checkpoints", lambda v: "true", flag="--keep-checkpoints", default=False),
+                     Opt("budget", S, "equal-budget comparison at this trainable-parameter count (sets "
+                         "sweep.budget)", "sweep.budget"),
                      RESUME)),
     "trace": Row("raycpt.jobs.trace:run_trace", "render_trace", "LayerTracer: Task Particle and Layer-wise "
                  "Sensitivity per layer, S(b) per split, recommended split.", (
@@ -115,6 +117,11 @@ COMMANDS: dict[str, Row] = {
                        check=False),
     "ui": Row("raycpt.jobs.info:serve_ui", "render_nothing", "Start the MLflow UI on the run root's store, bound "
               "to 127.0.0.1.", (Opt("port", int, "port on 127.0.0.1", default=5000),)),
+    "select": Row("raycpt.jobs.select:run_select", "render_select", "A layer selector's score per layer (Block "
+                  "Influence, weight SNR, LayerTracer LS^-TP^ or seeded random) -> a ranking file plan.name=elite "
+                  "reads, a plot, MLflow.", (
+                      Opt("method", S, "bi, snr, layertracer or random (sets select.method)", "select.method"),
+                      Opt("k", I, "top-k layers named in the ranking (1..layers; sets select.k)", "select.k"))),
     "data info": Row("raycpt.jobs.info:store_info", "render_stores", "List the packed stores under the config's "
                      "store folder (data.store_dir or <run_root>/packed)."),
 }

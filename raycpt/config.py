@@ -53,6 +53,27 @@ class ModelConfig:
 
 
 @dataclass
+class ReplayConfig:
+    corpus: list[str] = field(default_factory=list)
+    """Replay corpus (general text against forgetting), the same kinds of sources as ``data.corpus``; packed once
+    like it. Empty = no replay."""
+    ratio: float = 0.0
+    """rho: the share of training blocks read from the replay corpus, in [0, 1); exactly rho * window of every
+    window of ``window`` blocks when that is whole (else within one)."""
+    window: int = 64
+    """Blocks per mixing window of the stream (the replay slots of each are placed by a seeded permutation)."""
+
+    def __post_init__(self):
+        import math
+
+        _check(isinstance(self.ratio, (int, float)) and math.isfinite(self.ratio) and 0.0 <= self.ratio < 1.0,
+               "data.replay.ratio", self.ratio, "a share in [0, 1) (0 = no replay)")
+        _check(self.window >= 1, "data.replay.window", self.window, "an integer >= 1")
+        _check(self.ratio == 0 or len(self.corpus) > 0, "data.replay.corpus", self.corpus,
+               "a non-empty list of corpus sources when data.replay.ratio > 0")
+
+
+@dataclass
 class DataConfig:
     corpus: list[str] = field(default_factory=lambda: ["builtin:wordnet-glosses"])
     """Training corpus: JSONL / Parquet / text files or globs, ``builtin:wordnet-glosses``,
@@ -79,6 +100,8 @@ class DataConfig:
     """How a packed store is checked against its corpus files: ``stat`` (size and mtime; the hash is read
     again only when they differ) or ``content`` (every file hashed whole at pack time and on every check:
     catches an edit that kept size and mtime, e.g. ``cp -p``, at the cost of reading the corpus)."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay: a second corpus mixed into the stream at ``ratio`` (deterministic, resumable; docs/train.md)."""
 
     def __post_init__(self):
         _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
@@ -173,8 +196,32 @@ class PlanConfig:
     """``full``: also train the embeddings, final norm and head (full-parameter training); false = only its
     decoder layers, with the ``train_embeddings`` / ``train_final_norm`` / ``train_head`` of every other plan
     (the sweep sets false with ``sweep.equal_footing``)."""
+    adapter: Literal["none", "lora"] = "none"
+    """``lora``: train LoRA adapters (peft) on the plan's layers instead of their weights, which stay frozen;
+    embeddings, final norm and head train as ``train_*`` say (also under ``full``); merged for evaluation."""
+    lora_rank: int = 16
+    """LoRA rank r (at most the smaller side of every targeted linear layer)."""
+    lora_alpha: float = 32.0
+    """LoRA alpha: the adapter's update is scaled by alpha / r."""
+    lora_targets: list[str] = field(default_factory=list)
+    """Linear modules inside a decoder layer that get adapters, by leaf name (e.g. ``[q_proj, v_proj]``); empty =
+    every linear layer of the plan's decoder layers."""
+    lisa_layers: int = 2
+    """``lisa``: gamma, the decoder layers drawn to train in each interval (embeddings, final norm, head always train)."""
+    lisa_interval: int = 20
+    """``lisa``: K, optimizer steps between draws (steps 1..K use draw 0, K+1..2K draw 1, ...)."""
+    lisa_seed: int = 0
+    """``lisa``: seed of the draws; draw j is a pure function of (lisa_seed, j)."""
+    expand_blocks: int = 2
+    """``expand`` (LLaMA-Pro block expansion): P identity copies inserted, one after each of P equal groups of
+    layers; only they train."""
 
     def __post_init__(self):
+        _check(self.lora_rank >= 1, "plan.lora_rank", self.lora_rank, "an integer >= 1")
+        _check(self.lora_alpha > 0, "plan.lora_alpha", self.lora_alpha, "a positive number")
+        _check(self.lisa_layers >= 1, "plan.lisa_layers", self.lisa_layers, "an integer >= 1")
+        _check(self.lisa_interval >= 1, "plan.lisa_interval", self.lisa_interval, "an integer >= 1")
+        _check(self.expand_blocks >= 1, "plan.expand_blocks", self.expand_blocks, "an integer >= 1")
         close = difflib.get_close_matches(self.name, list(PLANS), n=1)
         _check(self.name in PLANS, "plan.name", self.name,
                "one of " + ", ".join(PLANS) + (f" (did you mean {close[0]!r}?)" if close else ""))
@@ -358,6 +405,11 @@ class SweepConfig:
     """Run ``trace`` first and report S(b) next to each split's realised gain."""
     trace_max_prompts: Optional[int] = None
     """Prompts used by the sweep's trace (None = ``trace.max_prompts``); keeps the sweep short on a CPU."""
+    budget: Optional[Union[int, str]] = None
+    """Equal-budget comparison (``--budget``): a trainable-parameter count; the trials are LayerTracer's shallow
+    and deep plans, BI- and SNR-top-k, random-k (3 seeds), LISA, LoRA and expand at the settings nearest it
+    (:func:`raycpt.strategies.budget_plans`), replacing ``strategies``; ``auto`` = train_shallow's count at the
+    trace's recommended split; null = the split grid."""
     max_concurrent_trials: int = 1
     """Tune trials running at once."""
     cpus_per_trial: float = 1.0
@@ -604,6 +656,31 @@ class CompareConfig:
 
 
 @dataclass
+class SelectConfig:
+    """``raycpt select``: a layer selector's scores per layer -> a ranking file (its CLI options override these)."""
+
+    method: str = "bi"
+    """Selector: bi (Block Influence on corpus blocks), snr (weight-only Spectrum SNR), layertracer (LS^ - TP^ of
+    a trace) or random (seeded)."""
+    k: Optional[int] = None
+    """Top-k layers named in the ranking file (its ``top_k``) and the plot; null = half the layers."""
+    samples: int = 16
+    """bi: corpus blocks of ``select.seq_len`` tokens (data.corpus, the model's tokenizer) the cosines average over."""
+    seq_len: Optional[int] = None
+    """bi: tokens per block; null = data.seq_len."""
+    seed: int = 0
+    """random: the seed of the draw (and of the spread sample of bi's documents)."""
+    normalize: bool = False
+    """snr: divide each matrix's SNR by its largest singular value, as Spectrum's script does."""
+
+    def __post_init__(self):
+        _check(self.method in ("bi", "snr", "layertracer", "random"), "select.method", self.method,
+               "one of bi, snr, layertracer, random")
+        _check(self.samples >= 1, "select.samples", self.samples, "an integer >= 1")
+        _check(self.seq_len is None or self.seq_len >= 2, "select.seq_len", self.seq_len, "an integer >= 2 or null")
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"
     """Name of the experiment; run folders are ``<run_root>/<command>-<name>-<id>``."""
@@ -622,6 +699,8 @@ class ExperimentConfig:
     compare: CompareConfig = field(default_factory=CompareConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     """How the sweep summary decides: the primary comparison and the multiplicity control."""
+    select: SelectConfig = field(default_factory=SelectConfig)
+    """``raycpt select``: which selector, how many layers, its corpus sample."""
 
     def __post_init__(self):
         _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None

@@ -66,11 +66,35 @@ class LayerPlan:
     tied_embeddings: bool = False
     notes: tuple[str, ...] = ()
     """What the plan decided that the config did not say (tied embeddings, ignored scales, ...)."""
+    adapter: str = "none"
+    """``lora``: the trainable layers train LoRA adapters only (:mod:`raycpt.models.adapters`); their weights
+    stay frozen."""
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
+    lora_targets: tuple[str, ...] = ()
+    """Leaf names of the linear modules that get adapters; empty = every linear module of the layer."""
+    lisa_layers: int = 0
+    """``lisa``: gamma layers drawn per interval out of ``trainable_layers`` (the candidates); 0 = not LISA."""
+    lisa_interval: int = 0
+    lisa_seed: int = 0
 
     @property
     def frozen_layers(self) -> tuple[int, ...]:
         keep = set(self.trainable_layers)
         return tuple(i for i in range(self.num_layers) if i not in keep)
+
+    @property
+    def is_lisa(self) -> bool:
+        return self.lisa_layers > 0
+
+    def at_step(self, step: int) -> "LayerPlan":
+        """The plan that trains at optimizer step ``step`` (1-based): itself, or for LISA the interval's plan
+        whose ``trainable_layers`` are :func:`lisa_draw` of interval ``(step - 1) // K``."""
+        if not self.is_lisa:
+            return self
+        j = lisa_interval_index(step, self.lisa_interval)
+        return dataclasses.replace(self, trainable_layers=lisa_draw(self.lisa_seed, j, self.trainable_layers,
+                                                                   self.lisa_layers))
 
     def lr_scale(self, layer: int) -> float:
         return float(self.lr_scales.get(layer, 1.0))
@@ -96,6 +120,11 @@ class LayerPlan:
         extra = [n for n, on in (("embeddings", self.train_embeddings), ("final_norm", self.train_final_norm),
                                  ("head", self.train_head)) if on]
         parts.append("also " + ", ".join(extra) if extra else "embeddings/final_norm/head frozen")
+        if self.adapter == "lora":
+            parts.append(f"LoRA r={self.lora_rank} alpha={self.lora_alpha:g} on "
+                         f"{', '.join(self.lora_targets) or 'every linear module'} of those layers (their weights frozen)")
+        if self.is_lisa:
+            parts.append(f"LISA: {self.lisa_layers} of those layers per {self.lisa_interval} steps (seed {self.lisa_seed})")
         scaled = {i: s for i, s in self.lr_scales.items() if s != 1.0}
         if scaled:
             parts.append("lr scales " + ", ".join(f"{i}:{s:g}" for i, s in sorted(scaled.items())))
@@ -106,6 +135,7 @@ class LayerPlan:
         d["trainable_layers"] = list(self.trainable_layers)
         d["lr_scales"] = {str(k): v for k, v in self.lr_scales.items()}
         d["notes"] = list(self.notes)
+        d["lora_targets"] = list(self.lora_targets)
         return d
 
     @classmethod
@@ -114,6 +144,7 @@ class LayerPlan:
         d["trainable_layers"] = tuple(int(i) for i in d["trainable_layers"])
         d["lr_scales"] = {int(k): float(v) for k, v in d.get("lr_scales", {}).items()}
         d["notes"] = tuple(d.get("notes", ()))
+        d["lora_targets"] = tuple(d.get("lora_targets", ()))
         return cls(**d)
 
 
@@ -248,6 +279,57 @@ def _elite(pcfg, n: int) -> PlanSpec:
     return PlanSpec(layers, lr_scales=scales, notes=[note])
 
 
+@register_plan("lisa")
+def _lisa(pcfg, n: int) -> PlanSpec:
+    g, k = pcfg.lisa_layers, pcfg.lisa_interval
+    if g > n:
+        raise RaycptError(f"plan.lisa_layers={g}: LISA cannot draw {g} layers of a {n}-layer model")
+    return PlanSpec(range(n), train_embeddings=True, train_final_norm=True, train_head=True,
+                    notes=[f"lisa: every {k} steps a seeded draw of {g} of the {n} layers trains (seed "
+                           f"{pcfg.lisa_seed}); embeddings, final norm and head always train; AdamW state of the "
+                           "layers is reset at each draw, theirs kept (LMFlow's LISATrainer)"])
+
+
+@register_plan("expand")
+def _expand(pcfg, n: int) -> PlanSpec:
+    """Built on the EXPANDED model (N + P layers; the launcher builds it, ``expanded_model_folder``)."""
+    from raycpt.models.hybrid import expand_positions
+
+    p = pcfg.expand_blocks
+    if n - p < p:
+        raise RaycptError(f"plan.expand_blocks={p}: block expansion inserts between 1 and {n - p} blocks into a "
+                          f"{n - p}-layer model (the plan is built on the expanded model of {n} layers)")
+    new = expand_positions(n - p, p)
+    return PlanSpec(new, notes=[f"expand: {p} identity copies (o_proj, down_proj zeroed) at layers {new} of the "
+                                f"expanded {n}; the {n - p} original layers are frozen"])
+
+
+def lisa_interval_index(step: int, interval: int) -> int:
+    """The LISA interval of optimizer step ``step`` (1-based): steps 1..K are interval 0."""
+    return (int(step) - 1) // int(interval)
+
+
+def lisa_draw(seed: int, interval_index: int, candidates, gamma: int) -> tuple[int, ...]:
+    """The layers LISA trains in interval ``interval_index``: ``gamma`` of ``candidates`` drawn without
+    replacement by ``numpy.random.default_rng([seed, interval_index])``, sorted. A pure function of its
+    arguments, so a resumed run redraws exactly the layers the interrupted one trained."""
+    import numpy as np
+
+    cands = sorted(int(i) for i in candidates)
+    rng = np.random.default_rng([int(seed), int(interval_index)])
+    return tuple(sorted(int(cands[i]) for i in rng.choice(len(cands), size=int(gamma), replace=False)))
+
+
+def lisa_trainable_params(layer_params, non_layer_params: int, gamma: int) -> int:
+    """Trainable parameters of a LISA interval, at most: the ``gamma`` largest layers of ``layer_params`` (a
+    count per decoder layer) plus the always-trained embeddings, final norm and head (``non_layer_params``,
+    a tied matrix once). With equal layers, every draw trains exactly this many."""
+    sizes = sorted((int(x) for x in layer_params), reverse=True)
+    if not 1 <= gamma <= len(sizes):
+        raise RaycptError(f"lisa: gamma={gamma} must be between 1 and the {len(sizes)} layers")
+    return sum(sizes[:gamma]) + int(non_layer_params)
+
+
 # ------------------------------------------------------------------------------------ build
 
 def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False) -> LayerPlan:
@@ -264,6 +346,11 @@ def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False) -> LayerPla
     emb = pcfg.train_embeddings if spec.train_embeddings is None else spec.train_embeddings
     norm = pcfg.train_final_norm if spec.train_final_norm is None else spec.train_final_norm
     head = pcfg.train_head if spec.train_head is None else spec.train_head
+    if getattr(pcfg, "adapter", "none") == "lora" and (emb, norm, head) != (pcfg.train_embeddings,
+                                                                           pcfg.train_final_norm, pcfg.train_head):
+        emb, norm, head = pcfg.train_embeddings, pcfg.train_final_norm, pcfg.train_head
+        notes.append("lora: embeddings, final norm and head train as plan.train_* say (the LoRA baseline "
+                     "trains adapters only)")
     if tied_embeddings and emb != head:
         which = "plan.train_embeddings" if emb else "plan.train_head"
         notes.append(f"tied embeddings: the input embeddings and the LM head share one matrix, so {which}=true "
@@ -283,7 +370,25 @@ def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False) -> LayerPla
         raise RaycptError(f"plan {name!r} trains nothing: no layer, and embeddings, final norm and head are frozen")
     return LayerPlan(name=name, num_layers=num_layers, trainable_layers=layers, lr_scales=scales,
                      train_embeddings=bool(emb), train_final_norm=bool(norm), train_head=bool(head),
-                     tied_embeddings=bool(tied_embeddings), notes=tuple(notes))
+                     tied_embeddings=bool(tied_embeddings), notes=tuple(notes), **_extras(pcfg, name, layers))
+
+
+def _extras(pcfg, name: str, layers) -> dict:
+    """The adapter and LISA fields of a plan (none for a plain plan)."""
+    out: dict = {}
+    if getattr(pcfg, "adapter", "none") == "lora":
+        if name == "lisa":
+            raise RaycptError("plan.adapter=lora with plan.name=lisa: LISA trains whole layers; use one or the other")
+        if not layers:
+            raise RaycptError(f"plan.adapter=lora: plan {name!r} names no decoder layer to put adapters on")
+        out.update(adapter="lora", lora_rank=int(pcfg.lora_rank), lora_alpha=float(pcfg.lora_alpha),
+                   lora_targets=tuple(pcfg.lora_targets))
+    if name == "lisa":
+        if pcfg.lr_scales:
+            raise RaycptError("plan.lr_scales with plan.name=lisa: LISA trains every layer at lr x1")
+        out.update(lisa_layers=int(pcfg.lisa_layers), lisa_interval=int(pcfg.lisa_interval),
+                   lisa_seed=int(pcfg.lisa_seed))
+    return out
 
 
 def is_tied(stack) -> bool:
@@ -336,13 +441,26 @@ def apply_plan(model, plan: LayerPlan) -> dict[str, int]:
     _check_depth(plan, stack)
     trains = _part_flags(plan)
     parts = stack.named_parts()
+    adapters = adapter_ids(model)
+    if plan.adapter == "lora" and not adapters:
+        raise ValueError(f"plan {plan.name!r} trains LoRA adapters but the model has none: inject them first "
+                         "(raycpt.models.adapters.inject_lora)")
     for p in model.parameters():
         p.requires_grad_(False)
     for part, params in parts.items():
         if trains(part):
+            only_adapters = plan.adapter == "lora" and part.startswith("layers.")
             for p in params:
-                p.requires_grad_(True)
+                if not only_adapters or id(p) in adapters:
+                    p.requires_grad_(True)
     return count_params(model)
+
+
+def adapter_ids(model) -> set[int]:
+    """Ids of the LoRA adapter parameters of ``model`` (empty without adapters)."""
+    from raycpt.models.adapters import is_adapter_param
+
+    return {id(p) for n, p in model.named_parameters() if is_adapter_param(n)}
 
 
 def count_params(model) -> dict[str, int]:
@@ -419,17 +537,18 @@ def plan_table(model, plan: LayerPlan) -> dict:
     _check_depth(plan, stack)
     trains = _part_flags(plan)
     rows, trainable, frozen = [], 0, 0
+    adapters = adapter_ids(model)
     for part, params in stack.named_parts().items():
-        n = sum(p.numel() for p in params)
         on = trains(part)
+        n = sum(p.numel() for p in params)
+        lora = sum(p.numel() for p in params if id(p) in adapters)
+        n_train = (lora if plan.adapter == "lora" and part.startswith("layers.") else n) if on else 0
         layer = int(part.split(".")[1]) if part.startswith("layers.") else None
         rows.append({"part": part, "layer": layer, "trainable": bool(on),
                      "lr_scale": (plan.lr_scale(layer) if layer is not None else 1.0) if on else None,
-                     "params": n, "tied": part == "head" and plan.tied_embeddings})
-        if on:
-            trainable += n
-        else:
-            frozen += n
+                     "params": n, "trainable_params": n_train, "tied": part == "head" and plan.tied_embeddings})
+        trainable += n_train
+        frozen += n - n_train
     return {"rows": rows, "trainable": trainable, "frozen": frozen, "total": trainable + frozen,
             "layer_map": plan.layer_map(), "notes": list(plan.notes), "plan": plan.describe()}
 
@@ -505,3 +624,69 @@ def read_ranking(path, num_layers: Optional[int] = None) -> dict:
 
     doc["ranking"] = sorted(rows, key=key)
     return doc
+
+
+# ------------------------------------------------------------------------------------ equal budget
+
+def _nearest(candidates, count, budget: int):
+    """The candidate whose ``count(c)`` is nearest ``budget`` (ties: the first, i.e. the smaller)."""
+    return min(candidates, key=lambda c: abs(count(c) - budget))
+
+
+def check_budget(budget: int, layer_params, total_params: int) -> int:
+    """``--budget``: a trainable-parameter count between one layer's parameters and the whole model's."""
+    smallest = min(int(x) for x in layer_params)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < smallest:
+        raise RaycptError(f"--budget {budget!r} is below one layer's parameters ({smallest:,}): no plan fits it")
+    if budget > total_params:
+        raise RaycptError(f"--budget {budget:,} is above the model's {total_params:,} parameters")
+    return budget
+
+
+def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank: int, max_rank: int,
+                 rankings: Optional[dict] = None, random_seeds=(0, 1, 2)) -> list[dict]:
+    """The trials of an equal-budget comparison: per row ``{"name", "settings", "trainable"}`` (settings: dotted
+    config keys -> typed values, a sweep recipe), each plan at the
+    setting whose trainable count is nearest ``budget`` (ties: the smaller setting).
+
+    ``layer_params``: parameters per decoder layer; ``non_layer_params``: embeddings + final norm + head (a tied
+    matrix once; LISA always trains them); ``lora_per_rank``: LoRA parameters per unit of rank on every layer
+    (``sum of in + out`` of the targeted linear modules), ``max_rank`` the smallest width; ``rankings``: method ->
+    layers best first (e.g. ``{"bi": [...], "snr": [...]}``): their top-k, k nearest by cumulative count.
+    Rows: ``train_shallow`` at b (layers [0, b)), ``train_deep`` at b' (layers [b', N)), ``<method>-top-k`` per
+    ranking, ``random-k`` per seed (:func:`raycpt.diagnostics.selectors.random_scores`' draw: the top-k of
+    ``default_rng(seed).random(N)``), ``lisa`` at gamma, ``lora`` at rank r on every layer, ``expand`` at P."""
+    import numpy as np
+
+    from raycpt.models.hybrid import expand_trainable_params
+
+    sizes = [int(x) for x in layer_params]
+    n = len(sizes)
+    check_budget(budget, sizes, sum(sizes) + int(non_layer_params))
+    b = _nearest(range(1, n), lambda k: sum(sizes[:k]), budget)
+    d = _nearest(range(n - 1, 0, -1), lambda k: sum(sizes[k:]), budget)
+    rows = [{"name": "layertracer-shallow", "settings": {"plan.name": "train_shallow", "plan.split": b / n},
+             "trainable": sum(sizes[:b])},
+            {"name": "layertracer-deep", "settings": {"plan.name": "train_deep", "plan.split": d / n},
+             "trainable": sum(sizes[d:])}]
+    orders = dict(rankings or {})
+    for seed in random_seeds:
+        draw = np.random.default_rng(int(seed)).random(n)
+        orders[f"random{seed}"] = sorted(range(n), key=lambda i: (-draw[i], i))
+    for name, order in orders.items():
+        order = [int(i) for i in order]
+        k = _nearest(range(1, len(order) + 1), lambda j: sum(sizes[i] for i in order[:j]), budget)
+        top = sorted(order[:k])
+        rows.append({"name": f"{name}-top{k}", "settings": {"plan.name": "layers", "plan.layers": top},
+                     "trainable": sum(sizes[i] for i in top)})
+    g = _nearest(range(1, n + 1), lambda j: lisa_trainable_params(sizes, non_layer_params, j), budget)
+    r = _nearest(range(1, int(max_rank) + 1), lambda j: j * int(lora_per_rank), budget)
+    p = _nearest(range(1, n + 1), lambda j: expand_trainable_params(sizes, j), budget)
+    rows += [{"name": f"lisa-g{g}", "settings": {"plan.name": "lisa", "plan.lisa_layers": g},
+              "trainable": lisa_trainable_params(sizes, non_layer_params, g)},
+             {"name": f"lora-r{r}", "settings": {"plan.name": "full", "plan.full_non_layers": False,
+                                                 "plan.adapter": "lora", "plan.lora_rank": r},
+              "trainable": r * int(lora_per_rank)},
+             {"name": f"expand-p{p}", "settings": {"plan.name": "expand", "plan.expand_blocks": p},
+              "trainable": expand_trainable_params(sizes, p)}]
+    return rows

@@ -24,7 +24,7 @@ from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.jobs.grid import Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, memo
-from raycpt.splits import check_split
+from raycpt.splits import check_split, split_index
 from raycpt.strategies import split_plans, takes_split
 from raycpt.tracking import log_metrics
 
@@ -73,7 +73,10 @@ class TrialSpec:
                          **({"heldout_loss": heldout} if heldout is not None else {})})
             import mlflow
 
-            mlflow.log_param("trainable_params", result["trainable_params"])
+            # the training loop may have logged it already (LISA: the per-interval count, where the train result
+            # counts every layer a draw can pick); MLflow refuses a second, different value for a param
+            if "trainable_params" not in run.client.get_run(run.run_id).data.params:
+                mlflow.log_param("trainable_params", result["trainable_params"])
         return result
 
 
@@ -150,12 +153,91 @@ def prepare(cfg: ExperimentConfig, console=None) -> SweepPlan:
 
     model_path, num_layers = model_layers(cfg)
     s = cfg.sweep
+    if is_auto(s.budget):  # the recommended train_shallow's count: the rows come after the trace (execute)
+        if not s.trace_first:
+            raise RaycptError("--budget auto is the recommended train_shallow's count: it needs the trace "
+                              "(sweep.trace_first=true), or give a trainable-parameter count")
+        s.strategies = []
+    elif s.budget is not None:  # the equal-budget trials replace the strategies (as recipes: the config says them)
+        use_budget_rows(cfg, budget_rows(cfg, model_path), console)
     specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds)
     check_memory(cfg, console, sweep_plans(cfg))
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
     prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
     return SweepPlan(cfg, model_path, num_layers, specs, blocks)
+
+
+def budget_numbers(skeleton, targets=()) -> dict:
+    """What :func:`raycpt.strategies.budget_plans` needs, from a weightless copy of the model: parameters per
+    layer, outside the layers (a tied matrix once), LoRA parameters per unit of rank on every layer, the largest
+    rank (the smallest targeted width), the model's total."""
+    from raycpt.models.adapters import lora_targets, lora_trainable_params
+    from raycpt.models.stack import LayerStack
+
+    stack = LayerStack.of(skeleton)
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in stack.layers]
+    total = sum(p.numel() for p in skeleton.parameters())
+    mods = lora_targets(skeleton, range(stack.num_layers), targets)
+    return {"layer_params": sizes, "non_layer_params": total - sum(sizes), "total": total,
+            "lora_per_rank": lora_trainable_params(skeleton, 1, range(stack.num_layers), targets),
+            "max_rank": min(min(m.in_features, m.out_features) for _, m in mods)}
+
+
+def is_auto(value) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def auto_budget(recommended_ratio: float, layer_params) -> int:
+    """``--budget auto``: the trainable count of train_shallow at the trace's recommended split (layers [0, b))."""
+    sizes = [int(x) for x in layer_params]
+    return sum(sizes[:split_index(recommended_ratio, len(sizes))])
+
+
+def use_budget_rows(cfg: ExperimentConfig, rows: list[dict], console=None) -> None:
+    """The budget rows become the sweep's recipes and strategies (the run folder's config names each one)."""
+    s = cfg.sweep
+    s.recipes = {**s.recipes, **{r["name"]: r["settings"] for r in rows}}
+    s.strategies = [r["name"] for r in rows]
+    if console is not None:
+        console.print(f"budget {int(s.budget):,}: " + ", ".join(f"{r['name']} ({r['trainable']:,})" for r in rows),
+                      markup=False)
+
+
+def parse_budget(value) -> int:
+    """``--budget``: a whole trainable-parameter count (``auto`` is resolved after the trace, :func:`auto_budget`)."""
+    try:
+        return int(str(value).replace("_", "").replace(",", ""))
+    except ValueError:
+        raise RaycptError(f"--budget {value!r}: expected a trainable-parameter count (a whole number)") from None
+
+
+def budget_rows(cfg: ExperimentConfig, model_path: str) -> list[dict]:
+    """The equal-budget trials: the budget checked against the model first (one line), then the BI and SNR
+    rankings computed on the driver (:mod:`raycpt.diagnostics.selectors`, as ``raycpt select`` does), then
+    :func:`raycpt.strategies.budget_plans`."""
+    import numpy as np
+    import torch
+
+    from raycpt.diagnostics.selectors import block_influence, weight_snr
+    from raycpt.jobs.select import BATCH, corpus_blocks
+    from raycpt.models.sources import load_model
+    from raycpt.models.stack import LayerStack
+    from raycpt.strategies import budget_plans, check_budget
+    from raycpt.train.launch import model_skeleton
+
+    nums = budget_numbers(model_skeleton(model_path), cfg.plan.lora_targets)
+    budget = check_budget(parse_budget(cfg.sweep.budget), nums["layer_params"], nums["total"])
+    model, tok = load_model(model_path, dtype="float32", device="cpu")
+    layers = LayerStack(model).layers
+    blocks = corpus_blocks(cfg, tok)
+    bi = block_influence(model, layers, [(torch.as_tensor(blocks[i:i + BATCH], dtype=torch.long), None)
+                                         for i in range(0, len(blocks), BATCH)])  # tokens pooled over the batches
+    snr = weight_snr(layers)
+    order = {m: sorted(range(len(v)), key=lambda i: (0, -v[i], i) if np.isfinite(v[i]) else (1, 0.0, i))
+             for m, v in (("bi", bi), ("snr", snr))}
+    return budget_plans(budget, nums["layer_params"], nums["non_layer_params"], nums["lora_per_rank"],
+                        nums["max_rank"], rankings=order)
 
 
 def check_memory(cfg: ExperimentConfig, console, plans: list) -> None:
@@ -184,19 +266,33 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None) -> SweepRe
               if plan.heldout else None}
     if plan.heldout and getattr(plan.heldout, "documents", None):  # the document of each block: the summary's clusters
         atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(plan.heldout.documents))
-    grid = Grid("sweep", plan.specs, shared=shared, cpus=s.cpus_per_trial, data_cpus=s.data_cpus_per_trial,
-                resources=s.trial_resources, max_concurrent=s.max_concurrent_trials, max_steps=cfg.train.max_steps,
-                model_path=plan.model_path)
     with ray_session(cfg.ray):
         trace = None
         if s.trace_first:
-            trace = _trace_once(cfg, run_dir, sorted({t.split for t in plan.specs if t.split is not None}), run.run_id)
+            splits = sorted({t.split for t in plan.specs if t.split is not None}) or list(s.splits)
+            trace = _trace_once(cfg, run_dir, splits, run.run_id)
+        if is_auto(s.budget):
+            plan.specs = _auto_specs(plan, trace, console)
+        grid = Grid("sweep", plan.specs, shared=shared, cpus=s.cpus_per_trial, data_cpus=s.data_cpus_per_trial,
+                    resources=s.trial_resources, max_concurrent=s.max_concurrent_trials,
+                    max_steps=cfg.train.max_steps, model_path=plan.model_path)
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg))
         log_summary(run, summary["files"], trace, summary)
         run.state(done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace)
+
+
+def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
+    """``--budget auto`` after the trace: the budget = the recommended train_shallow's count, then its rows."""
+    from raycpt.train.launch import model_skeleton
+
+    cfg, s = plan.cfg, plan.cfg.sweep
+    sizes = budget_numbers(model_skeleton(plan.model_path), cfg.plan.lora_targets)["layer_params"]
+    s.budget = auto_budget(trace["recommended_split"], sizes)
+    use_budget_rows(cfg, budget_rows(cfg, plan.model_path), console)
+    return plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds)
 
 
 def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strategies: Optional[list[str]] = None,

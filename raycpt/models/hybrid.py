@@ -361,6 +361,8 @@ class Segment:
     """Seed of the fresh init (new layers)."""
     init: str = "identity"
     """New layers: ``identity`` (residual writes zeroed, :func:`zero_residual_writes`) or ``fresh``."""
+    zero_writes: bool = False
+    """Donor layers: zero their residual-stream projections after the copy (block expansion's identity copies)."""
 
     @property
     def source(self) -> str:
@@ -541,7 +543,8 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom", mod
             raise RaycptError(f"{where} (donor {ref!r} layers [{a}, {b})) has hidden size {dcfg.hidden_size} but "
                               f"the head donor {head_donor!r} has {hidden}: all segments must share one hidden size")
         out.append(Segment(kind=kind.name, count=b - a, trainable=bool(seg.get("trainable", True)),
-                           config=slice_config(dcfg, a, b), donor=str(ref), donor_path=path, layers=(a, b)))
+                           config=slice_config(dcfg, a, b), donor=str(ref), donor_path=path, layers=(a, b),
+                           zero_writes=bool(seg.get("zero_writes", False))))
     base_dict = {k: v for k, v in base.to_dict().items() if k not in _DROP_KEYS}
     return HybridPlan(name=name, segments=out, head_donor=str(head_donor), head_path=head_path, base=base_dict)
 
@@ -639,7 +642,8 @@ def build_hybrid(plan: HybridPlan, dtype: torch.dtype = torch.float32, progress:
     head_cfg = head_model.config
     config = RaycptHybridConfig(
         segments=[dict(kind=s.kind, count=s.count, trainable=s.trainable, source=s.source, config=s.config,
-                       **({"init": s.init} if s.donor is None else {})) for s in plan.segments],
+                       **({"init": s.init} if s.donor is None else {}),
+                       **({"zero_writes": True} if s.zero_writes else {})) for s in plan.segments],
         base=plan.base, vocab_size=head_cfg.vocab_size, hidden_size=head_cfg.hidden_size,
         tie_word_embeddings=bool(getattr(head_cfg, "tie_word_embeddings", False)),
         initializer_range=getattr(head_cfg, "initializer_range", 0.02),
@@ -679,6 +683,8 @@ def build_hybrid(plan: HybridPlan, dtype: torch.dtype = torch.float32, progress:
         for j, src in enumerate(src_layers):
             what = f"segment {s} layer {j} ({seg.source})"
             copy_module(model.model.layers[i], src, what)
+            if seg.zero_writes:  # an identity copy (block expansion): the layer returns its input
+                zero_residual_writes(model.model.layers[i], KINDS[seg.kind])
             mark(model.model.layers[i])
             i += 1
         if bar is not None:
@@ -720,6 +726,82 @@ def save_hybrid(model: PreTrainedModel, tokenizer, folder: str | Path) -> Path:
         os.replace(tmp, folder)  # a file in the way: NotADirectoryError / IsADirectoryError, and no tmp left
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+# ------------------------------------------------------------------------------------------------
+# block expansion (LLaMA-Pro)
+
+
+def expand_groups(num_layers: int, blocks: int) -> list[tuple[int, int]]:
+    """The ``blocks`` groups ``[start, end)`` of the ``num_layers`` base layers that each get one new block
+    after them: equal contiguous groups, the first ``N mod P`` one layer longer (``numpy.array_split``)."""
+    if not 1 <= blocks <= num_layers:
+        raise RaycptError(f"plan.expand_blocks={blocks}: block expansion inserts between 1 and {num_layers} "
+                          f"blocks into this {num_layers}-layer model")
+    base, extra = divmod(num_layers, blocks)
+    out, start = [], 0
+    for g in range(blocks):
+        size = base + (1 if g < extra else 0)
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def expand_positions(num_layers: int, blocks: int) -> list[int]:
+    """Indices of the new blocks in the expanded model of ``num_layers + blocks`` layers (the copy of each
+    group's last layer sits right after the group): N=4, P=2 -> [2, 5]."""
+    return [end + g for g, (_, end) in enumerate(expand_groups(num_layers, blocks))]
+
+
+def expand_segments(donor: str, num_layers: int, blocks: int) -> list[dict]:
+    """Hybrid segments of a LLaMA-Pro expansion: each group of base layers (frozen), then a copy of the group's
+    last layer with its residual-stream projections zeroed (``o_proj``, ``down_proj``: an identity), trainable."""
+    segs = []
+    for a, b in expand_groups(num_layers, blocks):
+        segs.append({"donor": donor, "layers": [a, b], "trainable": False})
+        segs.append({"donor": donor, "layers": [b - 1, b], "trainable": True, "zero_writes": True})
+    return segs
+
+
+def expand_trainable_params(layer_params, blocks: int) -> int:
+    """Trainable parameters of a P-block expansion: the copied layers (each group's last), from a count per
+    base decoder layer. What a budget picks the nearest P with."""
+    sizes = [int(x) for x in layer_params]
+    return sum(sizes[b - 1] for _, b in expand_groups(len(sizes), blocks))
+
+
+def build_expanded(base_path: str, blocks: int, model_cfg=None):
+    """``(model, tokenizer)``: the base model at ``base_path`` with ``blocks`` identity copies inserted
+    (:func:`expand_segments`), assembled by :func:`build_hybrid` (HF-loadable, its first loss the base's)."""
+    n = _donor_config(base_path).num_hidden_layers
+    plan = plan_hybrid(expand_segments(base_path, n, blocks), base_path, name=f"expand{blocks}", model_cfg=model_cfg)
+    return build_hybrid(plan)
+
+
+EXPAND_MARK = "raycpt_expand.json"
+
+
+def expanded_model_folder(base_path: str, blocks: int, cache_dir=None) -> Path:
+    """The expanded model of ``base_path`` with ``blocks`` new blocks, built once into
+    ``<cache>/expanded/<base>-x<P>-<hash>`` (written aside and renamed: :func:`save_hybrid`) and reused while
+    the base folder's files are unchanged (the hash covers its path and its weight files' sizes and times)."""
+    import hashlib
+    import json
+
+    from raycpt.models.sources import cache_root
+
+    base = Path(base_path).resolve()
+    stamp = [str(base), str(int(blocks))] + [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
+                                             for f in sorted(base.glob("*.safetensors"))]
+    key = hashlib.sha256("|".join(stamp).encode()).hexdigest()[:12]
+    folder = cache_root(cache_dir) / "expanded" / f"{base.name}-x{int(blocks)}-{key}"
+    if (folder / EXPAND_MARK).is_file() and (folder / "config.json").is_file():
+        return folder
+    model, tok = build_expanded(str(base), int(blocks))
+    save_hybrid(model, tok, folder)
+    mark = {"base": str(base), "blocks": int(blocks), "new_layers": list(model.config.trainable_layers)}
+    (folder / EXPAND_MARK).write_text(json.dumps(mark, indent=2) + "\n", encoding="utf-8")
     return folder
 
 

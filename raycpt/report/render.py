@@ -146,6 +146,8 @@ def render_plan(out, console) -> None:
     for r in tab["rows"]:
         mark = "[green]train[/green]" if r["trainable"] else "[dim]frozen[/dim]"
         note = " (tied to embed)" if r["tied"] else ""
+        if r["trainable"] and r.get("trainable_params", r["params"]) != r["params"]:  # LoRA: adapters train
+            note += f" ({r['trainable_params']:,} adapter parameters train)"
         table.add_row(r["part"], mark, "" if r["lr_scale"] is None else f"x{r['lr_scale']:g}", f"{r['params']:,}{note}")
     console.print(table)
     console.print(f"layer map (layer 0 first, T = trains): {tab['layer_map']}", **PLAIN)
@@ -213,3 +215,19 @@ def render_line(text: str, console) -> None:
 def render_nothing(_result, console) -> None:
     """For jobs that print their own one line (``data prepare``)."""
 
+
+
+def render_select(res, console) -> None:
+    import math
+
+    from rich.table import Table
+
+    table = Table("layer", "score", "top-k", title=f"{res.method} scores, {res.num_layers} layers")
+    for i, v in enumerate(res.scores):
+        table.add_row(str(i), "-" if not math.isfinite(float(v)) else f"{v:.4g}", "*" if i in res.top_k else "")
+    console.print(table)
+    console.print(f"scores: {res.note}", **PLAIN)
+    console.print(f"top-{res.k} by {res.method}: {res.top_k}", **PLAIN)
+    console.print(f"ranking {res.paths['ranking']} (train it: plan.name=elite plan.k={res.k} "
+                  f"plan.ranking_file={res.paths['ranking']}); plot {res.paths['plot']}; select took "
+                  f"{res.wall_s:.1f}s; MLflow run {res.run_id}", **PLAIN)

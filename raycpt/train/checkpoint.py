@@ -3,7 +3,9 @@
 A checkpoint folder (``checkpoint_<step>``)::
 
     model/              HF safetensors folder + tokenizer, in the training dtype (bf16 when training
-                        in bf16, else float32)
+                        in bf16, else float32); a LoRA plan's merged weights (W + alpha/r B A)
+    adapter/            LoRA plans only: the adapters in peft's layout (adapter_config.json,
+                        adapter_model.safetensors, float32); a resume loads the base model + these
     train_state.pt      tensors only (loaded with ``torch.load(weights_only=True)``): optimizer and
                         scheduler state, every rank's torch/CUDA RNG state, and - when ``model/`` is
                         bf16 - the float32 master copy of the trainable parameters
@@ -360,8 +362,16 @@ def write_checkpoint(folder, *, model, tokenizer, msd: dict, osd: dict, schedule
         save_model_folder(model, tokenizer, msd, folder / MODEL_DIR, dtype=dtype)
     rng_tensors, rng_plain = split_rng(rngs)
     tensors = {"optimizer": osd, "scheduler": scheduler_state, "rng": rng_tensors}
-    if dtype != torch.float32:  # the float32 master weights of what trains (the rest is the base model)
-        names = {n for n, p in model.named_parameters() if p.requires_grad}
+    lora, lisa = plan.get("adapter") == "lora", int(plan.get("lisa_layers") or 0) > 0
+    if lora:  # model/ holds the merged weights; the adapters in peft's layout, for resume and for users
+        from raycpt.models.adapters import ADAPTER_DIR, save_adapter_folder
+        from raycpt.strategies import LayerPlan
+
+        save_adapter_folder(model, folder / ADAPTER_DIR, LayerPlan.from_dict(plan))
+    if dtype != torch.float32 or lora:  # the float32 master weights of what trains (the rest is the base model)
+        # LISA: every layer may have trained in an earlier interval, so all of them; LoRA: what trains besides the
+        # adapters (embeddings, norm, head as the plan says; model/ is merged, so a resume starts from the base)
+        names = {n for n, p in model.named_parameters() if p.requires_grad or lisa}
         tensors["master"] = {k: v.detach().to("cpu", torch.float32) for k, v in msd.items() if k in names}
     torch.save(tensors, folder / STATE_PT)
     summary = {"step": step, "loss": history[-1] if history else None, "data": data_pos, "plan": plan_text,
@@ -405,7 +415,12 @@ def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, h
     """Every rank calls this (state gathering may be collective); rank 0 writes, all report.
 
     Returns None when written, else why not (non-finite weights: nothing is written or reported)."""
-    msd = model_state(model, wrapped, fsdp)
+    if plan.adapter == "lora":  # the merged weights (DDP / one worker: LoRA never runs under FSDP)
+        from raycpt.models.adapters import merged_state_dict
+
+        msd = merged_state_dict(model)
+    else:
+        msd = model_state(model, wrapped, fsdp)
     bad, total = all_finite(msd) if session.rank == 0 else (0, 0)
     bad, total = session.all_gather_object((bad, total))[0]
     if bad:

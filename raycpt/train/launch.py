@@ -20,6 +20,7 @@ MLflow run (its id is kept in ``state.json``), and returns at once when the run 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -72,10 +73,18 @@ class TrainResult:
 # ------------------------------------------------------------------------------------ model, plan
 
 def resolve_model_path(cfg: ExperimentConfig) -> str:
-    """The local folder of ``cfg.model.ref`` (resolved once, on the driver)."""
+    """The local folder of ``cfg.model.ref`` (resolved once, on the driver); for ``plan.name=expand`` the
+    expanded model built from it (:func:`raycpt.models.hybrid.expanded_model_folder`, cached)."""
     from raycpt.models.sources import resolve_model_path as resolve
 
-    return resolve(cfg.model)
+    path = resolve(cfg.model)
+    if cfg.plan.name == "expand":
+        from raycpt.models.hybrid import expand_groups, expanded_model_folder
+        from transformers import AutoConfig
+
+        expand_groups(AutoConfig.from_pretrained(path).num_hidden_layers, cfg.plan.expand_blocks)  # one line
+        return str(expanded_model_folder(path, cfg.plan.expand_blocks, cfg.model.cache_dir))
+    return path
 
 
 def model_skeleton(model_path: str):
@@ -111,8 +120,23 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
     if limit is not None and cfg.data.seq_len > limit:
         raise RaycptError(f"data.seq_len={cfg.data.seq_len} is beyond this model's limit of {limit} positions "
                           f"(max_position_embeddings); use data.seq_len <= {limit}")
+    check_plan_parallel(plan, cfg.train)
+    if plan.adapter == "lora":
+        from raycpt.models.adapters import inject_lora
+
+        inject_lora(model, plan)  # the rank and target checks, on the weightless copy
     counts = apply_plan(model, plan)
     return plan, counts, model
+
+
+def check_plan_parallel(plan: LayerPlan, tcfg) -> None:
+    """LoRA under DDP or one worker (not FSDP); LISA on one worker (DDP's buckets are fixed when it wraps,
+    and LISA changes what trains every interval)."""
+    if plan.adapter == "lora" and tcfg.distributed == "fsdp" and tcfg.num_workers > 1:
+        raise RaycptError("plan.adapter=lora runs under train.distributed=ddp (or one worker), not fsdp")
+    if plan.is_lisa and tcfg.num_workers > 1:
+        raise RaycptError(f"plan.name=lisa trains on one worker (train.num_workers={tcfg.num_workers}): "
+                          "DDP fixes its gradient buckets when it wraps the model, and LISA redraws every interval")
 
 
 def check_train_config(cfg: ExperimentConfig) -> None:
@@ -232,6 +256,8 @@ class _Prepared:
     store: object
     """The packed-token store (:class:`raycpt.data.store.StoreInfo`)."""
     n_blocks: int
+    replay_store: object = None
+    """The replay corpus's packed store (``data.replay``), or None."""
 
 
 def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
@@ -363,8 +389,18 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
     store = packed_corpus(cfg, model_path, quiet=not progress)
     if resume_from is not None:
         check_resume_data(Path(resume_from), store)
+    replay = replay_corpus(cfg, model_path, quiet=not progress)
     return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
-                     resumed_step=resumed_step, store=store, n_blocks=store.num_blocks)
+                     resumed_step=resumed_step, store=store, n_blocks=store.num_blocks, replay_store=replay)
+
+
+def replay_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True):
+    """The packed store of ``data.replay.corpus`` (all of its documents, none held out), or None without replay."""
+    r = cfg.data.replay
+    if r.ratio <= 0:
+        return None
+    data = dataclasses.replace(cfg.data, corpus=list(r.corpus), max_documents=None, heldout_share=0.0)
+    return packed_corpus(dataclasses.replace(cfg, data=data), model_path, quiet=quiet)
 
 
 def _log_start(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared) -> None:
@@ -395,6 +431,8 @@ def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: 
         "store_identity": prep.store.identity, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
     }
+    if prep.replay_store is not None:
+        loop_config.update(replay_store=str(prep.replay_store.path), replay_store_build=prep.replay_store.build_id)
     if evaluate:
         (Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
     return loop_config

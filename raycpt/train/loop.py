@@ -65,7 +65,8 @@ from raycpt.data.store import read_store
 from raycpt.data.stream import ArrayBlocks, PackedBlocks, iter_micro_batches
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
-from raycpt.strategies import LayerPlan, apply_plan, param_groups
+from raycpt.models.adapters import ADAPTER_DIR, inject_lora, load_adapter_state
+from raycpt.strategies import LayerPlan, apply_plan, lisa_interval_index, param_groups
 from raycpt.train.checkpoint import (checkpoint, checkpoint_step, find_checkpoints, json_safe, load_master_weights,
                                      load_optim_state, model_state, read_train_state, set_rng_state,
                                      verify_checkpoint, weights_dtype)
@@ -395,15 +396,19 @@ class RaySession(_Collectives, _Session):
         ckpt = ray.train.Checkpoint.from_directory(ckpt_dir) if ckpt_dir else None
         ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
 
-    def batches(self, config: dict):
-        return store_blocks(config)
+    def batches(self, config: dict, key: str = "store"):
+        return store_blocks(config, key)
+
+    def replay_batches(self, config: dict):
+        """The replay corpus's packed store (``config["replay_store"]``)."""
+        return self.batches(config, "replay_store")
 
 
-def store_blocks(config: dict) -> PackedBlocks:
-    """The packed store the launcher chose (``config["store"]``), memory-mapped; no Ray Data."""
-    store = read_store(Path(config["store"]))
-    if store is None or store.build_id != config.get("store_build", store.build_id):
-        raise RaycptError(f"the packed store {config['store']} was removed or re-packed while this run used it; "
+def store_blocks(config: dict, key: str = "store") -> PackedBlocks:
+    """The packed store the launcher chose (``config[key]``: ``store`` or ``replay_store``), memory-mapped; no Ray Data."""
+    store = read_store(Path(config[key]))
+    if store is None or store.build_id != config.get(f"{key}_build", store.build_id):
+        raise RaycptError(f"the packed store {config[key]} was removed or re-packed while this run used it; "
                           "run it again")
     return PackedBlocks(store.path, store.manifest)
 
@@ -441,15 +446,21 @@ class InProcessSession(_Session):
         for old in sorted(p for p in self.root.glob("checkpoint_*") if p.is_dir())[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def batches(self, config: dict):
-        return store_blocks(config)
+    def batches(self, config: dict, key: str = "store"):
+        return store_blocks(config, key)
+
+    def replay_batches(self, config: dict):
+        """The replay corpus's packed store (``config["replay_store"]``)."""
+        return self.batches(config, "replay_store")
 
 
 class LocalSession(_Session):
     """The same loop in a plain process (no Ray): blocks from a numpy array, checkpoints in a folder."""
 
-    def __init__(self, blocks: np.ndarray, checkpoint_root: Optional[Path] = None):
+    def __init__(self, blocks: np.ndarray, checkpoint_root: Optional[Path] = None,
+                 replay_blocks: Optional[np.ndarray] = None):
         self.blocks = np.asarray(blocks)
+        self.replay = None if replay_blocks is None else np.asarray(replay_blocks)
         self.root = Path(checkpoint_root) if checkpoint_root else None
         self.reports: list[tuple[dict, Optional[str]]] = []
 
@@ -469,14 +480,28 @@ class LocalSession(_Session):
     def batches(self, config: dict):
         return ArrayBlocks(self.blocks)
 
+    def replay_batches(self, config: dict):
+        if self.replay is None:
+            raise RaycptError("data.replay.ratio > 0 but this session has no replay blocks")
+        return ArrayBlocks(self.replay)
 
-def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, skip: int
+
+def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, skip: int, replay=None
                   ) -> Iterator[tuple[int, torch.Tensor]]:
     """Endless ``(epoch, (mbs, seq) LongTensor)`` of this rank's share of ``source`` in the seeded
-    order of each epoch (:mod:`raycpt.data.stream`), starting after ``skip`` micro-batches."""
+    order of each epoch (:mod:`raycpt.data.stream`), starting after ``skip`` micro-batches. ``replay`` (a
+    second block source) mixes in at ``data_cfg.replay.ratio`` (:mod:`raycpt.data.replay`)."""
     seed = data_cfg.shuffle_seed if data_cfg.shuffle_seed is not None else seed
-    for epoch, rows in iter_micro_batches(source, mbs, rank=rank, world=world, seed=seed,
-                                          window=data_cfg.shuffle_window, skip=skip):
+    rcfg = getattr(data_cfg, "replay", None)
+    if replay is not None and rcfg is not None and rcfg.ratio > 0:
+        from raycpt.data.replay import iter_mixed_micro_batches
+
+        it = iter_mixed_micro_batches(source, replay, mbs, ratio=rcfg.ratio, rank=rank, world=world, seed=seed,
+                                      window=data_cfg.shuffle_window, skip=skip, mix_window=rcfg.window)
+    else:
+        it = iter_micro_batches(source, mbs, rank=rank, world=world, seed=seed, window=data_cfg.shuffle_window,
+                                skip=skip)
+    for epoch, rows in it:
         yield epoch, torch.from_numpy(rows)
 
 
@@ -550,6 +575,13 @@ class _Worker:
     chunk_tokens: Optional[int] = None  # the chunked loss's rows per chunk; None = the plain loss
     flops_per_token: float = 0.0
     peak_flops: Optional[float] = None
+    step_plan: Optional[LayerPlan] = None  # what trains now: ``plan`` itself, or LISA's current interval's draw
+    step_plan_step: int = 1  # a step of step_plan's interval
+
+    def start_step_of(self, state: Optional[dict]) -> int:
+        """The step a checkpoint state was written at (0 without one); also where step_plan's interval is."""
+        self.step_plan_step = max(int(state["step"]) if state is not None else 0, 1)
+        return self.step_plan_step
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -610,6 +642,11 @@ def eval_model(w: _Worker) -> tuple[Any, Optional[_Session]]:
     is gathered (every rank takes part), rank 0 evaluates a plain copy alone on its device; the other
     ranks return (None, None)."""
     dtype = weights_dtype(w.cfg.train.precision, w.device)
+    if w.plan.adapter == "lora":  # the merged weights, as the final checkpoint's model/ holds them
+        from raycpt.models.adapters import merge_lora_
+
+        w.optimizer = None
+        merge_lora_(w.model)
     if not w.fsdp:
         return w.model.to(dtype), w.session
     from transformers import AutoModelForCausalLM
@@ -651,17 +688,24 @@ def _load_model(w: _Worker) -> None:
     with session.checkpoint_dir(config.get("resume_from"), config.get("checkpoint_root")) as ckpt:
         state = None
         model_path = config["model_path"]
+        lora = w.plan.adapter == "lora"
         if ckpt is not None:
             state = read_train_state(ckpt)  # weights_only: tensors and plain containers only
-            if state["master"] is None:  # float32 checkpoint: its model/ holds the master weights
+            if state["master"] is None and not lora:  # float32 checkpoint: its model/ holds the master weights
                 model_path = str(Path(ckpt) / "model")
         model, tokenizer = load_model(model_path, dtype="float32", device="cpu")  # wrap() moves it to the device
+        if lora:  # the base model + adapters (a checkpoint's model/ is merged: a resume starts from the base)
+            inject_lora(model, w.plan)
+            if ckpt is not None:
+                load_adapter_state(model, Path(ckpt) / ADAPTER_DIR)
         if state is not None and state["master"] is not None:  # bf16 checkpoint: base + float32 master copies
             load_master_weights(model, state.pop("master"))
     model.train()
     model.config.use_cache = False
     w.model, w.tokenizer = model, tokenizer
-    w.counts = apply_plan(model, w.plan)
+    # LISA: the draw of the checkpoint's interval (its optimizer state is that draw's); step 1's on a fresh start
+    w.step_plan = w.plan.at_step(max(w.start_step_of(state), 1))
+    w.counts = apply_plan(model, w.step_plan)
     enable_activation_checkpointing(model, tcfg)
     w.chunk_tokens = loss_chunk_tokens(tcfg, model, w.world)
     w.flops_per_token = flops_per_token(model, w.plan, w.cfg.data.seq_len)
@@ -669,14 +713,45 @@ def _load_model(w: _Worker) -> None:
     w.wrapped = session.wrap(model, w.device, tcfg.distributed, bf16=uses_bf16(tcfg))
     w.model = unwrap(w.wrapped)  # FSDP2 shards in place: the same object, its parameters now DTensors
     w.prefix = FrozenPrefix(w.model, w.plan)  # after wrapping: its hooks run before FSDP's own
-    w.optimizer = make_optimizer(w.model, w.plan, tcfg)
+    w.optimizer = make_optimizer(w.model, w.step_plan, tcfg)
     w.scheduler = make_scheduler(w.optimizer, tcfg)
     w.params = trainable_params(w.wrapped)
-    _verify(w, verify.check_setup(w.model, w.plan, w.optimizer, "after wrapping"), "after_wrapping")
+    _verify(w, verify.check_setup(w.model, w.step_plan, w.optimizer, "after wrapping"), "after_wrapping")
     if state is not None:
         _restore(w, state)
-        _verify(w, verify.check_setup(w.model, w.plan, w.optimizer, "after loading the checkpoint",
+        _verify(w, verify.check_setup(w.model, w.step_plan, w.optimizer, "after loading the checkpoint",
                                       resumed=w.start_step > 0), "after_checkpoint_load")
+
+
+def lisa_switch(w: "_Worker", step: int) -> bool:
+    """LISA: when ``step`` opens a new interval, train that interval's draw (:meth:`LayerPlan.at_step`) and
+    reset the AdamW state of every decoder layer, keeping that of the embeddings, final norm and head (LMFlow's
+    ``LISATrainer`` builds a new optimizer per interval and copies the state of its non-layer groups only). The
+    optimizer's groups then hold exactly the draw's parameters (the freeze check's "in the optimizer"); the
+    scheduler is untouched. Returns whether it switched."""
+    plan = w.plan
+    if not plan.is_lisa or lisa_interval_index(step, plan.lisa_interval) == \
+            lisa_interval_index(max(w.step_plan_step, 1), plan.lisa_interval):
+        return False
+    from raycpt.models.stack import LayerStack
+
+    new = plan.at_step(step)
+    for layer in LayerStack.of(w.model).layers:
+        for p in layer.parameters():
+            w.optimizer.state.pop(p, None)
+    w.counts = apply_plan(w.model, new)
+    lists = {(g["lr_scale"], g["decay"]): g["params"]
+             for g in param_groups(w.model, new, w.cfg.train.lr, w.cfg.train.weight_decay)}
+    for g in w.optimizer.param_groups:
+        g["params"] = lists.pop((g["lr_scale"], g["decay"]), [])
+    if lists:
+        raise RaycptError(f"lisa: interval of step {step} needs optimizer groups {sorted(lists)} the run lacks")
+    w.params = trainable_params(w.wrapped)
+    w.step_plan, w.step_plan_step = new, step
+    if w.logger is not None:
+        w.logger.event({"event": "lisa_draw", "step": step, "interval": lisa_interval_index(step, plan.lisa_interval),
+                        "layers": list(new.trainable_layers), "trainable": w.counts["trainable"]})
+    return True
 
 
 def _verify(w: _Worker, rows: list, when: str) -> None:
@@ -705,7 +780,9 @@ def _data(w: _Worker) -> Iterator[tuple[int, torch.Tensor]]:
     """This rank's micro-batches, after the ones the steps before ``start_step`` consumed."""
     config, session, tcfg = w.config, w.session, w.cfg.train
     ga, mbs, start_step = tcfg.grad_accum, tcfg.micro_batch_size, w.start_step
-    return micro_batches(session.batches(config), w.cfg.data, mbs, w.rank, w.world, tcfg.seed, skip=start_step * ga)
+    replay = session.replay_batches(config) if w.cfg.data.replay.ratio > 0 else None
+    return micro_batches(session.batches(config), w.cfg.data, mbs, w.rank, w.world, tcfg.seed, skip=start_step * ga,
+                         replay=replay)
 
 
 def _start(w: _Worker) -> LoopState:
@@ -762,6 +839,7 @@ def _step(w: _Worker, data, step: int) -> dict:
     """One optimizer step over ``grad_accum`` micro-batches: its metrics, or ``{"status": "nonfinite",
     "what", "value"}`` (gradients dropped, no update) when the mean loss or the gradient norm is not finite."""
     tcfg, optimizer, scheduler, device = w.cfg.train, w.optimizer, w.scheduler, w.device
+    switched = lisa_switch(w, step)  # LISA: a new interval trains its own draw
     t0, c0 = time.perf_counter(), time.process_time()
     batch = []
     epoch = 0
@@ -771,7 +849,7 @@ def _step(w: _Worker, data, step: int) -> dict:
     loss_local = forward_backward(w.wrapped, batch, tcfg.precision, device, model=w.model, chunk_tokens=w.chunk_tokens)
     loss_local = w.faults.loss(step, loss_local)
     w.faults.drop_grads(step, w.model)
-    first = step == w.start_step + 1
+    first = step == w.start_step + 1 or switched
     if first:  # the freeze check after this step: who got a gradient, frozen bits before the update
         grads, before = verify.grad_presence(w.model), verify.frozen_fingerprints(w.model)
     loss = float(w.session.all_reduce_mean(loss_local))
@@ -784,8 +862,10 @@ def _step(w: _Worker, data, step: int) -> dict:
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    if first:
-        _verify(w, verify.check_step(w.model, w.plan, optimizer, grads, before), "after_first_step")
+    if first:  # LISA: on the first step of every interval, against that interval's draw
+        when = f"lisa_interval_{lisa_interval_index(step, w.plan.lisa_interval)}" if switched else "after_first_step"
+        _verify(w, verify.check_step(w.model, w.step_plan, optimizer, grads, before,
+                                     when=when.replace("_", " ")), when)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0

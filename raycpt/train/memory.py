@@ -30,6 +30,12 @@ Terms (bytes per worker; ``T`` = micro_batch x seq_len tokens, ``P`` = trainable
 * **overhead**: allocator slack, a fraction of the activations, plus on a GPU the CUDA context,
   cuBLAS workspaces and NCCL buffers (:data:`GPU_CONTEXT_GB`).
 
+LoRA plans (``plan.adapter: lora``): ``P`` is the adapter parameters (:data:`ModelShape.adapter_params`,
+counted on the skeleton with the adapters injected) plus whatever non-layer part trains; the weights term
+includes the adapters; activations are counted as for a full layer from the first adapted layer up (the
+adapters' own ``r``-wide tensors are small next to them). LISA: ``P`` is the largest draw of ``gamma``
+layers plus embeddings, final norm and head (the optimizer keeps no state for the layers out of the draw).
+
 Peak = weights + optimizer states + max(activations + logits, gradients + step temporaries) +
 overhead: activations are freed during backward as gradients fill up, so the two never coexist in
 full. Calibrated on this CPU against the peak RSS of a real step (``benchmarks/bench_memory.py``);
@@ -94,6 +100,8 @@ class ModelShape:
     head_params: int
     norm_params: int
     tied: bool
+    adapter_params: tuple[int, ...] = ()
+    """LoRA adapter parameters per decoder layer (a model with adapters injected; empty = none)."""
 
     @property
     def total_params(self) -> int:
@@ -112,12 +120,17 @@ def model_shape(model) -> ModelShape:
     heads = conf.num_attention_heads
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     tied = stack.head.weight is stack.embed.weight
+    from raycpt.models.adapters import is_adapter_param
+
+    adapters = tuple(sum(p.numel() for n, p in layer.named_parameters() if is_adapter_param(n))
+                     for layer in stack.layers)
     return ModelShape(family=family, hidden=conf.hidden_size, intermediate=conf.intermediate_size, heads=heads,
                       kv_heads=getattr(conf, "num_key_value_heads", None) or heads,
                       head_dim=getattr(conf, "head_dim", None) or conf.hidden_size // heads,
                       vocab=conf.vocab_size, num_layers=stack.num_layers,
                       layer_params=tuple(count(layer) for layer in stack.layers), embed_params=count(stack.embed),
-                      head_params=stack.head.weight.numel(), norm_params=count(stack.final_norm), tied=tied)
+                      head_params=stack.head.weight.numel(), norm_params=count(stack.final_norm), tied=tied,
+                      adapter_params=adapters if any(adapters) else ())
 
 
 def layer_activation_floats(shape: ModelShape) -> float:
@@ -162,7 +175,15 @@ class MemoryEstimate:
 
 
 def _trainable(shape: ModelShape, plan: LayerPlan) -> int:
-    n = sum(shape.layer_params[i] for i in plan.trainable_layers)
+    """Trainable parameters: a LoRA plan's adapters instead of its layers' weights; LISA's largest draw."""
+    if plan.adapter == "lora":
+        if not shape.adapter_params:
+            raise RaycptError(f"plan {plan.name!r} trains LoRA adapters: estimate it on a model with them injected")
+        n = sum(shape.adapter_params[i] for i in plan.trainable_layers)
+    elif plan.is_lisa:
+        n = sum(sorted((shape.layer_params[i] for i in plan.trainable_layers), reverse=True)[:plan.lisa_layers])
+    else:
+        n = sum(shape.layer_params[i] for i in plan.trainable_layers)
     head_trains = plan.train_head or (shape.tied and plan.train_embeddings)
     n += shape.embed_params if plan.train_embeddings else 0
     n += shape.head_params if head_trains and not (shape.tied and plan.train_embeddings) else 0

@@ -7,6 +7,11 @@ The planned set is read from the plan's fields, not from ``requires_grad``: laye
 ``train_final_norm``; ``head`` with ``train_head`` (a tied head is the embedding's tensor and is
 counted under ``embed``, which then trains when either flag is on); parameters outside those parts only under ``full``.
 
+Adapters (``plan.adapter: lora``): in a planned layer only its LoRA tensors are planned; its base weights count
+as frozen, so "frozen bitwise unchanged" covers them; a planned layer without adapters, or adapters on a part
+the plan does not name, is a mismatch. LISA: the loop checks the plan of each interval (:meth:`LayerPlan.at_step`,
+the seeded draw) on the first step of every interval, so what trained equals the draw, interval by interval.
+
 A mismatch raises :class:`~raycpt.errors.RaycptError` with one line naming the first part that
 differs; :func:`table_text` is the per-part table the loop logs to MLflow on rank 0.
 
@@ -23,7 +28,7 @@ from typing import Iterable, Optional
 import torch
 
 from raycpt.errors import RaycptError
-from raycpt.strategies import LayerPlan
+from raycpt.strategies import LayerPlan, adapter_ids
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -39,9 +44,17 @@ class PartCheck:
     in_optimizer: int
     got_grad: Optional[int] = None
     frozen_changed: Optional[int] = None
+    adapters: int = 0
+    """LoRA adapter tensors in this part."""
+    adapters_expected: bool = False
+    """The plan puts adapters on this part (a LoRA plan's trainable layer)."""
 
     def problem(self) -> Optional[str]:
         """What is wrong with this part, in a few words, or None."""
+        if self.adapters_expected and not self.adapters:
+            return "the plan puts LoRA adapters on it but it has none"
+        if self.adapters and not self.adapters_expected:
+            return f"it holds {self.adapters} LoRA adapter tensors the plan does not put there"
         if self.trainable != self.planned:
             return f"the plan trains {self.planned} of its {self.tensors} tensors but {self.trainable} require grad"
         if self.in_optimizer != self.planned:
@@ -80,14 +93,19 @@ def build_table(model, plan: LayerPlan, optimizer, grads: Optional[dict[int, boo
     parts = stack.named_parts()
     planned = _planned_parts(plan, parts, tied=stack.head.weight is stack.embed.weight)
     in_opt = _optimizer_ids(optimizer)
+    adapters = adapter_ids(model)
+    lora = plan.adapter == "lora"
     rows = []
     for part, params in parts.items():
-        n_plan = len(params) if planned[part] else 0
+        n_adapt = sum(id(p) in adapters for p in params)
+        layer_with_adapters = lora and part.startswith("layers.") and planned[part]
+        n_plan = (n_adapt if layer_with_adapters else len(params)) if planned[part] else 0
         rows.append(PartCheck(part=part, tensors=len(params), planned=n_plan,
                               trainable=sum(bool(p.requires_grad) for p in params),
                               in_optimizer=sum(id(p) in in_opt for p in params),
                               got_grad=None if grads is None else sum(bool(grads.get(id(p))) for p in params),
-                              frozen_changed=None if changed is None else sum(id(p) in changed for p in params)))
+                              frozen_changed=None if changed is None else sum(id(p) in changed for p in params),
+                              adapters=n_adapt, adapters_expected=layer_with_adapters))
     extra = in_opt - {id(p) for ps in parts.values() for p in ps}
     if extra:
         rows.append(PartCheck(part="(not in the model)", tensors=len(extra), planned=0, trainable=0,

@@ -1,0 +1,194 @@
+"""``raycpt select CONFIG --method bi|snr|layertracer|random --k N``: one layer selector's score per layer ->
+``ranking.json`` (read by ``plan.name=elite plan.ranking_file=...``), a PNG of the scores, ``scores.csv``, and
+the per-layer scores as an MLflow metric series (``select/<method>``, step = layer).
+
+Every number comes from :mod:`raycpt.diagnostics.selectors`; this module only places the work: ``bi`` and
+``snr`` run in the driver (one forward per few corpus blocks / one SVD per matrix: no Ray needed),
+``layertracer`` runs the trace (:func:`raycpt.jobs.trace.run_trace`, its actor pool on Ray) nested under this
+run, in ``<run>/trace``. Bad input (``--k`` outside 1..N, a bad trace setting) is one line before any work.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from raycpt.config import ExperimentConfig
+from raycpt.errors import RaycptError
+from raycpt.jobs.grid import model_layers
+
+BATCH = 4  # corpus blocks per forward of bi
+
+
+@dataclass
+class SelectResult:
+    run_dir: Path
+    run_id: Optional[str]
+    model_ref: str
+    method: str
+    k: int
+    num_layers: int
+    scores: np.ndarray
+    top_k: list[int]
+    paths: dict[str, Path] = field(default_factory=dict)
+    wall_s: float = 0.0
+    note: str = ""
+
+
+@dataclass
+class _Prepared:
+    cfg: ExperimentConfig
+    model_path: str
+    num_layers: int
+    k: int
+    trace: Any = None
+
+
+def check_k(k: Optional[int], n: int) -> int:
+    """``--k``: 1..N (None = half the layers, at least 1)."""
+    if k is None:
+        return max(1, n // 2)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+        raise RaycptError(f"--k {k!r}: expected an integer from 1 to {n} (this model has {n} layers)")
+    return k
+
+
+def prepare(cfg: ExperimentConfig) -> _Prepared:
+    """Every user-input check, before any model weights, Ray or MLflow."""
+    model_path, n = model_layers(cfg)
+    k = check_k(cfg.select.k, n)
+    trace = None
+    if cfg.select.method == "layertracer":
+        from raycpt.jobs.trace import prepare_trace
+
+        trace = prepare_trace(cfg)
+    return _Prepared(cfg=cfg, model_path=model_path, num_layers=n, k=k, trace=trace)
+
+
+def corpus_blocks(cfg: ExperimentConfig, tokenizer) -> np.ndarray:
+    """``select.samples`` blocks of ``select.seq_len`` tokens (null: data.seq_len) packed the way training packs
+    (documents joined with EOS), from documents spread over the whole corpus (seeded strata)."""
+    from raycpt.data.corpus import eos_id_of, iter_documents, pack_token_lists, spread_sample
+
+    s = cfg.select
+    seq_len = s.seq_len or cfg.data.seq_len
+    docs = list(iter_documents(cfg.data.corpus, cfg.data.text_field, cfg.data.max_documents))
+    eos = eos_id_of(tokenizer)
+    need = s.samples * seq_len
+    num = max(1, s.samples * 4)
+    while True:  # widen the sample until the documents fill enough blocks (or the corpus is used up)
+        pick = spread_sample(len(docs), num, seed=s.seed)
+        ids = [tokenizer(docs[i], add_special_tokens=False)["input_ids"] for i in pick]
+        if sum(len(x) + 1 for x in ids) >= need or num >= len(docs):
+            break
+        num *= 4
+    blocks = pack_token_lists(ids, seq_len, eos)[:s.samples]
+    if len(blocks) == 0:
+        raise RaycptError(f"select bi: data.corpus has fewer than {seq_len} tokens; lower select.seq_len")
+    return blocks
+
+
+def _bi(prep: _Prepared, progress: bool) -> tuple[np.ndarray, str]:
+    import torch
+
+    from raycpt.diagnostics.selectors import block_influence
+    from raycpt.models.sources import load_model
+    from raycpt.models.stack import LayerStack
+    from raycpt.report.progress import count_progress
+
+    model, tok = load_model(prep.model_path, dtype="float32", device="cpu")
+    blocks = corpus_blocks(prep.cfg, tok)
+    stack = LayerStack(model)
+    parts = []
+    with count_progress("select bi", len(blocks), progress, unit="blocks") as advance:
+        for s in range(0, len(blocks), BATCH):
+            ids = torch.as_tensor(blocks[s:s + BATCH], dtype=torch.long)
+            parts.append(block_influence(model, stack.layers, [(ids, None)]))
+            advance(len(ids))
+    sizes = [min(BATCH, len(blocks) - s) for s in range(0, len(blocks), BATCH)]
+    scores = np.average(np.stack(parts), axis=0, weights=sizes)  # every block has the same token count
+    return scores, f"{len(blocks)} corpus blocks of {blocks.shape[1]} tokens"
+
+
+def _snr(prep: _Prepared) -> tuple[np.ndarray, str]:
+    from raycpt.diagnostics.selectors import weight_snr
+    from raycpt.models.sources import load_model
+    from raycpt.models.stack import LayerStack
+
+    model, _ = load_model(prep.model_path, dtype="float32", device="cpu")
+    norm = prep.cfg.select.normalize
+    return weight_snr(LayerStack(model).layers, normalize=norm), ("SNR / s_max per matrix" if norm else
+                                                                  "SNR per matrix") + ", mean over the layer"
+
+
+def _layertracer(prep: _Prepared, run, progress: bool) -> tuple[np.ndarray, str]:
+    from raycpt.diagnostics.selectors import layertracer_scores
+    from raycpt.jobs.trace import run_trace
+
+    res = run_trace(prep.trace.cfg, run_dir=run.run_dir / "trace", parent_run_id=run.run_id, progress=progress)
+    return layertracer_scores(res.tp_norm, res.ls_norm), (f"LS^ - TP^ of a trace on {res.num_prompts} prompts "
+                                                          f"(recommended split r = {res.recommended_split:g})")
+
+
+def scores_of(prep: _Prepared, run, progress: bool = True) -> tuple[np.ndarray, str]:
+    """The selector's ``(N,)`` scores and a one-line note of what they were computed on."""
+    from raycpt.diagnostics.selectors import random_scores
+
+    method = prep.cfg.select.method
+    if method == "bi":
+        return _bi(prep, progress)
+    if method == "snr":
+        return _snr(prep)
+    if method == "layertracer":
+        return _layertracer(prep, run, progress)
+    return random_scores(prep.num_layers, prep.cfg.select.seed), f"seeded uniform draw, seed {prep.cfg.select.seed}"
+
+
+def execute(prep: _Prepared, run, progress: bool = True) -> SelectResult:
+    from raycpt.diagnostics.selectors import METRICS, top_k, write_selection
+    from raycpt.report.select import scores_csv, scores_plot
+
+    cfg, s = prep.cfg, prep.cfg.select
+    t0 = time.perf_counter()
+    scores, note = scores_of(prep, run, progress)
+    if len(scores) != prep.num_layers:
+        raise RuntimeError(f"select {s.method}: {len(scores)} scores for {prep.num_layers} layers")
+    wall_s = time.perf_counter() - t0
+    best = top_k(scores, prep.k)
+    d = run.run_dir
+    paths = {"ranking": write_selection(d / "ranking.json", cfg.model.ref, s.method, scores, k=prep.k,
+                                        extra={"note": note, "wall_s": wall_s}),
+             "scores_csv": scores_csv(d / "scores.csv", scores, best),
+             "plot": scores_plot(d / "scores.png", scores, best, f"{METRICS[s.method]} per layer, "
+                                 f"{Path(cfg.model.ref).name} (top-{prep.k} marked)")}
+    _log(run, s.method, scores, best, paths, wall_s)
+    return SelectResult(run_dir=d, run_id=run.run_id, model_ref=cfg.model.ref, method=s.method, k=prep.k,
+                        num_layers=prep.num_layers, scores=scores, top_k=best, paths=paths, wall_s=wall_s, note=note)
+
+
+def _log(run, method: str, scores: np.ndarray, best: list[int], paths: dict, wall_s: float) -> None:
+    import mlflow
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    series = [Metric(f"select/{method}", float(v), now, i) for i, v in enumerate(scores) if np.isfinite(v)]
+    run.client.log_batch(run.run_id, metrics=series)
+    with run.active():
+        mlflow.log_params({"select.top_k": ",".join(map(str, best))})
+        mlflow.log_metric("select_scan_s", wall_s)
+        for p in paths.values():
+            mlflow.log_artifact(str(p), artifact_path="select")
+
+
+def run_select(cfg: ExperimentConfig, progress: bool = True) -> SelectResult:
+    """``raycpt select``: checks first (:func:`prepare`), then the one lifecycle (:func:`raycpt.runs.command_run`)."""
+    from raycpt.runs import command_run
+
+    prep = prepare(cfg)
+    with command_run(prep.cfg, "select", run_name=f"select-{cfg.select.method}-{cfg.name}",
+                     params={"select.k_used": prep.k}) as run:
+        return execute(prep, run, progress=progress)
