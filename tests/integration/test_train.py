@@ -240,6 +240,7 @@ def test_lr_inf_and_escaping_name_are_refused_before_anything_runs(tmp_path, tin
     assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "escaped").exists()
 
 
+@pytest.mark.slow  # ~5 min each; the loop-level resume tests in tests/unit/test_lora.py, test_lisa.py run in CI
 def test_lora_on_ray_train_two_workers_resumes_exactly_and_publishes_merged_weights(ray_local, tmp_path, tiny_dir):
     """issue 25: a LoRA Mid-Block plan (0110) under DDP on Ray Train; a SIGKILLed worker resumes from base +
     adapters to the same losses; final_model/ is plain HF weights, base everywhere but the adapted linears."""
@@ -265,6 +266,7 @@ def test_lora_on_ray_train_two_workers_resumes_exactly_and_publishes_merged_weig
         assert torch.equal(merged[k], orig[k]) != adapted, k
 
 
+@pytest.mark.slow  # ~5 min each; the loop-level resume tests in tests/unit/test_lora.py, test_lisa.py run in CI
 def test_lisa_on_ray_train_resumes_a_killed_worker_to_the_same_losses(ray_local, tmp_path, tiny_dir):
     from raycpt.train.launch import run_training
 
