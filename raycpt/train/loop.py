@@ -863,9 +863,10 @@ def _step(w: _Worker, data, step: int) -> dict:
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     if first:  # LISA: on the first step of every interval, against that interval's draw
-        when = f"lisa_interval_{lisa_interval_index(step, w.plan.lisa_interval)}" if switched else "after_first_step"
-        _verify(w, verify.check_step(w.model, w.step_plan, optimizer, grads, before,
-                                     when=when.replace("_", " ")), when)
+        k = lisa_interval_index(step, w.plan.lisa_interval) if switched else None
+        tag, text = ("after_first_step", "after the first step") if k is None else (
+            f"lisa_interval_{k}", f"at the first step of LISA interval {k}")
+        _verify(w, verify.check_step(w.model, w.step_plan, optimizer, grads, before, when=text), tag)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0

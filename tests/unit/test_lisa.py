@@ -114,7 +114,7 @@ def test_the_freeze_check_runs_per_interval(tiny_dir, tmp_path):
     layer = next(i for i in d1 if i not in d0)  # trains from step 3 on, not before
     cfg = _cfg(tiny_dir, tmp_path, **COMMON)
     cfg["faults"] = {"drop_grad_layer": layer}
-    with pytest.raises(RaycptError, match=rf"freeze check lisa interval 1: layers\.{layer}: .* received a gradient"):
+    with pytest.raises(RaycptError, match=rf"freeze check at the first step of LISA interval 1: layers\.{layer}: .* received a gradient"):
         run_loop(cfg, LocalSession(BLOCKS, tmp_path / "ckpts"))
     assert (tmp_path / "ckpts" / "checkpoint_000002").is_dir()  # interval 0 trained and checked fine
     assert not (tmp_path / "ckpts" / "checkpoint_000003").exists()
