@@ -19,6 +19,13 @@ def _cli(args: list[str], env: dict) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, start_new_session=True, text=True)
 
 
+def _train_status(trial_dir: Path):
+    try:
+        return json.loads((trial_dir / "train" / "state.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
 def test_sigkill_driver_then_resume(tmp_path, tiny_dir):
     import mlflow
 
@@ -40,7 +47,9 @@ def test_sigkill_driver_then_resume(tmp_path, tiny_dir):
         ckpts = list(runs.glob("sweep-tiny-*/trials/*/train/ray/**/checkpoint_*"))
         started = [p for p in runs.glob("sweep-tiny-*/trials/*/trial.json")
                    if not (p.parent / "result.json").exists()]
-        if results and started and any(str(started[0].parent) in str(c) for c in ckpts):
+        training = [p for p in started if _train_status(p.parent) != "finished"]  # kill mid-training, not in
+        # the trial's evaluation after its training finished (a resume then rightly reuses the finished training)
+        if results and training and any(str(training[0].parent) in str(c) for c in ckpts):
             first_done = results[0]
             os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started
             killed = True

@@ -24,7 +24,9 @@ def published_bf16(tmp_path_factory):
     model = tiny_model("llama").to(torch.bfloat16)
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
-    (path / "manifest.json").write_text(json.dumps({"files": {}}))
+    from raycpt.train.checkpoint import write_manifest
+
+    write_manifest(path, step=0, finite=True)  # a real manifest: raycpt eval verifies it (issue 27)
     return path
 
 
