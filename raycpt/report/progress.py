@@ -85,7 +85,7 @@ def describe(state: TrialState, max_steps: int) -> str:
 
 def finished_line(result: dict) -> str:
     """One line per finished trial: training loss first -> last, held-out loss, average score per task
-    (``G/L`` = generate / logit), wall time."""
+    (``G/L/C/Cn`` = generate / logit / cloze / cloze acc_norm), wall time."""
     losses = result.get("losses") or []
     parts = [result.get("name", "?")]
     if losses:
@@ -99,7 +99,9 @@ def finished_line(result: dict) -> str:
             avgs.setdefault(task, {})[mode] = v
     for task, modes in avgs.items():
         ms = [m for m in ("generate", "logit") if m in modes] + sorted(m for m in modes if m not in ("generate", "logit"))
-        parts.append(f"{task} {'/'.join(m[0].upper() for m in ms)} {'/'.join(f'{modes[m]:.2f}' for m in ms)}")
+        letter = {"cloze_norm": "Cn"}  # lm-eval's acc_norm of the cloze run, beside cloze's C
+        parts.append(f"{task} {'/'.join(letter.get(m, m[0].upper()) for m in ms)} "
+                     f"{'/'.join(f'{modes[m]:.2f}' for m in ms)}")
     if result.get("wall_s") is not None:
         parts.append(f"{result['wall_s']:.0f}s")
     return " ".join(parts)
