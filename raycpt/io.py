@@ -6,6 +6,7 @@ never leaves half a file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -21,6 +22,15 @@ def atomic_write_text(path: Path, text: str) -> Path:
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 hex digest of a file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def atomic_write_json(path: Path, obj: Any) -> Path:

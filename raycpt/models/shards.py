@@ -40,11 +40,9 @@ def group_of(name: str) -> str:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from raycpt.io import sha256_file
+
+    return sha256_file(path)
 
 
 def weight_files(model_dir) -> list[Path]:

@@ -27,7 +27,6 @@ Ray Tune's restore, which unpickles ``tuner.pkl``, is guarded by
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -93,11 +92,9 @@ def all_finite(state_dict: dict) -> tuple[int, int]:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from raycpt.io import sha256_file
+
+    return sha256_file(path)
 
 
 def _files(folder: Path) -> list[str]:
