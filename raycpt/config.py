@@ -471,8 +471,10 @@ class ReportConfig:
     def __post_init__(self):
         _check(0 < self.alpha < 1, "report.alpha", self.alpha, "a rate strictly between 0 and 1, e.g. 0.05")
         parts = self.primary.split("/") if self.primary else []
-        _check(not self.primary or self.primary == "heldout_loss" or (len(parts) == 2 and all(parts)),
-               "report.primary", self.primary, "'task/mode' (e.g. wordnet_mc/logit), 'heldout_loss', or ''")
+        _check(not self.primary or self.primary == "heldout_loss" or (len(parts) == 2 and all(parts)
+                                                                      and parts[1] in ("logit", "generate", "cloze")),
+               "report.primary", self.primary, "'task/mode' with mode logit, generate or cloze (e.g. "
+               "wordnet_mc/logit), 'heldout_loss', or ''")
 
 
 @dataclass

@@ -273,3 +273,13 @@ def test_alias_expansion_and_file_size_are_bounded(tmp_path):
     big.write_text("name: x\n" + "#" * MAX_CONFIG_BYTES + "\n")
     with pytest.raises(RaycptError, match="a config is at most 1,048,576 bytes"):
         load_config(big)
+
+
+def test_report_primary_names_an_evaluated_mode():
+    """cloze_norm is a score beside cloze, not a mode the summary compares on: naming it is one config error."""
+    from raycpt.config import load_config
+
+    assert load_config("configs/default.yaml", ["report.primary=wordnet_mc/cloze"]).report.primary == "wordnet_mc/cloze"
+    for bad in ("wordnet_mc/cloze_norm", "wordnet_mc/acc"):
+        with pytest.raises(RaycptError, match="report.primary"):
+            load_config("configs/default.yaml", [f"report.primary={bad}"])
