@@ -30,11 +30,15 @@ def test_sigkill_driver_then_resume(tmp_path, tiny_dir):
     import mlflow
 
     from raycpt.config import save_config
+    from raycpt.train.checkpoint import checkpoint_step
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir, ["sweep.trace_first=false", "train.max_steps=6",
                                                  "train.checkpoint_every=2"])
     cfg_path = save_config(cfg, tmp_path / "sweep.yaml")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # slow steps keep the window between a trial's first checkpoint and its end open for seconds: a kill that
+    # lands after the last checkpoint (or a worker that outlives the driver by a moment) leaves nothing to resume
+    env["RAYCPT_FAULTS"] = json.dumps({"step_sleep": 0.5})
     args = ["sweep", str(cfg_path), "--splits", "0.5", "--strategies", "train_shallow"]
     runs = Path(cfg.tracking.run_root)
 
@@ -49,7 +53,8 @@ def test_sigkill_driver_then_resume(tmp_path, tiny_dir):
                    if not (p.parent / "result.json").exists()]
         training = [p for p in started if _train_status(p.parent) != "finished"]  # kill mid-training, not in
         # the trial's evaluation after its training finished (a resume then rightly reuses the finished training)
-        if results and training and any(str(training[0].parent) in str(c) for c in ckpts):
+        early = [c for c in ckpts if training and str(training[0].parent) in str(c) and 0 <= checkpoint_step(c) < 6]
+        if results and early:
             first_done = results[0]
             os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started
             killed = True
