@@ -21,6 +21,12 @@ On the default model (``configs/default.yaml``: SmolLM2-135M, 30 layers, from th
    ratio harder to meet). Wall time each, in this process.
    ``RESULT selector_time_ratio <(bi + snr) / trace> target <= 0.5``.
 
+The step's shape is the default config's (``train.micro_batch_size`` blocks of ``data.seq_len`` tokens: 4 x 64),
+the shape the embedded default trains at. Activation memory is the same for every plan (every plan back-propagates
+through the whole stack), so a larger shape moves every ratio towards 1: at ``--batch 2 --seq 256`` activations are
+about 1 GB and the ratios were 0.62 (LISA) and 0.68 (LoRA) (measured under load); ``train.activation_checkpointing``
+recomputes activations instead of keeping them (not measured here).
+
 Figures on a shared machine are under load (the load average is printed with them).
 
 Run: ``python benchmarks/bench_alternatives.py [--batch 2] [--steps 3] [--threads 2] [--jobs 2]``.
@@ -159,8 +165,9 @@ def _result(name: str, value: float, target: float) -> None:
 
 def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=None, help="blocks per step (default: the default config's "
+                    "train.micro_batch_size)")
+    ap.add_argument("--seq", type=int, default=None, help="tokens per block (default: its data.seq_len)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=2, help="training cases run at once (each its own process)")
@@ -185,6 +192,12 @@ def main() -> None:
         SMOKE, a.seq, a.steps, a.jobs, a.samples, a.max_prompts, a.rank = True, 32, 2, 1, 4, 8, 4
         os.environ["BENCH_MODEL"] = tiny_model_dir()
         print("smoke mode: the tiny model, seq_len 32, 2 steps, cases in this process (numbers are not the claim)")
+    from raycpt.config import load_config
+
+    default = load_config(None, [])
+    a.seq = a.seq or default.data.seq_len
+    a.batch = a.batch or default.train.micro_batch_size
+    print(f"shape: {a.batch} blocks x {a.seq} tokens per step")
     t0 = time.time()
     sizes, n = layer_sizes(a.seq)
     run = ["--batch", str(a.batch), "--threads", str(a.threads)]
