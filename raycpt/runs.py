@@ -355,6 +355,21 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
             tracked(run.end, "FINISHED")
 
 
+@contextlib.contextmanager
+def ended_state(run_dir):
+    """``state.json`` of ``run_dir`` never left ``running`` by an exception inside: failed (with the error) or
+    interrupted (Ctrl-C, SIGTERM), as :func:`command_run` does for a command's own folder; for a folder whose
+    work runs inside another command (a sweep trial's ``run_training``)."""
+    try:
+        yield
+    except BaseException as e:
+        status = end_status(type(e), e)
+        with contextlib.suppress(Exception):  # best effort while already failing (a full disk)
+            write_state(run_dir, status=END_STATE[status], **({} if status == "KILLED" else
+                                                              {"error": f"{type(e).__name__}: {e}"[:500]}))
+        raise
+
+
 def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseException) -> None:
     """A command that failed before its job started: a new folder whose MLflow run never existed is removed
     (it would be nobody's run); a run already created (its config failed to log) ends FAILED / KILLED."""

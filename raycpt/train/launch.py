@@ -283,7 +283,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     import ray
 
     from raycpt.report.train import read_events
-    from raycpt.runs import open_run_dir, write_state
+    from raycpt.runs import ended_state, open_run_dir, write_state
     from raycpt.tracking import mlflow_run
     from raycpt.train.loop import METRICS_FILE, STATUS_FILE
 
@@ -308,8 +308,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     import mlflow  # noqa: F401 - import first: MLflow sets its logger's level when imported
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # no "creating tables" chatter around our one line
-    with mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
-                    parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
+    with ended_state(run_dir), mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
+                                          parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
         run_id = run.info.run_id
         write_state(run_dir, mlflow_run_id=run_id, attempts=attempt, status="running", ray_name=ray_name,
                     model_path=prep.model_path, plan=prep.plan.to_dict(), prepare_s=round(time.time() - t_start, 3))
