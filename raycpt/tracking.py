@@ -313,10 +313,15 @@ def read_lost(run_dir) -> Optional[dict]:
         return None
 
 
-def adopt_lost(run_dir) -> Optional[dict]:
-    """What a worker wrote to ``run_dir``'s :data:`LOST_FILE`, taken over by this process (then its own calls to
-    the server are skipped too); None when the workers saw the server answer."""
-    rec = read_lost(run_dir)
+def adopt_lost(run_dir, since: float = 0.0) -> Optional[dict]:
+    """What a worker wrote to ``run_dir``'s :data:`LOST_FILE` at or after ``since`` (a file left by an earlier
+    attempt that was never synced does not count), taken over by this process (then its own calls to the server
+    are skipped too); None when the workers saw the server answer."""
+    try:
+        fresh = (Path(run_dir) / LOST_FILE).stat().st_mtime >= since
+    except OSError:
+        return None
+    rec = read_lost(run_dir) if fresh else None
     if rec is not None:
         mark_lost(rec.get("uri", ""), rec.get("since_step"), rec.get("error", ""))
     return rec

@@ -2,8 +2,8 @@
 server went away mid-run (its folder has everything: ``config.yaml``, ``state.json``, ``train_metrics.jsonl``,
 ``train_result.json``, ``loss_curve.png``, ``final_model/``).
 
-The run ``state.json`` names is continued when the store has it (the steps it lacks are logged, none twice: the
-rule of the workers' own logger); else a new run is made in the config's experiment, with the config as
+The run ``state.json`` names is continued when the store has it (the steps it lacks a ``loss`` point for are
+logged, none twice); else a new run is made in the config's experiment, with the config as
 params and ``raycpt.synced_from`` naming the old id, and ``state.json`` then names the new run. The run ends
 with the folder's status (finished -> FINISHED, failed -> FAILED, interrupted -> KILLED). Idempotent: a second
 sync logs nothing new.
@@ -58,14 +58,15 @@ def _target_run(client, cfg: ExperimentConfig, run_dir: Path, state: dict, exp_i
     return run.info.run_id, True
 
 
-def step_metrics(records: list[dict], after: int) -> list[tuple[int, str, float]]:
-    """``(step, key, value)`` of every finite numeric field of the step records after step ``after``."""
+def step_metrics(records: list[dict], have: set) -> list[tuple[int, str, float]]:
+    """``(step, key, value)`` of every finite numeric field of the step records whose step is not in ``have``
+    (the steps the run has a ``loss`` point for: a gap in the middle, from a resumed attempt, is filled too)."""
     import math
 
     out = []
     for r in records:
         step = int(r["step"])
-        if step <= after:
+        if step in have:
             continue
         for k, v in r.items():
             if k in STEP_SKIP or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -75,13 +76,12 @@ def step_metrics(records: list[dict], after: int) -> list[tuple[int, str, float]
 
 
 def _log_steps(client, run_id: str, records: list[dict]) -> int:
-    """The step records the run lacks (steps after its last ``loss`` point); how many steps were logged."""
+    """The step records the run lacks (steps without a ``loss`` point); how many steps were logged."""
     import time
 
     from mlflow.entities import Metric
 
-    after = max((m.step for m in client.get_metric_history(run_id, "loss")), default=0)
-    rows = step_metrics(records, after)
+    rows = step_metrics(records, {m.step for m in client.get_metric_history(run_id, "loss")})
     ts = int(time.time() * 1000)
     metrics = [Metric(k, v, ts, step) for step, k, v in rows]
     for i in range(0, len(metrics), 1000):

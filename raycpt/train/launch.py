@@ -324,7 +324,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         clock = {"fit_start": time.time(), "local_mode": loop_config["local_mode"]}  # the phases' wall times
         _fit(cfg, run_dir, prep, loop_config, ray_name, progress, t_start)
         clock["fit_end"] = time.time()
-        adopt_lost(run_dir)  # a tracking server the workers found gone: the rest of the run is local only
+        adopt_lost(run_dir, clock["fit_start"])  # a tracking server the workers found gone: the rest is local only
         _check_status(run_dir)
         ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, prep))
         clock["published"] = time.time()

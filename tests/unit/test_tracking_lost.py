@@ -4,6 +4,7 @@
 
 import errno
 import json
+import time
 
 import pytest
 
@@ -14,7 +15,7 @@ def fresh_lost(monkeypatch):
 
     monkeypatch.setattr(tr, "_lost", {})
     for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv(k, "2")  # restored after the test (mark_lost sets them)
     return tr
 
 
@@ -57,6 +58,8 @@ def test_tracked_swallows_only_a_server_gone_then_skips_every_later_call(fresh_l
     rec = tr.mark_lost("http://127.0.0.1:9", 3, "x", tmp_path)
     assert json.loads((tmp_path / tr.LOST_FILE).read_text()) == rec == tr.read_lost(tmp_path)
     line = tr.lost_line(tmp_path, {"uri": "http://127.0.0.1:9", "since_step": 3})
+    assert tr.adopt_lost(tmp_path, since=time.time() + 60) is None  # a file of an earlier attempt
+    assert tr.adopt_lost(tmp_path) == rec
     assert line == (f"warning: tracking server http://127.0.0.1:9 unreachable since step 3: results are in {tmp_path}; "
                     f"sync them with `raycpt runs sync {tmp_path}` (add --tracking-uri URI for another store)")
 
@@ -67,8 +70,9 @@ def test_step_metrics_are_the_finite_numbers_after_a_step():
     records = [{"step": 1, "loss": 2.5, "lr": 0.0, "epoch": 0, "ok": True},
                {"step": 2, "loss": 2.25, "grad_norm": float("nan"), "note": "x"},
                {"step": 3, "loss": 2.0}]
-    assert step_metrics(records, 1) == [(2, "loss", 2.25), (3, "loss", 2.0)]
-    assert step_metrics(records, 0)[:3] == [(1, "loss", 2.5), (1, "lr", 0.0), (1, "epoch", 0.0)]
+    assert step_metrics(records, {1}) == [(2, "loss", 2.25), (3, "loss", 2.0)]
+    assert step_metrics(records, {1, 3}) == [(2, "loss", 2.25)]  # a gap in the middle is filled
+    assert step_metrics(records, set())[:3] == [(1, "loss", 2.5), (1, "lr", 0.0), (1, "epoch", 0.0)]
 
 
 def test_ended_state_never_leaves_running(tmp_path):
