@@ -22,7 +22,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Which layers to train and which to freeze in continued pre-training, on Ray.")
 GROUPS = {"config": "Show or validate a config.", "models": "Resolve model references into the local cache.",
           "plan": "Layer plans: which layers train.", "hybrid": "Hybrid builds: new layers + pretrained donor layers.",
-          "data": "The packed-token corpus store: pack once, reuse everywhere."}
+          "data": "The packed-token corpus store: pack once, reuse everywhere.",
+          "runs": "Run folders: record what a command left in its run folder."}
 groups = {name: typer.Typer(no_args_is_help=True, help=text) for name, text in GROUPS.items()}
 for _name, _group in groups.items():
     app.add_typer(_group, name=_name)
@@ -122,6 +123,11 @@ COMMANDS: dict[str, Row] = {
                   "reads, a plot, MLflow.", (
                       Opt("method", S, "bi, snr, layertracer or random (sets select.method)", "select.method"),
                       Opt("k", I, "top-k layers named in the ranking (1..layers; sets select.k)", "select.k"))),
+    "runs sync": Row("raycpt.jobs.sync:sync_run", "render_line", "Replay a train run folder (params, step "
+                     "metrics, end metrics, loss curve, status) into an MLflow store: for a run whose tracking "
+                     "server went away.", (
+                         Opt("tracking_uri", S, "the store to sync into (default: the run's own tracking.uri)"),),
+                     rest=1, rest_help="RUN_DIR (a raycpt train run folder)", check=False),
     "data info": Row("raycpt.jobs.info:store_info", "render_stores", "List the packed stores under the config's "
                      "store folder (data.store_dir or <run_root>/packed)."),
 }
@@ -235,6 +241,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=args, prog_name="raycpt", standalone_mode=False)
+        _warn_lost_tracking()
         return int(rv or 0) if isinstance(rv, int) else 0
     except RaycptError as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
@@ -257,6 +264,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     except click_classes("Abort") + (KeyboardInterrupt,):
         err_console.print("interrupted", markup=False)
         return 130
+    except Exception as e:  # noqa: BLE001 - a tracking server that stopped answering is one line; bugs stay loud
+        from raycpt.tracking import unreachable
+
+        if not unreachable(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        err_console.print(f"error: the MLflow tracking server stopped answering ({first}); start it again (or "
+                          "leave tracking.uri empty for SQLite in the run root), then run the same command with "
+                          "--resume", markup=False, highlight=False, soft_wrap=True)
+        return 2
+
+
+def _warn_lost_tracking() -> None:
+    """A command that finished while its tracking server was gone exits 0 (its run folder holds every result;
+    ``raycpt runs sync`` records them later) with one warning line per such run folder."""
+    from raycpt.runs import LOST_RUNS
+    from raycpt.tracking import lost_line, read_lost
+
+    for run_dir in LOST_RUNS:
+        err_console.print(lost_line(run_dir, read_lost(run_dir)), markup=False, highlight=False, soft_wrap=True)
 
 
 def _entry() -> None:  # pragma: no cover

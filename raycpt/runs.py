@@ -25,7 +25,7 @@ from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_co
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
 from raycpt.runtime import sigterm_as_interrupt
-from raycpt.tracking import tracking_uri
+from raycpt.tracking import end_fluent_run, mark_lost, tracked, tracking_lost, tracking_uri
 
 OPENING = "opening"  # state.json status of a folder whose MLflow run does not exist yet
 
@@ -342,12 +342,32 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
                 write_state(run_dir, status=END_STATE[status], **({} if status == "KILLED" else
                                                                   {"error": f"{type(e).__name__}: {e}"[:500]}))
             _pop_active(run.run_id, status)
-            run.end(status)
+            tracked(run.end, status)
             raise
-        run.client.log_metric(run.run_id, f"{command}_wall_time_s", time.time() - run.t_start)
-        write_state(run_dir, status="finished")
+        tracked(run.client.log_metric, run.run_id, f"{command}_wall_time_s", time.time() - run.t_start)
+        lost = tracking_lost()
+        write_state(run_dir, status="finished", **({"tracking_lost": lost} if lost else {}))
         _pop_active(run.run_id, "FINISHED")
-        run.end("FINISHED")
+        if lost:  # the run stays RUNNING in the store until `raycpt runs sync` replays the folder and ends it
+            mark_lost(lost["uri"], lost.get("since_step"), lost.get("error", ""), run_dir)
+            note_lost_run(run_dir)
+        else:
+            tracked(run.end, "FINISHED")
+
+
+@contextlib.contextmanager
+def ended_state(run_dir):
+    """``state.json`` of ``run_dir`` never left ``running`` by an exception inside: failed (with the error) or
+    interrupted (Ctrl-C, SIGTERM), as :func:`command_run` does for a command's own folder; for a folder whose
+    work runs inside another command (a sweep trial's ``run_training``)."""
+    try:
+        yield
+    except BaseException as e:
+        status = end_status(type(e), e)
+        with contextlib.suppress(Exception):  # best effort while already failing (a full disk)
+            write_state(run_dir, status=END_STATE[status], **({} if status == "KILLED" else
+                                                              {"error": f"{type(e).__name__}: {e}"[:500]}))
+        raise
 
 
 def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseException) -> None:
@@ -366,7 +386,7 @@ def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseEx
         _pop_active(run_id, status)
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(cfg.tracking.uri).set_terminated(run_id, status=status)
+        tracked(MlflowClient(cfg.tracking.uri).set_terminated, run_id, status=status)
 
 
 def _pop_active(run_id: str, status: str) -> None:
@@ -375,5 +395,15 @@ def _pop_active(run_id: str, status: str) -> None:
 
     active = mlflow.active_run()
     while active is not None and run_id in (active.info.run_id, active.data.tags.get("mlflow.parentRunId")):
-        mlflow.end_run(status=status)
+        end_fluent_run(status)
         active = mlflow.active_run()
+
+
+LOST_RUNS: list = []
+"""Run folders of this process whose commands finished while their tracking server was gone (the CLI prints one
+warning line per folder, :func:`raycpt.tracking.lost_line`)."""
+
+
+def note_lost_run(run_dir) -> None:
+    if Path(run_dir) not in LOST_RUNS:
+        LOST_RUNS.append(Path(run_dir))

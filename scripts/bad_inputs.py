@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +32,7 @@ class Case:
     expect: str  # a substring of the one stderr line
     ray: bool = False  # starts a local Ray (slow)
     owner: str = "19"  # the issue whose work makes this case one line (others' run with --all)
+    env: dict = field(default_factory=dict)  # extra environment of this one command (a test-only fault)
 
 
 def fixtures(tmp: Path) -> dict:
@@ -351,13 +352,21 @@ def issue27_cases(f: dict) -> list[Case]:
                                                              "train.max_steps=2", "train.num_workers=16",
                                                              "ray.num_cpus=2", f"data.corpus=[{t / 'small.jsonl'}]"],
              "train.num_workers=16", ray=True, owner="27"),
+        Case("train, the disk full at a checkpoint (simulated ENOSPC)",
+             ["train", f"model.ref={m}", f"tracking.run_root={t / 'enospc_runs'}", "data.seq_len=32",
+              "train.max_steps=2", "train.num_workers=1", "train.max_failures=0", f"data.corpus=[{t / 'small.jsonl'}]"],
+             "No space left on device (ENOSPC)", ray=True, owner="27",
+             env={"RAYCPT_FAULTS": json.dumps({"oserror_step": 2, "oserror_errno": "ENOSPC"})}),
+        Case("runs sync a folder that is not a run folder", ["runs", "sync", str(t / "adir")],
+             "is not a raycpt run folder (it has no config.yaml)", owner="27"),
     ]
 
 
 def run_case(case: Case, env: dict, timeout: float = 600) -> dict:
     exe = Path(sys.executable).with_name("raycpt")
     try:
-        r = subprocess.run([str(exe), *case.args], capture_output=True, text=True, timeout=timeout, env=env)
+        r = subprocess.run([str(exe), *case.args], capture_output=True, text=True, timeout=timeout,
+                           env={**env, **case.env})
         rc, err = r.returncode, r.stderr
     except subprocess.TimeoutExpired as e:
         rc, err = "timeout", (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")

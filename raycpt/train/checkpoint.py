@@ -408,10 +408,11 @@ def load_master_weights(model, master: dict) -> None:
 
 
 def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp, data_pos,
-               metrics, dtype: torch.dtype = torch.float32) -> Optional[str]:
+               metrics, dtype: torch.dtype = torch.float32, before_write=None) -> Optional[str]:
     """Every rank calls this (state gathering may be collective); rank 0 writes, all report.
 
-    Returns None when written, else why not (non-finite weights: nothing is written or reported)."""
+    Returns None when written, else why not (non-finite weights: nothing is written or reported). A write that
+    fails (a full disk) removes its half-written folder. ``before_write(folder)``: a test's fault, on rank 0."""
     if plan.adapter == "lora":  # the merged weights (DDP / one worker: LoRA never runs under FSDP)
         from raycpt.models.adapters import merged_state_dict
 
@@ -430,12 +431,15 @@ def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, h
         scratch = getattr(session, "checkpoint_scratch", lambda: None)()
         tmp = tempfile.mkdtemp(prefix=f".raycpt-ckpt-{step:06d}-" if scratch else f"raycpt-ckpt-{step:06d}-",
                                dir=scratch)
-        write_checkpoint(tmp, model=model, tokenizer=tokenizer, msd=msd, osd=osd,
-                         scheduler_state=scheduler.state_dict(), rngs=rngs, step=step, history=history,
-                         plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype,
-                         base_shards=getattr(session, "base_shards", None))
-    del msd, osd
     try:
+        if tmp is not None:
+            if before_write is not None:
+                before_write(tmp)
+            write_checkpoint(tmp, model=model, tokenizer=tokenizer, msd=msd, osd=osd,
+                             scheduler_state=scheduler.state_dict(), rngs=rngs, step=step, history=history,
+                             plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype,
+                             base_shards=getattr(session, "base_shards", None))
+        del msd, osd
         session.report(metrics, tmp, step)
     finally:
         if tmp is not None and os.path.isdir(tmp):

@@ -38,6 +38,7 @@ from raycpt.train.checkpoint import (find_checkpoints, publish_model, read_manif
                                      verify_model_folder)
 from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
 from raycpt.train.parallel import check_parallel
+from raycpt.tracking import adopt_lost, tracked
 
 FINAL_MODEL = "final_model"
 log = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     import ray
 
     from raycpt.report.train import read_events
-    from raycpt.runs import open_run_dir, write_state
+    from raycpt.runs import ended_state, open_run_dir, write_state
     from raycpt.tracking import mlflow_run
     from raycpt.train.loop import METRICS_FILE, STATUS_FILE
 
@@ -307,8 +308,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     import mlflow  # noqa: F401 - import first: MLflow sets its logger's level when imported
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # no "creating tables" chatter around our one line
-    with mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
-                    parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
+    with ended_state(run_dir), mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
+                                          parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
         run_id = run.info.run_id
         write_state(run_dir, mlflow_run_id=run_id, attempts=attempt, status="running", ray_name=ray_name,
                     model_path=prep.model_path, plan=prep.plan.to_dict(), prepare_s=round(time.time() - t_start, 3))
@@ -323,6 +324,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         clock = {"fit_start": time.time(), "local_mode": loop_config["local_mode"]}  # the phases' wall times
         _fit(cfg, run_dir, prep, loop_config, ray_name, progress, t_start)
         clock["fit_end"] = time.time()
+        adopt_lost(run_dir, clock["fit_start"])  # a tracking server the workers found gone: the rest is local only
         _check_status(run_dir)
         ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, prep))
         clock["published"] = time.time()
@@ -528,18 +530,23 @@ def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: st
     tok_s = _tokens_per_s(records)
     png = plot_loss_curve(steps, losses, run_dir / "loss_curve.png",
                           title=f"{cfg.name}: {plan.name} [{plan.layer_map()}]")
-    mlflow.log_artifact(str(png))
-    mlflow.log_param("final_model_dir", str(final_dir))
-    mlflow.set_tag("raycpt.final_model_dir", str(final_dir))
     wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
-    mlflow.log_metrics({"final_loss": losses[-1] if losses else float("nan"), "wall_time_s": wall,
-                        "median_tokens_per_s": tok_s})
     res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
                       wall_s=wall, trainable_params=prep.counts["trainable"], frozen_params=prep.counts["frozen"],
                       mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
                       resumed_from_step=prep.resumed_step, step_times=times)
-    atomic_write_json(run_dir / "train_result.json", res.to_dict())
+    atomic_write_json(run_dir / "train_result.json", res.to_dict())  # the run folder first, then the store
+    tracked(mlflow.log_artifact, str(png))
+    tracked(mlflow.log_param, "final_model_dir", str(final_dir))
+    tracked(mlflow.set_tag, "raycpt.final_model_dir", str(final_dir))
+    tracked(mlflow.log_metrics, final_metrics(res))
     return res
+
+
+def final_metrics(res: TrainResult) -> dict:
+    """The end-of-run metrics of a training run's MLflow run (``raycpt runs sync`` logs the same)."""
+    return {"final_loss": res.losses[-1] if res.losses else float("nan"), "wall_time_s": res.wall_s,
+            "median_tokens_per_s": res.tokens_per_s}
 
 
 def _tokens_per_s(records: list[dict]) -> float:

@@ -224,10 +224,27 @@ class MetricsLogger:
 
             self.client = MlflowClient(tracking_uri=mlflow_cfg["uri"])
             self.run_id = mlflow_cfg["run_id"]
+            self.uri = mlflow_cfg["uri"]
             # a resumed attempt re-runs the steps after its checkpoint: MLflow keeps one point per step
-            self.logged_through = max((m.step for m in self.client.get_metric_history(self.run_id, "loss")),
-                                      default=0)
+            history = self._guarded(self.client.get_metric_history, 1, self.run_id, "loss") or []
+            self.logged_through = max((m.step for m in history), default=0)
             self.system = StepSystemMetrics()  # CPU / memory / GPU of this step window, logged with the step
+
+    def _guarded(self, fn, step: Optional[int], *args, **kwargs):
+        """``fn(...)`` unless the tracking server was found gone; the first call that finds it gone (it does not
+        answer) records that with the step whose record did not arrive (``tracking_lost.json`` in the run folder,
+        :func:`raycpt.tracking.mark_lost`): later calls are skipped, training goes on, the driver says so."""
+        from raycpt.tracking import mark_lost, tracking_lost, unreachable
+
+        if tracking_lost():
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - only a server that does not answer is swallowed
+            if not unreachable(e):
+                raise
+            mark_lost(self.uri, step, str(e), self.path.parent if self.path is not None else None)
+            return None
 
     def event(self, record: dict) -> None:
         if self.path is not None:
@@ -245,7 +262,7 @@ class MetricsLogger:
         ms = [Metric(k, float(v), ts, step) for k, v in {**metrics, **self.system.sample()}.items()
               if isinstance(v, (int, float)) and math.isfinite(float(v))]
         if ms:
-            self._submit(self.client.log_batch, self.run_id, metrics=ms)
+            self._submit(self._guarded, self.client.log_batch, step, self.run_id, metrics=ms)
 
     def params(self, params: dict[str, Any]) -> None:
         if self.client is None:
@@ -253,7 +270,8 @@ class MetricsLogger:
         from mlflow.entities import Param
 
         # a resumed run re-logs the same params: that error is logged and ignored (never fails training)
-        self._submit(self.client.log_batch, self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
+        self._submit(self._guarded, self.client.log_batch, None, self.run_id,
+                     params=[Param(k, str(v)[:500]) for k, v in params.items()])
 
     def _submit(self, fn, *args, **kwargs) -> None:
         if self._queue is None:
@@ -269,14 +287,14 @@ class MetricsLogger:
     def text(self, text: str, artifact_file: str) -> None:
         """A text artifact of the run (queued like the metrics)."""
         if self.client is not None:
-            self._submit(self.client.log_text, self.run_id, text, artifact_file)
+            self._submit(self._guarded, self.client.log_text, None, self.run_id, text, artifact_file)
 
     def artifact(self, path) -> None:
         if self.client is None:
             return
         self.close()  # metrics first, then the artifact (end of training)
         try:
-            self.client.log_artifact(self.run_id, str(path))
+            self._guarded(self.client.log_artifact, None, self.run_id, str(path))
         except Exception:  # noqa: BLE001 - an artifact store hiccup must not fail the training run
             pass
 
@@ -511,8 +529,11 @@ class FaultHooks:
     ``sigkill_step`` (with ``sigkill_rank``, default 0): SIGKILL this worker once, before that step
     (a marker file in the run folder makes a restarted worker go on); ``step_sleep``: seconds to
     sleep before every step; ``nan_step``: that step's loss becomes NaN; ``drop_grad_layer``: that
-    decoder layer's gradients are dropped after every backward (the freeze check must stop the run). The loop calls
-    :meth:`before_step` before a step's timer starts and :meth:`loss` on the step's local loss."""
+    decoder layer's gradients are dropped after every backward (the freeze check must stop the run);
+    ``oserror_step`` (with ``oserror_errno``, a name such as ``ENOSPC``, the default): that step's checkpoint
+    write fails as a full disk does, ``OSError(errno, strerror, <its folder>/model.safetensors)``, after a first
+    file is written into the folder (every attempt: a full disk stays full). The loop calls :meth:`before_step`
+    before a step's timer starts and :meth:`loss` on the step's local loss."""
 
     def __init__(self, faults: Optional[dict], rank: int, run_dir: Optional[Path]):
         self.faults = dict(faults or {})
@@ -528,6 +549,16 @@ class FaultHooks:
                 os.kill(os.getpid(), signal.SIGKILL)
         if f.get("step_sleep"):
             time.sleep(float(f["step_sleep"]))
+
+    def checkpoint_write(self, step: int, folder: str) -> None:
+        """``oserror_step``: the checkpoint write of that step fails, half-written (see the class docstring)."""
+        if self.faults.get("oserror_step") != step:
+            return
+        import errno
+
+        code = getattr(errno, str(self.faults.get("oserror_errno", "ENOSPC")))
+        Path(folder, "train_state.json").write_text("{")  # what a disk that filled mid-write leaves
+        raise OSError(code, os.strerror(code), str(Path(folder) / "model.safetensors"))
 
     def loss(self, step: int, loss_local: torch.Tensor) -> torch.Tensor:
         return loss_local * float("nan") if self.faults.get("nan_step") == step else loss_local
@@ -825,7 +856,8 @@ def _train(w: _Worker, data, state: LoopState) -> dict:
                                                        "store_key": w.config.get("store_key"),
                                                        "store_identity": w.config.get("store_identity")},
                              metrics={"step": step, "loss": metrics["loss"]},
-                             dtype=weights_dtype(tcfg.precision, w.device))
+                             dtype=weights_dtype(tcfg.precision, w.device),
+                             before_write=lambda folder, s=step: w.faults.checkpoint_write(s, folder))
             if why is not None:  # never a checkpoint from non-finite weights
                 return {"status": "nonfinite", "step": step, "what": "weights", "value": why,
                         "last_checkpoint_step": last_ckpt}

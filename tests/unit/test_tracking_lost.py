@@ -1,0 +1,113 @@
+"""Issue 27 helpers, no Ray and no server: what counts as a tracking server gone, what a lost server makes
+:func:`raycpt.tracking.tracked` do, the step metrics ``raycpt runs sync`` replays, a folder's state never left
+``running``, and the test-only full-disk fault."""
+
+import errno
+import json
+import time
+
+import pytest
+
+
+@pytest.fixture
+def fresh_lost(monkeypatch):
+    import raycpt.tracking as tr
+
+    monkeypatch.setattr(tr, "_lost", {})
+    for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(k, "2")  # restored after the test (mark_lost sets them)
+    return tr
+
+
+def test_unreachable_reads_the_cause_chain_not_any_mlflow_error(fresh_lost):
+    from mlflow.exceptions import MlflowException
+
+    tr = fresh_lost
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError as inner:
+            raise MlflowException("API request to http://127.0.0.1:1/api/2.0/mlflow/runs/log-batch failed") from inner
+    except MlflowException as e:
+        wrapped = e
+    assert tr.unreachable(wrapped)
+    assert tr.unreachable(MlflowException("API request to http://h/x failed with exception "
+                                          "HTTPConnectionPool(host='h'): Max retries exceeded with url: /x"))
+    assert not tr.unreachable(MlflowException("Changing param values is not allowed. Param with key='lr'"))
+    assert not tr.unreachable(ValueError("no"))
+
+
+def test_tracked_swallows_only_a_server_gone_then_skips_every_later_call(fresh_lost, tmp_path):
+    import os
+
+    tr = fresh_lost
+    calls = []
+
+    def gone():
+        calls.append("gone")
+        raise ConnectionError("refused")
+
+    assert tr.tracked(lambda: 7) == 7
+    with pytest.raises(ValueError):
+        tr.tracked(lambda: (_ for _ in ()).throw(ValueError("a bug stays loud")))
+    assert tr.tracking_lost() is None
+    assert tr.tracked(gone) is None and calls == ["gone"]
+    assert tr.tracking_lost() is not None
+    assert tr.tracked(lambda: calls.append("later")) is None and calls == ["gone"]  # skipped
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"  # nothing waits on MLflow's retries again
+    rec = tr.mark_lost("http://127.0.0.1:9", 3, "x", tmp_path)
+    assert json.loads((tmp_path / tr.LOST_FILE).read_text()) == rec == tr.read_lost(tmp_path)
+    line = tr.lost_line(tmp_path, {"uri": "http://127.0.0.1:9", "since_step": 3})
+    assert tr.adopt_lost(tmp_path, since=time.time() + 60) is None  # a file of an earlier attempt
+    assert tr.adopt_lost(tmp_path) == rec
+    assert line == (f"warning: tracking server http://127.0.0.1:9 unreachable since step 3: results are in {tmp_path}; "
+                    f"sync them with `raycpt runs sync {tmp_path}` (add --tracking-uri URI for another store)")
+
+
+def test_step_metrics_are_the_finite_numbers_after_a_step():
+    from raycpt.jobs.sync import step_metrics
+
+    records = [{"step": 1, "loss": 2.5, "lr": 0.0, "epoch": 0, "ok": True},
+               {"step": 2, "loss": 2.25, "grad_norm": float("nan"), "note": "x"},
+               {"step": 3, "loss": 2.0}]
+    assert step_metrics(records, {1}) == [(2, "loss", 2.25), (3, "loss", 2.0)]
+    assert step_metrics(records, {1, 3}) == [(2, "loss", 2.25)]  # a gap in the middle is filled
+    assert step_metrics(records, set())[:3] == [(1, "loss", 2.5), (1, "lr", 0.0), (1, "epoch", 0.0)]
+
+
+def test_ended_state_never_leaves_running(tmp_path):
+    from raycpt.runs import ended_state, read_state, write_state
+
+    write_state(tmp_path, status="running")
+    with pytest.raises(OSError):
+        with ended_state(tmp_path):
+            raise OSError(errno.ENOSPC, "No space left on device", "/x")
+    st = read_state(tmp_path)
+    assert st["status"] == "failed" and "No space left on device" in st["error"]
+    write_state(tmp_path, status="running")
+    with pytest.raises(KeyboardInterrupt):
+        with ended_state(tmp_path):
+            raise KeyboardInterrupt
+    assert read_state(tmp_path)["status"] == "interrupted"
+    write_state(tmp_path, status="running")
+    with ended_state(tmp_path):
+        pass
+    assert read_state(tmp_path)["status"] == "running"  # success is the caller's to write
+
+
+def test_the_full_disk_fault_fails_only_its_step_half_written(tmp_path):
+    from raycpt.errors import environment_error
+    from raycpt.train.loop import FaultHooks
+
+    hooks = FaultHooks({"oserror_step": 2}, 0, tmp_path)
+    hooks.checkpoint_write(1, str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OSError) as e:
+        hooks.checkpoint_write(2, str(tmp_path))
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "model.safetensors")
+    assert (tmp_path / "train_state.json").is_file()  # what a disk that filled mid-write leaves
+    line = str(environment_error(e.value))
+    assert f"cannot write {tmp_path / 'model.safetensors'}: No space left on device (ENOSPC)" in line
+    with pytest.raises(OSError) as e:
+        FaultHooks({"oserror_step": 3, "oserror_errno": "EACCES"}, 0, None).checkpoint_write(3, str(tmp_path))
+    assert e.value.errno == errno.EACCES
