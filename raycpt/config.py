@@ -130,7 +130,7 @@ class TraceConfig:
     batch_size: int = 16
     """Prompts per forward batch inside an actor."""
     num_actors: int = 1
-    """Actors in the trace pool (each loads the model once)."""
+    """Actors in the trace pool (each loads the model once); 1 with no cluster named = the driver's own process."""
     gpus_per_actor: float = 0.0
     """GPUs per trace actor (0 on CPU)."""
     cpus_per_actor: float = 1.0

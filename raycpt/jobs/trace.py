@@ -12,7 +12,9 @@ Order of work in :func:`run_trace`:
    little, and ship token ids (not text) to the actors;
 3. ``map_batches`` with a class UDF on an actor pool: each actor loads the model once
    (``trace.num_actors`` actors, ``trace.gpus_per_actor`` / ``trace.cpus_per_actor`` each,
-   ``trace.batch_size`` prompts per call); rows stream back to the driver behind a progress bar;
+   ``trace.batch_size`` prompts per call); rows stream back to the driver behind a progress bar.
+   With one actor and no cluster named (:func:`in_process`) that one actor is this process: the same
+   class, the same batches of prompts, no Ray start and no actor start;
 4. profiles, S(b) table, recommended split; Parquet + PNG + CSV/MD artifacts; MLflow params,
    per-layer metric series and artifacts.
 
@@ -175,11 +177,63 @@ def _dataset_items(encoded) -> list[dict]:
                  context=np.asarray(encoded[i].context, dtype=np.int64), last=encoded[i].last) for i in order]
 
 
+def in_process(cfg: ExperimentConfig) -> bool:
+    """Whether the trace runs in this process: one actor (``trace.num_actors=1``) and no cluster named (a local
+    Ray or none). A pool of one actor on this machine computes the same rows, after a Ray start, an actor start
+    and a model load in that actor; on a cluster the pool places the actors (and their GPUs)."""
+    from raycpt.runtime import cluster_address
+
+    return int(cfg.trace.num_actors) == 1 and cluster_address(cfg.ray) is None
+
+
+def _actor_kwargs(prep: _Prepared) -> dict:
+    from raycpt.diagnostics.prompts import pad_id_of
+
+    t = prep.cfg.trace
+    return dict(model_path=prep.model_path, dtype=trace_dtype(prep.cfg), top_k=t.top_k, eps=t.eps,
+                use_gpu=t.gpus_per_actor > 0, num_threads=max(1, int(round(t.cpus_per_actor))),
+                pad_id=pad_id_of(prep.tokenizer), schedule=t.schedule)
+
+
+def _in_prompt_order(parts: list[dict[str, np.ndarray]], n: int) -> dict[str, np.ndarray]:
+    """The rows of every batch (any order) as per-prompt arrays in prompt order; all ``n`` prompts or an error."""
+    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    order = np.argsort(rows["index"], kind="stable")
+    rows = {k: (np.stack(list(v[order])) if v.dtype == object else v[order]) for k, v in rows.items()}
+    if len(rows["index"]) != n or not np.array_equal(rows["index"], np.arange(n)):
+        raise RuntimeError(f"trace returned {len(rows['index'])} rows for {n} prompts")
+    return rows
+
+
+def _rows_in_process(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
+    """The trace's one actor in this process (:func:`in_process`): the same :class:`TraceActor`, called on
+    ``trace.batch_size`` prompts at a time in length order; torch's thread count is restored afterwards."""
+    import gc
+
+    import torch
+
+    items = _dataset_items(prep.encoded)
+    size = max(1, int(prep.cfg.trace.batch_size))
+    threads = torch.get_num_threads()
+    parts: list[dict[str, np.ndarray]] = []
+    try:
+        actor = TraceActor(**_actor_kwargs(prep))
+        with count_progress("trace", len(items), progress, unit="prompts") as advance:
+            for s in range(0, len(items), size):
+                chunk = items[s:s + size]
+                batch = {k: [it[k] for it in chunk] for k in ("index", "input_ids", "context", "last")}
+                parts.append(actor(batch))
+                advance(len(chunk))
+    finally:
+        actor = None  # the model goes before the trials start
+        gc.collect()
+        torch.set_num_threads(threads)
+    return _in_prompt_order(parts, len(items))
+
+
 def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
     """Run the actor pool over the prompts; return per-prompt arrays in prompt order."""
     import ray
-
-    from raycpt.diagnostics.prompts import pad_id_of
 
     import logging
 
@@ -190,9 +244,7 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
     ds = ray.data.from_items(items, override_num_blocks=n_blocks)
     ds = ds.map_batches(
         TraceActor,
-        fn_constructor_kwargs=dict(model_path=prep.model_path, dtype=trace_dtype(prep.cfg), top_k=t.top_k, eps=t.eps,
-                                   use_gpu=t.gpus_per_actor > 0, num_threads=max(1, int(round(t.cpus_per_actor))),
-                                   pad_id=pad_id_of(prep.tokenizer), schedule=t.schedule),
+        fn_constructor_kwargs=_actor_kwargs(prep),
         compute=ray.data.ActorPoolStrategy(size=t.num_actors),
         batch_size=t.batch_size,
         batch_format="numpy",
@@ -204,12 +256,7 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
             parts.append({k: np.asarray(v) for k, v in batch.items()})
             advance(len(batch["index"]))
-    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    order = np.argsort(rows["index"], kind="stable")
-    rows = {k: (np.stack(list(v[order])) if v.dtype == object else v[order]) for k, v in rows.items()}
-    if len(rows["index"]) != len(items) or not np.array_equal(rows["index"], np.arange(len(items))):
-        raise RuntimeError(f"trace returned {len(rows['index'])} rows for {len(items)} prompts")
-    return rows
+    return _in_prompt_order(parts, len(items))
 
 
 def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: float) -> None:
@@ -281,8 +328,11 @@ def execute(prep: _Prepared, run, progress: bool = True) -> TraceResult:
 
     cfg, run_dir = prep.cfg, run.run_dir
     t0 = time.perf_counter()
-    with ray_session(cfg.ray):
-        rows = _compute_rows(prep, progress)
+    if in_process(cfg):  # one actor on this machine: no Ray start, no actor start (the same rows)
+        rows = _rows_in_process(prep, progress)
+    else:
+        with ray_session(cfg.ray):
+            rows = _compute_rows(prep, progress)
     agg = aggregate(prep, rows)
     wall_s = time.perf_counter() - t0
     summary = dict(model_ref=cfg.model.ref, model_path=prep.model_path, num_layers=prep.num_layers,

@@ -145,3 +145,23 @@ def test_trace_cli_bad_inputs_exit_2(tiny_dir, tmp_path, monkeypatch, capsys, ar
     assert len(err.splitlines()) == 1 and msg in err, err
     assert not runs_with_status(tmp_path, "RUNNING")
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # rejected before MLflow was touched
+
+
+def test_one_local_actor_runs_in_process_with_the_pool_rows(ray_local, tiny_dir, tmp_path, monkeypatch):
+    """One actor and no cluster: the trace is computed in this process (no Ray start, no actor) - the rows are
+    those of a one-actor pool on the same prompts (batches of 2 of 6 prompts: the pool's batches are the same)."""
+    from raycpt.jobs.trace import _compute_rows, _rows_in_process, in_process, prepare_trace
+
+    prompts = write_prompts(tmp_path / "p.jsonl")
+    cfg = cfg_for(tmp_path, tiny_dir, prompts, "trace.batch_size=2")
+    assert in_process(cfg)
+    assert not in_process(cfg_for(tmp_path, tiny_dir, prompts, "trace.num_actors=2"))
+    assert not in_process(cfg_for(tmp_path, tiny_dir, prompts, "ray.address=ray://head:10001"))
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert not in_process(cfg)
+    monkeypatch.delenv("RAY_ADDRESS")
+    prep = prepare_trace(cfg, splits=[0.5], top_k=5)
+    local, pool = _rows_in_process(prep, False), _compute_rows(prep, False)
+    assert set(local) == set(pool) and local["index"].tolist() == list(range(len(PROMPTS)))
+    for key in sorted(set(local) - {"forward_s"}):
+        np.testing.assert_allclose(local[key], pool[key], rtol=1e-6, atol=1e-9, err_msg=key)
