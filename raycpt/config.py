@@ -186,6 +186,9 @@ class PlanConfig:
     """``elite``: learning-rate multiplier for the elite layers."""
     elite_train_rest: bool = False
     """``elite``: also train the other layers at lr x1 (the "higher LR for elite layers" variant)."""
+    elite_pick: Literal["top", "bottom"] = "top"
+    """``elite``: ``top`` = the k highest-scored layers of the ranking; ``bottom`` = the k lowest-scored (seed
+    003's control: the same k and LR scale on the least-contributing layers)."""
     train_embeddings: bool = False
     """Whether the input embeddings train (with tied embeddings this also trains the head)."""
     train_final_norm: bool = False
@@ -229,6 +232,8 @@ class PlanConfig:
         _check(all(c in "01" for c in self.pattern), "plan.pattern", self.pattern, "a string of 0 and 1, e.g. 01100")
         _check(self.k >= 1, "plan.k", self.k, "an integer >= 1")
         _check(self.elite_lr_scale > 0, "plan.elite_lr_scale", self.elite_lr_scale, "a positive number")
+        _check(self.elite_pick in ("top", "bottom"), "plan.elite_pick", self.elite_pick,
+               "top (the k best-ranked layers) or bottom (the k lowest-scored: the control)")
         for k, v in self.lr_scales.items():
             _check(v > 0, f"plan.lr_scales.{k}", v, "a positive multiplier")
 

@@ -27,7 +27,8 @@ blocks          a 0/1 pattern over equal contiguous blocks (``01100``: blocks 1 
 layers          an explicit list of layers
 single          one layer
 elite           the top-k layers of a ranking file (see :func:`write_ranking`), trained with
-                ``plan.elite_lr_scale``; ``plan.elite_train_rest`` also trains the others at scale 1
+                ``plan.elite_lr_scale``; ``plan.elite_train_rest`` also trains the others at scale 1;
+                ``plan.elite_pick=bottom`` takes the k lowest-scored layers instead (003's control)
 middle          the middle k layers: [(N - k) // 2, (N - k) // 2 + k) (28 layers, k=5 -> 11..15)
 ==============  ===============================================================================
 
@@ -267,16 +268,33 @@ def _elite(pcfg, n: int) -> PlanSpec:
         raise RaycptError("plan.ranking_file is not set: the elite plan reads its top-k layers from a ranking "
                           "JSON (e.g. written by raycpt contribution)")
     ranking = read_ranking(pcfg.ranking_file, num_layers=n)
-    order = [r["layer"] for r in ranking["ranking"]]
-    if pcfg.k > len(order):
-        raise RaycptError(f"plan.k={pcfg.k}: the ranking {pcfg.ranking_file} lists only {len(order)} layers")
-    elite = sorted(order[:pcfg.k])
+    pick = getattr(pcfg, "elite_pick", "top")
+    elite = ranked_pick(ranking["ranking"], pcfg.k, pick, where=str(pcfg.ranking_file))
     scales = {i: float(pcfg.elite_lr_scale) for i in elite}
     rest = bool(getattr(pcfg, "elite_train_rest", False))
     layers = range(n) if rest else elite
-    note = f"elite top-{pcfg.k} of {Path(pcfg.ranking_file).name}: {elite} at lr x{pcfg.elite_lr_scale:g}"
+    what = "top" if pick == "top" else "bottom (the lowest-contribution control)"
+    note = f"elite {what}-{pcfg.k} of {Path(pcfg.ranking_file).name}: {elite} at lr x{pcfg.elite_lr_scale:g}"
     note += "; the other layers also train at lr x1" if rest else "; the other layers are frozen"
     return PlanSpec(layers, lr_scales=scales, notes=[note])
+
+
+def ranked_pick(rows, k: int, pick: str = "top", where: str = "the ranking") -> list[int]:
+    """The ``k`` layers an elite plan takes from a ranking's rows (``[{"layer", "score"}]``), sorted by index.
+
+    ``top``: the first k of the ranking (best first, as :func:`read_ranking` orders it); ``bottom``: the k
+    lowest finite scores (ties: the lower layer; layers without a score are never picked)."""
+    if pick not in ("top", "bottom"):
+        raise RaycptError(f"plan.elite_pick={pick!r}: use top or bottom")
+    if pick == "top":
+        order = [r["layer"] for r in rows]
+    else:
+        scored = [r for r in rows if r["score"] is not None and math.isfinite(r["score"])]
+        order = [r["layer"] for r in sorted(scored, key=lambda r: (r["score"], r["layer"]))]
+    if k > len(order):
+        kind = "layers" if pick == "top" else "layers with a score"
+        raise RaycptError(f"plan.k={k}: {where} lists only {len(order)} {kind}")
+    return sorted(int(i) for i in order[:k])
 
 
 @register_plan("lisa")

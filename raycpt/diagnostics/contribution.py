@@ -6,13 +6,15 @@ gain that training layer ``l`` alone recovers. 1.0 = as good as full training, >
 
 Also here: ranking, counts above a threshold, Spearman rank correlation between two scans (scipy,
 with its p-value), Jaccard overlap of the questions each layer-trained model newly solves, and a
-majority vote over several models' per-question answers.
+majority vote over several models' per-question answers, and its control (seed 003): one model answering
+k times by seeded sampling of its choice distribution, then voting.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import zlib
 from collections import Counter
 from typing import Any, Hashable, Mapping, Optional, Sequence
 
@@ -117,6 +119,50 @@ def majority_vote(answers: Sequence[Mapping[Hashable, Any]]) -> dict[Hashable, A
     return out
 
 
+def sample_choice(logprobs: Sequence[float], temperature: float, u: float) -> int:
+    """The choice a model answering once picks: index ``i`` of ``softmax(logprobs / T)`` at the uniform draw
+    ``u`` in [0, 1) (inverse CDF). ``T <= 0`` is the greedy answer, the first maximum (as the argmax
+    prediction of logit / cloze mode), and so is the limit ``T -> 0``."""
+    if temperature <= 0:
+        return max(range(len(logprobs)), key=lambda i: (logprobs[i], -i))
+    z = np.asarray(logprobs, dtype=np.float64) / temperature
+    p = np.exp(z - z.max())
+    cdf = np.cumsum(p / p.sum())
+    return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))
+
+
+def question_draws(question: str, k: int, seed: int) -> np.ndarray:
+    """``k`` uniforms in [0, 1) for one question: a pure function of (seed, question id), so a question's
+    samples do not depend on which other questions were evaluated or in what order."""
+    return np.random.default_rng([int(seed), zlib.crc32(str(question).encode())]).random(k)
+
+
+def sampled_answers(logprobs: Mapping[Hashable, Sequence[float]], k: int, temperature: float, seed: int,
+                    letters: str = "ABCDEFGHIJ") -> list[dict[Hashable, str]]:
+    """One model answering every question ``k`` times by sampling its choice distribution at ``temperature``
+    (seeded: :func:`question_draws`): ``k`` answer maps, draw 0 first."""
+    draws = {q: question_draws(q, k, seed) for q in logprobs}
+    return [{q: letters[sample_choice(lp, temperature, draws[q][j])] for q, lp in logprobs.items()}
+            for j in range(k)]
+
+
+def sampled_vote(answers: Mapping[Hashable, Mapping[str, Any]], k: int, temperature: float, seed: int) -> dict:
+    """Seed 003's control of the top-k vote: the same (full-trained) model answering ``k`` times and voting.
+
+    ``answers``: ``{question: {"pred", "gold", "logprobs"}}`` (logit or cloze mode). The draws are
+    exchangeable, so a tie goes to the earliest draw among the tied (:func:`majority_vote`). Accuracies in
+    percent: the vote, one sample on average, and the greedy answer."""
+    lps = {q: a["logprobs"] for q, a in answers.items() if a.get("logprobs")}
+    if len(lps) < len(answers) or not lps:
+        raise RaycptError("the sampled vote needs every question's choice log-likelihoods (logit or cloze mode)")
+    gold = {q: a["gold"] for q, a in answers.items()}
+    samples = sampled_answers(lps, k, temperature, seed)
+    return dict(k=k, temperature=float(temperature), seed=int(seed),
+                vote_acc=100 * accuracy(majority_vote(samples), gold),
+                sample_acc=100 * float(np.mean([accuracy(s, gold) for s in samples])),
+                greedy_acc=100 * accuracy({q: a["pred"] for q, a in answers.items()}, gold), num_questions=len(gold))
+
+
 def gold_probability(logprobs: Sequence[float], gold_index: int) -> float:
     """Probability of the gold choice among the choices: ``softmax(logprobs)[gold_index]``."""
     m = max(logprobs)
@@ -136,13 +182,16 @@ def primary_score(cells: dict[str, float], eval_cfg) -> tuple[str, float]:
 
 
 def answers_of(questions: list[dict], mode: str) -> dict[str, dict]:
-    """Per-question ``{pred, gold, correct}`` of one task's evaluated questions in ``mode``."""
+    """Per-question ``{pred, gold, correct}`` of one task's evaluated questions in ``mode`` (plus the
+    choices' ``logprobs`` in logit and cloze mode)."""
     out = {}
     for q in questions:
         rec = q.get(mode)
         if rec:
             pred = rec.get("extracted") if mode == "generate" else rec.get("prediction")  # logit, cloze: the argmax
             out[str(q["id"])] = {"pred": pred, "gold": q.get("gold"), "correct": bool(rec.get("correct"))}
+            if rec.get("logprobs"):  # logit, cloze: what the sampled vote draws from
+                out[str(q["id"])]["logprobs"] = [float(v) for v in rec["logprobs"]]
     return out
 
 
@@ -177,7 +226,8 @@ def summarize_scan(scores: Mapping[int, float], base: float, full: float, num_la
 
 def analyze_scan(base: Mapping[str, Any], full: Mapping[str, Any], singles: Mapping[int, Mapping[str, Any]],
                  num_layers: int, band: tuple[float, float] = (0.4, 0.6), threshold: float = 1.0,
-                 top_k: int = 7, against: Optional[Mapping[int, float]] = None) -> dict:
+                 top_k: int = 7, against: Optional[Mapping[int, float]] = None,
+                 sample: Optional[Mapping[str, float]] = None) -> dict:
     """Everything ``raycpt contribution`` reports, from the trials' results.
 
     Each result is a mapping with ``score`` (the benchmark number), optionally ``answers``
@@ -187,7 +237,9 @@ def analyze_scan(base: Mapping[str, Any], full: Mapping[str, Any], singles: Mapp
     Returns the :func:`summarize_scan` fields plus ``l2_single`` / ``l2_full`` ({layer: value}),
     ``jaccard`` (mean pairwise Jaccard of the newly solved questions of the top-k single-layer
     models, and the pairs), ``vote`` (majority vote of the top-k models vs the best single model and
-    full, accuracies in percent on the same questions) and ``spearman`` against another ranking."""
+    full, accuracies in percent on the same questions), ``sampled_vote`` (with ``sample`` = ``{temperature,
+    seed}``: ``full`` answering k times and voting, :func:`sampled_vote`; ``{"unavailable": why}`` when its
+    answers carry no choice log-likelihoods) and ``spearman`` against another ranking."""
     scores = {int(l): float(r["score"]) for l, r in singles.items()}
     out = summarize_scan(scores, float(base["score"]), float(full["score"]), num_layers, band, threshold)
     contrib, ranking = out["contribution"], out["ranking"]
@@ -214,10 +266,47 @@ def analyze_scan(base: Mapping[str, Any], full: Mapping[str, Any], singles: Mapp
                            if full.get("answers") else float("nan"),
                            base_acc=100 * accuracy({q: a["pred"] for q, a in base["answers"].items()}, gold),
                            num_questions=len(gold))
+        if sample is not None:
+            out["sampled_vote"] = full_sampled_vote(full, k, sample)
     out.update(contribution_intervals(base, full, singles))
     if against:
         rho, p = spearman(contrib, against)
         out["spearman"] = dict(rho=rho, p_value=p, layers=len(set(contrib) & set(against)))
+    return out
+
+
+def full_sampled_vote(full: Mapping[str, Any], k: int, sample: Mapping[str, float]) -> dict:
+    """:func:`sampled_vote` of the full model's answers, or ``{"unavailable": why}`` (one line)."""
+    answers = full.get("answers") or {}
+    if not answers or not all(a.get("logprobs") for a in answers.values()):
+        return {"unavailable": "the full model's answers carry no choice log-likelihoods: the sampled vote needs "
+                               "eval.modes[0] logit or cloze (generate answers cannot be resampled afterwards)"}
+    return sampled_vote(answers, k, float(sample["temperature"]), int(sample["seed"]))
+
+
+def elite_lr_control(full: Mapping[str, Any], top: Mapping[str, Any], bottom: Mapping[str, Any],
+                     level: float = 0.95) -> dict:
+    """Seed 003's elite-LR recipe against its control: ``top`` (the k best layers at a higher LR, the rest at
+    lr x1) and ``bottom`` (the k lowest-contribution layers, same k and scale) against ``full`` (every layer at
+    lr x1). Scores and their differences; with per-question answers also the paired accuracy differences
+    (exact McNemar p, :func:`raycpt.stats.paired_accuracy_delta`) top - full, bottom - full, top - bottom."""
+    from raycpt.stats import paired_accuracy_delta
+
+    sf, st, sb = float(full["score"]), float(top["score"]), float(bottom["score"])
+    out: dict = dict(full_score=sf, top_score=st, bottom_score=sb, top_minus_full=st - sf,
+                     bottom_minus_full=sb - sf, top_minus_bottom=st - sb, top_layers=top.get("elite_layers"),
+                     bottom_layers=bottom.get("elite_layers"))
+    ans = [m.get("answers") or {} for m in (full, top, bottom)]
+    qs = [q for q in ans[0] if q in ans[1] and q in ans[2]]
+    if qs:
+        x = {name: np.array([a[q]["correct"] for q in qs], dtype=float)
+             for name, a in zip(("full", "top", "bottom"), ans)}
+        pairs = {}
+        for a, b in (("top", "full"), ("bottom", "full"), ("top", "bottom")):
+            d = paired_accuracy_delta(x[a], x[b], level, scale=100.0)
+            pairs[f"{a}-{b}"] = {"delta": d.point, "lo": d.lo, "hi": d.hi, "p": d.p}
+        out["accuracy"] = {"num_questions": len(qs), **{k: 100 * float(v.mean()) for k, v in x.items()}}
+        out["paired"] = pairs
     return out
 
 

@@ -186,6 +186,34 @@ def test_ranking_roundtrip_and_elite(tmp_path):
         read_ranking(bad, 5)
 
 
+def test_elite_bottom_pick_is_the_lowest_contribution_layers(tmp_path):
+    """003's control: the k layers with the LOWEST contribution, at the same k and scale, on their groups."""
+    path = tmp_path / "ranking.json"
+    # by hand: finite scores ascending -> layer 5 (-0.3), then 0 and 4 tie at 0.2 (the lower layer first: 0),
+    # then 4, 2 (0.7), ...; layer 3 has no score and is never picked
+    scores = {0: 0.2, 1: 1.14, 2: 0.7, 3: float("nan"), 4: 0.2, 5: -0.3}
+    write_ranking(path, model="tiny", num_layers=6, scores=scores)
+    from raycpt.strategies import ranked_pick
+    rows = read_ranking(path, 6)["ranking"]
+    assert ranked_pick(rows, 2, "bottom") == [0, 5] and ranked_pick(rows, 3, "bottom") == [0, 4, 5]
+    assert ranked_pick(rows, 2, "top") == [1, 2]
+    with pytest.raises(RaycptError, match="lists only 5 layers with a score"):
+        ranked_pick(rows, 6, "bottom")
+    model = tiny_model("qwen2", num_layers=6)
+    pcfg = PlanConfig(name="elite", k=2, ranking_file=str(path), elite_lr_scale=2.0, elite_train_rest=True)
+    top = plan_for_model(pcfg, model)
+    bottom = plan_for_model(PlanConfig(**{**vars(pcfg), "elite_pick": "bottom"}), model)
+    assert top.lr_scales == {1: 2.0, 2: 2.0} and bottom.lr_scales == {0: 2.0, 5: 2.0}
+    assert bottom.trainable_layers == tuple(range(6)) and any("bottom" in n for n in bottom.notes)
+    apply_plan(model, bottom)
+    by_param = {id(p): g for g in param_groups(model, bottom, lr=1e-3, weight_decay=0.0) for p in g["params"]}
+    for name, p in model.named_parameters():  # the layer read from the parameter's name, not from the plan
+        if p.requires_grad:
+            assert by_param[id(p)]["lr"] == pytest.approx(2e-3 if layer_of(name) in (0, 5) else 1e-3), name
+    with pytest.raises(RaycptError, match="plan.elite_pick"):
+        PlanConfig(name="elite", elite_pick="lowest")
+
+
 def test_plan_roundtrips_through_dict():
     from raycpt.strategies import LayerPlan
 

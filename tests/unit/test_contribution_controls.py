@@ -1,0 +1,111 @@
+"""Seed 003's two controls, on hand-worked numbers (no Ray): the full model answering k times (seeded
+sampling of its choice distribution) and voting, and the elite-LR recipe against its lowest-layer control."""
+
+import math
+
+import numpy as np
+import pytest
+
+from raycpt.diagnostics import contribution as C
+from raycpt.errors import RaycptError
+
+LP = [math.log(0.5), math.log(0.25), math.log(0.125), math.log(0.125)]  # cdf 0.5, 0.75, 0.875, 1
+
+
+@pytest.mark.parametrize("u, want", [(0.0, 0), (0.4999, 0), (0.5, 1), (0.74, 1), (0.8, 2), (0.9, 3), (0.9999, 3)])
+def test_sample_choice_is_the_inverse_cdf_of_the_softmax(u, want):
+    assert C.sample_choice(LP, 1.0, u) == want
+    assert C.sample_choice([v + 3.0 for v in LP], 1.0, u) == want  # log-likelihoods: shift-invariant
+
+
+def test_temperature_flattens_and_zero_is_the_argmax():
+    # T = 2: p ~ sqrt(0.5, 0.25, 0.125, 0.125) = (0.7071, 0.5, 0.3536, 0.3536) / 1.9142 -> cdf 0.3694, 0.6306, 0.8153
+    assert [C.sample_choice(LP, 2.0, u) for u in (0.36, 0.38, 0.62, 0.64, 0.81, 0.82)] == [0, 1, 1, 2, 2, 3]
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        lp = list(rng.permutation([0.0, 0.1, 0.6, 2.0]) + rng.normal(size=4) * 0.01)  # the top two >= 0.05 apart
+        greedy = int(np.argmax(lp))
+        assert C.sample_choice(lp, 0.0, 0.3) == greedy
+        assert all(C.sample_choice(lp, t, u) == greedy for t in (1e-3, 1e-6) for u in (0.0, 0.5, 0.999999))
+    assert C.sample_choice([1.0, 3.0, 3.0, 0.0], 0.0, 0.99) == 1  # ties: the first maximum, like the prediction
+
+
+def test_draws_are_seeded_per_question_and_follow_the_distribution():
+    a = C.question_draws("q7", 5, seed=3)
+    assert np.array_equal(a, C.question_draws("q7", 5, seed=3))
+    assert not np.array_equal(a, C.question_draws("q7", 5, seed=4))
+    assert not np.array_equal(a, C.question_draws("q8", 5, seed=3))
+    one = C.sampled_answers({"q1": LP}, 4, 1.0, seed=0)
+    more = C.sampled_answers({"q0": LP[::-1], "q1": LP}, 4, 1.0, seed=0)  # another question does not move q1's
+    assert [m["q1"] for m in one] == [m["q1"] for m in more]
+    many = C.sampled_answers({"q": LP}, 20000, 1.0, seed=1)
+    freq = {c: sum(m["q"] == c for m in many) / 20000 for c in "ABCD"}
+    assert freq == pytest.approx({"A": 0.5, "B": 0.25, "C": 0.125, "D": 0.125}, abs=0.015)
+
+
+def test_sampled_vote_hand_example():
+    sure = -1e4  # log-likelihood gap that no temperature <= 1 turns into a draw
+    answers = {
+        "q1": {"pred": "A", "gold": "A", "logprobs": [0.0, sure, sure, sure]},   # always A: right
+        "q2": {"pred": "C", "gold": "B", "logprobs": [sure, sure, 0.0, sure]},   # always C: wrong
+        "q3": {"pred": "A", "gold": "B", "logprobs": [0.0, 0.0, sure, sure]},    # A or B, half each
+    }
+    k, seed = 5, 11
+    u = C.question_draws("q3", k, seed)
+    picks = ["A" if x < 0.5 else "B" for x in u]  # by hand: cdf (0.5, 1.0)
+    n_b = picks.count("B")
+    vote_q3 = "B" if n_b > k - n_b else "A"  # k odd: no tie
+    out = C.sampled_vote(answers, k, 1.0, seed)
+    assert out["vote_acc"] == pytest.approx(100 * (1 + (vote_q3 == "B")) / 3)
+    assert out["sample_acc"] == pytest.approx(100 * (1 + n_b / k) / 3)
+    assert out["greedy_acc"] == pytest.approx(100 / 3) and out["num_questions"] == 3
+    assert C.sampled_vote(answers, k, 0.0, seed)["vote_acc"] == pytest.approx(100 / 3)  # T=0: the greedy answers
+    assert C.sampled_vote(answers, k, 1.0, seed) == out  # reproducible
+    with pytest.raises(RaycptError, match="log-likelihoods"):
+        C.sampled_vote({"q1": {"pred": "A", "gold": "A"}}, k, 1.0, seed)
+
+
+def test_analyze_scan_carries_the_sampled_vote():
+    def ans(preds, lps=None):
+        return {f"q{i + 1}": {"pred": p, "gold": "A", "correct": p == "A",
+                              **({"logprobs": lps[i]} if lps else {})} for i, p in enumerate(preds)}
+
+    sure = -1e4
+    a, b = [0.0, sure, sure, sure], [sure, 0.0, sure, sure]
+    base = {"score": 25.0, "answers": ans("ABBB")}
+    full = {"score": 50.0, "answers": ans("AABB", [a, a, b, b])}
+    singles = {0: {"score": 50.0, "answers": ans("AABB")}, 1: {"score": 75.0, "answers": ans("AAAB")}}
+    out = C.analyze_scan(base, full, singles, num_layers=2, top_k=2, sample={"temperature": 1.0, "seed": 0})
+    sv = out["sampled_vote"]
+    assert sv["k"] == 2 and sv["vote_acc"] == pytest.approx(50.0) and sv["greedy_acc"] == pytest.approx(50.0)
+    full_no_lp = {"score": 50.0, "answers": ans("AABB")}
+    out = C.analyze_scan(base, full_no_lp, singles, num_layers=2, top_k=2, sample={"temperature": 1.0, "seed": 0})
+    assert "logit or cloze" in out["sampled_vote"]["unavailable"]
+    assert "sampled_vote" not in C.analyze_scan(base, full, singles, num_layers=2, top_k=2)
+
+
+def test_answers_of_keeps_the_choice_loglikelihoods():
+    qs = [{"id": "q1", "gold": "B", "logit": {"prediction": "A", "correct": False, "logprobs": [-1, -2, -3, -4]}}]
+    assert C.answers_of(qs, "logit") == {"q1": {"pred": "A", "gold": "B", "correct": False,
+                                                "logprobs": [-1.0, -2.0, -3.0, -4.0]}}
+
+
+def test_elite_lr_control_hand_example():
+    def ans(bits):
+        return {f"q{i}": {"pred": "A" if c == "1" else "B", "gold": "A", "correct": c == "1"}
+                for i, c in enumerate(bits)}
+
+    full = {"score": 50.0, "answers": ans("1010")}
+    top = {"score": 75.0, "answers": ans("1110"), "elite_layers": [1, 2]}
+    bottom = {"score": 25.0, "answers": ans("0010"), "elite_layers": [0, 3]}
+    out = C.elite_lr_control(full, top, bottom)
+    assert (out["top_minus_full"], out["bottom_minus_full"], out["top_minus_bottom"]) == (25.0, -25.0, 50.0)
+    assert out["top_layers"] == [1, 2] and out["bottom_layers"] == [0, 3]
+    assert out["accuracy"] == {"num_questions": 4, "full": 50.0, "top": 75.0, "bottom": 25.0}
+    # top vs bottom: q0, q1 right only under top (n10 = 2, n01 = 0): exact McNemar p = 2 * 0.5**2
+    tb = out["paired"]["top-bottom"]
+    assert tb["delta"] == pytest.approx(50.0) and tb["p"] == pytest.approx(0.5)
+    # top vs full: one discordant pair (q1): p = 1
+    assert out["paired"]["top-full"]["delta"] == pytest.approx(25.0) and out["paired"]["top-full"]["p"] == 1.0
+    no_answers = C.elite_lr_control({"score": 1.0}, {"score": 3.0}, {"score": 0.5})
+    assert no_answers["top_minus_bottom"] == 2.5 and "paired" not in no_answers
