@@ -62,6 +62,10 @@ def test_recipes_config_runs_through_the_sweep_grid(tmp_path):
     # elite top-5 by score i % 7 + i/100: layers 27, 20, 13, 6 (score 6.x) then 26
     assert trainable["elite_top5"] == sorted([27, 20, 13, 6, 26])
     assert plans["elite_lr2_top5"].lr_scales.get(27) == 2.0 and trainable["elite_lr2_top5"] == list(range(30))
+    # its control: the 5 lowest scores are i % 7 == 0 (0.00, 0.07, 0.14, 0.21, 0.28): layers 0, 7, 14, 21, 28
+    bottom = plans["elite_lr2_bottom5"]
+    assert sorted(i for i, s in bottom.lr_scales.items() if s == 2.0) == [0, 7, 14, 21, 28]
+    assert trainable["elite_lr2_bottom5"] == list(range(30))
 
 
 def test_seeds_run_every_trial_once_per_seed_seed_major():
