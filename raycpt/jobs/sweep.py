@@ -65,7 +65,8 @@ class TrialSpec:
             "tokens_per_s": float(train.tokens_per_s), "wall_s": trial.elapsed, "losses": list(map(float, train.losses)),
             "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
             "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run.run_id,
-            "heldout_loss": heldout,
+            "heldout_loss": heldout, "peak_memory_mb": train.peak_memory_mb,
+            "trainable_per_step": train.trainable_per_step,
         }
         with trial.logging():
             log_metrics({**cells, "wall_time_s": result["wall_s"], "tokens_per_s": result["tokens_per_s"],

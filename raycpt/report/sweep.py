@@ -542,29 +542,43 @@ def rich_table(task: str, rows: list[dict], mode: str):
 
 
 def rich_trials_table(trials: list[dict], baseline: str = "full"):
-    """One row per run: trainable parameters, the last step's training loss, the held-out loss and its
-    delta against the baseline run of the same seed (lower is better; green / red only when the paired
-    bootstrap over held-out blocks excludes 0), wall time."""
+    """One row per run: trainable parameters (LISA: per step, marked †), the last step's training loss, the
+    held-out loss and its delta against the baseline run of the same seed (lower is better; green / red only
+    when the paired bootstrap over held-out blocks excludes 0), median training tokens/s, the largest
+    per-step peak memory (MB; :mod:`raycpt.train.peakmem`), wall seconds."""
     from rich import box
     from rich.table import Table
 
     trials = [t if "heldout_blocks" in t else load_outcomes(t) for t in trials]  # per-block losses for the marks
     bases = {t.get("seed"): t for t in trials if (t.get("group") or t["name"]) == baseline}
     table = Table(title="runs: losses (nats/token), held-out Δ vs full", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, just in (("run", "left"), ("trainable", "right"), ("train loss", "right"), ("held-out", "right"),
-                      ("Δ held-out", "right"), ("seconds", "right")):
+    for col, just in (("run", "left"), ("trainable", "right"), ("train", "right"), ("held-out", "right"),
+                      ("Δ", "right"), ("tok/s", "right"), ("peak MB", "right"), ("s", "right")):
         table.add_column(col, justify=just, no_wrap=True)
+    if any(t.get("trainable_per_step") for t in trials):
+        table.caption = "† LISA: the count one step trains (γ drawn layers, embeddings, head)"
     for t in trials:
         h, base = t.get("heldout_loss"), bases.get(t.get("seed"))
         d = None if h is None or base is None or base is t or base.get("heldout_loss") is None \
             else h - base["heldout_loss"]
         iv = heldout_delta(t, base) if d is not None else None
         colour = "dim" if d is None else _colour(iv.sign() if iv else None, lower_is_better=True)
-        table.add_row(t["name"], f"{t['trainable_params'] / 1e6:.1f}M" if t.get("trainable_params") else "-",
-                      _fmt_s(t.get("final_loss")), _fmt_s(h),
+        table.add_row(t["name"], _trainable_cell(t), _fmt_s(t.get("final_loss")), _fmt_s(h),
                       "-" if d is None else f"[{colour}]{d:+.3f}[/{colour}]",
+                      "-" if not t.get("tokens_per_s") else f"{t['tokens_per_s']:,.0f}",
+                      "-" if t.get("peak_memory_mb") is None else f"{t['peak_memory_mb']:,.0f}",
                       "-" if t.get("wall_s") is None else f"{t['wall_s']:.0f}")
     return table
+
+
+def budget_count(t: dict) -> Optional[int]:
+    """The trainable count a run is compared at: LISA's per step (``trainable_per_step``), else ``trainable_params``."""
+    return t.get("trainable_per_step") or t.get("trainable_params") or None
+
+
+def _trainable_cell(t: dict) -> str:
+    n = budget_count(t)
+    return "-" if not n else f"{n / 1e6:.1f}M" + ("†" if t.get("trainable_per_step") else "")
 
 
 def _two_lines(g: dict, key: str, digits: int = 2, lower_is_better: bool = False) -> str:
@@ -761,10 +775,10 @@ def plot_heldout(path: Path, trials: list[dict]) -> Path:
     colours = {"full": "black", "train_shallow": "tab:blue", "train_deep": "tab:orange"}
     seen: set[str] = set()
     for t in trials:
-        if t.get("heldout_loss") is None or not t.get("trainable_params"):
+        if t.get("heldout_loss") is None or not budget_count(t):
             continue
         strat = t.get("strategy") or t["name"]
-        x, y = t["trainable_params"] / 1e6, t["heldout_loss"]
+        x, y = budget_count(t) / 1e6, t["heldout_loss"]
         ax.scatter([x], [y], color=colours.get(strat, "tab:green"), s=40, zorder=3,
                    label=None if strat in seen else strat)
         seen.add(strat)

@@ -63,6 +63,11 @@ class TrainResult:
     step_times: list[float] = field(default_factory=list)
     reused: bool = False
     """True when ``--resume`` found the run finished and re-ran nothing (the figures are the saved ones)."""
+    peak_memory_mb: Optional[float] = None
+    """The largest per-step peak memory of rank 0 (:mod:`raycpt.train.peakmem`); None where it cannot be read."""
+    trainable_per_step: Optional[int] = None
+    """LISA: the parameters one step trains (γ layers + the always-trained ones); ``trainable_params`` counts
+    every layer a draw can pick. None for other plans (every step trains ``trainable_params``)."""
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -519,7 +524,7 @@ def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: st
     import mlflow
 
     from raycpt.io import atomic_write_json
-    from raycpt.report.train import plot_loss_curve, read_step_records
+    from raycpt.report.train import plot_loss_curve, read_events, read_step_records
     from raycpt.train.loop import METRICS_FILE
 
     final_dir, plan = run_dir / FINAL_MODEL, prep.plan
@@ -534,7 +539,8 @@ def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: st
     res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
                       wall_s=wall, trainable_params=prep.counts["trainable"], frozen_params=prep.counts["frozen"],
                       mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
-                      resumed_from_step=prep.resumed_step, step_times=times)
+                      resumed_from_step=prep.resumed_step, step_times=times, peak_memory_mb=peak_of(records),
+                      trainable_per_step=per_step_trainable(plan, read_events(run_dir / METRICS_FILE)))
     atomic_write_json(run_dir / "train_result.json", res.to_dict())  # the run folder first, then the store
     tracked(mlflow.log_artifact, str(png))
     tracked(mlflow.log_param, "final_model_dir", str(final_dir))
@@ -545,8 +551,26 @@ def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: st
 
 def final_metrics(res: TrainResult) -> dict:
     """The end-of-run metrics of a training run's MLflow run (``raycpt runs sync`` logs the same)."""
-    return {"final_loss": res.losses[-1] if res.losses else float("nan"), "wall_time_s": res.wall_s,
-            "median_tokens_per_s": res.tokens_per_s}
+    out = {"final_loss": res.losses[-1] if res.losses else float("nan"), "wall_time_s": res.wall_s,
+           "median_tokens_per_s": res.tokens_per_s}
+    if res.peak_memory_mb is not None:
+        out["peak_memory_mb"] = res.peak_memory_mb
+    return out
+
+
+def peak_of(records: list[dict]) -> Optional[float]:
+    """The largest ``peak_memory_mb`` of the step records; None when no step has one."""
+    peaks = [float(r["peak_memory_mb"]) for r in records if r.get("peak_memory_mb") is not None]
+    return max(peaks) if peaks else None
+
+
+def per_step_trainable(plan, events: list[dict]) -> Optional[int]:
+    """LISA: the largest count one step trained (the start / resume and ``lisa_draw`` events); else None."""
+    if not plan.is_lisa:
+        return None
+    counts = [int(e["trainable"]) for e in events
+              if e.get("event") in ("start", "resume", "lisa_draw") and e.get("trainable") is not None]
+    return max(counts) if counts else None
 
 
 def _tokens_per_s(records: list[dict]) -> float:
@@ -618,7 +642,8 @@ def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
                        trainable_params=d["trainable_params"], frozen_params=d["frozen_params"],
                        mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
                        last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,
-                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []), reused=True)
+                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []), reused=True,
+                       peak_memory_mb=d.get("peak_memory_mb"), trainable_per_step=d.get("trainable_per_step"))
 
 
 def _training_error(e: Exception) -> Exception:

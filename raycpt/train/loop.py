@@ -77,6 +77,7 @@ from raycpt.train.parallel import clip_grad_norm, unwrap, wrap_model
 from raycpt.train import verify
 from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens, uses_bf16
 from raycpt.train.sysmetrics import StepSystemMetrics
+from raycpt.train.peakmem import StepPeak
 from raycpt.train.throughput import device_name, flops_per_token, peak_flops, throughput_metrics
 
 METRICS_FILE = "train_metrics.jsonl"
@@ -608,6 +609,7 @@ class _Worker:
     peak_flops: Optional[float] = None
     step_plan: Optional[LayerPlan] = None  # what trains now: ``plan`` itself, or LISA's current interval's draw
     step_plan_step: int = 1  # a step of step_plan's interval
+    peak: Optional[StepPeak] = None  # this rank's per-step peak memory (:mod:`raycpt.train.peakmem`)
 
     def start_step_of(self, state: Optional[dict]) -> int:
         """The step a checkpoint state was written at (0 without one); also where step_plan's interval is."""
@@ -872,6 +874,8 @@ def _step(w: _Worker, data, step: int) -> dict:
     "what", "value"}`` (gradients dropped, no update) when the mean loss or the gradient norm is not finite."""
     tcfg, optimizer, scheduler, device = w.cfg.train, w.optimizer, w.scheduler, w.device
     switched = lisa_switch(w, step)  # LISA: a new interval trains its own draw
+    w.peak = w.peak or StepPeak(device)
+    w.peak.start()
     t0, c0 = time.perf_counter(), time.process_time()
     batch = []
     epoch = 0
@@ -905,8 +909,10 @@ def _step(w: _Worker, data, step: int) -> dict:
     w.step_times.append(dt)
     w.step_cpu.append(cpu)
     w.history.append(loss)
+    peak = w.peak.read_mb()
     return {"loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": dt, "step_cpu_s": cpu,
             "tokens_per_s": _tokens_per_step(w) / dt, "epoch": epoch,
+            **({"peak_memory_mb": round(peak, 1)} if peak is not None else {}),
             **throughput_metrics(_tokens_per_step(w), w.world, dt, w.flops_per_token, w.peak_flops)}
 
 

@@ -89,6 +89,16 @@ def test_each_interval_trains_its_draw_and_resets_layer_state(tiny_dir, tmp_path
     events = [json.loads(line) for line in (tmp_path / "train_metrics.jsonl").read_text().splitlines()]
     draws = [(e["step"], e["layers"]) for e in events if e.get("event") == "lisa_draw"]
     assert draws == [(3, list(lisa_draw(3, 1, range(N), G))), (5, list(lisa_draw(3, 2, range(N), G)))]
+    # the count one step trains, as the sweep's table shows it: G layers + the always-trained tensors, by hand
+    from raycpt.report.train import read_events
+    from raycpt.strategies import LayerPlan
+    from raycpt.train.launch import per_step_trainable
+
+    base = _weights_of_base(tiny_dir)
+    one_layer = sum(v.numel() for k, v in base.items() if ".layers.0." in k)
+    rest = sum(v.numel() for k, v in base.items() if ".layers." not in k)
+    plan = LayerPlan.from_dict(_cfg(tiny_dir, tmp_path)["plan"])
+    assert per_step_trainable(plan, read_events(tmp_path / "train_metrics.jsonl")) == G * one_layer + rest
 
 
 def _weights_of_base(tiny_dir):

@@ -444,3 +444,24 @@ def test_summary_names_the_splits_s_b_cannot_tell_apart():
     md = summary_markdown(build_summary(trials, {k: v for k, v in trace.items() if k != "split_like_best"},
                                         ["wn"], [], resamples=200))
     assert "argmax of point estimates" in md
+
+
+def test_trials_table_tokens_peak_memory_and_lisa_per_step_count():
+    """tok/s and peak MB per row as the trials recorded them; LISA's row shows the count one step trains."""
+    from rich.console import Console
+
+    from raycpt.report.sweep import budget_count, rich_trials_table
+
+    trials = [dict(name="full", trainable_params=134_515_008, tokens_per_s=1234.4, peak_memory_mb=2578.4, wall_s=61),
+              dict(name="lisa-g1", trainable_params=134_515_008, trainable_per_step=31_860_864, tokens_per_s=2345.6,
+                   peak_memory_mb=1462.0, wall_s=40),
+              dict(name="layertracer-shallow", trainable_params=31_860_864, tokens_per_s=1999.5, wall_s=44)]
+    assert [budget_count(t) for t in trials] == [134_515_008, 31_860_864, 31_860_864]
+    console = Console(width=80, record=True)
+    console.print(rich_trials_table(trials))
+    text = console.export_text()
+    assert "134.5M" in text and "31.9M†" in text and "count one step trains" in text
+    assert "1,234" in text and "2,578" in text and "1,462" in text and "2,000" in text
+    lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    assert lines["layertracer-shallow"].split()[-2:] == ["-", "44"]  # no peak recorded: a dash, never 0
+    assert max(len(line) for line in text.splitlines()) <= 80
