@@ -283,3 +283,18 @@ def test_report_primary_names_an_evaluated_mode():
     for bad in ("wordnet_mc/cloze_norm", "wordnet_mc/acc"):
         with pytest.raises(RaycptError, match="report.primary"):
             load_config("configs/default.yaml", [f"report.primary={bad}"])
+
+
+def test_paper_check_gains_the_equal_budget_comparison_at_its_seeds():
+    """`raycpt sweep configs/paper-check.yaml --budget auto`: the budget rows (as recipes) run at seeds 0, 1, 2."""
+    from raycpt.jobs.sweep import plan_grid, use_budget_rows
+    from raycpt.strategies import budget_plans
+
+    pc = load_config(next(p for p in CONFIGS if p.stem == "paper-check"), ["sweep.budget=auto"])
+    assert pc.sweep.budget == "auto" and pc.sweep.seeds == [0, 1, 2]
+    pc.sweep.budget = 4 * 100  # what auto resolves to after the trace: 4 layers of a toy 12-layer model
+    use_budget_rows(pc, budget_plans(400, [100] * 12, 50, lora_per_rank=10, max_rank=64))
+    grid = plan_grid([], pc.sweep.strategies, 12, include_full=True, recipes=pc.sweep.recipes, seeds=pc.sweep.seeds)
+    names = [t.name for t in grid]
+    assert len(names) == 3 * (1 + len(pc.sweep.strategies))  # full + every budget row, once per seed
+    assert {"full-s0", "layertracer-shallow-s2", "lisa-g3-s1"} <= set(names)
