@@ -623,6 +623,7 @@ class ContributionConfig:
     def __post_init__(self):
         _check(self.sample_temperature >= 0, "contribution.sample_temperature", self.sample_temperature,
                "a number >= 0 (0 = the argmax answer)")
+        _check(self.sample_seed >= 0, "contribution.sample_seed", self.sample_seed, "an integer >= 0")
         _check(self.elite_k >= 1, "contribution.elite_k", self.elite_k, "an integer >= 1")
         _check(self.elite_lr_scale > 0, "contribution.elite_lr_scale", self.elite_lr_scale, "a positive number")
         if isinstance(self.layers, str) and self.layers != "all":

@@ -51,7 +51,8 @@ def test_elite_control_settings_and_trial_configs(tmp_path):
         scan_plan(config_with_contribution(c, elite_k=3), 6)
     assert scan_plan(cfg_with({"elite_k": 3, "layers": [0, 1, 2, 3]}), 6)[0] == [0, 1, 2, 3]  # control off: no check
     for bad, msg in (({"elite_lr_scale": 0}, "elite_lr_scale=0"), ({"elite_lr_scale": -1.0}, "a positive number"),
-                     ({"elite_k": 0}, "elite_k=0"), ({"sample_temperature": -0.5}, "sample_temperature=-0.5")):
+                     ({"elite_k": 0}, "elite_k=0"), ({"sample_temperature": -0.5}, "sample_temperature=-0.5"),
+                     ({"sample_seed": -1}, "sample_seed=-1")):
         with pytest.raises(RaycptError, match=msg):
             cfg_with(bad)
     d = cfg_with(None).contribution
