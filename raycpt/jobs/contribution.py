@@ -13,6 +13,9 @@ The driver then computes (pure functions of :mod:`raycpt.diagnostics.contributio
 means inside / outside the depth band, the L2 change of each layer trained alone vs under full training,
 the Jaccard overlap of the questions the top-k single-layer models newly solve, the majority vote of the
 top-k models vs the best single model and ``full``, and the Spearman correlation with another ranking.
+Seed 003's two controls: the top-k vote against ``full`` answering k times by seeded sampling and voting
+(``contribution.sampled_vote``, paired McNemar), and, with ``contribution.elite_lr_control``, a second grid
+(Tune folder ``tune-elite``) of the elite-LR recipe on the scan's ranking and its bottom-k control.
 Settings: the config's ``contribution`` section (:class:`raycpt.config.ContributionConfig`).
 """
 
