@@ -604,8 +604,28 @@ class ContributionConfig:
     """CPUs reserved by a trial's driver (its TorchTrainer asks for its own workers)."""
     data_cpus_per_trial: float = 1.0
     """CPUs of a second bundle in each trial's placement group for the Ray Data tasks the trial launches."""
+    sampled_vote: bool = True
+    """Seed 003's control of the top-k vote: the full model answering k times by seeded sampling of its choice
+    distribution, then voting (needs eval.modes[0] logit or cloze); reported with the paired test against the vote."""
+    sample_temperature: float = 1.0
+    """Temperature of that sampling (0 = the argmax answer every time)."""
+    sample_seed: int = 0
+    """Seed of that sampling (each question's draws depend only on it and the question id)."""
+    elite_lr_control: bool = False
+    """After the scan, two more trials: every layer trains, the top ``elite_k`` layers by contribution at lr x
+    ``elite_lr_scale`` (plan elite, ``elite_pick: top``) and its control, the bottom ``elite_k`` (``elite_pick:
+    bottom``); both against ``full`` with the paired McNemar test."""
+    elite_k: int = 5
+    """Layers at the raised LR in each of the two elite trials (2 x elite_k <= the scanned layers)."""
+    elite_lr_scale: float = 2.0
+    """LR multiplier of those layers (> 0)."""
 
     def __post_init__(self):
+        _check(self.sample_temperature >= 0, "contribution.sample_temperature", self.sample_temperature,
+               "a number >= 0 (0 = the argmax answer)")
+        _check(self.sample_seed >= 0, "contribution.sample_seed", self.sample_seed, "an integer >= 0")
+        _check(self.elite_k >= 1, "contribution.elite_k", self.elite_k, "an integer >= 1")
+        _check(self.elite_lr_scale > 0, "contribution.elite_lr_scale", self.elite_lr_scale, "a positive number")
         if isinstance(self.layers, str) and self.layers != "all":
             k = self.layers.split(":", 1)[1] if self.layers.startswith("every:") else ""
             _check(k.isdigit() and int(k) >= 1, "contribution.layers", self.layers,

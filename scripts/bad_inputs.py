@@ -247,6 +247,9 @@ def cases(f: dict) -> list[Case]:
              "is not UTF-8 text"),
         Case("--spearman a directory", ["contribution", "--spearman", f"{t / 'adir'},{t / 'rank_ok.json'}"],
              "is a directory"),
+        Case("contribution elite control: 2 x elite_k > scanned layers",
+             ["contribution", f"model.ref={m}", rr, "--layers", "0,1,2", "contribution.elite_lr_control=true",
+              "contribution.elite_k=2"], "needs 2 x 2 = 4 scanned layers; the scan has 3", owner="25"),
         # compare
         Case("compare X X", ["compare", m, m, "-c", rr], "are the same model"),
         Case("compare X X (one via ./)", ["compare", m, m + "/.", "-c", rr], "are the same model"),

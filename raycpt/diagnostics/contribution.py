@@ -268,6 +268,8 @@ def analyze_scan(base: Mapping[str, Any], full: Mapping[str, Any], singles: Mapp
                            num_questions=len(gold))
         if sample is not None:
             out["sampled_vote"] = full_sampled_vote(full, k, sample)
+            if "unavailable" not in out["sampled_vote"]:
+                out["sampled_vote"]["paired"] = vote_against_sampled(vote, full["answers"], k, sample)
     out.update(contribution_intervals(base, full, singles))
     if against:
         rho, p = spearman(contrib, against)
@@ -282,6 +284,23 @@ def full_sampled_vote(full: Mapping[str, Any], k: int, sample: Mapping[str, floa
         return {"unavailable": "the full model's answers carry no choice log-likelihoods: the sampled vote needs "
                                "eval.modes[0] logit or cloze (generate answers cannot be resampled afterwards)"}
     return sampled_vote(answers, k, float(sample["temperature"]), int(sample["seed"]))
+
+
+def vote_against_sampled(vote: Mapping[Hashable, Any], answers: Mapping[Hashable, Mapping[str, Any]], k: int,
+                         sample: Mapping[str, float], level: float = 0.95) -> dict:
+    """The top-k vote against its control, question by question: ``vote`` (question -> the top-k models' voted
+    answer) minus the full model's ``k``-sample vote (:func:`sampled_answers` of ``answers``, then
+    :func:`majority_vote`), in accuracy points with the exact McNemar p (:func:`raycpt.stats.paired_accuracy_delta`)
+    over the questions of ``answers``."""
+    from raycpt.stats import paired_accuracy_delta
+
+    lps = {q: a["logprobs"] for q, a in answers.items()}
+    control = majority_vote(sampled_answers(lps, k, float(sample["temperature"]), int(sample["seed"])))
+    qs = list(answers)
+    x = np.array([vote.get(q) == answers[q]["gold"] for q in qs], dtype=float)
+    y = np.array([control.get(q) == answers[q]["gold"] for q in qs], dtype=float)
+    d = paired_accuracy_delta(x, y, level, scale=100.0)
+    return {"delta": d.point, "lo": d.lo, "hi": d.hi, "p": d.p, "num_questions": len(qs)}
 
 
 def elite_lr_control(full: Mapping[str, Any], top: Mapping[str, Any], bottom: Mapping[str, Any],

@@ -13,6 +13,9 @@ The driver then computes (pure functions of :mod:`raycpt.diagnostics.contributio
 means inside / outside the depth band, the L2 change of each layer trained alone vs under full training,
 the Jaccard overlap of the questions the top-k single-layer models newly solve, the majority vote of the
 top-k models vs the best single model and ``full``, and the Spearman correlation with another ranking.
+Seed 003's two controls: the top-k vote against ``full`` answering k times by seeded sampling and voting
+(``contribution.sampled_vote``, paired McNemar), and, with ``contribution.elite_lr_control``, a second grid
+(Tune folder ``tune-elite``) of the elite-LR recipe on the scan's ranking and its bottom-k control.
 Settings: the config's ``contribution`` section (:class:`raycpt.config.ContributionConfig`).
 """
 
@@ -37,7 +40,8 @@ from raycpt.tracking import log_metrics
 
 @dataclass(frozen=True)
 class ScanTrial:
-    """One trial of the scan: ``kind`` base (evaluated only), full, or single (``layer`` trains alone)."""
+    """One trial of the scan: ``kind`` base (evaluated only), full, single (``layer`` trains alone), or, in the
+    second grid of ``contribution.elite_lr_control``, elite_top / elite_bottom (:data:`ELITE`)."""
 
     name: str
     kind: str
@@ -52,7 +56,7 @@ class ScanTrial:
         if run.created:
             run.client.log_param(run.run_id, "kind", self.kind)
             run.client.log_param(run.run_id, "layer", "" if self.layer is None else self.layer)
-        tcfg, info = scan_trial_config(trial.cfg, self), {}
+        tcfg, info = scan_trial_config(trial.cfg, self, trial.shared.get("ranking_file")), {}
         if self.kind == "base":
             model_dir = base_path
             req = EvalRequest(str(trial.dir / "eval"), self.name, trial.shared.get("heldout_path"))
@@ -65,7 +69,7 @@ class ScanTrial:
                     "tokens_per_s": float(tr.tokens_per_s)}
         cells = ev.metrics()
         key, score = primary_score(cells, tcfg.eval)
-        l2 = layer_l2(base_path, model_dir) if self.kind != "base" else None
+        l2 = layer_l2(base_path, model_dir) if self.kind in ("full", "single") else None
         questions = ev.questions.get(tcfg.eval.tasks[0], [])
         result = {"name": self.name, "kind": self.kind, "layer": self.layer, "score": score, "score_key": key,
                   "gold_prob": gold_prob_of(questions), "heldout_loss": heldout, "cells": cells,
@@ -94,12 +98,24 @@ def scan_trials(layers: list[int]) -> list[ScanTrial]:
         ScanTrial(f"single-L{i:02d}", "single", i) for i in layers]
 
 
+ELITE = {"elite_top": "top", "elite_bottom": "bottom"}  # elite trial kind -> plan.elite_pick
+
+
+def elite_trials() -> list[ScanTrial]:
+    """The second grid of ``contribution.elite_lr_control``: the elite-LR recipe and its bottom-k control."""
+    return [ScanTrial("elite-top", "elite_top"), ScanTrial("elite-bottom", "elite_bottom")]
+
+
 def scan_plan(cfg: ExperimentConfig, num_layers: int) -> tuple[list[int], Optional[dict[int, float]]]:
     """The scanned layers and the ``against`` ranking's scores, checked against the model (one line each)."""
     from raycpt.strategies import read_ranking
 
     c = cfg.contribution
     layers = c.layer_list(num_layers)
+    if c.elite_lr_control and 2 * c.elite_k > len(layers):
+        raise RaycptError(f"contribution.elite_k={c.elite_k}: the elite-LR control takes the top and the bottom "
+                          f"{c.elite_k} layers, which needs 2 x {c.elite_k} = {2 * c.elite_k} scanned layers; "
+                          f"the scan has {len(layers)} (lower elite_k or scan more layers)")
     if c.score == "gold_prob" and "logit" not in cfg.eval.modes:
         raise RaycptError("contribution.score=gold_prob needs the logit mode: add logit to eval.modes")
     if c.against is None:
@@ -108,11 +124,19 @@ def scan_plan(cfg: ExperimentConfig, num_layers: int) -> tuple[list[int], Option
     return layers, {r["layer"]: r["score"] for r in doc["ranking"] if r["score"] is not None}
 
 
-def scan_trial_config(cfg: ExperimentConfig, spec: ScanTrial) -> ExperimentConfig:
-    """The config of one trial: the scan config with plan ``full`` or ``single`` at the trial's layer."""
+def scan_trial_config(cfg: ExperimentConfig, spec: ScanTrial, ranking_file: Optional[str] = None) -> ExperimentConfig:
+    """The config of one trial: the scan config with plan ``full``, ``single`` at the trial's layer, or (elite
+    trials) plan ``elite`` on the scan's ``ranking_file``: every layer trains, the top / bottom
+    ``contribution.elite_k`` at lr x ``contribution.elite_lr_scale``."""
     store = {"train.publish": "reference", "train.keep_finished_checkpoints": False}  # what it trained, no optimizer
-    return config_with(cfg, {**store, **({"plan.name": "single", "plan.layer": spec.layer} if spec.kind == "single"
-                                         else {"plan.name": "full"})})
+    if spec.kind in ELITE:
+        c = cfg.contribution
+        plan = {"plan.name": "elite", "plan.ranking_file": ranking_file, "plan.k": c.elite_k,
+                "plan.elite_pick": ELITE[spec.kind], "plan.elite_train_rest": True,
+                "plan.elite_lr_scale": c.elite_lr_scale}
+    else:
+        plan = {"plan.name": "single", "plan.layer": spec.layer} if spec.kind == "single" else {"plan.name": "full"}
+    return config_with(cfg, {**store, **plan})
 
 
 def trial_score(trial: dict, metric: str, run_dir: Path, task: str) -> float:
@@ -207,6 +231,7 @@ def prepare(cfg: ExperimentConfig, console=None) -> ContributionPlan:
 
 def execute(plan: ContributionPlan, run, resume: bool = False, console=None) -> ContributionResult:
     """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`)."""
+    from raycpt.report.contribution import write_outputs
     from raycpt.runtime import ray_session
 
     t0, cfg, run_dir = time.time(), plan.cfg, run.run_dir
@@ -218,8 +243,15 @@ def execute(plan: ContributionPlan, run, resume: bool = False, console=None) -> 
                 model_path=plan.model_path)
     with ray_session(cfg.ray):
         trials = run_grid(run, grid, resume=resume, console=console)
-    analysis, trials, ranking_file, files = _analyze(cfg, run_dir, trials, plan.num_layers, plan.against)
+        analysis, trials, ranking_file = _analyze(cfg, run_dir, trials, plan.num_layers, plan.against)
+        if c.elite_lr_control:
+            elite = Grid("contribution", elite_trials(), shared={**shared, "ranking_file": str(ranking_file)},
+                         cpus=c.cpus_per_trial, data_cpus=c.data_cpus_per_trial, max_concurrent=c.max_concurrent_trials,
+                         max_steps=cfg.train.max_steps, model_path=plan.model_path, tune_name="tune-elite")
+            trials.update(_elite_control(cfg, run_dir, run_grid(run, elite, resume=resume, console=console),
+                                         trials, analysis, ranking_file))
     analysis["against_name"] = c.against
+    files = [ranking_file] + write_outputs(run_dir, analysis, trials, plan.num_layers, c)
     wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)
     _log_scan(run, analysis, files, wall)
     run.state(done=True, wall_s=wall)
@@ -247,15 +279,16 @@ def contribution_cli(cfg: ExperimentConfig, spearman: Optional[str] = None, resu
 
 
 def _analyze(cfg: ExperimentConfig, run_dir: Path, trials: dict[str, dict], n: int, against):
-    """Scores -> contributions, the ranking file and the scan's files."""
+    """Scores -> contributions (with the sampled-vote control unless ``contribution.sampled_vote`` is off), the
+    scored trials and the ranking file."""
     from raycpt.diagnostics.contribution import analyze_scan
-    from raycpt.report.contribution import write_outputs
     from raycpt.strategies import write_ranking
 
     c, task = cfg.contribution, cfg.eval.tasks[0]
     scored = {k: {**t, "score": trial_score(t, c.score, run_dir, task)} for k, t in trials.items()}
     singles = {t["layer"]: t for t in scored.values() if t["kind"] == "single"}
-    a = analyze_scan(scored["base"], scored["full"], singles, n, tuple(c.band), c.threshold, c.top_k, against)
+    sample = {"temperature": c.sample_temperature, "seed": c.sample_seed} if c.sampled_vote else None
+    a = analyze_scan(scored["base"], scored["full"], singles, n, tuple(c.band), c.threshold, c.top_k, against, sample)
     a["score_key"] = {"accuracy": trials["full"]["score_key"], "gold_prob": f"{task}/gold_prob/logit",
                       "heldout_loss": "-heldout_loss"}[c.score]
     ranking_file = write_ranking(run_dir / "ranking.json", model=cfg.model.ref, num_layers=n, scores=a["contribution"],
@@ -263,7 +296,23 @@ def _analyze(cfg: ExperimentConfig, run_dir: Path, trials: dict[str, dict], n: i
                                  extra={"score_key": a["score_key"], "base_score": a["base_score"],
                                         "full_score": a["full_score"], "run_dir": str(run_dir),
                                         "scores": {str(k): v for k, v in a["scores"].items()}})
-    return a, scored, ranking_file, [ranking_file] + write_outputs(run_dir, a, scored, n, c)
+    return a, scored, ranking_file
+
+
+def _elite_control(cfg: ExperimentConfig, run_dir: Path, results: dict[str, dict], scored: dict[str, dict],
+                   a: dict, ranking_file: Path) -> dict[str, dict]:
+    """The elite trials scored like the scan's, each with the layers it raised; ``a["elite_lr_control"]`` =
+    :func:`raycpt.diagnostics.contribution.elite_lr_control` against ``full``."""
+    from raycpt.diagnostics.contribution import elite_lr_control
+    from raycpt.strategies import ranked_pick, read_ranking
+
+    c, rows = cfg.contribution, read_ranking(ranking_file)["ranking"]
+    out = {k: {**t, "score": trial_score(t, c.score, run_dir, cfg.eval.tasks[0]),
+               "elite_layers": ranked_pick(rows, c.elite_k, ELITE[t["kind"]], where=str(ranking_file))}
+           for k, t in results.items()}
+    a["elite_lr_control"] = {**elite_lr_control(scored["full"], out["elite-top"], out["elite-bottom"]),
+                             "k": c.elite_k, "lr_scale": c.elite_lr_scale}
+    return out
 
 
 def _log_scan(parent, a: dict, files: list[Path], wall: float) -> None:
@@ -276,9 +325,24 @@ def _log_scan(parent, a: dict, files: list[Path], wall: float) -> None:
         summary["jaccard.mean"] = a["jaccard"]["mean"]
     if "spearman" in a:
         summary.update({"spearman.rho": a["spearman"]["rho"], "spearman.p": a["spearman"]["p_value"]})
+    for key in ("sampled_vote", "elite_lr_control"):
+        summary.update(flat_metrics(a.get(key) or {}, key))
     with parent.active():
         for layer, value in a["contribution"].items():
             log_metrics({"contribution": value}, step=layer)
         log_metrics(summary)
         for f in files:
             mlflow.log_artifact(str(f))
+
+
+def flat_metrics(d: dict, prefix: str) -> dict[str, float]:
+    """The numbers of a nested dict as MLflow metric names: ``prefix.key.sub`` (``-`` becomes ``_``; booleans,
+    strings, lists and None left out)."""
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        name = f"{prefix}.{k}".replace("-", "_")
+        if isinstance(v, dict):
+            out.update(flat_metrics(v, name))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = float(v)
+    return out

@@ -65,6 +65,7 @@ class Grid:
     inline: bool = False  # run the trials one after the other in this process instead of as Tune trials
     max_steps: int = 0  # steps per trial, for the progress line
     model_path: Optional[str] = None  # set: pack the corpus once (tokenizer of this model) before any trial
+    tune_name: str = "tune"  # the Tune experiment folder, <run_dir>/<tune_name> (a job's second grid: another name)
 
 
 @dataclass
@@ -203,7 +204,7 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
     if grid.data_cpus > 0:  # Ray Data tasks also ask for a little "memory": the bundle must hold some
         bundles.append({"CPU": grid.data_cpus, "memory": 1 << 30})
     trainable = tune.with_resources(tune_trainable, tune.PlacementGroupFactory(bundles))
-    tune_path = run_dir / "tune"
+    tune_path = run_dir / grid.tune_name
     if resume and tune_path.exists() and tune.Tuner.can_restore(str(assert_private_folder(tune_path))):
         tuner = tune.Tuner.restore(str(tune_path), trainable=trainable, resume_unfinished=True, resume_errored=True)
     else:
@@ -216,7 +217,7 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
             tune_config=tune.TuneConfig(max_concurrent_trials=grid.max_concurrent, reuse_actors=True,
                                         trial_dirname_creator=lambda t: t.config["spec"]["name"],
                                         trial_name_creator=lambda t: t.config["spec"]["name"]),
-            run_config=tune.RunConfig(name="tune", storage_path=str(run_dir), verbose=0,
+            run_config=tune.RunConfig(name=grid.tune_name, storage_path=str(run_dir), verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=1)))
     # Tune's console reporter off (verbose=0 alone still prints its experiment box and paths): the grid shows
     # its own per-trial progress, and the Tune results stay under <run>/tune

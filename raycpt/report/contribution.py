@@ -41,6 +41,7 @@ def write_outputs(run_dir: Path, a: dict, trials: dict[str, dict], n: int, s) ->
                   f"vote {v['vote_acc']:.2f} vs best single (layer {v['best_single_layer']}) "
                   f"{v['best_single_acc']:.2f} vs full {v['full_acc']:.2f} vs base {v['base_acc']:.2f} "
                   f"on {v['num_questions']} questions"]
+    lines += control_lines(a)
     if "jaccard" in a:
         j = a["jaccard"]
         lines += ["", "## Newly solved questions (vs base) of the top-k models", "",
@@ -68,3 +69,33 @@ def write_outputs(run_dir: Path, a: dict, trials: dict[str, dict], n: int, s) ->
                          for k, t in trials.items()}
     files.append(atomic_write_json(run_dir / "summary.json", summary))
     return files
+
+
+def _paired(d: dict) -> str:
+    return f"{d['delta']:+.2f} points [{d['lo']:+.2f}, {d['hi']:+.2f}], exact McNemar p = {d['p']:.3g}"
+
+
+def control_lines(a: dict) -> list[str]:
+    """The markdown of seed 003's two controls: the top-k vote against the full model's k-sample vote, and the
+    elite-LR recipe against its bottom-k control (both against ``full``)."""
+    lines: list[str] = []
+    sv = a.get("sampled_vote")
+    if sv and "unavailable" in sv:
+        lines += ["", f"Sampled-vote control: not computed ({sv['unavailable']})."]
+    elif sv:
+        lines += ["", f"## Control: the full model answering {sv['k']} times (T = {sv['temperature']:g}, seed "
+                      f"{sv['seed']}) and voting", "",
+                  f"top-{sv['k']} vote {a['vote']['vote_acc']:.2f} vs full's sampled vote {sv['vote_acc']:.2f} "
+                  f"(one sample {sv['sample_acc']:.2f}, greedy {sv['greedy_acc']:.2f}) on {sv['num_questions']} "
+                  f"questions; vote - sampled vote: {_paired(sv['paired'])}"]
+    e = a.get("elite_lr_control")
+    if e:
+        lines += ["", f"## Control: elite LR x{e['lr_scale']:g} on the top-{e['k']} vs the bottom-{e['k']} layers",
+                  "", f"{a.get('score_key', 'score')}: full {e['full_score']:.4g}, top (layers {e['top_layers']}) "
+                      f"{e['top_score']:.4g}, bottom (layers {e['bottom_layers']}) {e['bottom_score']:.4g}; "
+                      f"top - bottom {e['top_minus_bottom']:+.4g}"]
+        if "paired" in e:
+            acc = e["accuracy"]
+            lines += ["", f"accuracy on {acc['num_questions']} questions: full {acc['full']:.2f}, top {acc['top']:.2f},"
+                          f" bottom {acc['bottom']:.2f}"] + [f"- {k}: {_paired(v)}" for k, v in e["paired"].items()]
+    return lines

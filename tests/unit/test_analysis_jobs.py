@@ -41,6 +41,67 @@ def test_scan_trial_config_plans():
     assert scan_trial_config(c, ScanTrial("full", "full")).plan.name == "full"
 
 
+def test_elite_control_settings_and_trial_configs(tmp_path):
+    from raycpt.jobs.contribution import ScanTrial, elite_trials, scan_plan, scan_trial_config
+    from raycpt.jobs.grid import Grid
+
+    c = cfg_with({"elite_lr_control": True, "elite_k": 2, "elite_lr_scale": 3.0, "layers": [0, 1, 2, 3]})
+    assert scan_plan(c, 6)[0] == [0, 1, 2, 3]  # 2 x 2 = 4 scanned layers: enough
+    with pytest.raises(RaycptError, match=r"needs 2 x 3 = 6 scanned layers; the scan has 4"):
+        scan_plan(config_with_contribution(c, elite_k=3), 6)
+    assert scan_plan(cfg_with({"elite_k": 3, "layers": [0, 1, 2, 3]}), 6)[0] == [0, 1, 2, 3]  # control off: no check
+    for bad, msg in (({"elite_lr_scale": 0}, "elite_lr_scale=0"), ({"elite_lr_scale": -1.0}, "a positive number"),
+                     ({"elite_k": 0}, "elite_k=0"), ({"sample_temperature": -0.5}, "sample_temperature=-0.5"),
+                     ({"sample_seed": -1}, "sample_seed=-1")):
+        with pytest.raises(RaycptError, match=msg):
+            cfg_with(bad)
+    d = cfg_with(None).contribution
+    assert (d.sampled_vote, d.sample_temperature, d.elite_lr_control) == (True, 1.0, False)
+    top, bottom = elite_trials()
+    assert (top.name, top.kind, bottom.name, bottom.kind) == ("elite-top", "elite_top", "elite-bottom", "elite_bottom")
+    for spec, pick in ((top, "top"), (bottom, "bottom")):
+        p = scan_trial_config(c, spec, str(tmp_path / "ranking.json")).plan
+        assert (p.name, p.k, p.elite_pick, p.elite_train_rest, p.elite_lr_scale) == ("elite", 2, pick, True, 3.0)
+        assert p.ranking_file == str(tmp_path / "ranking.json")
+    assert scan_trial_config(c, ScanTrial("full", "full")).plan.name == "full"
+    assert Grid("x", []).tune_name == "tune"  # existing runs resume from <run>/tune
+
+
+def config_with_contribution(cfg, **kw):
+    from raycpt.config import config_with
+
+    return config_with(cfg, {f"contribution.{k}": v for k, v in kw.items()})
+
+
+def test_flat_metrics_names_the_nested_numbers():
+    from raycpt.jobs.contribution import flat_metrics
+
+    d = {"k": 5, "vote_acc": 60.0, "ok": True, "layers": [1, 2], "note": "x", "none": None,
+         "paired": {"top-full": {"delta": 2.5, "p": 0.25}}}
+    assert flat_metrics(d, "elite") == {"elite.k": 5.0, "elite.vote_acc": 60.0, "elite.paired.top_full.delta": 2.5,
+                                        "elite.paired.top_full.p": 0.25}
+
+
+def test_control_lines_show_both_controls():
+    from raycpt.report.contribution import control_lines
+
+    pair = {"delta": 25.0, "lo": -5.0, "hi": 50.0, "p": 0.5}
+    a = {"vote": {"vote_acc": 75.0}, "score_key": "acc",
+         "sampled_vote": {"k": 3, "temperature": 1.0, "seed": 0, "vote_acc": 50.0, "sample_acc": 45.0,
+                          "greedy_acc": 50.0, "num_questions": 4, "paired": pair},
+         "elite_lr_control": {"k": 2, "lr_scale": 2.0, "full_score": 50.0, "top_score": 75.0, "bottom_score": 25.0,
+                              "top_minus_bottom": 50.0, "top_layers": [1, 2], "bottom_layers": [0, 3],
+                              "accuracy": {"num_questions": 4, "full": 50.0, "top": 75.0, "bottom": 25.0},
+                              "paired": {"top-bottom": pair}}}
+    text = "\n".join(control_lines(a))
+    assert "top-3 vote 75.00 vs full's sampled vote 50.00" in text
+    assert "+25.00 points [-5.00, +50.00], exact McNemar p = 0.5" in text
+    assert "top (layers [1, 2]) 75, bottom (layers [0, 3]) 25; top - bottom +50" in text
+    assert "- top-bottom: +25.00 points" in text
+    assert "not computed (why)" in "\n".join(control_lines({"sampled_vote": {"unavailable": "why"}}))
+    assert control_lines({}) == []
+
+
 def test_primary_score_picks_overall_of_first_task_and_mode():
     from raycpt.jobs.compare import primary_score
 

@@ -78,6 +78,11 @@ def test_analyze_scan_carries_the_sampled_vote():
     out = C.analyze_scan(base, full, singles, num_layers=2, top_k=2, sample={"temperature": 1.0, "seed": 0})
     sv = out["sampled_vote"]
     assert sv["k"] == 2 and sv["vote_acc"] == pytest.approx(50.0) and sv["greedy_acc"] == pytest.approx(50.0)
+    # top-2 vote (layer 1 AAAB first, layer 0 AABB; q3's tie goes to layer 1) = AAAB vs full's sampled vote
+    # AABB: one discordant pair (q3, right only under the vote): +25 points, exact McNemar p = 1
+    assert out["vote"]["vote_acc"] == pytest.approx(75.0)
+    assert sv["paired"]["delta"] == pytest.approx(25.0) and sv["paired"]["p"] == 1.0
+    assert sv["paired"]["num_questions"] == 4
     full_no_lp = {"score": 50.0, "answers": ans("AABB")}
     out = C.analyze_scan(base, full_no_lp, singles, num_layers=2, top_k=2, sample={"temperature": 1.0, "seed": 0})
     assert "logit or cloze" in out["sampled_vote"]["unavailable"]
@@ -109,3 +114,17 @@ def test_elite_lr_control_hand_example():
     assert out["paired"]["top-full"]["delta"] == pytest.approx(25.0) and out["paired"]["top-full"]["p"] == 1.0
     no_answers = C.elite_lr_control({"score": 1.0}, {"score": 3.0}, {"score": 0.5})
     assert no_answers["top_minus_bottom"] == 2.5 and "paired" not in no_answers
+
+
+def test_vote_against_sampled_hand_example():
+    sure = -1e4
+    lp = {"A": [0.0, sure, sure, sure], "B": [sure, 0.0, sure, sure]}
+    # the full model's argmax (T = 0, every draw the same): right on q0 only; the vote: right on q0, q1, q2
+    answers = {f"q{i}": {"pred": p, "gold": "A", "logprobs": lp[p]} for i, p in enumerate("ABBB")}
+    vote = {"q0": "A", "q1": "A", "q2": "A", "q3": "C"}
+    out = C.vote_against_sampled(vote, answers, 3, {"temperature": 0.0, "seed": 5})
+    # n10 = 2 (q1, q2), n01 = 0 of 4: +50 points, p = 2 * 0.5**2 = 0.5
+    assert out["delta"] == pytest.approx(50.0) and out["p"] == pytest.approx(0.5) and out["num_questions"] == 4
+    assert out["lo"] < 50.0 < out["hi"]
+    worse = C.vote_against_sampled({q: "B" for q in answers}, answers, 3, {"temperature": 0.0, "seed": 5})
+    assert worse["delta"] == pytest.approx(-25.0) and worse["p"] == 1.0  # q0 right only under the control
