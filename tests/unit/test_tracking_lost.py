@@ -111,3 +111,58 @@ def test_the_full_disk_fault_fails_only_its_step_half_written(tmp_path):
     with pytest.raises(OSError) as e:
         FaultHooks({"oserror_step": 3, "oserror_errno": "EACCES"}, 0, None).checkpoint_write(3, str(tmp_path))
     assert e.value.errno == errno.EACCES
+
+
+def test_a_full_disk_or_unwritable_root_is_not_retryable_wherever_ray_hangs_it():
+    import errno
+
+    from raycpt.errors import non_retryable_oserror
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/r/model.safetensors")
+
+    class Group(Exception):  # Ray Train's WorkerGroupError: rank -> the worker's own exception
+        def __init__(self, failures):
+            super().__init__("worker group failed")
+            self.worker_failures = failures
+
+    class Wrapped(Exception):  # Ray's UserExceptionWithTraceback / RayTaskError shapes
+        def __init__(self, base):
+            super().__init__("wrapped")
+            self._base_exc, self.cause = base, None
+
+    assert non_retryable_oserror(full) is full
+    assert non_retryable_oserror(Group({1: ValueError("x"), 0: full})) is full
+    assert non_retryable_oserror(Wrapped(Group({0: full}))) is full
+    try:
+        try:
+            raise full
+        except OSError as inner:
+            raise RuntimeError("checkpoint failed") from inner
+    except RuntimeError as e:
+        assert non_retryable_oserror(e) is full
+    for name in ("EROFS", "EACCES", "EPERM", "EDQUOT"):
+        err = OSError(getattr(errno, name), "x", "/r")
+        assert non_retryable_oserror(Group({0: err})) is err, name
+    # a flaky device, a connection reset, a plain bug: Ray's own retries decide
+    assert non_retryable_oserror(Group({0: OSError(errno.EIO, "I/O error")})) is None
+    assert non_retryable_oserror(Group({0: ConnectionResetError(errno.ECONNRESET, "reset")})) is None
+    assert non_retryable_oserror(Group({0: ValueError("bug")})) is None
+    assert non_retryable_oserror(None) is None
+
+
+def test_the_failure_policy_raises_a_full_disk_at_once_and_retries_the_rest():
+    import errno
+
+    pytest.importorskip("ray.train.v2")
+    from ray.train import FailureConfig
+    from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    from raycpt.train.failures import OneLineFailurePolicy
+
+    policy = OneLineFailurePolicy(FailureConfig(max_failures=2))
+    full = WorkerGroupError("w", {0: OSError(errno.ENOSPC, "No space left on device", "/r/x")})
+    assert policy.make_decision(full) == FailureDecision.RAISE
+    other = WorkerGroupError("w", {0: RuntimeError("a worker died")})
+    decisions = [policy.make_decision(other) for _ in range(3)]  # max_failures=2: two retries, then raise
+    assert decisions == [FailureDecision.RETRY, FailureDecision.RETRY, FailureDecision.RAISE]
