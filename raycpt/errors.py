@@ -58,6 +58,44 @@ ENVIRONMENT_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO")
 NON_RETRYABLE_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM")
 
 
+_WORDS = {"No space left on device": "ENOSPC", "Disk quota exceeded": "EDQUOT", "Read-only file system": "EROFS",
+          "Permission denied": "EACCES", "Operation not permitted": "EPERM"}
+
+
+def oserror_in_words(e: BaseException, path) -> Optional[OSError]:
+    """``OSError(errno, strerror, path)`` for an error that is a full disk or an unwritable folder told in words
+    only - torch.save's ``RuntimeError`` ("unexpected pos", with no space left), safetensors' ``SafetensorError``
+    ("I/O error: No space left on device (os error 28)"), pyarrow's errno-less ``OSError`` - so that it becomes the
+    one line (:func:`environment_error`); a quoted absolute path in the text names the file, else ``path``. None for
+    any other error, and for an ``OSError`` that has its errno."""
+    import errno
+    import os
+    import re
+
+    if isinstance(e, OSError) and e.errno is not None:
+        return None
+    text = str(e)
+    m = re.search(r"(?:os error|errno)\s*(\d+)", text, re.IGNORECASE)
+    code = int(m.group(1)) if m else None
+    if code is None:
+        code = next((getattr(errno, n) for w, n in _WORDS.items() if w in text), None)
+    if code is None or errno.errorcode.get(code) not in ENVIRONMENT_ERRNOS:
+        return None
+    named = re.search(r"['\"](/[^'\"]+)['\"]", text)
+    return OSError(code, os.strerror(code), named.group(1) if named else str(path))
+
+
+def disk_full(path, spare: int = 1 << 20) -> bool:
+    """Whether the file system holding ``path`` has less than ``spare`` bytes left for this user."""
+    import os
+
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < spare
+
+
 def non_retryable_oserror(e: Optional[BaseException]) -> Optional[OSError]:
     """The first ``OSError`` with an errno of :data:`NON_RETRYABLE_ERRNOS` in ``e``'s chain - ``__cause__``,
     ``__context__``, and what Ray hangs errors on (``.cause``, ``._base_exc``, a ``worker_failures`` dict of rank -> error) - or

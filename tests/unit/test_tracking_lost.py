@@ -166,3 +166,34 @@ def test_the_failure_policy_raises_a_full_disk_at_once_and_retries_the_rest():
     other = WorkerGroupError("w", {0: RuntimeError("a worker died")})
     decisions = [policy.make_decision(other) for _ in range(3)]  # max_failures=2: two retries, then raise
     assert decisions == [FailureDecision.RETRY, FailureDecision.RETRY, FailureDecision.RAISE]
+
+
+def test_a_full_disk_told_in_words_becomes_the_oserror_of_the_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from raycpt.errors import environment_error, oserror_in_words
+    from raycpt.train import checkpoint as ck
+
+    # what safetensors and pyarrow said on a full 1 MB tmpfs here (torch.save said only "unexpected pos 576 vs 534")
+    st = RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+    e = oserror_in_words(st, tmp_path / "ckpt")
+    assert (e.errno, e.filename) == (errno.ENOSPC, str(tmp_path / "ckpt"))
+    arrow = OSError("Failed to open local file '/runs/train-x/ray/a1/checkpoint_000002/model.safetensors'. "
+                    "Detail: [errno 30] Read-only file system")
+    e = oserror_in_words(arrow, "/elsewhere")
+    assert (e.errno, e.filename) == (errno.EROFS, "/runs/train-x/ray/a1/checkpoint_000002/model.safetensors")
+    assert "Read-only file system (EROFS)" in str(environment_error(e))
+    assert oserror_in_words(RuntimeError("Permission denied"), "/r").errno == errno.EACCES
+    assert oserror_in_words(RuntimeError("unexpected pos 576 vs 534"), "/r") is None  # no words: statvfs decides
+    assert oserror_in_words(OSError(errno.ENOSPC, "x"), "/r") is None  # has its errno already
+    assert oserror_in_words(RuntimeError("errno 104 connection reset"), "/r") is None
+
+    monkeypatch.setattr("raycpt.errors.disk_full", lambda path, spare=1 << 20: True)
+    with pytest.raises(OSError) as got:
+        with ck.disk_errors_as_oserror(tmp_path):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    assert (got.value.errno, got.value.filename) == (errno.ENOSPC, str(tmp_path))
+    monkeypatch.setattr("raycpt.errors.disk_full", lambda path, spare=1 << 20: False)
+    with pytest.raises(RuntimeError):  # a disk with room: torch's error stays what it is
+        with ck.disk_errors_as_oserror(tmp_path):
+            raise RuntimeError("unexpected pos 576 vs 534")
