@@ -264,9 +264,10 @@ def _log_trial_metrics(client, run_id: str, result_file: Path) -> None:
 
     if not result_file.is_file():
         return
-    have = client.get_run(run_id).data.metrics  # the latest value of each (the trial's own comes last, as live)
     for k, v in clean_metrics(trial_metrics(json.loads(result_file.read_text()))).items():
-        if have.get(k) != v:
+        # a point of that value, not the latest: tokens_per_s is also a step metric (the last step's is MLflow's
+        # latest), wall_time_s also the training run's own
+        if not any(m.value == v for m in client.get_metric_history(run_id, k)):
             client.log_metric(run_id, k, v)
 
 
