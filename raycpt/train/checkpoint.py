@@ -421,6 +421,8 @@ def disk_errors_as_oserror(folder):
         yield
     except Exception as e:  # noqa: BLE001 - only a disk that refused is translated
         err = oserror_in_words(e, folder)
+        if isinstance(e, OSError) and e.errno is not None and not e.filename:  # pyarrow's: the errno, no path
+            err = OSError(e.errno, e.strerror or os.strerror(e.errno), str(folder))
         if err is None and not isinstance(e, OSError) and disk_full(folder):
             err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
         if err is None:

@@ -197,3 +197,15 @@ def test_a_full_disk_told_in_words_becomes_the_oserror_of_the_one_line(tmp_path,
     with pytest.raises(RuntimeError):  # a disk with room: torch's error stays what it is
         with ck.disk_errors_as_oserror(tmp_path):
             raise RuntimeError("unexpected pos 576 vs 534")
+
+
+def test_an_oserror_without_its_path_gets_the_folder_written(tmp_path):
+    import errno
+
+    from raycpt.train import checkpoint as ck
+
+    # what pyarrow raised when Ray copied a checkpoint onto a full tmpfs: errno 28, no filename
+    with pytest.raises(OSError) as got:
+        with ck.disk_errors_as_oserror(tmp_path / "checkpoint_000002"):
+            raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+    assert (got.value.errno, got.value.filename) == (errno.ENOSPC, str(tmp_path / "checkpoint_000002"))
