@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Optional
 from urllib.parse import urlparse
 
 from raycpt.config import TrackingConfig
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, ServerUnreachable
 
 #: schemes MLflow 3.x accepts as a tracking URI (the ``./mlruns`` file store is in maintenance mode)
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
@@ -67,7 +67,7 @@ def probe_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
                           "(`mlflow server`, see cluster/README.md)?") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
-        raise RaycptError(f"tracking.uri {uri}: no MLflow server answers within {timeout:g} s ({reason}); start "
+        raise ServerUnreachable(f"tracking.uri {uri}: no MLflow server answers within {timeout:g} s ({reason}); start "
                           "one (cluster/README.md) or leave tracking.uri empty for SQLite in the run root") from None
 
 

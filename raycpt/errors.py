@@ -7,11 +7,18 @@ stay ordinary exceptions so they keep their traceback.
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class RaycptError(Exception):
     """A user-facing error: one line, no traceback, exit code 2."""
 
     exit_code = 2
+
+
+class ServerUnreachable(RaycptError):
+    """The MLflow tracking server did not answer its health probe (a command that finds it gone mid-way, e.g. a
+    sweep trial started after it went away, goes on locally: :func:`raycpt.tracking.store_or_lost`)."""
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
@@ -46,6 +53,67 @@ def read_user_text(path, what: str) -> str:
 
 #: errnos that say the machine, not the code, refused: a full disk or quota, a read-only or unwritable folder
 ENVIRONMENT_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO")
+#: of those, the ones a retry cannot cure (a full disk stays full, a read-only or unwritable root stays so); EIO
+#: (a flaky device or network file system) may pass, so it stays retryable
+NON_RETRYABLE_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM")
+
+
+_WORDS = {"No space left on device": "ENOSPC", "Disk quota exceeded": "EDQUOT", "Read-only file system": "EROFS",
+          "Permission denied": "EACCES", "Operation not permitted": "EPERM"}
+
+
+def oserror_in_words(e: BaseException, path) -> Optional[OSError]:
+    """``OSError(errno, strerror, path)`` for an error that is a full disk or an unwritable folder told in words
+    only - torch.save's ``RuntimeError`` ("unexpected pos", with no space left), safetensors' ``SafetensorError``
+    ("I/O error: No space left on device (os error 28)"), pyarrow's errno-less ``OSError`` - so that it becomes the
+    one line (:func:`environment_error`); a quoted absolute path in the text names the file, else ``path``. None for
+    any other error, and for an ``OSError`` that has its errno."""
+    import errno
+    import os
+    import re
+
+    if isinstance(e, OSError) and e.errno is not None:
+        return None
+    text = str(e)
+    m = re.search(r"(?:os error|errno)\s*(\d+)", text, re.IGNORECASE)
+    code = int(m.group(1)) if m else None
+    if code is None:
+        code = next((getattr(errno, n) for w, n in _WORDS.items() if w in text), None)
+    if code is None or errno.errorcode.get(code) not in ENVIRONMENT_ERRNOS:
+        return None
+    named = re.search(r"['\"](/[^'\"]+)['\"]", text)
+    return OSError(code, os.strerror(code), named.group(1) if named else str(path))
+
+
+def disk_full(path, spare: int = 1 << 20) -> bool:
+    """Whether the file system holding ``path`` has less than ``spare`` bytes left for this user."""
+    import os
+
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < spare
+
+
+def non_retryable_oserror(e: Optional[BaseException]) -> Optional[OSError]:
+    """The first ``OSError`` with an errno of :data:`NON_RETRYABLE_ERRNOS` in ``e``'s chain - ``__cause__``,
+    ``__context__``, and what Ray hangs errors on (``.cause``, ``._base_exc``, a ``worker_failures`` dict of rank -> error) - or
+    None. A worker failure of that kind is not worth another attempt of the training run."""
+    import errno
+
+    seen, todo = set(), [e]
+    while todo:
+        cur = todo.pop(0)
+        if cur is None or id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and errno.errorcode.get(cur.errno or -1) in NON_RETRYABLE_ERRNOS:
+            return cur
+        failures = getattr(cur, "worker_failures", None)
+        todo += [getattr(cur, "cause", None), getattr(cur, "_base_exc", None), cur.__cause__, cur.__context__,
+                 *(failures.values() if isinstance(failures, dict) else ())]
+    return None
 
 
 def environment_error(e: BaseException):

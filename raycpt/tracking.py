@@ -143,6 +143,13 @@ def log_metrics(metrics: dict[str, float], step: Optional[int] = None) -> None:
     """Log finite numeric metrics; names are sanitised for MLflow (``/`` and ``.`` are kept)."""
     import mlflow
 
+    clean = clean_metrics(metrics)
+    if clean:
+        mlflow.log_metrics(clean, step=step)
+
+
+def clean_metrics(metrics: dict) -> dict[str, float]:
+    """The finite numeric values of ``metrics`` as floats, names sanitised for MLflow (``/`` and ``.`` kept)."""
     clean = {}
     for k, v in metrics.items():
         try:
@@ -151,8 +158,7 @@ def log_metrics(metrics: dict[str, float], step: Optional[int] = None) -> None:
             continue
         if math.isfinite(f):
             clean[k.replace(" ", "_").replace("(", "").replace(")", "")] = f
-    if clean:
-        mlflow.log_metrics(clean, step=step)
+    return clean
 
 
 @contextlib.contextmanager
@@ -165,6 +171,9 @@ def mlflow_run(cfg: TrackingConfig, run_name: str | None = None, run_id: str | N
     """
     import mlflow
 
+    if tracking_lost():  # the server went away before this run began (a later sweep trial): all of it is local
+        yield offline_run(run_id)
+        return
     exp_id = ensure_store(cfg)
     kwargs: dict[str, Any] = {}
     if run_id:
@@ -191,6 +200,13 @@ def mlflow_run(cfg: TrackingConfig, run_name: str | None = None, run_id: str | N
             _pop_active(run.info.run_id, "FINISHED")
         else:
             end_fluent_run("FINISHED")
+
+
+def offline_run(run_id: Optional[str]):
+    """What :func:`mlflow_run` yields while the server is gone: ``.info.run_id`` (the run to continue, or None)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id))
 
 
 def _pop_active(run_id: str, status: str) -> None:
@@ -220,17 +236,20 @@ class ChildRun:
         self.meta = json.loads(self.meta_path.read_text()) if self.meta_path.is_file() else {}
         self.created = not self.meta.get("mlflow_run_id")
         if self.created:
-            run = client.create_run(experiment_id, run_name=name,
-                                    tags={"mlflow.parentRunId": parent_run_id, **node_tags(), **(tags or {})})
-            self.meta = {"mlflow_run_id": run.info.run_id, **(meta or {})}
+            run = tracked(client.create_run, experiment_id, run_name=name,
+                          tags={"mlflow.parentRunId": parent_run_id, **node_tags(), **(tags or {})}) \
+                if experiment_id is not None else None
+            self.created = run is not None  # the server gone: no run yet (`raycpt runs sync` makes it)
+            self.meta = {**({"mlflow_run_id": run.info.run_id} if run else {}), **self.meta, **(meta or {})}
             atomic_write_json(self.meta_path, self.meta)
         else:
-            client.update_run(self.meta["mlflow_run_id"], status="RUNNING")
+            tracked(client.update_run, self.meta["mlflow_run_id"], status="RUNNING")
         self._t0 = time.time()
 
     @property
-    def run_id(self) -> str:
-        return self.meta["mlflow_run_id"]
+    def run_id(self) -> Optional[str]:
+        """The child run's id; None when the server was gone before the run could be made."""
+        return self.meta.get("mlflow_run_id")
 
     @property
     def elapsed(self) -> float:
@@ -246,14 +265,12 @@ class ChildRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is None:
-            self.client.set_terminated(self.run_id, status="FINISHED")
-        elif issubclass(exc_type, KeyboardInterrupt):
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
             self.meta["elapsed_before"] = self.elapsed
             self.save_meta()
-            self.client.set_terminated(self.run_id, status="KILLED")
-        else:
-            self.client.set_terminated(self.run_id, status="FAILED")
+        status = "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+        if self.run_id is not None and not (status == "FINISHED" and tracking_lost()):  # sync ends it then
+            tracked(self.client.set_terminated, self.run_id, status=status)
         return False
 
 
@@ -325,6 +342,26 @@ def adopt_lost(run_dir, since: float = 0.0) -> Optional[dict]:
     if rec is not None:
         mark_lost(rec.get("uri", ""), rec.get("since_step"), rec.get("error", ""))
     return rec
+
+
+def store_or_lost(cfg: TrackingConfig, lost_dir, since: float = 0.0) -> Optional[str]:
+    """The experiment id (:func:`ensure_store`), or None when the tracking server is gone: found so by this
+    process, by another one of the same job (``lost_dir``'s :data:`LOST_FILE`, written at or after ``since``), or
+    not answering now (then recorded in ``lost_dir``). A job's later units (sweep trials) then run locally."""
+    from raycpt.errors import ServerUnreachable
+
+    if tracking_lost() or adopt_lost(lost_dir, since):
+        return None
+    try:
+        return ensure_store(cfg)
+    except ServerUnreachable as e:
+        mark_lost(tracking_uri(cfg), error=str(e), run_dir=lost_dir)
+        return None
+    except Exception as e:  # noqa: BLE001 - the probe passed, then the store's first call found it gone
+        if not unreachable(e):
+            raise
+        mark_lost(tracking_uri(cfg), error=str(e), run_dir=lost_dir)
+        return None
 
 
 def tracked(fn, *args, **kwargs):

@@ -360,6 +360,13 @@ def issue27_cases(f: dict) -> list[Case]:
               "train.max_steps=2", "train.num_workers=1", "train.max_failures=0", f"data.corpus=[{t / 'small.jsonl'}]"],
              "No space left on device (ENOSPC)", ray=True, owner="27",
              env={"RAYCPT_FAULTS": json.dumps({"oserror_step": 2, "oserror_errno": "ENOSPC"})}),
+        *[Case(f"train, {what} at a checkpoint with train.max_failures=2 (simulated {code}: not retried)",
+               ["train", f"model.ref={m}", f"tracking.run_root={t / (code.lower() + '_retry_runs')}", "data.seq_len=32",
+                "train.max_steps=2", "train.num_workers=1", "train.max_failures=2", f"data.corpus=[{t / 'small.jsonl'}]"],
+               f"({code})", ray=True, owner="27",
+               env={"RAYCPT_FAULTS": json.dumps({"oserror_step": 2, "oserror_errno": code})})
+          for what, code in (("the disk full", "ENOSPC"), ("a read-only file system", "EROFS"),
+                             ("a run root this user may not write", "EACCES"))],
         Case("runs sync a folder that is not a run folder", ["runs", "sync", str(t / "adir")],
              "is not a raycpt run folder (it has no config.yaml)", owner="27"),
     ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -32,7 +33,7 @@ from raycpt.cluster import preflight
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
 from raycpt.runs import AttemptClock, assert_private_folder, memo
-from raycpt.tracking import ChildRun, ensure_store
+from raycpt.tracking import ChildRun, adopt_lost, mark_lost, store_or_lost, tracking_lost
 
 RESULT = "result.json"
 
@@ -91,12 +92,18 @@ class Trial:
 
     @contextlib.contextmanager
     def logging(self):
-        """The trial's child run as MLflow's active run (``log_metrics`` / ``log_artifact`` inside)."""
+        """The trial's child run as MLflow's active run (``log_metrics`` / ``log_artifact`` inside); yields False
+        (log nothing: the trial's folder has it, ``raycpt runs sync`` replays it) while the server is gone."""
         import mlflow
 
+        from raycpt.tracking import tracking_lost
+
+        if tracking_lost() or self.run.run_id is None:
+            yield False
+            return
         mlflow.set_tracking_uri(self.cfg.tracking.uri)
         with mlflow.start_run(run_id=self.run.run_id):
-            yield
+            yield True
 
 
 def grid_params(specs, params: Optional[dict] = None) -> dict:
@@ -136,16 +143,24 @@ def run_trial(config: dict) -> dict:
 
 
 def _trial_body(config: dict, cfg: ExperimentConfig, spec, tdir: Path) -> dict:
+    """The trial under its child run. A tracking server gone (before or during the trial) does not fail it: the
+    trial runs locally and the job's folder gets the record (:data:`raycpt.tracking.LOST_FILE`), which the driver
+    adopts (:func:`run_grid`); ``raycpt runs sync JOB_DIR`` replays it later."""
     from mlflow.tracking import MlflowClient
 
-    exp_id = ensure_store(cfg.tracking)
+    job_dir = Path(config["trials_root"]).parent
+    exp_id = store_or_lost(cfg.tracking, job_dir, config.get("started", 0.0))
     label = getattr(spec, "label", None) or spec.name
     with ChildRun(MlflowClient(), tdir / config["meta_file"], exp_id, config["parent_run_id"], label,
                   tags={"raycpt.command": config["command"], config["name_tag"]: spec.name},
                   meta={"spec": config["spec"]}) as run, AttemptClock(tdir / "attempts.json") as clock:
         trial = Trial(cfg=cfg, dir=tdir, run=run, parent_run_id=config["parent_run_id"], shared=config["shared"],
                       threads=config.get("threads"), console=config.get("console"), clock=clock)
-        return spec.run(trial)
+        result = spec.run(trial)
+    lost = tracking_lost()
+    if lost:  # the driver's record (a trial process may be the only one that saw the server go)
+        mark_lost(lost["uri"], lost.get("since_step"), lost.get("error", ""), job_dir)
+    return result
 
 
 def tune_trainable(config: dict) -> None:
@@ -167,7 +182,7 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
     space = {"cfg": config_to_dict(cfg), "spec_type": spec_name(type(grid.specs[0])),
              "trials_root": str(run_dir / grid.folder),
              "parent_run_id": parent.run_id, "shared": grid.shared, "command": grid.command,
-             "meta_file": grid.meta_file, "name_tag": grid.name_tag}
+             "meta_file": grid.meta_file, "name_tag": grid.name_tag, "started": time.time()}
     if console is not None:
         console.print(f"{grid.command}: {len(names)} trials ({', '.join(names)}) -> {run_dir}")
     results: dict[str, dict] = {}
@@ -185,6 +200,7 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
             results, errors = _fit(run_dir, grid, space, resume, console)
     except KeyboardInterrupt:  # Ctrl-C: the unfinished trials end KILLED, and one line says how to go on
         pass
+    adopt_lost(run_dir, space["started"])  # a trial found the tracking server gone: the rest of the job is local
     missing = [n for n in names if n not in results]
     if missing:
         status = "FAILED" if errors else "KILLED"  # no trial error: Tune (or the user) stopped the grid

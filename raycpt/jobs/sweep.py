@@ -26,7 +26,7 @@ from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, memo
 from raycpt.splits import check_split, split_index
 from raycpt.strategies import split_plans, takes_split
-from raycpt.tracking import log_metrics
+from raycpt.tracking import log_metrics, tracked
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,7 @@ class TrialSpec:
         run = trial.run
         tcfg = trial_config(trial.cfg, self)
         if run.created:
-            for k, v in {"strategy": self.strategy, "split": self.split, "b": self.b, "seed": tcfg.train.seed,
-                         "recipe": ",".join(f"{k}={v}" for k, v in self.recipe.items())}.items():
-                run.client.log_param(run.run_id, k, "" if v is None else v)
-            run.client.set_tag(run.run_id, "seed", str(tcfg.train.seed))
+            tracked(self.log_params, run, tcfg.train.seed)
         train, ev, heldout = train_and_evaluate(trial, tcfg, self.name)
         cells = ev.metrics()
         result = {
@@ -68,17 +65,41 @@ class TrialSpec:
             "heldout_loss": heldout, "peak_memory_mb": train.peak_memory_mb,
             "trainable_per_step": train.trainable_per_step,
         }
-        with trial.logging():
-            log_metrics({**cells, "wall_time_s": result["wall_s"], "tokens_per_s": result["tokens_per_s"],
-                         "trainable_params": result["trainable_params"],
-                         **({"heldout_loss": heldout} if heldout is not None else {})})
-            import mlflow
-
-            # the training loop may have logged it already (LISA: the per-interval count, where the train result
-            # counts every layer a draw can pick); MLflow refuses a second, different value for a param
-            if "trainable_params" not in run.client.get_run(run.run_id).data.params:
-                mlflow.log_param("trainable_params", result["trainable_params"])
+        tracked(log_trial_result, trial, result)  # the server gone: the trial's folder has it (`raycpt runs sync`)
         return result
+
+    def params(self, seed) -> dict:
+        """The child run's own params (besides the config its training run logs)."""
+        return {"strategy": self.strategy, "split": self.split, "b": self.b, "seed": seed,
+                "recipe": ",".join(f"{k}={v}" for k, v in self.recipe.items())}
+
+    def log_params(self, run, seed) -> None:
+        for k, v in self.params(seed).items():
+            run.client.log_param(run.run_id, k, "" if v is None else v)
+        run.client.set_tag(run.run_id, "seed", str(seed))
+
+
+def trial_metrics(result: dict) -> dict:
+    """The metrics a sweep trial's child run gets at its end, from its ``result.json`` (``raycpt runs sync`` logs
+    the same)."""
+    heldout = result.get("heldout_loss")
+    return {**result["scores"], "wall_time_s": result["wall_s"], "tokens_per_s": result["tokens_per_s"],
+            "trainable_params": result["trainable_params"], **({"heldout_loss": heldout} if heldout is not None else {})}
+
+
+def log_trial_result(trial: Trial, result: dict) -> None:
+    """:func:`trial_metrics` and the ``trainable_params`` param on the trial's child run."""
+    import mlflow
+
+    run = trial.run
+    with trial.logging() as on:
+        if not on:
+            return
+        log_metrics(trial_metrics(result))
+        # the training loop may have logged it already (LISA: the per-interval count, where the train result
+        # counts every layer a draw can pick); MLflow refuses a second, different value for a param
+        if "trainable_params" not in run.client.get_run(run.run_id).data.params:
+            mlflow.log_param("trainable_params", result["trainable_params"])
 
 
 def plan_grid(splits: list[float], strategies: list[str], num_layers: int, include_full: bool = True,
@@ -280,7 +301,7 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None) -> SweepRe
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg))
-        log_summary(run, summary["files"], trace, summary)
+        tracked(log_summary, run, summary["files"], trace, summary)  # the server gone: `raycpt runs sync` logs it
         run.state(done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace)
 

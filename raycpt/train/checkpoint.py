@@ -27,6 +27,7 @@ Ray Tune's restore, which unpickles ``tuner.pkl``, is guarded by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -407,6 +408,28 @@ def load_master_weights(model, master: dict) -> None:
             params[k].copy_(v)
 
 
+@contextlib.contextmanager
+def disk_errors_as_oserror(folder):
+    """A write into ``folder`` that fails as a full disk or an unwritable folder, told in words only
+    (:func:`raycpt.errors.oserror_in_words`) or as torch.save's bare ``RuntimeError`` on a file system with no
+    space left (:func:`raycpt.errors.disk_full`), raises that ``OSError`` instead (the one line)."""
+    import errno
+
+    from raycpt.errors import disk_full, oserror_in_words
+
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - only a disk that refused is translated
+        err = oserror_in_words(e, folder)
+        if isinstance(e, OSError) and e.errno is not None and not e.filename:  # pyarrow's: the errno, no path
+            err = OSError(e.errno, e.strerror or os.strerror(e.errno), str(folder))
+        if err is None and not isinstance(e, OSError) and disk_full(folder):
+            err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
+        if err is None:
+            raise
+        raise err from e
+
+
 def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp, data_pos,
                metrics, dtype: torch.dtype = torch.float32, before_write=None) -> Optional[str]:
     """Every rank calls this (state gathering may be collective); rank 0 writes, all report.
@@ -435,10 +458,11 @@ def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, h
         if tmp is not None:
             if before_write is not None:
                 before_write(tmp)
-            write_checkpoint(tmp, model=model, tokenizer=tokenizer, msd=msd, osd=osd,
-                             scheduler_state=scheduler.state_dict(), rngs=rngs, step=step, history=history,
-                             plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype,
-                             base_shards=getattr(session, "base_shards", None))
+            with disk_errors_as_oserror(tmp):
+                write_checkpoint(tmp, model=model, tokenizer=tokenizer, msd=msd, osd=osd,
+                                 scheduler_state=scheduler.state_dict(), rngs=rngs, step=step, history=history,
+                                 plan=plan.to_dict(), plan_text=plan.describe(), data_pos=data_pos, dtype=dtype,
+                                 base_shards=getattr(session, "base_shards", None))
         del msd, osd
         session.report(metrics, tmp, step)
     finally:

@@ -38,7 +38,7 @@ from raycpt.train.checkpoint import (find_checkpoints, publish_model, read_manif
                                      verify_model_folder)
 from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
 from raycpt.train.parallel import check_parallel
-from raycpt.tracking import adopt_lost, tracked
+from raycpt.tracking import adopt_lost, tracked, tracking_lost
 
 FINAL_MODEL = "final_model"
 log = logging.getLogger(__name__)
@@ -318,7 +318,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         run_id = run.info.run_id
         write_state(run_dir, mlflow_run_id=run_id, attempts=attempt, status="running", ray_name=ray_name,
                     model_path=prep.model_path, plan=prep.plan.to_dict(), prepare_s=round(time.time() - t_start, 3))
-        _log_start(cfg, run_dir, prep)
+        tracked(_log_start, cfg, run_dir, prep)  # the server gone: `raycpt runs sync` logs the config later
         loop_config = _loop_config(cfg, run_dir, prep, run_id, ray_name, faults, callbacks, evaluate)
         loop_config["local_mode"] = local_mode(cfg, in_process)
         if loop_config["local_mode"] and _base_shards(cfg, prep):  # checkpoints link the frozen layers too
@@ -433,7 +433,7 @@ def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: 
 
     loop_config = {
         "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
-        "mlflow": {"uri": cfg.tracking.uri, "run_id": run_id}, "resume_from": prep.resume_from,
+        "mlflow": {"uri": cfg.tracking.uri, "run_id": None if tracking_lost() else run_id}, "resume_from": prep.resume_from,
         "store": str(prep.store.path), "store_build": prep.store.build_id, "store_key": prep.store.key,
         "store_identity": prep.store.identity, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
@@ -452,6 +452,7 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
     from ray.train.torch import TorchTrainer
 
     from raycpt.report.progress import StepProgress
+    from raycpt.train.failures import raycpt_failure_policy
     from raycpt.train.loop import METRICS_FILE, train_loop_per_worker
 
     t = cfg.train
@@ -469,7 +470,8 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
     with StepProgress(run_dir / METRICS_FILE, t.max_steps, prep.resumed_step or 0, progress):
         try:
             t_fit = time.time()
-            trainer.fit()
+            with raycpt_failure_policy():  # a full disk or an unwritable root is not retried: one attempt
+                trainer.fit()
             log.info("fit: %.1fs (prepare %.1fs)", time.time() - t_fit, t_fit - t_start)
         except Exception as e:  # noqa: BLE001 - Ray wraps worker errors; surface the cause in one line
             err = _training_error(e)

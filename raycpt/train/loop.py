@@ -412,8 +412,20 @@ class RaySession(_Collectives, _Session):
     def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
         import ray.train
 
+        from raycpt.train.checkpoint import disk_errors_as_oserror
+
         ckpt = ray.train.Checkpoint.from_directory(ckpt_dir) if ckpt_dir else None
-        ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
+        with disk_errors_as_oserror(self.storage_dir(step)):  # Ray's copy into the run folder, on a full disk
+            ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
+
+    def storage_dir(self, step: int) -> str:
+        """Where Ray persists this step's checkpoint (the words of an error name it)."""
+        import ray.train
+
+        try:
+            return str(Path(ray.train.get_context().get_storage().experiment_fs_path) / f"checkpoint_{step:06d}")
+        except Exception:  # noqa: BLE001 - a Ray without that view: the checkpoint's name alone
+            return f"checkpoint_{step:06d}"
 
     def batches(self, config: dict, key: str = "store"):
         return store_blocks(config, key)

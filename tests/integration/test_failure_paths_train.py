@@ -157,3 +157,25 @@ def test_a_disk_full_at_a_checkpoint_is_one_line_and_the_run_ends_failed(tmp_pat
     assert hidden == [] and not (run_dir / "final_model").exists()
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     assert client.get_run(state["mlflow_run_id"]).info.status == "FAILED"
+
+
+def _attempts(run_dir: Path) -> int:
+    """How many times a worker group started training: rank 0's ``start`` / ``resume`` events."""
+    events = [json.loads(ln) for ln in (run_dir / "train_metrics.jsonl").read_text().splitlines() if ln.strip()]
+    return sum(1 for e in events if e.get("event") in ("start", "resume"))
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_not_retried_by_max_failures(tmp_path, tiny_dir):
+    """``train.max_failures=2`` (the default) restarts a worker group that failed; a full disk stays full, so the
+    run ends after its first attempt with the one line."""
+    root = tmp_path / "runs"
+    args = _train_args(tiny_dir, tmp_path, root, "train.max_steps=4", "train.max_failures=2")
+    r = subprocess.run([sys.executable, "-m", "raycpt", *args], capture_output=True, text=True, timeout=600,
+                       env=_env(RAYCPT_FAULTS=json.dumps({"oserror_step": 2, "oserror_errno": "ENOSPC"})))
+    lines = _lines(r.stderr)
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "No space left on device (ENOSPC)" in lines[0] and "model.safetensors" in lines[0]
+    (run_dir,) = root.glob("train-*")
+    assert _attempts(run_dir) == 1  # not 1 + max_failures
+    assert json.loads((run_dir / "state.json").read_text())["status"] == "failed"
