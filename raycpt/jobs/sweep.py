@@ -63,7 +63,7 @@ class TrialSpec:
             "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
             "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run.run_id,
             "heldout_loss": heldout, "peak_memory_mb": train.peak_memory_mb,
-            "trainable_per_step": train.trainable_per_step,
+            "trainable_per_step": train.trainable_per_step, "pid": train.pid,
         }
         tracked(log_trial_result, trial, result)  # the server gone: the trial's folder has it (`raycpt runs sync`)
         return result

@@ -551,12 +551,12 @@ def rich_trials_table(trials: list[dict], baseline: str = "full"):
 
     trials = [t if "heldout_blocks" in t else load_outcomes(t) for t in trials]  # per-block losses for the marks
     bases = {t.get("seed"): t for t in trials if (t.get("group") or t["name"]) == baseline}
-    table = Table(title="runs: losses (nats/token), held-out Δ vs full", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title="runs: losses (nats/token), held-out Δ vs full", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 0, 0, 1), caption_justify="left")  # one space between columns: 8 fit 80
     for col, just in (("run", "left"), ("trainable", "right"), ("train", "right"), ("held-out", "right"),
                       ("Δ", "right"), ("tok/s", "right"), ("peak MB", "right"), ("s", "right")):
         table.add_column(col, justify=just, no_wrap=True)
-    if any(t.get("trainable_per_step") for t in trials):
-        table.caption = "† LISA: the count one step trains (γ drawn layers, embeddings, head)"
+    table.caption = "\n".join(trials_table_notes(trials)) or None
     for t in trials:
         h, base = t.get("heldout_loss"), bases.get(t.get("seed"))
         d = None if h is None or base is None or base is t or base.get("heldout_loss") is None \
@@ -569,6 +569,19 @@ def rich_trials_table(trials: list[dict], baseline: str = "full"):
                       "-" if t.get("peak_memory_mb") is None else f"{t['peak_memory_mb']:,.0f}",
                       "-" if t.get("wall_s") is None else f"{t['wall_s']:.0f}")
     return table
+
+
+def trials_table_notes(trials: list[dict]) -> list[str]:
+    """The runs table's footnotes: LISA's per-step count, and peaks of trials that shared one process."""
+    notes = []
+    if any(t.get("trainable_per_step") for t in trials):
+        notes.append("† LISA: the count one step trains (γ drawn layers, embeddings, head)")
+    pids = [t.get("pid") for t in trials if t.get("peak_memory_mb") is not None and t.get("pid") is not None]
+    if len(set(pids)) < len(pids):
+        notes.append("peak MB: the training process's resident peak; trials here shared one process (Ray Train "
+                     "local mode), so a later row includes memory earlier trials left resident: compare plans' "
+                     "memory with benchmarks/bench_alternatives.py (one process per plan)")
+    return notes
 
 
 def budget_count(t: dict) -> Optional[int]:

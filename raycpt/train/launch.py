@@ -68,6 +68,9 @@ class TrainResult:
     trainable_per_step: Optional[int] = None
     """LISA: the parameters one step trains (γ layers + the always-trained ones); ``trainable_params`` counts
     every layer a draw can pick. None for other plans (every step trains ``trainable_params``)."""
+    pid: Optional[int] = None
+    """Rank 0's process id (its start event): trials that share a process (Ray Train's local mode in one
+    reused Tune actor) share its resident memory, so a later trial's peak includes what earlier ones left."""
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -530,7 +533,7 @@ def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: st
     from raycpt.train.loop import METRICS_FILE
 
     final_dir, plan = run_dir / FINAL_MODEL, prep.plan
-    records = read_step_records(run_dir / METRICS_FILE)
+    records, events = read_step_records(run_dir / METRICS_FILE), read_events(run_dir / METRICS_FILE)
     steps = [int(r["step"]) for r in records]
     losses = [float(r["loss"]) for r in records]
     times = [float(r["step_time_s"]) for r in records]
@@ -542,7 +545,7 @@ def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: st
                       wall_s=wall, trainable_params=prep.counts["trainable"], frozen_params=prep.counts["frozen"],
                       mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
                       resumed_from_step=prep.resumed_step, step_times=times, peak_memory_mb=peak_of(records),
-                      trainable_per_step=per_step_trainable(plan, read_events(run_dir / METRICS_FILE)))
+                      trainable_per_step=per_step_trainable(plan, events), pid=_start_pid(events))
     atomic_write_json(run_dir / "train_result.json", res.to_dict())  # the run folder first, then the store
     tracked(mlflow.log_artifact, str(png))
     tracked(mlflow.log_param, "final_model_dir", str(final_dir))
@@ -564,6 +567,11 @@ def peak_of(records: list[dict]) -> Optional[float]:
     """The largest ``peak_memory_mb`` of the step records; None when no step has one."""
     peaks = [float(r["peak_memory_mb"]) for r in records if r.get("peak_memory_mb") is not None]
     return max(peaks) if peaks else None
+
+
+def _start_pid(events: list[dict]) -> Optional[int]:
+    pids = [e["pid"] for e in events if e.get("event") in ("start", "resume") and e.get("pid") is not None]
+    return int(pids[-1]) if pids else None
 
 
 def per_step_trainable(plan, events: list[dict]) -> Optional[int]:
@@ -645,7 +653,8 @@ def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
                        mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
                        last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,
                        resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []), reused=True,
-                       peak_memory_mb=d.get("peak_memory_mb"), trainable_per_step=d.get("trainable_per_step"))
+                       peak_memory_mb=d.get("peak_memory_mb"), trainable_per_step=d.get("trainable_per_step"),
+                       pid=d.get("pid"))
 
 
 def _training_error(e: Exception) -> Exception:

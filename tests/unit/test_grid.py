@@ -92,7 +92,7 @@ def test_seeded_sweep_trials_carry_seed_and_resume_skips_finished_seeds(tmp_path
             raise KeyboardInterrupt
         seen.append((name, tcfg.train.seed))
         train = SimpleNamespace(trainable_params=1, frozen_params=0, tokens_per_s=1.0, losses=[2.0],
-                                peak_memory_mb=None, trainable_per_step=None, final_model_dir=str(trial.dir))
+                                peak_memory_mb=None, trainable_per_step=None, pid=None, final_model_dir=str(trial.dir))
         return train, SimpleNamespace(metrics=lambda: {"wn/average/logit": 10.0 * tcfg.train.seed}), None
 
     monkeypatch.setattr(sweep, "train_and_evaluate", fake_train_and_evaluate)

@@ -455,7 +455,9 @@ def test_trials_table_tokens_peak_memory_and_lisa_per_step_count():
     trials = [dict(name="full", trainable_params=134_515_008, tokens_per_s=1234.4, peak_memory_mb=2578.4, wall_s=61),
               dict(name="lisa-g1", trainable_params=134_515_008, trainable_per_step=31_860_864, tokens_per_s=2345.6,
                    peak_memory_mb=1462.0, wall_s=40),
-              dict(name="layertracer-shallow", trainable_params=31_860_864, tokens_per_s=1999.5, wall_s=44)]
+              dict(name="layertracer-shallow", trainable_params=31_860_864, tokens_per_s=1999.5, wall_s=1044,
+                   final_loss=4.259, heldout_loss=4.310)]
+    trials[0].update(final_loss=3.824, heldout_loss=3.887)
     assert [budget_count(t) for t in trials] == [134_515_008, 31_860_864, 31_860_864]
     console = Console(width=80, record=True)
     console.print(rich_trials_table(trials))
@@ -463,5 +465,12 @@ def test_trials_table_tokens_peak_memory_and_lisa_per_step_count():
     assert "134.5M" in text and "31.9M†" in text and "count one step trains" in text
     assert "1,234" in text and "2,578" in text and "1,462" in text and "2,000" in text
     lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
-    assert lines["layertracer-shallow"].split()[-2:] == ["-", "44"]  # no peak recorded: a dash, never 0
-    assert max(len(line) for line in text.splitlines()) <= 80
+    assert lines["layertracer-shallow"].split()[-2:] == ["-", "1044"]  # no peak recorded: a dash, never 0
+    assert "+0.423" in lines["layertracer-shallow"] and "4.310" in text  # 4.310 - 3.887, every cell whole
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    assert "shared one process" not in text  # no pids recorded: no claim about them
+    for t, pid in zip(trials, (7, 7, 8)):
+        t["pid"] = pid
+    console = Console(width=80, record=True)
+    console.print(rich_trials_table(trials))
+    assert "shared one process" in console.export_text()  # full and lisa-g1 both have a peak from pid 7
