@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from _rss import reset_peak as _reset_peak, rss_kb as _rss_kb
 from _smoke import add_smoke
@@ -194,7 +195,7 @@ def main() -> None:
         print("smoke mode: the tiny model, seq_len 32, 2 steps, cases in this process (numbers are not the claim)")
     from raycpt.config import load_config
 
-    default = load_config(None, [])
+    default = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml", [])  # the embedded default's step: 4 x 64
     a.seq = a.seq or default.data.seq_len
     a.batch = a.batch or default.train.micro_batch_size
     print(f"shape: {a.batch} blocks x {a.seq} tokens per step")
