@@ -19,7 +19,12 @@ edited file, a missing manifest all fail, with the reason); resume (:func:`find_
 publish (:func:`publish_model`) use only folders that pass. A checkpoint is written only from
 finite weights (:func:`all_finite`). ``final_model/`` is a copy of the verified checkpoint's
 ``model/`` files (a reflink where the filesystem can, else a byte copy) checked against the same
-hashes, never a hard link: changing a checkpoint cannot change the published model.
+hashes; a hard link only when the checkpoint is deleted right after the publish
+(``train.keep_finished_checkpoints: false``), so no kept checkpoint shares a file with the published model.
+
+The last checkpoint of a run that will not keep its checkpoints (``final=True`` in :func:`checkpoint`) holds no
+optimizer state: nothing trains from it again (a resume of a run killed after it evaluates and publishes), so
+``train_state.pt`` carries ``optimizer: None`` and a resume that would train from it is refused.
 
 Ray Tune's restore, which unpickles ``tuner.pkl``, is guarded by
 :func:`raycpt.runs.assert_private_folder`.
@@ -172,6 +177,16 @@ def verify_checkpoint(folder, require: tuple[str, ...] = (STATE_JSON, STATE_PT, 
             return f"{rel} does not match its sha256 in the manifest"
     _VERIFIED[str(folder)] = sig
     return None
+
+
+def remember_written(folder) -> None:
+    """``folder`` was just written by this process, its manifest hashed from the files on disk (a checkpoint
+    renamed into place keeps its files' inodes and times): :func:`verify_checkpoint` takes it as verified while
+    no file's size, time or inode changes, as it does after a verification, instead of hashing it again."""
+    folder = Path(folder)
+    doc = read_manifest(folder)
+    if doc is not None:
+        _VERIFIED[str(folder)] = _signature(folder, doc["files"])
 
 
 def is_complete_checkpoint(folder) -> bool:
@@ -359,7 +374,7 @@ def write_checkpoint(folder, *, model, tokenizer, msd: dict, osd: dict, schedule
     else:
         save_model_folder(model, tokenizer, msd, folder / MODEL_DIR, dtype=dtype)
     rng_tensors, rng_plain = split_rng(rngs)
-    tensors = {"optimizer": osd, "scheduler": scheduler_state, "rng": rng_tensors}
+    tensors = {"optimizer": osd, "scheduler": scheduler_state, "rng": rng_tensors}  # osd None: a final checkpoint
     lora, lisa = plan.get("adapter") == "lora", int(plan.get("lisa_layers") or 0) > 0
     if lora:  # model/ holds the merged weights; the adapters in peft's layout, for resume and for users
         from raycpt.models.adapters import ADAPTER_DIR, save_adapter_folder
@@ -431,11 +446,13 @@ def disk_errors_as_oserror(folder):
 
 
 def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, history, plan, fsdp, data_pos,
-               metrics, dtype: torch.dtype = torch.float32, before_write=None) -> Optional[str]:
+               metrics, dtype: torch.dtype = torch.float32, before_write=None, final: bool = False) -> Optional[str]:
     """Every rank calls this (state gathering may be collective); rank 0 writes, all report.
 
     Returns None when written, else why not (non-finite weights: nothing is written or reported). A write that
-    fails (a full disk) removes its half-written folder. ``before_write(folder)``: a test's fault, on rank 0."""
+    fails (a full disk) removes its half-written folder. ``before_write(folder)``: a test's fault, on rank 0.
+    ``final``: the run's last checkpoint, deleted when the run finishes: no optimizer state (every rank skips
+    gathering it alike)."""
     if plan.adapter == "lora":  # the merged weights (DDP / one worker: LoRA never runs under FSDP)
         from raycpt.models.adapters import merged_state_dict
 
@@ -447,7 +464,7 @@ def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, h
     if bad:
         del msd
         return f"{bad} of {total} weight tensors are not finite"
-    osd = optim_state(wrapped, optimizer, fsdp)
+    osd = None if final else optim_state(wrapped, optimizer, fsdp)
     rngs = session.all_gather_object(rng_state())
     tmp = None
     if session.rank == 0:
@@ -498,7 +515,7 @@ def sweep_leftovers(dest) -> list[Path]:
     return gone
 
 
-def publish_model(ckpt, dest, base_shards=None) -> dict:
+def publish_model(ckpt, dest, base_shards=None, link: bool = False) -> dict:
     """Publish a verified checkpoint's ``model/`` as ``dest`` (atomically: written aside, checked
     against the checkpoint's sha256s, renamed into place) with its own ``manifest.json``.
 
@@ -507,8 +524,12 @@ def publish_model(ckpt, dest, base_shards=None) -> dict:
     relative links to its verified shards, the others go into one ``model-trained.safetensors``
     (how = ``reference``). Leftovers of a publish killed mid-way are removed first.
 
+    ``link``: the checkpoint is deleted right after (``train.keep_finished_checkpoints: false``): when its
+    ``model/`` already references these shards (a local-mode checkpoint), its files become hard links and its
+    links links again (how = ``link``; nothing is read, written or hashed twice), else as above.
+
     Raises RaycptError when the checkpoint fails verification. Returns
-    ``{"files", "bytes", "seconds", "how"}`` (how = reflink, copy or reference; bytes = bytes written)."""
+    ``{"files", "bytes", "seconds", "how"}`` (how = reflink, copy, reference or link; bytes = bytes written)."""
     ckpt, dest = Path(ckpt), Path(dest)
     why = verify_checkpoint(ckpt)
     if why is not None:
@@ -520,6 +541,12 @@ def publish_model(ckpt, dest, base_shards=None) -> dict:
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
     try:
         tmp.mkdir(parents=True)
+        if link and base_shards is not None and _links_to(ckpt / MODEL_DIR, Path(base_shards)):
+            known = _link_model(ckpt / MODEL_DIR, files, tmp, dest)
+            write_manifest(tmp, checkpoint_step(ckpt), finite=True, extra={"source": str(ckpt)}, known=known)
+            _replace(tmp, dest)
+            return {"files": len(list(Path(dest).iterdir())), "bytes": 0, "seconds": time.perf_counter() - t0,
+                    "how": "link"}
         if base_shards is not None:
             how, known = {"reference"}, _publish_weights_by_reference(ckpt, files, tmp, dest, Path(base_shards))
             files = {rel: meta for rel, meta in files.items() if not _is_weights(rel)}
@@ -536,13 +563,44 @@ def publish_model(ckpt, dest, base_shards=None) -> dict:
             total += sum(p.stat().st_size for p in tmp.iterdir() if p.is_file() and not p.is_symlink()
                          and p.name not in files)
         write_manifest(tmp, checkpoint_step(ckpt), finite=True, extra={"source": str(ckpt)}, known=known)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        _replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"files": len(list(Path(dest).iterdir())), "bytes": total, "seconds": time.perf_counter() - t0,
             "how": "reference" if "reference" in how else "reflink" if how == {"reflink"} else "copy"}
+
+
+def _replace(tmp: Path, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+
+
+def _links_to(model_dir: Path, shards: Path) -> bool:
+    """Every symbolic link in ``model_dir`` points into ``shards`` (and there is an index naming the files)."""
+    from raycpt.models.shards import INDEX_FILE
+
+    links = [p for p in model_dir.iterdir() if p.is_symlink()]
+    root = shards.resolve()
+    return (model_dir / INDEX_FILE).is_file() and all(p.resolve().parent == root for p in links)
+
+
+def _link_model(model_dir: Path, files: dict, tmp: Path, dest: Path) -> dict:
+    """``model_dir``'s files hard-linked into ``tmp`` (to be renamed to ``dest``), its links to the base shards
+    made again relative to ``dest``. Returns the manifest entries: the checkpoint's (verified) sha256 and size of
+    each file, since a hard link is the same bytes."""
+    known = {}
+    for rel, meta in files.items():
+        src, out = model_dir / rel, tmp / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            target = os.path.relpath(src.resolve(), (dest / rel).parent)
+            os.symlink(target, out)
+            known[rel] = {**meta, "link": target}
+        else:
+            os.link(src, out)
+            known[rel] = meta
+    return known
 
 
 def _is_weights(rel: str) -> bool:

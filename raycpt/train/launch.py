@@ -334,7 +334,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         clock["fit_end"] = time.time()
         adopt_lost(run_dir, clock["fit_start"])  # a tracking server the workers found gone: the rest is local only
         _check_status(run_dir)
-        ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, prep))
+        ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, prep),
+                            link=not cfg.train.keep_finished_checkpoints)
         clock["published"] = time.time()
         res = _summarize(cfg, run_dir, prep, run_id, ckpt_dir, t_start)
         write_state(run_dir, status="finished", wall_s=res.wall_s, events=len(read_events(run_dir / METRICS_FILE)),
@@ -508,15 +509,17 @@ def _check_status(run_dir: Path) -> None:
         raise RaycptError(f"training stopped at step {status['step']}: {what}; the last good checkpoint is {where}")
 
 
-def _publish(run_dir: Path, keep: int, base_shards=None) -> Path:
+def _publish(run_dir: Path, keep: int, base_shards=None, link: bool = False) -> Path:
     """Publish the newest checkpoint's model as ``final_model/`` and prune old checkpoints; the checkpoint.
-    ``base_shards``: see :func:`_base_shards` (None = a verified copy, or reflink, never a hard link)."""
+    ``base_shards``: see :func:`_base_shards` (None = a verified copy, or reflink). ``link``: the checkpoints are
+    deleted when the run finishes, so a local-mode checkpoint's files may become the published ones (hard links,
+    :func:`raycpt.train.checkpoint.publish_model`)."""
     found = latest_checkpoint(run_dir)
     ckpt_dir = found[1] if found else None
     if ckpt_dir is None:
         raise RuntimeError(f"training finished but left no checkpoint under {run_dir / 'ray'}")
     shards = base_shards((read_manifest(ckpt_dir) or {}).get("weights_dtype", "float32")) if base_shards else None
-    published = publish_model(ckpt_dir, run_dir / FINAL_MODEL, base_shards=shards)
+    published = publish_model(ckpt_dir, run_dir / FINAL_MODEL, base_shards=shards, link=link)
     log.info("final_model: %d files, %.0f MB by %s in %.2fs", published["files"], published["bytes"] / 1e6,
              published["how"], published["seconds"])
     prune_checkpoints(run_dir, keep)

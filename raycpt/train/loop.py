@@ -68,8 +68,8 @@ from raycpt.io import atomic_write_json
 from raycpt.models.adapters import ADAPTER_DIR, inject_lora, load_adapter_state
 from raycpt.strategies import LayerPlan, apply_plan, lisa_interval_index, param_groups
 from raycpt.train.checkpoint import (checkpoint, checkpoint_step, find_checkpoints, json_safe, load_master_weights,
-                                     load_optim_state, model_state, read_train_state, set_rng_state,
-                                     verify_checkpoint, weights_dtype)
+                                     load_optim_state, model_state, read_train_state, remember_written,
+                                     set_rng_state, verify_checkpoint, weights_dtype)
 from raycpt.train.background import BackgroundCalls
 from raycpt.train.callbacks import LoopState
 from raycpt.train.loss import model_loss
@@ -474,6 +474,7 @@ class InProcessSession(_Session):
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(ckpt_dir, dest)
+        remember_written(dest)  # its manifest was hashed from these files a moment ago: publish need not again
         for old in sorted(p for p in self.root.glob("checkpoint_*") if p.is_dir())[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -765,7 +766,8 @@ def _load_model(w: _Worker) -> None:
     if state is not None:
         _restore(w, state)
         _verify(w, verify.check_setup(w.model, w.step_plan, w.optimizer, "after loading the checkpoint",
-                                      resumed=w.start_step > 0), "after_checkpoint_load")
+                                      resumed=w.start_step > 0 and state["optimizer"] is not None),
+                "after_checkpoint_load")
 
 
 def lisa_switch(w: "_Worker", step: int) -> bool:
@@ -806,8 +808,14 @@ def _verify(w: _Worker, rows: list, when: str) -> None:
 
 
 def _restore(w: _Worker, state: dict) -> None:
-    """Optimizer, scheduler, this rank's RNG states, the step and the loss history of a checkpoint."""
-    load_optim_state(w.model, w.optimizer, state["optimizer"], w.fsdp)
+    """Optimizer, scheduler, this rank's RNG states, the step and the loss history of a checkpoint. A final
+    checkpoint (no optimizer state) resumes only to evaluate and publish: training on from it is refused."""
+    if state["optimizer"] is None:
+        if int(state["step"]) < w.cfg.train.max_steps:
+            raise RaycptError(f"the checkpoint of step {state['step']} was its run's last (no optimizer state): it "
+                              f"cannot train on to train.max_steps={w.cfg.train.max_steps}; start a new run")
+    else:
+        load_optim_state(w.model, w.optimizer, state["optimizer"], w.fsdp)
     w.scheduler.load_state_dict(state["scheduler"])
     rngs = state.get("rng") or []
     if w.rank < len(rngs):
@@ -871,7 +879,8 @@ def _train(w: _Worker, data, state: LoopState) -> dict:
                                                        "store_identity": w.config.get("store_identity")},
                              metrics={"step": step, "loss": metrics["loss"]},
                              dtype=weights_dtype(tcfg.precision, w.device),
-                             before_write=lambda folder, s=step: w.faults.checkpoint_write(s, folder))
+                             before_write=lambda folder, s=step: w.faults.checkpoint_write(s, folder),
+                             final=step == tcfg.max_steps and not tcfg.keep_finished_checkpoints)
             if why is not None:  # never a checkpoint from non-finite weights
                 return {"status": "nonfinite", "step": step, "what": "weights", "value": why,
                         "last_checkpoint_step": last_ckpt}
