@@ -24,6 +24,13 @@ def atomic_write_text(path: Path, text: str) -> Path:
     return path
 
 
+def cache_root(cache_dir: "str | os.PathLike | None" = None) -> Path:
+    """``cache_dir`` or ``$RAYCPT_CACHE`` or ``~/.cache/raycpt`` (absolute): the user's cache (models, store
+    templates), shared by every run root."""
+    root = cache_dir or os.environ.get("RAYCPT_CACHE") or Path.home() / ".cache" / "raycpt"
+    return Path(root).expanduser().absolute()
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 hex digest of a file, read in 4 MiB chunks."""
     h = hashlib.sha256()

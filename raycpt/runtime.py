@@ -204,13 +204,20 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def init_ray(cfg: RayConfig) -> bool:
     """Initialise Ray once; return True when this call started it (and so must shut it down)."""
+    started = _init_ray_here(cfg)
+    if started:
+        _reassert_sigterm()
+    return started
+
+
+def _init_ray_here(cfg: RayConfig) -> bool:
+    """:func:`init_ray` without touching signal handlers (which only the main thread may set)."""
     import ray
 
     quiet_environment()
     if ray.is_initialized():
         return False
     _start_ray(cfg)
-    _reassert_sigterm()
     try:
         from ray.data import DataContext
 
@@ -218,6 +225,65 @@ def init_ray(cfg: RayConfig) -> bool:
     except Exception:  # pragma: no cover - older/newer Ray
         pass
     return True
+
+
+class _EarlyStart:
+    """Ray starting in a background thread (:func:`ray_starting`). The thread lives until Ray is shut down: Ray's
+    own processes die with the thread that started them (they are spawned with ``PR_SET_PDEATHSIG``, which fires
+    when that thread ends), so a thread that returned would take the GCS and the raylet with it."""
+
+    def __init__(self, cfg: RayConfig):
+        self.cfg, self.started, self.error = cfg, False, None
+        self.up, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, name="raycpt-ray-start", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.started = _init_ray_here(self.cfg)
+        except BaseException as e:  # noqa: BLE001 - the main thread starts it again, and reports what fails there
+            self.error = e
+        finally:
+            self.up.set()
+        self.release.wait()
+
+    def join(self) -> None:
+        """Wait for the start; a failed one is cleaned up here, for :func:`init_ray` to try again in this thread."""
+        self.up.wait()
+        if self.error is not None:
+            import ray
+
+            ray.shutdown()
+            self.release.set()
+
+
+_EARLY: list[_EarlyStart] = []
+
+
+@contextlib.contextmanager
+def ray_starting(cfg: RayConfig) -> Iterator[None]:
+    """``with ray_starting(cfg.ray): <set-up that needs no Ray>`` - a grid command's Ray starts in a background
+    thread while the driver opens its MLflow run (single-threaded work: the other core is idle); the first
+    :func:`ray_session` inside joins it (and starts Ray itself if the background start failed). Ray is shut down
+    at the end when it was started here. Only after the command's checks: bad input never starts Ray."""
+    import ray
+
+    if _EARLY or ray.is_initialized():
+        yield
+        return
+    early = _EarlyStart(cfg)
+    _EARLY.append(early)
+    early.thread.start()
+    try:
+        yield
+    finally:
+        _EARLY.remove(early)
+        early.up.wait()
+        try:
+            if early.started and early.error is None:
+                ray.shutdown()
+                _reassert_sigterm()
+        finally:
+            early.release.set()
 
 
 def _start_ray(cfg: RayConfig) -> None:
@@ -256,6 +322,10 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
     """``with ray_session(cfg.ray): ...`` - Ray is up inside, and shut down after if we started it."""
     import ray
 
+    for early in list(_EARLY):  # a start begun by ray_starting: wait for it (a failed one is retried below)
+        early.join()
+        if early.started and early.error is None:
+            _reassert_sigterm()
     started = init_ray(cfg)
     try:
         yield

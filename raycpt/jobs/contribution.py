@@ -261,10 +261,16 @@ def execute(plan: ContributionPlan, run, resume: bool = False, console=None) -> 
 
 def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) -> ContributionResult:
     """The ``raycpt contribution`` command (see the module docstring): :func:`prepare`, then :func:`execute`."""
+    from raycpt.runtime import ray_starting
+    from raycpt.train.launch import base_shards_ahead
+
     plan = prepare(cfg, console)
     params = {"num_layers": plan.num_layers, "scan_layers": ",".join(map(str, plan.layers))[:500]}
-    with command_run(cfg, "contribution", resume=resume,
-                     params=grid_params(scan_trials(plan.layers), params)) as run:
+    # the checks passed: Ray starts and the base shards are written while the MLflow run opens (issue 28)
+    with ray_starting(cfg.ray), base_shards_ahead(cfg, plan.model_path) as shards_ready, \
+            command_run(cfg, "contribution", resume=resume,
+                        params=grid_params(scan_trials(plan.layers), params)) as run:
+        shards_ready()
         return execute(plan, run, resume=resume, console=console)
 
 

@@ -278,8 +278,9 @@ def check_memory(cfg: ExperimentConfig, console, plans: list) -> None:
         raise RaycptError(f"{len(failed)} of {len(plans)} sweep plans do not fit ({names}); {failed[0][1]}")
 
 
-def execute(plan: SweepPlan, run, resume: bool = False, console=None) -> SweepResult:
-    """Trace once, run the grid, write the summary (inside the sweep's :func:`raycpt.runs.command_run`)."""
+def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_grid=lambda: None) -> SweepResult:
+    """Trace once, run the grid, write the summary (inside the sweep's :func:`raycpt.runs.command_run`).
+    ``before_grid()``: called before the first trial (waits for what was prepared ahead of the trials)."""
     from raycpt.report.sweep import HELDOUT_DOCS_FILE, report_options, write_summary
     from raycpt.runtime import ray_session
 
@@ -298,6 +299,7 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None) -> SweepRe
         grid = Grid("sweep", plan.specs, shared=shared, cpus=s.cpus_per_trial, data_cpus=s.data_cpus_per_trial,
                     resources=s.trial_resources, max_concurrent=s.max_concurrent_trials,
                     max_steps=cfg.train.max_steps, model_path=plan.model_path)
+        before_grid()
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg))
@@ -325,11 +327,16 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
         cfg.sweep.splits = list(splits)
     if strategies is not None:
         cfg.sweep.strategies = list(strategies)
+    from raycpt.runtime import ray_starting
+    from raycpt.train.launch import base_shards_ahead
+
     t0 = time.time()
     plan = prepare(cfg, console)
-    with command_run(cfg, "sweep", resume=resume,
-                     params=grid_params(plan.specs, {"num_layers": plan.num_layers})) as run:
-        res = execute(plan, run, resume=resume, console=console)
+    # the checks passed: Ray starts and the base shards are written while the MLflow run opens (issue 28)
+    with ray_starting(cfg.ray), base_shards_ahead(cfg, plan.model_path) as shards_ready, \
+            command_run(cfg, "sweep", resume=resume,
+                        params=grid_params(plan.specs, {"num_layers": plan.num_layers})) as run:
+        res = execute(plan, run, resume=resume, console=console, before_grid=shards_ready)
     res.wall_s = time.time() - t0
     return res
 

@@ -95,8 +95,9 @@ class ModelInfo:
 # ---------------------------------------------------------------------------------------- paths
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """``cache_dir`` or ``$RAYCPT_CACHE`` or ``~/.cache/raycpt`` (absolute)."""
-    root = cache_dir or os.environ.get("RAYCPT_CACHE") or Path.home() / ".cache" / "raycpt"
-    return Path(root).expanduser().absolute()
+    from raycpt.io import cache_root as user_cache
+
+    return user_cache(cache_dir)
 
 
 def _key(ref: str, revision: Optional[str]) -> str:

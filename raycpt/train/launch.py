@@ -20,6 +20,7 @@ MLflow run (its id is kept in ``state.json``), and returns at once when the run 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -354,6 +355,40 @@ def _base_shards(cfg: ExperimentConfig, prep: "_Prepared"):
     from raycpt.models.shards import ensure_base_shards
 
     return lambda dtype: ensure_base_shards(prep.model_path, run_root(cfg.tracking) / "base_shards", dtype)
+
+
+@contextlib.contextmanager
+def base_shards_ahead(cfg: ExperimentConfig, model_path: str):
+    """``with base_shards_ahead(cfg, model_path) as ready:`` - a grid whose trials run in local mode and publish by
+    reference (``train.publish: reference``, set per trial by the sweep and the scan) links every trial to the
+    base model's per-layer shards, written once per run root by whichever process needs them first: write them
+    now, in a background thread, while the driver opens its run and Ray starts (that work leaves a core idle).
+    ``ready()`` waits for them; call it before the first trial. A failure here is the first trial's to meet again
+    and report (it writes the shards itself when they are missing); leaving the block waits for the thread."""
+    import threading
+
+    if not local_mode(cfg, in_process=True):
+        yield lambda: None
+        return
+    from raycpt.io import run_root
+    from raycpt.models.shards import ensure_base_shards
+    from raycpt.train.checkpoint import weights_dtype
+
+    dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
+    root = run_root(cfg.tracking) / "base_shards"
+
+    def write() -> None:
+        try:
+            ensure_base_shards(model_path, root, dtype)
+        except Exception as e:  # noqa: BLE001 - the first trial writes them again and reports what fails
+            log.debug("base shards ahead of the trials: %s", e)
+
+    thread = threading.Thread(target=write, name="raycpt-base-shards", daemon=True)
+    thread.start()
+    try:
+        yield thread.join
+    finally:
+        thread.join()
 
 
 def drop_checkpoints(run_dir: Path) -> list[Path]:

@@ -1,0 +1,57 @@
+"""Issue 28: a new run root's SQLite MLflow store is a copy of an empty store of this MLflow's schema kept in the
+user's cache. The copy must be what MLflow itself would have made: the same tables and indexes (read from
+``sqlite_master`` of a store MLflow created on its own), the newest schema revision, and MLflow opens it, adds its
+Default experiment, and logs to it."""
+
+import sqlite3
+
+import mlflow
+import pytest
+from mlflow.store.db.utils import _get_latest_schema_revision
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+from raycpt.config import load_config
+from raycpt.tracking import STORE_TEMPLATES, ensure_store, new_sqlite_store
+
+
+def _schema(db) -> list:
+    with sqlite3.connect(db) as c:
+        return sorted(c.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+
+def _rows(db, sql) -> list:
+    with sqlite3.connect(db) as c:
+        return list(c.execute(sql))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYCPT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_new_store_is_a_copy_of_what_mlflow_makes(cache, tmp_path):
+    SqlAlchemyStore(f"sqlite:///{tmp_path / 'own.db'}", str(tmp_path / "art"))  # MLflow alone, no raycpt
+    (tmp_path / "a").mkdir()
+    assert new_sqlite_store(tmp_path / "a" / "mlflow.db")
+    templates = list((cache / STORE_TEMPLATES).glob("*.db"))
+    assert len(templates) == 1 and mlflow.__version__ in templates[0].name
+    assert _schema(templates[0]) == _schema(tmp_path / "own.db")
+    assert _rows(templates[0], "SELECT version_num FROM alembic_version") == [(_get_latest_schema_revision(),)]
+    assert _rows(templates[0], "SELECT COUNT(*) FROM experiments") == [(0,)]  # MLflow adds Default at first open
+    assert _schema(tmp_path / "a" / "mlflow.db") == _schema(tmp_path / "own.db")
+    assert not new_sqlite_store(tmp_path / "a" / "mlflow.db")  # an existing store is never replaced
+
+
+def test_a_run_root_opened_from_the_template_takes_runs(cache, tmp_path):
+    for name in ("one", "two"):  # the first makes the template, the second copies it
+        cfg = load_config(None, [f"tracking.run_root={tmp_path / name}"])
+        exp = ensure_store(cfg.tracking)
+        client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / name / 'mlflow.db'}")
+        assert client.get_experiment(exp).artifact_location == (tmp_path / name / "mlartifacts").as_uri()
+        run = client.create_run(exp)
+        client.log_metric(run.info.run_id, "x", 1.5, step=3)
+        client.set_terminated(run.info.run_id)
+        assert [(m.value, m.step) for m in client.get_metric_history(run.info.run_id, "x")] == [(1.5, 3)]
+        assert sorted(e.name for e in client.search_experiments()) == ["Default", "raycpt"]
+    assert len(list((cache / STORE_TEMPLATES).glob("*.db"))) == 1
