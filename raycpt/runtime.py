@@ -228,14 +228,15 @@ def _init_ray_here(cfg: RayConfig) -> bool:
 
 
 class _EarlyStart:
-    """Ray starting in a background thread (:func:`ray_starting`). The thread lives until Ray is shut down: Ray's
-    own processes die with the thread that started them (they are spawned with ``PR_SET_PDEATHSIG``, which fires
-    when that thread ends), so a thread that returned would take the GCS and the raylet with it."""
+    """Ray starting in a background thread (:func:`ray_starting`). The thread lives until Ray is shut down, and
+    shuts it down itself: Ray's own processes die with the thread that started them (they are spawned with
+    ``PR_SET_PDEATHSIG``, which fires when that thread ends), so a thread that returned would take the GCS and
+    the raylet with it."""
 
     def __init__(self, cfg: RayConfig):
         self.cfg, self.started, self.error = cfg, False, None
         self.up, self.release = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self._run, name="raycpt-ray-start", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="raycpt-ray", daemon=True)
 
     def _run(self) -> None:
         try:
@@ -245,6 +246,10 @@ class _EarlyStart:
         finally:
             self.up.set()
         self.release.wait()
+        if self.started and self.error is None:
+            import ray
+
+            ray.shutdown()
 
     def join(self) -> None:
         """Wait for the start; a failed one is cleaned up here, for :func:`init_ray` to try again in this thread."""
@@ -264,7 +269,8 @@ def ray_starting(cfg: RayConfig) -> Iterator[None]:
     """``with ray_starting(cfg.ray): <set-up that needs no Ray>`` - a grid command's Ray starts in a background
     thread while the driver opens its MLflow run (single-threaded work: the other core is idle); the first
     :func:`ray_session` inside joins it (and starts Ray itself if the background start failed). Ray is shut down
-    at the end when it was started here. Only after the command's checks: bad input never starts Ray."""
+    at the end when it was started here, or earlier by :func:`stop_ray_soon`. Only after the command's checks:
+    bad input never starts Ray."""
     import ray
 
     if _EARLY or ray.is_initialized():
@@ -278,43 +284,17 @@ def ray_starting(cfg: RayConfig) -> Iterator[None]:
     finally:
         _EARLY.remove(early)
         early.up.wait()
-        try:
-            if early.started and early.error is None:
-                ray.shutdown()
-                _reassert_sigterm()
-        finally:
-            early.release.set()
+        early.release.set()
+        early.thread.join()
+        if early.started:
+            _reassert_sigterm()
 
 
-def _start_ray(cfg: RayConfig) -> None:
-    import ray
-
-    address = cluster_address(cfg)
-    if address:
-        host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
-        # a loopback address stays loopback (Ray would turn 127.0.0.1 into this machine's IP, which a
-        # private Ray does not listen on)
-        with loopback_only() if _is_loopback(host) else contextlib.nullcontext():
-            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.ERROR,
-                     runtime_env={"env_vars": dict(WORKER_ENV)} if WORKER_ENV else None)
-        return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    num_cpus = cfg.num_cpus or max(4, os.cpu_count() or 1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torch.distributed (gloo) pairs on loopback too
-    with loopback_only():
-        ray.init(
-            address="local",  # always a new private instance, never a `ray start` cluster found on this machine
-            num_cpus=num_cpus,
-            object_store_memory=cfg.object_store_memory,
-            include_dashboard=cfg.include_dashboard,
-            dashboard_host="127.0.0.1",
-            _node_ip_address="127.0.0.1",
-            runtime_env={"worker_process_setup_hook": "raycpt.runtime.private_worker_setup",
-                         **({"env_vars": dict(WORKER_ENV)} if WORKER_ENV else {})},
-            log_to_driver=False,
-            logging_level=logging.ERROR,
-            configure_logging=True,
-        )
+def stop_ray_soon() -> None:
+    """The command needs Ray no more (its grid ran): a Ray that :func:`ray_starting` started begins shutting down
+    in its own thread while the driver writes its summary; the end of ``ray_starting`` waits for it."""
+    for early in _EARLY:
+        early.release.set()
 
 
 @contextlib.contextmanager

@@ -128,7 +128,7 @@ def _store_template() -> Path:
 
     folder = cache_root() / STORE_TEMPLATES
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"mlflow-{mlflow.__version__}-{db_utils._get_latest_schema_revision()}.db"
+    path = folder / f"mlflow-{mlflow.__version__}.db"  # a release's schema is fixed: its newest migration
     if path.is_file():
         return path
     with open(folder / ".lock", "a+") as lock:

@@ -162,9 +162,19 @@ _BASE: dict = {}  # (base folder, config mtime) -> the base model layer_l2 compa
 
 
 def layer_l2(base_path: str, model_path: str) -> list[float]:
-    """``||W_l - W_l(base)||_F`` over all parameters of every decoder layer."""
+    """``||W_l - W_l(base)||_F`` over all parameters of every decoder layer. A trial's published model that
+    references the base shards is read by its files (only its trained tensors compared:
+    :func:`raycpt.models.shards.layer_l2_by_reference`); any other folder loads both models."""
+    from transformers import AutoConfig
+
     from raycpt.diagnostics.similarity import weight_change
+    from raycpt.models.shards import layer_l2_by_reference
     from raycpt.models.sources import load_model
+
+    n = getattr(AutoConfig.from_pretrained(base_path), "num_hidden_layers", None)
+    fast = layer_l2_by_reference(model_path, base_path, int(n)) if n else None
+    if fast is not None:
+        return fast
 
     key = (str(Path(base_path).resolve()), Path(base_path, "config.json").stat().st_mtime_ns)
     if key not in _BASE:  # once per trial process: a reused Tune actor scores every later trial against it
@@ -232,7 +242,7 @@ def prepare(cfg: ExperimentConfig, console=None) -> ContributionPlan:
 def execute(plan: ContributionPlan, run, resume: bool = False, console=None) -> ContributionResult:
     """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`)."""
     from raycpt.report.contribution import write_outputs
-    from raycpt.runtime import ray_session
+    from raycpt.runtime import ray_session, stop_ray_soon
 
     t0, cfg, run_dir = time.time(), plan.cfg, run.run_dir
     c, state = cfg.contribution, read_state(run_dir)
@@ -250,6 +260,7 @@ def execute(plan: ContributionPlan, run, resume: bool = False, console=None) -> 
                          max_steps=cfg.train.max_steps, model_path=plan.model_path, tune_name="tune-elite")
             trials.update(_elite_control(cfg, run_dir, run_grid(run, elite, resume=resume, console=console),
                                          trials, analysis, ranking_file))
+        stop_ray_soon()  # Ray shuts down while the report is written
     analysis["against_name"] = c.against
     files = [ranking_file] + write_outputs(run_dir, analysis, trials, plan.num_layers, c)
     wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)

@@ -282,7 +282,7 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_gri
     """Trace once, run the grid, write the summary (inside the sweep's :func:`raycpt.runs.command_run`).
     ``before_grid()``: called before the first trial (waits for what was prepared ahead of the trials)."""
     from raycpt.report.sweep import HELDOUT_DOCS_FILE, report_options, write_summary
-    from raycpt.runtime import ray_session
+    from raycpt.runtime import ray_session, stop_ray_soon
 
     cfg, run_dir, s = plan.cfg, run.run_dir, plan.cfg.sweep
     shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", plan.heldout))
@@ -301,6 +301,7 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_gri
                     max_steps=cfg.train.max_steps, model_path=plan.model_path)
         before_grid()
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
+        stop_ray_soon()  # Ray shuts down while the summary is written
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg))
         tracked(log_summary, run, summary["files"], trace, summary)  # the server gone: `raycpt runs sync` logs it

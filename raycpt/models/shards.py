@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -184,3 +185,38 @@ def write_referencing_weights(tensors: dict, shards: Path, groups: dict, out: Pa
     (Path(out) / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                                    indent=2, sort_keys=True), encoding="utf-8")
     return known
+
+
+def layer_l2_by_reference(model_dir, base_dir, num_layers: int) -> Optional[list[float]]:
+    """``||W_l - W_l(base)||_F`` over all tensors of every decoder layer ``l < num_layers`` of a published model
+    that references the base model's shards (:func:`write_referencing_weights`), read from its files: a tensor in
+    a link to a base shard is the base's bit for bit (its change is 0), and only the tensors of
+    ``model-trained.safetensors`` are compared, each against the base folder's own tensor (float64 sums).
+    None when ``model_dir`` is not such a folder (the caller compares whole models)."""
+    from safetensors import safe_open
+
+    model_dir, base_dir = Path(model_dir), Path(base_dir)
+    index = model_dir / INDEX_FILE
+    if not index.is_file() or not (model_dir / TRAINED_FILE).is_file():
+        return None
+    weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    if any(not (model_dir / f).is_symlink() for f in set(weight_map.values()) - {TRAINED_FILE}):
+        return None
+    base_file = {}
+    for f in weight_files(base_dir):
+        with safe_open(str(f), framework="pt") as sf:
+            base_file.update({k: f for k in sf.keys()})
+    sq = [0.0] * num_layers
+    with safe_open(str(model_dir / TRAINED_FILE), framework="pt") as tf:
+        for k in tf.keys():
+            m = _LAYER.search(k)
+            if m is None or int(m.group(1)) >= num_layers:
+                continue
+            if k not in base_file:
+                return None
+            with safe_open(str(base_file[k]), framework="pt") as bf:
+                d = tf.get_tensor(k).double() - bf.get_tensor(k).double()
+            sq[int(m.group(1))] += float((d * d).sum())
+            del d
+    return [math.sqrt(v) for v in sq]
+

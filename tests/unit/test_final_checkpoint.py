@@ -106,3 +106,28 @@ def test_a_checkpoint_just_written_is_not_hashed_again_until_a_file_changes(tiny
     f.write_bytes(bytes(data))
     assert verify_checkpoint(ckpt) == f"model/{TRAINED_FILE} does not match its sha256 in the manifest"
     assert hashed
+
+
+def test_layer_l2_read_from_a_referencing_folder_equals_the_whole_models(tiny_dir, tmp_path):
+    """The scan's per-layer weight change from the trained file alone equals the full comparison of the two loaded
+    models (raycpt.diagnostics.similarity.weight_change), and the linked layers are exactly 0."""
+    from transformers import AutoModelForCausalLM
+
+    from raycpt.diagnostics.similarity import weight_change
+    from raycpt.jobs.contribution import layer_l2
+    from raycpt.models.shards import layer_l2_by_reference
+
+    shards = ensure_base_shards(tiny_dir, tmp_path / "root" / "base_shards", "float32")
+    cfg = _loop_config(tiny_dir, tmp_path / "root" / "t", dict(name="single", layer=2),
+                       **{**COMMON, "keep_finished_checkpoints": False})
+    run_loop(cfg, _Blocks(str(tmp_path / "root" / "t" / "ray" / "a1"), 3, str(shards)))
+    dest = tmp_path / "root" / "t" / "final_model"
+    publish_model(tmp_path / "root" / "t" / "ray" / "a1" / "checkpoint_000003", dest, base_shards=shards, link=True)
+    fast = layer_l2_by_reference(dest, tiny_dir, 4)
+    a = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32)
+    b = AutoModelForCausalLM.from_pretrained(str(dest), dtype=torch.float32)
+    slow = [row["total"] for row in weight_change(a, b)]
+    assert fast[0] == fast[1] == fast[3] == 0.0 == slow[0] == slow[1] == slow[3]
+    assert fast[2] > 0 and fast[2] == pytest.approx(slow[2], rel=1e-12)
+    assert layer_l2(str(tiny_dir), str(dest)) == fast
+    assert layer_l2_by_reference(tiny_dir, tiny_dir, 4) is None  # not a referencing folder: the caller loads both

@@ -14,9 +14,16 @@ from raycpt.config import load_config
 from raycpt.tracking import STORE_TEMPLATES, ensure_store, new_sqlite_store
 
 
-def _schema(db) -> list:
+def _schema(db) -> dict:
+    """Every table's columns (name, type, not null, primary key) and every index's name and table (the SQL text
+    itself differs with the path a migration took: ``ALTER TABLE`` or a table rebuilt)."""
     with sqlite3.connect(db) as c:
-        return sorted(c.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+        tables = [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")]
+        out = {t: sorted((r[1], r[2].upper(), r[3], r[5]) for r in c.execute(f"PRAGMA table_info('{t}')"))
+               for t in tables}
+        out["indexes"] = sorted(c.execute("SELECT name, tbl_name FROM sqlite_master WHERE type='index' "
+                                          "AND name NOT LIKE 'sqlite_%'"))
+        return out
 
 
 def _rows(db, sql) -> list:
