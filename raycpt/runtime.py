@@ -297,6 +297,37 @@ def stop_ray_soon() -> None:
         early.release.set()
 
 
+def _start_ray(cfg: RayConfig) -> None:
+    import ray
+
+    address = cluster_address(cfg)
+    if address:
+        host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+        # a loopback address stays loopback (Ray would turn 127.0.0.1 into this machine's IP, which a
+        # private Ray does not listen on)
+        with loopback_only() if _is_loopback(host) else contextlib.nullcontext():
+            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.ERROR,
+                     runtime_env={"env_vars": dict(WORKER_ENV)} if WORKER_ENV else None)
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    num_cpus = cfg.num_cpus or max(4, os.cpu_count() or 1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torch.distributed (gloo) pairs on loopback too
+    with loopback_only():
+        ray.init(
+            address="local",  # always a new private instance, never a `ray start` cluster found on this machine
+            num_cpus=num_cpus,
+            object_store_memory=cfg.object_store_memory,
+            include_dashboard=cfg.include_dashboard,
+            dashboard_host="127.0.0.1",
+            _node_ip_address="127.0.0.1",
+            runtime_env={"worker_process_setup_hook": "raycpt.runtime.private_worker_setup",
+                         **({"env_vars": dict(WORKER_ENV)} if WORKER_ENV else {})},
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            configure_logging=True,
+        )
+
+
 @contextlib.contextmanager
 def ray_session(cfg: RayConfig) -> Iterator[None]:
     """``with ray_session(cfg.ray): ...`` - Ray is up inside, and shut down after if we started it."""
