@@ -227,7 +227,15 @@ def _global(ctx: typer.Context,
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Console entry point: one line and exit 2 for user errors, never a traceback for them."""
+    """Console entry point: one line and exit 2 for user errors, never a traceback for them. The console script
+    (``argv`` None) then exits without the interpreter's last heap walk (:func:`exit_quickly`)."""
+    code = _main(argv)
+    if argv is None:
+        exit_quickly()
+    return code
+
+
+def _main(argv: Optional[list[str]] = None) -> int:
     from raycpt.runtime import NOISE, filter_stderr, quiet_environment
     from raycpt.usage import click_classes, usage_line, verbose
 
@@ -288,6 +296,18 @@ def _warn_lost_tracking() -> None:
 
 def _entry() -> None:  # pragma: no cover
     sys.exit(main())
+
+
+def exit_quickly() -> None:
+    """The command is over (its files closed, its runs ended): leave the interpreter's last garbage collection
+    out. ``gc.freeze()`` moves every object to the permanent generation, which that collection skips: it walked
+    the whole heap of torch, transformers, Ray and MLflow for ~2.7 s on this machine (py-spy: ``gc_collect_main``
+    after the last line). Exit handlers still run; objects are still freed by reference count."""
+    import gc
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()
 
 
 if __name__ == "__main__":  # pragma: no cover
