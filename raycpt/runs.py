@@ -240,12 +240,16 @@ class CommandRun:
     @contextlib.contextmanager
     def active(self):
         """The run as MLflow's active run (fluent ``log_metrics`` / ``log_artifact`` / nested children inside);
-        left RUNNING afterwards: only :func:`command_run` ends it."""
+        left RUNNING afterwards: only :func:`command_run` ends it. Yields True; False (log nothing: the run folder
+        has it, ``raycpt runs sync`` replays it) while the tracking server is gone or the run has no id."""
         import mlflow
 
+        if tracking_lost() or self.run_id is None:
+            yield False
+            return
         mlflow.set_tracking_uri(self.cfg.tracking.uri)
         with mlflow.start_run(run_id=self.run_id):
-            yield
+            yield True
         self.client.update_run(self.run_id, status="RUNNING")
 
     def state(self, **updates) -> dict:
@@ -276,17 +280,26 @@ def _open_or_use(cfg: ExperimentConfig, command: str, run_dir, resume: bool) -> 
     return run_dir
 
 
-def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id, run_name, params, tags):
-    """Create the command's MLflow run, or continue the one ``state.json`` names; ``(run, created)``."""
+def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id, run_name, params, tags,
+               nested: bool = False):
+    """Create the command's MLflow run, or continue the one ``state.json`` names; ``(run, created)``. A ``nested``
+    command (one whose folder lies inside another command's, e.g. a hybrid build's trace) runs locally when the
+    tracking server is gone (:func:`raycpt.tracking.store_or_lost`): no run, ``raycpt runs sync`` makes it."""
+    import time
+
     import mlflow
     from mlflow.tracking import MlflowClient
 
     from raycpt.cluster import version_tags
-    from raycpt.tracking import ensure_store, log_config
+    from raycpt.tracking import ensure_store, log_config, store_or_lost
 
-    exp_id = ensure_store(cfg.tracking)
-    client = MlflowClient()
+    exp_id = store_or_lost(cfg.tracking, run_dir, time.time()) if nested else ensure_store(cfg.tracking)
     state = read_state(run_dir)
+    if exp_id is None:
+        write_state(run_dir, command=command, status="finished" if state.get("status") == "finished" else "running")
+        return CommandRun(cfg, command, run_dir, state.get("mlflow_run_id"), MlflowClient(cfg.tracking.uri), False,
+                          None)
+    client = MlflowClient()
     run_id = state.get("mlflow_run_id") or state.get("parent_run_id")
     created = not run_id
     if created:
@@ -322,7 +335,7 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
     failed. Nothing is ever left RUNNING."""
     import time
 
-    fresh = run_dir is None and not resume
+    fresh, own = run_dir is None and not resume, run_dir is None  # own: the command's own folder, not a caller's
     run_dir = _open_or_use(cfg, command, run_dir, resume)
     if on_open is not None:  # a refusal here leaves the folder and its run as they were
         on_open(run_dir)
@@ -330,7 +343,7 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
         try:
             if not read_state(run_dir).get("mlflow_run_id"):
                 write_state(run_dir, status=OPENING)
-            run = _start_run(cfg, command, run_dir, parent_run_id, run_name, params, tags)
+            run = _start_run(cfg, command, run_dir, parent_run_id, run_name, params, tags, nested=not own)
         except BaseException as e:
             _failed_start(cfg, run_dir, fresh, e)
             raise
@@ -350,7 +363,8 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
         _pop_active(run.run_id, "FINISHED")
         if lost:  # the run stays RUNNING in the store until `raycpt runs sync` replays the folder and ends it
             mark_lost(lost["uri"], lost.get("since_step"), lost.get("error", ""), run_dir)
-            note_lost_run(run_dir)
+            if own:  # a folder inside another command's (a trace of a sweep or a hybrid build) is synced with it
+                note_lost_run(run_dir)
         else:
             tracked(run.end, "FINISHED")
 
@@ -393,6 +407,8 @@ def _pop_active(run_id: str, status: str) -> None:
     """Fluent runs left active (ours, and children started inside :meth:`CommandRun.active`) end with ``status``."""
     import mlflow
 
+    if run_id is None:  # a run made while the server was gone has none (nothing of it is active)
+        return
     active = mlflow.active_run()
     while active is not None and run_id in (active.info.run_id, active.data.tags.get("mlflow.parentRunId")):
         end_fluent_run(status)

@@ -40,6 +40,7 @@ from raycpt.jobs.grid import model_layers
 from raycpt.report.progress import count_progress
 from raycpt.report.trace import aggregate
 from raycpt.splits import check_ratio, check_split
+from raycpt.tracking import tracked
 
 
 # ------------------------------------------------------------------------------------------ result
@@ -259,45 +260,64 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
     return _in_prompt_order(parts, len(items))
 
 
-def _log_mlflow(prep: _Prepared, agg: dict, paths: dict[str, Path], wall_s: float) -> None:
+def trace_params(summary: dict) -> dict:
+    """The trace run's own parameters, from its ``summary.json`` (``raycpt runs sync`` logs the same)."""
+    return {"trace.model_path": summary["model_path"], "trace.num_layers": summary["num_layers"],
+            "trace.num_prompts": summary["num_prompts"], "trace.seam_space_prompts": summary.get("seam_space_prompts")}
+
+
+def trace_records(summary: dict) -> tuple[list[tuple[str, int, float]], dict[str, float]]:
+    """What the trace run records, from its summary (``summary.json``): ``(series, metrics)``, the series
+    ``(key, layer, value)`` of the finite profile values (TP / LS, normalised, medians, per prompt group), the
+    metrics S(b) per split with its interval and aggregates, the recommended split, speed and hit rate."""
+    series = []
+    for name, values in (("tp", summary["tp"]), ("ls", summary["ls"]), ("tp_norm", summary["tp_norm"]),
+                         ("ls_norm", summary["ls_norm"]), ("tp_median", summary["median"]["tp"]),
+                         ("ls_median", summary["median"]["ls"])):
+        series += _finite_series(name, values)
+    for g, gp in summary["groups"].items():
+        key = "".join(c if c.isalnum() or c in "_-." else "_" for c in g)
+        series += _finite_series(f"tp/{key}", gp["tp"]) + _finite_series(f"ls/{key}", gp["ls"])
+    table, rec, wall_s = summary["split_table"], summary["recommended"], float(summary["wall_s"])
+    metrics = {f"S_b/{row['ratio']:g}": row["S"] for row in table}
+    metrics.update({f"S_b_median/{row['ratio']:g}": row["S_median"] for row in table})
+    metrics.update({f"S_b_mean/{row['ratio']:g}": row["S_mean"] for row in table})
+    for row in table:  # the over-prompts interval of S(b)
+        metrics.update({f"S_b_lo/{row['ratio']:g}": row["S_lo"], f"S_b_hi/{row['ratio']:g}": row["S_hi"]})
+    metrics["recommended_split_median"] = summary["median"]["recommended"]["ratio"]
+    metrics.update({f"S_b_grid/{r:g}": s for r, _b, s in summary["grid_scores"]})
+    metrics.update(recommended_split=rec["ratio"], recommended_split_layer=rec["split_layer"], recommended_S=rec["S"],
+                   wall_s=wall_s, prompts_per_s=summary["num_prompts"] / max(wall_s, 1e-9))
+    if summary.get("answer_hit_rate") is not None:
+        metrics["answer_hit_rate"] = summary["answer_hit_rate"]
+    return series, metrics
+
+
+def _finite_series(name: str, values) -> list[tuple[str, int, float]]:
+    return [(name, i, float(v)) for i, v in enumerate(values) if v is not None and np.isfinite(float(v))]
+
+
+def _log_mlflow(run, summary: dict, paths: dict[str, Path]) -> None:
+    """:func:`trace_params` and :func:`trace_records` into the trace's run, its files under ``trace/``; nothing
+    while the tracking server is gone (the folder has it all: ``raycpt runs sync``)."""
     import mlflow
     from mlflow.entities import Metric
 
     from raycpt.tracking import log_metrics
 
-    mlflow.log_params({"trace.model_path": prep.model_path, "trace.num_layers": prep.num_layers,
-                       "trace.num_prompts": len(prep.records),
-                       "trace.seam_space_prompts": sum(p.seam_space for p in prep.encoded)})
-    prof = agg["profiles"]
-    now = int(time.time() * 1000)
-    series = []
-    for name, values in (("tp", prof["tp"]), ("ls", prof["ls"]), ("tp_norm", prof["tp_norm"]),
-                         ("ls_norm", prof["ls_norm"]), ("tp_median", prof["median"]["tp"]),
-                         ("ls_median", prof["median"]["ls"])):
-        series += [Metric(name, float(v), now, i) for i, v in enumerate(values) if np.isfinite(v)]
-    for g, gp in prof["groups"].items():
-        key = "".join(c if c.isalnum() or c in "_-." else "_" for c in g)
-        series += [Metric(f"tp/{key}", float(v), now, i) for i, v in enumerate(gp["tp"]) if np.isfinite(v)]
-        series += [Metric(f"ls/{key}", float(v), now, i) for i, v in enumerate(gp["ls"]) if np.isfinite(v)]
-    client = mlflow.tracking.MlflowClient()
-    run_id = mlflow.active_run().info.run_id
-    for s in range(0, len(series), 900):
-        client.log_batch(run_id, metrics=series[s:s + 900])
-    rec = agg["recommended"]
-    metrics = {f"S_b/{row['ratio']:g}": row["S"] for row in agg["table"]}
-    metrics.update({f"S_b_median/{row['ratio']:g}": row["S_median"] for row in agg["table"]})
-    metrics.update({f"S_b_mean/{row['ratio']:g}": row["S_mean"] for row in agg["table"]})
-    for row in agg["table"]:  # the over-prompts interval of S(b)
-        metrics.update({f"S_b_lo/{row['ratio']:g}": row["S_lo"], f"S_b_hi/{row['ratio']:g}": row["S_hi"]})
-    metrics["recommended_split_median"] = prof["median"]["recommended"]["ratio"]
-    metrics.update({f"S_b_grid/{r:g}": s for r, _b, s in rec["scores"]})
-    metrics.update(recommended_split=rec["ratio"], recommended_split_layer=rec["split_layer"], recommended_S=rec["S"],
-                   wall_s=wall_s, prompts_per_s=len(prep.records) / max(wall_s, 1e-9))
-    if agg["hit_rate"] is not None:
-        metrics["answer_hit_rate"] = agg["hit_rate"]
-    log_metrics(metrics)
-    for p in paths.values():
-        mlflow.log_artifact(str(p), artifact_path="trace")
+    series, metrics = trace_records(summary)
+    with run.active() as on:
+        if not on:
+            return
+        mlflow.log_params(trace_params(summary))
+        now = int(time.time() * 1000)
+        batch = [Metric(k, v, now, i) for k, i, v in series]
+        client, run_id = mlflow.tracking.MlflowClient(), mlflow.active_run().info.run_id
+        for s in range(0, len(batch), 900):
+            client.log_batch(run_id, metrics=batch[s:s + 900])
+        log_metrics(metrics)
+        for p in paths.values():
+            mlflow.log_artifact(str(p), artifact_path="trace")
 
 
 def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Optional[list[float]] = None,
@@ -338,6 +358,7 @@ def execute(prep: _Prepared, run, progress: bool = True) -> TraceResult:
     summary = dict(model_ref=cfg.model.ref, model_path=prep.model_path, num_layers=prep.num_layers,
                    num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, eps=cfg.trace.eps,
                    prompts=cfg.trace.prompts, wall_s=wall_s, mlflow_run_id=run.run_id,
+                   seam_space_prompts=sum(p.seam_space for p in prep.encoded),
                    forward_s=float(np.sum(rows["forward_s"])) if "forward_s" in rows else None,
                    recommended=dict((k, agg["recommended"][k]) for k in ("ratio", "split_layer", "S")),
                    split_table=agg["table"], grid_scores=agg["recommended"]["scores"],
@@ -349,8 +370,8 @@ def execute(prep: _Prepared, run, progress: bool = True) -> TraceResult:
                    median=agg["profiles"]["median"])
     paths = write_artifacts(run_dir, agg["df"], agg["profiles"], agg["table"], agg["recommended"], summary,
                             requested=prep.splits, title=f"{Path(cfg.model.ref).name}")
-    with run.active():
-        _log_mlflow(prep, agg, paths, wall_s)
+    run.state(artifacts=[[Path(p).name, "trace"] for p in paths.values()])  # what `raycpt runs sync` logs
+    tracked(_log_mlflow, run, summary, paths)  # the server gone: the folder has it (`raycpt runs sync`)
     prof = agg["profiles"]
     return TraceResult(run_dir=run_dir, run_id=run.run_id, model_ref=cfg.model.ref, num_layers=prep.num_layers,
                        num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, tp=prof["tp"],
