@@ -21,7 +21,9 @@ Settings: the config's ``contribution`` section (:class:`raycpt.config.Contribut
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.jobs.grid import Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, read_state
-from raycpt.tracking import log_metrics
+from raycpt.tracking import log_metrics, tracked
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,9 @@ class ScanTrial:
         from raycpt.train.loop import EvalRequest
 
         run, base_path = trial.run, trial.shared["model_path"]
-        if run.created:
-            run.client.log_param(run.run_id, "kind", self.kind)
-            run.client.log_param(run.run_id, "layer", "" if self.layer is None else self.layer)
+        if run.created:  # the server gone: `raycpt runs sync` logs them from trial.json's spec
+            for k, v in scan_params(dataclasses.asdict(self)).items():
+                tracked(run.client.log_param, run.run_id, k, v)
         tcfg, info = scan_trial_config(trial.cfg, self, trial.shared.get("ranking_file")), {}
         if self.kind == "base":
             model_dir = base_path
@@ -84,12 +86,33 @@ class ScanTrial:
 
     @staticmethod
     def _log(trial: Trial, r: dict) -> None:
-        nan = float("nan")
-        with trial.logging():
-            log_metrics({**r["cells"], "score": r["score"], "wall_time_s": r["wall_s"], "gold_prob": r["gold_prob"]
-                         or nan, "heldout_loss": nan if r["heldout_loss"] is None else r["heldout_loss"]})
-            for i, v in enumerate(r["l2"] or []):
-                log_metrics({"l2_change": v}, step=i)
+        tracked(_log_trial, trial, r)  # the server gone: the trial's folder has it (`raycpt runs sync`)
+
+
+def scan_params(spec: dict) -> dict:
+    """A scan trial's own child-run parameters, from its spec (a :class:`ScanTrial` as a dict)."""
+    return {"kind": spec["kind"], "layer": "" if spec.get("layer") is None else spec["layer"]}
+
+
+def scan_trial_records(result: dict) -> tuple[dict, list[tuple[str, int, float]]]:
+    """What a scan trial's child run gets at its end, from its ``result.json`` (``raycpt runs sync`` logs the same):
+    ``(metrics, series)``: the benchmark cells, score, wall time, gold probability and held-out loss (NaN, so not
+    logged, when absent); the series ``("l2_change", layer, value)`` of the per-layer parameter change."""
+    nan = float("nan")
+    metrics = {**result["cells"], "score": result["score"], "wall_time_s": result["wall_s"],
+               "gold_prob": result["gold_prob"] or nan,
+               "heldout_loss": nan if result["heldout_loss"] is None else result["heldout_loss"]}
+    return metrics, [("l2_change", i, float(v)) for i, v in enumerate(result["l2"] or [])]
+
+
+def _log_trial(trial: Trial, r: dict) -> None:
+    metrics, series = scan_trial_records(r)
+    with trial.logging() as on:
+        if not on:
+            return
+        log_metrics(metrics)
+        for key, step, v in series:
+            log_metrics({key: v}, step=step)
 
 
 def scan_trials(layers: list[int]) -> list[ScanTrial]:
@@ -264,7 +287,8 @@ def execute(plan: ContributionPlan, run, resume: bool = False, console=None) -> 
     analysis["against_name"] = c.against
     files = [ranking_file] + write_outputs(run_dir, analysis, trials, plan.num_layers, c)
     wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)
-    _log_scan(run, analysis, files, wall)
+    run.state(wall_s=wall, artifacts=[[os.path.relpath(f, run_dir), ""] for f in files])  # for runs sync
+    tracked(_log_scan, run, analysis, files, wall)  # the server gone: `raycpt runs sync` logs it from the folder
     run.state(done=True, wall_s=wall)
     return ContributionResult(run_dir=run_dir, analysis=analysis, trials=trials, ranking_file=ranking_file,
                               files=files, wall_s=wall, parent_run_id=run.run_id, num_layers=plan.num_layers)
@@ -332,9 +356,10 @@ def _elite_control(cfg: ExperimentConfig, run_dir: Path, results: dict[str, dict
     return out
 
 
-def _log_scan(parent, a: dict, files: list[Path], wall: float) -> None:
-    import mlflow
-
+def scan_summary_records(a: dict, wall: float) -> tuple[dict, list[tuple[str, int, float]]]:
+    """What the scan's parent run gets, from the analysis ``a`` (or its ``summary.json``, layers as strings) and
+    the wall time: ``(metrics, series)``, the headline numbers and the controls as metrics, the series
+    ``("contribution", layer, value)``."""
     summary = {k: a[k] for k in ("num_above", "band_mean", "outside_mean", "base_score", "full_score")}
     summary["wall_time_s"] = wall
     summary.update({f"vote.{k}": v for k, v in a.get("vote", {}).items() if isinstance(v, (int, float))})
@@ -344,9 +369,18 @@ def _log_scan(parent, a: dict, files: list[Path], wall: float) -> None:
         summary.update({"spearman.rho": a["spearman"]["rho"], "spearman.p": a["spearman"]["p_value"]})
     for key in ("sampled_vote", "elite_lr_control"):
         summary.update(flat_metrics(a.get(key) or {}, key))
-    with parent.active():
-        for layer, value in a["contribution"].items():
-            log_metrics({"contribution": value}, step=layer)
+    return summary, [("contribution", int(layer), v) for layer, v in a["contribution"].items()]
+
+
+def _log_scan(parent, a: dict, files: list[Path], wall: float) -> None:
+    import mlflow
+
+    summary, series = scan_summary_records(a, wall)
+    with parent.active() as on:
+        if not on:
+            return
+        for key, layer, value in series:
+            log_metrics({key: value}, step=layer)
         log_metrics(summary)
         for f in files:
             mlflow.log_artifact(str(f))
