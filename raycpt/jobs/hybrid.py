@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.jobs.grid import Grid, Trial, grid_params, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json, atomic_write_text
 from raycpt.runs import command_run, open_run_dir, read_state, refuse_existing_outputs
-from raycpt.tracking import log_metrics
+from raycpt.tracking import log_metrics, tracked, tracking_lost
 
 SEGMENT_MAP = "segment_map.json"
 
@@ -165,7 +166,7 @@ class HybridBuild:
         say = console.print if console is not None else (lambda *a, **k: None)
         say(f"[bold]{self.label}[/bold]: build")
         built = build_one(plan, trial.dir / "initial", progress=progress)
-        _log_build_params(trial.run, built)
+        tracked(_log_build_params, trial.run, built)  # the server gone: `raycpt runs sync` logs them
         tcfg = hybrid_train_config(trial.cfg, built)
         say(f"[bold]{self.label}[/bold]: train layers {built.trainable_layers} ({tcfg.train.max_steps} steps)")
         train, ev, _ = train_and_evaluate(trial, tcfg, self.label, progress=progress)
@@ -186,38 +187,53 @@ class HybridBuild:
                       "paths": {k: str(v) for k, v in tr.paths.items()}},
             "mlflow_run_id": trial.run.run_id, "wall_s": trial.run.elapsed,
         }
-        _log_build(trial, result)
+        tracked(_log_build, trial, result)  # the server gone: the build's folder has it (`raycpt runs sync`)
         return result
 
 
+def build_params(built: dict) -> dict:
+    """A build's child-run parameters, from its ``segment_map.json`` (a :class:`BuiltHybrid` as a dict): the
+    build, its segments in words, its trainable layers and its parameter counts."""
+    segments = " | ".join(f"{r['kind']} {r['layers']} {'train' if r['trainable'] else 'frozen'} <- {r['source']}"
+                          for r in built["rows"] if r["trainable"] is not None)
+    return {"build": built["build"], "segments": segments[:500],
+            "trainable_layers": ",".join(map(str, built["trainable_layers"])),
+            **{f"params_{k}": v for k, v in built["counts"].items()}}
+
+
 def _log_build_params(run, built: BuiltHybrid) -> None:
-    """The build's segments and counts as child run parameters, once over every attempt."""
-    if run.meta.get("params_logged"):
+    """The build's segments and counts as child run parameters, once over every attempt (none while the server
+    is gone: ``params_logged`` stays unset and ``raycpt runs sync`` logs them)."""
+    if run.meta.get("params_logged") or run.run_id is None or tracking_lost():
         return
     client, run_id = run.client, run.run_id
-    client.log_param(run_id, "build", built.build)
-    client.log_param(run_id, "segments", " | ".join(
-        f"{r['kind']} {r['layers']} {'train' if r['trainable'] else 'frozen'} <- {r['source']}"
-        for r in built.rows if r["trainable"] is not None)[:500])
-    client.log_param(run_id, "trainable_layers", ",".join(map(str, built.trainable_layers)))
-    for k, v in built.counts.items():
-        client.log_param(run_id, f"params_{k}", v)
+    for k, v in build_params(built.to_dict()).items():
+        client.log_param(run_id, k, v)
     client.log_artifact(run_id, str(built.folder / SEGMENT_MAP))
     run.meta["params_logged"] = True
     run.save_meta()
 
 
+def build_records(result: dict, eval_files: list) -> tuple[dict, list[tuple[str, str]]]:
+    """What a build's child run gets at its end, from its ``result.json`` and the files of its ``eval/`` folder
+    (``raycpt runs sync`` logs the same): ``(metrics, artifacts)``, the evaluation cells, the final loss and the
+    build's wall time; ``(file, artifact folder)`` for the trace's plots and tables (``trace/``) and the
+    evaluation's files (``eval/``)."""
+    metrics = {**result["metrics"], "final_loss": result["final_loss"], "hybrid_wall_s": result["wall_s"]}
+    files = [(str(p), "trace") for p in result["trace"]["paths"].values() if Path(p).suffix in (".png", ".md", ".csv")]
+    return metrics, files + [(str(p), "eval") for p in sorted(map(str, eval_files))]
+
+
 def _log_build(trial: Trial, result: dict) -> None:
     import mlflow
 
-    with trial.logging():
-        log_metrics({**result["metrics"], "final_loss": result["final_loss"], "hybrid_wall_s": result["wall_s"]})
-        for p in result["trace"]["paths"].values():
-            if Path(p).suffix in (".png", ".md", ".csv"):
-                mlflow.log_artifact(str(p), artifact_path="trace")
-        for p in sorted((trial.dir / "eval").glob("*")):
-            if p.is_file():
-                mlflow.log_artifact(str(p), artifact_path="eval")
+    metrics, files = build_records(result, [p for p in (trial.dir / "eval").glob("*") if p.is_file()])
+    with trial.logging() as on:
+        if not on:
+            return
+        log_metrics(metrics)
+        for path, folder in files:
+            mlflow.log_artifact(path, artifact_path=folder)
 
 
 @dataclass
@@ -273,7 +289,9 @@ def execute(cfg: ExperimentConfig, plans: list, run, resume: bool = False, conso
                                              "final_loss", "metrics", "wall_s", "mlflow_run_id")}
                           for r in results]}
     atomic_write_json(run_dir / "summary.json", summary)
-    _log_run(run, results, [*paths.values(), run_dir / "summary.json"], wall)
+    files = hybrid_artifacts([*paths.values(), run_dir / "summary.json"], results)
+    run.state(wall_s=wall, artifacts=[[os.path.relpath(p, run_dir), d] for p, d in files])  # for runs sync
+    tracked(_log_run, run, summary, files)  # the server gone: `raycpt runs sync` logs it from the folder
     run.state(done=True, wall_s=wall)
     if console is not None:
         for t in render_table(evals):
@@ -289,17 +307,29 @@ def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progre
         return execute(cfg, plans, run, resume=resume, console=console, progress=progress)
 
 
-def _log_run(parent, results: list[dict], files: list, wall: float) -> None:
+def hybrid_summary_metrics(summary: dict) -> dict:
+    """The parent run's metrics, from the run's ``summary.json``: every build's evaluation cells and final loss
+    (``<build>/<key>``) and the wall time."""
+    out = {f"{b['build']}/{k}": v for b in summary["builds"] for k, v in b["metrics"].items()}
+    out.update({f"{b['build']}/final_loss": b["final_loss"] for b in summary["builds"]})
+    return {**out, "wall_time_s": summary["wall_s"]}
+
+
+def hybrid_artifacts(files: list, results: list[dict]) -> list[tuple[str, str]]:
+    """``(file, artifact folder)`` of the parent run: the table files and the summary (at the top), every build's
+    trace plots (``trace/<build>``)."""
+    out = [(str(p), "") for p in files]
+    return out + [(str(p), f"trace/{r['build']}") for r in results for p in r["trace"]["paths"].values()
+                  if Path(p).suffix == ".png"]
+
+
+def _log_run(parent, summary: dict, files: list[tuple[str, str]]) -> None:
     import mlflow
 
-    with parent.active():
-        log_metrics({f"{r['build']}/{k}": v for r in results for k, v in r["metrics"].items()})
-        log_metrics({f"{r['build']}/final_loss": r["final_loss"] for r in results})
-        log_metrics({"wall_time_s": wall})
-        for p in files:
-            if Path(p).is_file():
-                mlflow.log_artifact(str(p))
-        for r in results:
-            for p in r["trace"]["paths"].values():
-                if Path(p).suffix == ".png" and Path(p).is_file():
-                    mlflow.log_artifact(p, artifact_path=f"trace/{r['build']}")
+    with parent.active() as on:
+        if not on:
+            return
+        log_metrics(hybrid_summary_metrics(summary))
+        for path, folder in files:
+            if Path(path).is_file():
+                mlflow.log_artifact(path, artifact_path=folder or None)
