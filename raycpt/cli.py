@@ -124,10 +124,12 @@ COMMANDS: dict[str, Row] = {
                       Opt("method", S, "bi, snr, layertracer or random (sets select.method)", "select.method"),
                       Opt("k", I, "top-k layers named in the ranking (1..layers; sets select.k)", "select.k"))),
     "runs sync": Row("raycpt.jobs.sync:sync_run", "render_line", "Replay a train run folder (params, step "
-                     "metrics, end metrics, loss curve, status), or a sweep folder (its parent run and every "
-                     "trial's), into an MLflow store: for a run whose tracking server went away.", (
+                     "metrics, end metrics, loss curve, status), or a sweep, contribution or hybrid-run folder (its "
+                     "parent run and every trial's), into an MLflow store: for a run whose tracking server went "
+                     "away.", (
                          Opt("tracking_uri", S, "the store to sync into (default: the run's own tracking.uri)"),),
-                     rest=1, rest_help="RUN_DIR (a raycpt train or sweep run folder)", check=False),
+                     rest=1, rest_help="RUN_DIR (a raycpt train, sweep, contribution or hybrid run folder)",
+                     check=False),
     "data info": Row("raycpt.jobs.info:store_info", "render_stores", "List the packed stores under the config's "
                      "store folder (data.store_dir or <run_root>/packed)."),
 }
