@@ -120,6 +120,11 @@ def _issue27_fixtures(tmp: Path, f: dict) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         f["free_port"] = str(s.getsockname()[1])
+    lost = tmp / "contribution-lost"  # a scan that finished while its tracking server was gone (it still is)
+    lost.mkdir(exist_ok=True)
+    (lost / "config.yaml").write_text(f"name: c\ntracking:\n  run_root: {tmp / 'runs'}\n  uri: http://127.0.0.1:9\n")
+    (lost / "state.json").write_text(json.dumps({"command": "contribution", "status": "finished",
+                                                 "tracking_lost": {"uri": "http://127.0.0.1:9"}}))
 
 
 def cases(f: dict) -> list[Case]:
@@ -369,6 +374,8 @@ def issue27_cases(f: dict) -> list[Case]:
                              ("a run root this user may not write", "EACCES"))],
         Case("runs sync a folder that is not a run folder", ["runs", "sync", str(t / "adir")],
              "is not a raycpt run folder (it has no config.yaml)", owner="27"),
+        Case("runs sync a contribution folder while its tracking server is still gone",
+             ["runs", "sync", str(t / "contribution-lost")], "no MLflow server answers", owner="27"),
     ]
 
 
