@@ -33,7 +33,8 @@ def _wait_for(runs: Path, pattern: str, first: str, proc: subprocess.Popen, time
 
 
 def _run_killing_the_server(args: list[str], runs: Path, pattern: str, first: str, server) -> tuple:
-    """Run ``raycpt ARGS``, kill the server (by its PID) once :func:`_wait_for` says so; ``(proc, out, err, run_dir)``."""
+    """Run ``raycpt ARGS``, kill the server (by its PID) once :func:`_wait_for` says so;
+    ``(proc, out, err, run_dir)``."""
     proc = subprocess.Popen([sys.executable, "-m", "raycpt", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env(RAYCPT_FAULTS=json.dumps({"step_sleep": 1.0})))
     try:
@@ -50,7 +51,7 @@ def _run_killing_the_server(args: list[str], runs: Path, pattern: str, first: st
 def _assert_finished_locally(proc, out: str, err: str, run_dir: Path, uri: str) -> dict:
     lines = _lines(err)
     assert proc.returncode == 0 and "Traceback" not in err + out, (err + out)[-4000:]
-    assert len(lines) == 1 and lines[0].startswith(f"warning: tracking server {uri} unreachable"), lines
+    assert len(lines) == 1 and lines[0].startswith(f"warning: tracking server {uri} unreachable"), err[-4000:]
     assert f"raycpt runs sync {run_dir}" in lines[0]
     state = json.loads((run_dir / "state.json").read_text())
     assert state["status"] == "finished" and (run_dir / "tracking_lost.json").is_file()
@@ -143,11 +144,12 @@ def test_a_tracking_server_killed_mid_hybrid_run_finishes_locally_then_syncs(tmp
     uri = f"http://127.0.0.1:{port}"
     cfg = {"name": "ihyb", "model": {"ref": str(donor)},
            "data": {"seq_len": 32, "max_documents": 50, "corpus": [str(_corpus(tmp_path))]},
-           "trace": {"max_prompts": 4, "batch_size": 4, "splits": [0.5], "top_k": 5},
+           "trace": {"max_prompts": 10, "batch_size": 10, "splits": [0.5], "top_k": 5},  # 10: no small-set warning
            "train": {"max_steps": 4, "micro_batch_size": 2, "lr": 1e-2, "warmup_ratio": 0.0, "checkpoint_every": 2,
                      "keep_checkpoints": 1, "cpus_per_worker": 1},
            "eval": {"limit": 4, "batch_size": 4, "max_gen_toks": 2},
-           "tracking": {"run_root": str(runs), "uri": uri}, "hybrid": {"depth": 4, "new_kind": "mamba2"}}
+           # qwen3 new layers: mamba2's add transformers' two kernel-fallback notes to stderr on a CPU
+           "tracking": {"run_root": str(runs), "uri": uri}, "hybrid": {"depth": 4, "new_kind": "qwen3"}}
     path = tmp_path / "hyb.yaml"
     path.write_text(yaml.safe_dump(cfg))
     # the first build's child run has its params (its segment map logged) and a training step is on disk

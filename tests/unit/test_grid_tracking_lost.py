@@ -254,7 +254,8 @@ def test_a_nested_command_runs_locally_with_the_server_gone(fresh_lost, monkeypa
         with run.active() as on:
             assert on is False
     state = json.loads((folder / "state.json").read_text())
-    assert state["status"] == "finished" and state["command"] == "trace" and state["tracking_lost"]["uri"] == cfg.tracking.uri
+    assert state["status"] == "finished" and state["command"] == "trace"
+    assert state["tracking_lost"]["uri"] == cfg.tracking.uri
     assert (folder / tr.LOST_FILE).is_file()
     assert runs.LOST_RUNS == []  # no warning line of its own: the command around it (hybrid run) says it
 
