@@ -6,12 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = {"facts", "memory_full", "memory_train_shallow", "memory_train_deep", "gradients_full",
           "gradients_train_shallow", "gradients_train_deep", "trace_dtype", "bf16_checkpoint_round_trip", "eval_paths",
           "train_killed_worker"}
 
 
+@pytest.mark.slow  # 106 s: the device check's CPU stand-in runs every check of the prepared GPU script
 def test_device_check_tiny_passes_every_check(tmp_path):
     out = tmp_path / "check.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}

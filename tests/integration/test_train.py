@@ -63,6 +63,7 @@ def test_worker_sigkill_resumes_with_identical_losses(ray_local, tmp_path, tiny_
     assert set(_statuses(tmp_path / "runs")) == {"FINISHED"}
 
 
+@pytest.mark.slow  # 74 s; the sweep's driver SIGKILL + resume (test_sweep_resume.py) stays in the default suite
 def test_cli_resume_after_driver_sigkill(ray_local, tmp_path, tiny_dir):
     import ray
 
@@ -152,6 +153,7 @@ def _loss_history(run_root: Path, run_id: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss"))
 
 
+@pytest.mark.slow  # 93 s; test_worker_sigkill_resumes_with_identical_losses stays in the default suite
 def test_worker_kill9_from_outside_resumes_exactly_with_one_mlflow_point_per_step(ray_local, tmp_path, tiny_dir):
     """A RayTrainWorker found by its process title among this session's Ray processes, killed with
     kill -9 from outside while it trains: the run finishes with the per-step losses of an
