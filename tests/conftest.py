@@ -26,6 +26,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def fresh_lost(monkeypatch):
+    """raycpt.tracking with no tracking server recorded as lost, and MLflow's HTTP retries short (both restored
+    after the test: ``mark_lost`` sets them)."""
+    import raycpt.tracking as tr
+
+    monkeypatch.setattr(tr, "_lost", {})
+    for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(k, "2")
+    return tr
+
+
+@pytest.fixture
 def tiny_dir(tmp_path):
     from tiny import save_tiny
 

@@ -13,15 +13,6 @@ import pytest
 NAN = float("nan")
 
 
-@pytest.fixture
-def fresh_lost(monkeypatch):
-    import raycpt.tracking as tr
-
-    monkeypatch.setattr(tr, "_lost", {})
-    for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.setenv(k, "2")  # restored after the test (mark_lost sets them)
-    return tr
-
 
 # ------------------------------------------------------------------------------------- the pure records
 def test_a_scan_trial_records_its_cells_score_losses_and_per_layer_change():

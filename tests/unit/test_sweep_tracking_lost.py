@@ -6,15 +6,6 @@ import json
 import pytest
 
 
-@pytest.fixture
-def fresh_lost(monkeypatch):
-    import raycpt.tracking as tr
-
-    monkeypatch.setattr(tr, "_lost", {})
-    for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.setenv(k, "2")
-    return tr
-
 
 def test_the_sync_plan_is_every_trial_that_trained_then_the_parent():
     from raycpt.jobs.sync import sweep_sync_plan

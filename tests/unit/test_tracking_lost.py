@@ -9,15 +9,6 @@ import time
 import pytest
 
 
-@pytest.fixture
-def fresh_lost(monkeypatch):
-    import raycpt.tracking as tr
-
-    monkeypatch.setattr(tr, "_lost", {})
-    for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.setenv(k, "2")  # restored after the test (mark_lost sets them)
-    return tr
-
 
 def test_unreachable_reads_the_cause_chain_not_any_mlflow_error(fresh_lost):
     from mlflow.exceptions import MlflowException
