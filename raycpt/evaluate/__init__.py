@@ -663,7 +663,7 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
                         tasks.append(t)
                 if not tasks:
                     continue
-                with _local_rank_zero():
+                with _local_rank_zero(), _no_environment_report():
                     out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit if shard is None else None,
                                                   log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
                 for task_name, samples in out["samples"].items():
@@ -679,6 +679,24 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
         if was_training:
             model.train()
     return merged, order
+
+
+@contextlib.contextmanager
+def _no_environment_report():
+    """lm-eval's ``simple_evaluate`` ends by adding an environment report to its results (``add_env_info``:
+    torch's ``collect_env``, which runs ``pip list`` and other subprocesses, 0.3 s a call here, measured): raycpt
+    reads none of it, so it is left out for the call (every other result field is as lm-eval makes it)."""
+    import lm_eval.evaluator as ev
+
+    original = getattr(ev, "add_env_info", None)
+    if original is None:  # another lm-eval layout: nothing to leave out
+        yield
+        return
+    ev.add_env_info = lambda results: None
+    try:
+        yield
+    finally:
+        ev.add_env_info = original
 
 
 @contextlib.contextmanager

@@ -1012,25 +1012,25 @@ def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Op
             res = evaluate_model(model, eval_cfg, tokenizer=tokenizer, out_dir=req.out_dir, name=req.name)
     finally:
         model.config.use_cache = use_cache
-    t0 = time.perf_counter()
     out = eval_result_record(res, model, req.heldout_path, eval_cfg.batch_size)
-    if req.heldout_path:
-        out["seconds"] = {**out.get("seconds", {}), "heldout": time.perf_counter() - t0}
     return atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)
 
 
 def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int) -> dict:
     """What ``eval_result.json`` holds: ``EvalResult.to_dict()``, the flat ``metrics``, and with a held-out
     blocks file its ``heldout_loss`` (token mean) and ``heldout_block_losses`` / ``heldout_block_weights``
-    (per block, for the paired bootstrap over blocks); None / absent without one."""
+    (per block, for the paired bootstrap over blocks), and its seconds as ``seconds["heldout"]``; None / absent
+    without one."""
     out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}
     if heldout_path:
         from raycpt.evaluate import block_weights
 
+        t0 = time.perf_counter()
         blocks = json.loads(Path(heldout_path).read_text())
         losses, weights = heldout_block_losses(model, blocks, batch_size), block_weights(blocks)
         out.update(heldout_loss=sum(x * n for x, n in zip(losses, weights)) / sum(weights),
-                   heldout_block_losses=losses, heldout_block_weights=weights)
+                   heldout_block_losses=losses, heldout_block_weights=weights,
+                   seconds={**out.get("seconds", {}), "heldout": time.perf_counter() - t0})
     return out
 
 
