@@ -34,7 +34,8 @@ from raycpt.config import ExperimentConfig, config_with
 from raycpt.diagnostics.contribution import answers_of, gold_prob_of, primary_score
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.jobs.grid import Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate
+from raycpt.jobs.grid import (Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate,
+                              warm_imports)
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, read_state
 from raycpt.tracking import log_metrics, tracked
@@ -274,16 +275,18 @@ def execute(plan: ContributionPlan, run, resume: bool = False, console=None) -> 
     grid = Grid("contribution", scan_trials(plan.layers), shared=shared, cpus=c.cpus_per_trial,
                 data_cpus=c.data_cpus_per_trial, max_concurrent=c.max_concurrent_trials, max_steps=cfg.train.max_steps,
                 model_path=plan.model_path)
-    with ray_session(cfg.ray):
+    with ray_session(cfg.ray, meanwhile=warm_imports):
         trials = run_grid(run, grid, resume=resume, console=console)
+        if not c.elite_lr_control:
+            stop_ray_soon()  # the last grid ran: Ray shuts down while the analysis and the report are written
         analysis, trials, ranking_file = _analyze(cfg, run_dir, trials, plan.num_layers, plan.against)
         if c.elite_lr_control:
             elite = Grid("contribution", elite_trials(), shared={**shared, "ranking_file": str(ranking_file)},
                          cpus=c.cpus_per_trial, data_cpus=c.data_cpus_per_trial, max_concurrent=c.max_concurrent_trials,
                          max_steps=cfg.train.max_steps, model_path=plan.model_path, tune_name="tune-elite")
-            trials.update(_elite_control(cfg, run_dir, run_grid(run, elite, resume=resume, console=console),
-                                         trials, analysis, ranking_file))
-        stop_ray_soon()  # Ray shuts down while the report is written
+            elite_results = run_grid(run, elite, resume=resume, console=console)
+            stop_ray_soon()
+            trials.update(_elite_control(cfg, run_dir, elite_results, trials, analysis, ranking_file))
     analysis["against_name"] = c.against
     files = [ranking_file] + write_outputs(run_dir, analysis, trials, plan.num_layers, c)
     wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)

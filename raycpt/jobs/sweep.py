@@ -21,7 +21,8 @@ from typing import Any, Optional
 from raycpt.config import ExperimentConfig, config_with
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.jobs.grid import Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate
+from raycpt.jobs.grid import (Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate,
+                              warm_imports)
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, memo
 from raycpt.splits import check_split, split_index
@@ -289,7 +290,7 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_gri
               if plan.heldout else None}
     if plan.heldout and getattr(plan.heldout, "documents", None):  # the document of each block: the summary's clusters
         atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(plan.heldout.documents))
-    with ray_session(cfg.ray):
+    with ray_session(cfg.ray, meanwhile=warm_imports):
         trace = None
         if s.trace_first:
             splits = sorted({t.split for t in plan.specs if t.split is not None}) or list(s.splits)
