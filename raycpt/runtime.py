@@ -130,7 +130,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def private_worker_setup() -> None:
-    """``worker_process_setup_hook`` of the local Ray: torch.distributed's rendezvous store (the
+    """Run in every worker of the local Ray (:mod:`raycpt.worker_setup`): torch.distributed's rendezvous store (the
     TCPStore rank 0 hosts for a multi-worker run) listens on the loopback master address only.
 
     torch binds that store to every interface and has no bind-address option; it does take an
@@ -342,11 +342,11 @@ def _start_ray(cfg: RayConfig) -> None:
             include_dashboard=cfg.include_dashboard,
             dashboard_host="127.0.0.1",
             _node_ip_address="127.0.0.1",
-            runtime_env={"worker_process_setup_hook": "raycpt.runtime.private_worker_setup",
-                         **({"env_vars": dict(WORKER_ENV)} if WORKER_ENV else {})},
-            # no idle workers started with the raylet: they carry no job runtime env, so none of this job's
-            # tasks or actors could use one, and the driver's registration waits for them (init 3.4 -> 2.7 s)
-            _system_config={"prestart_worker_first_driver": False},
+            runtime_env={"env_vars": dict(WORKER_ENV)} if WORKER_ENV else None,
+            # no idle workers started with the raylet (the driver's registration waits for them, init 3.4 -> 2.7 s,
+            # and the job's Tune actors got workers of their own all the same); every worker imports
+            # raycpt.worker_setup before it accepts work (the loopback rendezvous store; no job runtime env)
+            _system_config={"prestart_worker_first_driver": False, "preload_python_modules": ["raycpt.worker_setup"]},
             log_to_driver=False,
             logging_level=logging.ERROR,
             configure_logging=True,

@@ -1,6 +1,6 @@
-"""The private local Ray starts no idle workers (none of the job's tasks or actors could use one) and stops
-without Ray's one-second wait on its autoscaler monitor: a real ``init_ray`` and ``shutdown_ray`` in a process of
-their own (the test session's Ray is not this one)."""
+"""The private local Ray starts no idle workers, its workers import :mod:`raycpt.worker_setup` before any work
+(no job runtime env, so no wrapper process), and it stops without Ray's one-second wait on its autoscaler monitor:
+a real ``init_ray`` and ``shutdown_ray`` in a process of their own (the test session's Ray is not this one)."""
 
 import json
 import subprocess
@@ -34,16 +34,25 @@ SCRIPT = textwrap.dedent("""
             names.append(" ".join(a for a in argv[:3] if a != "-u") or p.name())  # program and script
         except psutil.Error:
             pass
+    import ray  # after the listing: the probe's worker stays (as ray::IDLE) once its task is done
+
+    @ray.remote
+    def probe():
+        import os, sys
+        r = sys.modules.get("torch.distributed.rendezvous")
+        return getattr(r, "_raycpt_loopback", False), dict(ray.get_runtime_context().runtime_env)
+    patched, worker_env = ray.get(probe.remote())
     t = time.perf_counter()
     shutdown_ray()
     took = time.perf_counter() - t
     time.sleep(0.5)
     left = [p.pid for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    print(json.dumps({"names": names, "steps": steps, "shutdown_s": took, "left": left}))
+    print(json.dumps({"names": names, "steps": steps, "shutdown_s": took, "left": left, "patched": patched,
+                      "worker_env": worker_env}))
 """)
 
 
-def test_private_ray_has_no_idle_workers_and_stops_without_the_monitor_wait(tmp_path):
+def test_private_ray_workers_and_stop(tmp_path):
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=180,
                          env={**__import__("os").environ, "RAY_ADDRESS": ""})
     assert out.returncode == 0, out.stderr[-3000:]
@@ -53,3 +62,6 @@ def test_private_ray_has_no_idle_workers_and_stops_without_the_monitor_wait(tmp_
     # Ray's own stop gives the monitor SIGTERM and a full second before SIGKILL (measured 1.00 s every time)
     assert rec["steps"].get("monitor", 0.0) < 0.5, rec["steps"]
     assert rec["left"] == [], rec
+    # a task's worker imported raycpt.worker_setup before it ran (the loopback store), with no runtime env (a
+    # worker with one starts through the runtime env agent's wrapper process)
+    assert rec["patched"] is True and rec["worker_env"] == {}, rec

@@ -33,7 +33,8 @@ the code needs:
 8. ``raycpt.data`` - corpus sources and shards.
 9. ``raycpt.models`` - model references -> folders, ``LayerStack``, hybrid assembly. Inside it, the
    hybrid config never imports the hybrid model: the package wires the model's lazy registration.
-10. ``raycpt.runs``, ``raycpt.tracking``, ``raycpt.runtime`` (and ``raycpt.cluster``, ``raycpt.ui``) - THE
+10. ``raycpt.runs``, ``raycpt.tracking``, ``raycpt.runtime`` (and ``raycpt.worker_setup``, ``raycpt.cluster``,
+    ``raycpt.ui``) - THE
     command lifecycle (``runs.command_run``) and run folders, MLflow (and its UI server), Ray bootstrap
     (``runs`` builds on ``tracking``, never the reverse).
 11. ``raycpt.config``, ``raycpt.tasks`` (benchmark names and category tables) - the typed config tree.
@@ -68,7 +69,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt.strategies",),
     ("raycpt.data",),
     ("raycpt.models",),
-    ("raycpt.runs", "raycpt.tracking", "raycpt.runtime", "raycpt.cluster", "raycpt.ui"),
+    ("raycpt.runs", "raycpt.tracking", "raycpt.runtime", "raycpt.worker_setup", "raycpt.cluster", "raycpt.ui"),
     ("raycpt.config", "raycpt.tasks"),
     ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress"),
 )
