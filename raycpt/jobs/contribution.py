@@ -34,8 +34,8 @@ from raycpt.config import ExperimentConfig, config_with
 from raycpt.diagnostics.contribution import answers_of, gold_prob_of, primary_score
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.jobs.grid import (Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate,
-                              warm_imports)
+from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid,
+                              train_and_evaluate, warm_imports)
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, read_state
 from raycpt.tracking import log_metrics, tracked
@@ -263,15 +263,18 @@ def prepare(cfg: ExperimentConfig, console=None) -> ContributionPlan:
     return ContributionPlan(cfg, model_path, n, layers, against, blocks)
 
 
-def execute(plan: ContributionPlan, run, resume: bool = False, console=None) -> ContributionResult:
-    """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`)."""
+def execute(plan: ContributionPlan, run, resume: bool = False, console=None,
+            shards_checked: Optional[dict] = None) -> ContributionResult:
+    """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`).
+    ``shards_checked``: the base shards the driver verified (:func:`raycpt.train.launch.base_shards_ahead`)."""
     from raycpt.report.contribution import write_outputs
     from raycpt.runtime import ray_session, stop_ray_soon
 
     t0, cfg, run_dir = time.time(), plan.cfg, run.run_dir
     c, state = cfg.contribution, read_state(run_dir)
     shared = {"model_path": plan.model_path, "heldout_path": str(atomic_write_json(
-        run_dir / "heldout_blocks.json", plan.heldout)) if plan.heldout else None}
+        run_dir / "heldout_blocks.json", plan.heldout)) if plan.heldout else None,
+              SHARDS_CHECKED: shards_checked or {}}
     grid = Grid("contribution", scan_trials(plan.layers), shared=shared, cpus=c.cpus_per_trial,
                 data_cpus=c.data_cpus_per_trial, max_concurrent=c.max_concurrent_trials, max_steps=cfg.train.max_steps,
                 model_path=plan.model_path)
@@ -308,8 +311,7 @@ def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) 
     with ray_starting(cfg.ray), base_shards_ahead(cfg, plan.model_path) as shards_ready, \
             command_run(cfg, "contribution", resume=resume,
                         params=grid_params(scan_trials(plan.layers), params)) as run:
-        shards_ready()
-        return execute(plan, run, resume=resume, console=console)
+        return execute(plan, run, resume=resume, console=console, shards_checked=shards_ready())
 
 
 def contribution_cli(cfg: ExperimentConfig, spearman: Optional[str] = None, resume: bool = False, console=None):

@@ -36,6 +36,8 @@ from raycpt.runs import AttemptClock, assert_private_folder, memo
 from raycpt.tracking import ChildRun, adopt_lost, mark_lost, store_or_lost, tracking_lost
 
 RESULT = "result.json"
+SHARDS_CHECKED = "base_shards_checked"
+"""The ``Grid.shared`` key of the base shards the driver verified (:func:`raycpt.train.launch.base_shards_ahead`)."""
 
 
 class GridIncomplete(RaycptError):
@@ -148,6 +150,9 @@ def _trial_body(config: dict, cfg: ExperimentConfig, spec, tdir: Path) -> dict:
     adopts (:func:`run_grid`); ``raycpt runs sync JOB_DIR`` replays it later."""
     from mlflow.tracking import MlflowClient
 
+    from raycpt.models.shards import trust_checked
+
+    trust_checked(config["shared"].get(SHARDS_CHECKED))  # the base shards the driver verified for this command
     job_dir = Path(config["trials_root"]).parent
     exp_id = store_or_lost(cfg.tracking, job_dir, config.get("started", 0.0))
     label = getattr(spec, "label", None) or spec.name

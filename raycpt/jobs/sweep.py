@@ -21,8 +21,8 @@ from typing import Any, Optional
 from raycpt.config import ExperimentConfig, config_with
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.jobs.grid import (Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid, train_and_evaluate,
-                              warm_imports)
+from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid,
+                              train_and_evaluate, warm_imports)
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, memo
 from raycpt.splits import check_split, split_index
@@ -281,7 +281,8 @@ def check_memory(cfg: ExperimentConfig, console, plans: list) -> None:
 
 def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_grid=lambda: None) -> SweepResult:
     """Trace once, run the grid, write the summary (inside the sweep's :func:`raycpt.runs.command_run`).
-    ``before_grid()``: called before the first trial (waits for what was prepared ahead of the trials)."""
+    ``before_grid()``: called before the first trial (waits for what was prepared ahead of the trials); returns the
+    base shards it verified (``Grid.shared[SHARDS_CHECKED]``)."""
     from raycpt.report.sweep import HELDOUT_DOCS_FILE, report_options, write_summary
     from raycpt.runtime import ray_session, stop_ray_soon
 
@@ -300,7 +301,7 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_gri
         grid = Grid("sweep", plan.specs, shared=shared, cpus=s.cpus_per_trial, data_cpus=s.data_cpus_per_trial,
                     resources=s.trial_resources, max_concurrent=s.max_concurrent_trials,
                     max_steps=cfg.train.max_steps, model_path=plan.model_path)
-        before_grid()
+        grid.shared[SHARDS_CHECKED] = before_grid() or {}
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
         stop_ray_soon()  # Ray shuts down while the summary is written
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,

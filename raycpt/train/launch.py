@@ -362,16 +362,18 @@ def base_shards_ahead(cfg: ExperimentConfig, model_path: str):
     """``with base_shards_ahead(cfg, model_path) as ready:`` - a grid whose trials run in local mode and publish by
     reference (``train.publish: reference``, set per trial by the sweep and the scan) links every trial to the
     base model's per-layer shards, written once per run root by whichever process needs them first: write them
-    now, in a background thread, while the driver opens its run and Ray starts (that work leaves a core idle).
-    ``ready()`` waits for them; call it before the first trial. A failure here is the first trial's to meet again
-    and report (it writes the shards itself when they are missing); leaving the block waits for the thread."""
+    now, in a background thread, while the driver opens its run and Ray starts (that work leaves a core idle), and
+    verify them there (their sha256s). ``ready()`` waits for them and returns the verified folders
+    (:func:`raycpt.models.shards.checked_shards`, for the grid's ``shared`` dict: a trial process then trusts them
+    while their files are unchanged); call it before the first trial. A failure here is the first trial's to meet
+    again and report (it writes and verifies the shards itself); leaving the block waits for the thread."""
     import threading
 
     if not local_mode(cfg, in_process=True):
-        yield lambda: None
+        yield lambda: {}
         return
     from raycpt.io import run_root
-    from raycpt.models.shards import ensure_base_shards
+    from raycpt.models.shards import checked_shards, ensure_base_shards, read_shards
     from raycpt.train.checkpoint import weights_dtype
 
     dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
@@ -379,14 +381,19 @@ def base_shards_ahead(cfg: ExperimentConfig, model_path: str):
 
     def write() -> None:
         try:
-            ensure_base_shards(model_path, root, dtype)
+            read_shards(ensure_base_shards(model_path, root, dtype))
         except Exception as e:  # noqa: BLE001 - the first trial writes them again and reports what fails
             log.debug("base shards ahead of the trials: %s", e)
 
     thread = threading.Thread(target=write, name="raycpt-base-shards", daemon=True)
     thread.start()
+
+    def ready() -> dict:
+        thread.join()
+        return checked_shards()
+
     try:
-        yield thread.join
+        yield ready
     finally:
         thread.join()
 

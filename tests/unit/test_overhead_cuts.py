@@ -135,3 +135,22 @@ def test_ray_session_does_the_waiting_work_only_while_ray_starts(monkeypatch, pe
         order.append("body")
     assert calls == ([False] if pending else [])  # before the wait, while the start is still under way
     assert order == (["warm", "init", "body"] if pending else ["init", "body"])
+
+
+def test_a_trial_process_trusts_the_shards_the_driver_verified_until_a_file_changes(tiny_dir, tmp_path, monkeypatch):
+    import raycpt.models.shards as sh
+
+    folder = sh.ensure_base_shards(tiny_dir, tmp_path / "base_shards", "float32")
+    assert sh.read_shards(folder) is not None  # the driver hashes them (base_shards_ahead's thread)
+    handed = json.loads(json.dumps(sh.checked_shards()))  # through Tune's param_space
+    monkeypatch.setattr(sh, "_CHECKED", {})  # another process: nothing verified yet
+    hashed = []
+    real = sh._sha256
+    monkeypatch.setattr(sh, "_sha256", lambda p: hashed.append(p.name) or real(p))
+    sh.trust_checked(handed)
+    assert sh.read_shards(folder) is not None and hashed == []  # unchanged files: not hashed again
+    victim = folder / "layer-001.safetensors"
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF  # one bit pattern changed in place, the size kept (the write moves its modification time)
+    victim.write_bytes(bytes(data))
+    assert sh.read_shards(folder) is None and "layer-001.safetensors" in hashed  # changed: hashed, refused
