@@ -38,7 +38,7 @@ from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, grid_params, heldout_
                               train_and_evaluate, warm_imports)
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, read_state
-from raycpt.tracking import log_metrics, tracked
+from raycpt.tracking import log_metrics, log_series, tracked
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,7 @@ def _log_trial(trial: Trial, r: dict) -> None:
         if not on:
             return
         log_metrics(metrics)
-        for key, step, v in series:
-            log_metrics({key: v}, step=step)
+        log_series(series)
 
 
 def scan_trials(layers: list[int]) -> list[ScanTrial]:
@@ -384,8 +383,7 @@ def _log_scan(parent, a: dict, files: list[Path], wall: float) -> None:
     with parent.active() as on:
         if not on:
             return
-        for key, layer, value in series:
-            log_metrics({key: value}, step=layer)
+        log_series(series)
         log_metrics(summary)
         for f in files:
             mlflow.log_artifact(str(f))

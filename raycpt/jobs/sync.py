@@ -207,20 +207,11 @@ def missing_points(metrics: dict, series: list, have: dict) -> list[tuple[str, i
 
 def _log_missing(client, run_id: str, metrics: dict, series: list = ()) -> int:
     """:func:`missing_points` into the run; how many points were logged."""
-    import time
-
-    from mlflow.entities import Metric
-
-    from raycpt.tracking import clean_metrics
+    from raycpt.tracking import clean_metrics, log_points
 
     keys = set(clean_metrics(metrics)) | set(clean_metrics({k: 0.0 for k, _, _ in series}))
     have = {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys}
-    rows = missing_points(metrics, list(series), have)
-    ts = int(time.time() * 1000)
-    points = [Metric(k, v, ts, step) for k, step, v in rows]
-    for i in range(0, len(points), 1000):
-        client.log_batch(run_id, metrics=points[i:i + 1000])
-    return len(points)
+    return log_points(client, run_id, missing_points(metrics, list(series), have))
 
 
 def _log_params_missing(client, run_id: str, params: dict) -> None:

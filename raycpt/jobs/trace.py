@@ -301,20 +301,15 @@ def _log_mlflow(run, summary: dict, paths: dict[str, Path]) -> None:
     """:func:`trace_params` and :func:`trace_records` into the trace's run, its files under ``trace/``; nothing
     while the tracking server is gone (the folder has it all: ``raycpt runs sync``)."""
     import mlflow
-    from mlflow.entities import Metric
 
-    from raycpt.tracking import log_metrics
+    from raycpt.tracking import log_metrics, log_series
 
     series, metrics = trace_records(summary)
     with run.active() as on:
         if not on:
             return
         mlflow.log_params(trace_params(summary))
-        now = int(time.time() * 1000)
-        batch = [Metric(k, v, now, i) for k, i, v in series]
-        client, run_id = mlflow.tracking.MlflowClient(), mlflow.active_run().info.run_id
-        for s in range(0, len(batch), 900):
-            client.log_batch(run_id, metrics=batch[s:s + 900])
+        log_series(series)
         log_metrics(metrics)
         for p in paths.values():
             mlflow.log_artifact(str(p), artifact_path="trace")

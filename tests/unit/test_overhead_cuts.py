@@ -154,3 +154,30 @@ def test_a_trial_process_trusts_the_shards_the_driver_verified_until_a_file_chan
     data[-1] ^= 0xFF  # one bit pattern changed in place, the size kept (the write moves its modification time)
     victim.write_bytes(bytes(data))
     assert sh.read_shards(folder) is None and "layer-001.safetensors" in hashed  # changed: hashed, refused
+
+
+def test_log_points_logs_every_finite_point_in_batches(tmp_path):
+    """Into a real SQLite store: 1,500 points (two batches) of two keys with a NaN and an infinity among them; the
+    histories hold exactly the finite points at their steps."""
+    import math
+
+    import mlflow
+
+    from raycpt.tracking import log_points, log_series
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'm.db'}")
+    client = mlflow.tracking.MlflowClient()
+    exp = client.create_experiment("e")
+    run = client.create_run(exp)
+    series = [("l2_change", i, i / 7) for i in range(1200)] + [("contribution", i, 1.0 - i) for i in range(300)]
+    series[5] = ("l2_change", 5, float("nan"))
+    series[1203] = ("contribution", 3, float("inf"))
+    assert log_points(client, run.info.run_id, series) == 1498
+    hist = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
+            for k in ("l2_change", "contribution")}
+    assert hist["l2_change"] == [(i, i / 7) for i in range(1200) if i != 5]
+    assert hist["contribution"] == [(i, 1.0 - i) for i in range(300) if i != 3]
+    with mlflow.start_run(run_id=client.create_run(exp).info.run_id) as active:
+        assert log_series([("x", 2, 0.5), ("x", 1, math.pi)]) == 2
+    assert sorted((m.step, m.value) for m in client.get_metric_history(active.info.run_id, "x")) == [(1, math.pi),
+                                                                                                    (2, 0.5)]
