@@ -14,12 +14,32 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` (UTF-8) through a temporary file in the same folder and a rename."""
+def atomic_write_text(path: Path, text: str, in_place_when_full: bool = False) -> Path:
+    """Write ``text`` to ``path`` (UTF-8) through a temporary file in the same folder and a rename.
+
+    ``in_place_when_full``: when the file system has no room for the temporary file (ENOSPC, EDQUOT) and ``path``
+    exists, rewrite ``path`` itself instead (its truncation frees the blocks the new text takes): a small record
+    such as a run's ``state.json`` then still says how the run ended on a full disk, where the atomic write
+    cannot (measured on a real full tmpfs: the run stayed ``running``). Not atomic: only for files whose reader
+    takes a torn file as absent."""
+    import errno
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if not (in_place_when_full and e.errno in (errno.ENOSPC, errno.EDQUOT) and path.is_file()):
+            raise
+        try:
+            with open(path, "r+b") as f:
+                f.truncate(0)
+                f.write(text.encode("utf-8"))
+        except OSError:
+            raise e from None
+        return path
     os.replace(tmp, path)
     return path
 

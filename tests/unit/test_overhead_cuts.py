@@ -181,3 +181,31 @@ def test_log_points_logs_every_finite_point_in_batches(tmp_path):
         assert log_series([("x", 2, 0.5), ("x", 1, math.pi)]) == 2
     assert sorted((m.step, m.value) for m in client.get_metric_history(active.info.run_id, "x")) == [(1, math.pi),
                                                                                                     (2, 0.5)]
+
+
+def test_state_json_says_how_a_run_ended_when_the_disk_has_no_room_for_a_temporary_file(tmp_path, monkeypatch):
+    """The fallback of a full disk (the real one: tests/integration/test_full_disk.py, as root): the temporary
+    file cannot be written, the state file is rewritten in place; any other write still goes through a rename, and
+    other errors, or a file that does not exist yet, still raise."""
+    import errno
+    from pathlib import Path
+
+    from raycpt.io import atomic_write_text
+    from raycpt.runs import read_state, write_state
+
+    write_state(tmp_path, status="running", command="train")
+    real = Path.write_text
+
+    def full(self, *a, **k):
+        if self.name.endswith(".tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    write_state(tmp_path, status="failed", error="ENOSPC")
+    assert read_state(tmp_path) == {"status": "failed", "command": "train", "error": "ENOSPC"}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temporary file left
+    with pytest.raises(OSError):  # not asked for: the atomic write's error
+        atomic_write_text(tmp_path / "state.json", "{}")
+    with pytest.raises(OSError):  # nothing to rewrite
+        atomic_write_text(tmp_path / "new.json", "{}", in_place_when_full=True)
