@@ -60,9 +60,10 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def atomic_write_json(path: Path, obj: Any) -> Path:
+def atomic_write_json(path: Path, obj: Any, in_place_when_full: bool = False) -> Path:
     """:func:`atomic_write_text` of ``obj`` as indented JSON (non-JSON values written with ``str``)."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+    return atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str),
+                             in_place_when_full=in_place_when_full)
 
 
 def run_root(tracking) -> Path:

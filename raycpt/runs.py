@@ -23,7 +23,7 @@ from pathlib import Path
 from raycpt.cluster import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
-from raycpt.io import atomic_write_json, atomic_write_text, run_root
+from raycpt.io import atomic_write_json, run_root
 from raycpt.runtime import sigterm_as_interrupt
 from raycpt.tracking import end_fluent_run, mark_lost, tracked, tracking_lost, tracking_uri
 
@@ -105,8 +105,7 @@ def write_state(run_dir: Path, **updates) -> dict:
     state = read_state(run_dir)
     state.update(updates)
     # a full disk must not leave a stale status behind (read_state takes a torn file as empty)
-    atomic_write_text(Path(run_dir) / "state.json", json.dumps(state, indent=2, ensure_ascii=False, default=str),
-                      in_place_when_full=True)
+    atomic_write_json(Path(run_dir) / "state.json", state, in_place_when_full=True)
     return state
 
 
