@@ -15,17 +15,21 @@ ends the run - and every child run it left RUNNING - FINISHED, FAILED or KILLED 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import stat
+import time
 import uuid
 from pathlib import Path
+from typing import Optional
 
 from raycpt.cluster import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
 from raycpt.runtime import sigterm_as_interrupt
-from raycpt.tracking import end_fluent_run, mark_lost, tracked, tracking_lost, tracking_uri
+from raycpt.tracking import (append_record, clean_metrics, flatten, mark_lost, project, tracked, tracking_lost,
+                             tracking_uri)
 
 OPENING = "opening"  # state.json status of a folder whose MLflow run does not exist yet
 
@@ -134,15 +138,11 @@ class AttemptClock:
         self.attempts: list[dict] = []
 
     def _write(self) -> None:
-        import time
-
         self.attempts[-1]["last"] = time.time()
         atomic_write_json(self.path, {"attempts": self.attempts})
 
     def __enter__(self) -> "AttemptClock":
         import threading
-        import time
-
         try:
             self.attempts = list(json.loads(self.path.read_text()).get("attempts", []))
         except (OSError, ValueError, AttributeError):
@@ -166,8 +166,6 @@ class AttemptClock:
     @property
     def elapsed(self) -> float:
         """Seconds over every attempt: earlier ones up to their last beat, this one up to now."""
-        import time
-
         done = sum(max(0.0, float(a["last"]) - float(a["start"])) for a in self.attempts[:-1])
         return done + time.time() - float(self.attempts[-1]["start"])
 
@@ -224,38 +222,111 @@ def memo(path: Path, compute):
     return result
 
 
-class CommandRun:
-    """What a job's ``execute`` gets from :func:`command_run`: the run folder, the effective config and the
-    command's MLflow run (``run_id``; its ``client``), with helpers to log into it and to keep state."""
+class Run:
+    """THE owner of one MLflow run and its folder: a command's (:func:`command_run` yields it) or a unit's inside
+    one (a trial, a build: :meth:`child`). Jobs write their params, metrics, files and tables through it into the
+    folder (:data:`raycpt.tracking.RECORDS`); each record is projected into MLflow by the client, by run id, as it
+    is written (:func:`raycpt.tracking.project`), and again by ``raycpt runs sync`` from the folder, the same code.
+    Nothing but its owner ever ends the run: :func:`command_run` for a command, the ``with`` block of
+    :meth:`child` for a unit. ``run_id`` is None while the tracking server is gone (the sync makes the run)."""
 
-    def __init__(self, cfg: ExperimentConfig, command: str, run_dir: Path, run_id: str, client, created: bool,
-                 experiment_id: str):
-        import time
-
-        self.cfg, self.command, self.run_dir, self.run_id = cfg, command, Path(run_dir), run_id
+    def __init__(self, cfg: ExperimentConfig, command: str, run_dir: Path, run_id: Optional[str], client,
+                 created: bool, experiment_id: Optional[str], meta_path: Optional[Path] = None, meta=None):
+        self.cfg, self.command, self.dir, self.run_id = cfg, command, Path(run_dir), run_id
         self.client, self.created, self.experiment_id = client, created, experiment_id
+        self.meta_path = Path(meta_path) if meta_path is not None else None
+        self.meta: dict = meta if meta is not None else {}
         self.t_start = time.time()
 
-    parent_run_id = property(lambda self: self.run_id)  # the grid's children nest under it
+    run_dir = property(lambda self: self.dir)
+    parent_run_id = property(lambda self: self.run_id)  # what a unit's run nests under
 
-    @contextlib.contextmanager
-    def active(self):
-        """The run as MLflow's active run (fluent ``log_metrics`` / ``log_artifact`` / nested children inside);
-        left RUNNING afterwards: only :func:`command_run` ends it. Yields True; False (log nothing: the run folder
-        has it, ``raycpt runs sync`` replays it) while the tracking server is gone or the run has no id."""
-        import mlflow
+    @property
+    def elapsed(self) -> float:
+        """Seconds spent on this run over all its attempts (a unit's earlier attempts from its meta file)."""
+        return float(self.meta.get("elapsed_before", 0.0)) + time.time() - self.t_start
 
-        if tracking_lost() or self.run_id is None:
-            yield False
-            return
-        mlflow.set_tracking_uri(self.cfg.tracking.uri)
-        with mlflow.start_run(run_id=self.run_id):
-            yield True
-        self.client.update_run(self.run_id, status="RUNNING")
+    # ---------------------------------------------------------------------------------------- records
+    def live(self) -> bool:
+        """Whether records go to MLflow now (the run exists and its server answers)."""
+        return self.run_id is not None and self.client is not None and not tracking_lost()
+
+    def record(self, rec: dict) -> None:
+        """One record into the folder, then into the run (while its server answers)."""
+        append_record(self.dir, rec)
+        if self.live():
+            tracked(project, self.client, self.run_id, rec, self.dir)
+
+    def _rel(self, path) -> str:
+        p = Path(path)
+        try:
+            return p.resolve().relative_to(self.dir.resolve()).as_posix()
+        except ValueError:
+            return str(p.resolve())
+
+    def log_params(self, params: dict) -> None:
+        self.record({"params": {k: str(v)[:500] for k, v in params.items() if v is not None}})
+
+    def log_metrics(self, metrics: dict, step: Optional[int] = None) -> None:
+        clean = clean_metrics(metrics)
+        if clean:
+            self.record({"metrics": clean, "step": int(step or 0)})
+
+    def log_points(self, series) -> None:
+        """``(key, step, value)`` points (one record: one MLflow call per 1000 points)."""
+        pts = [[k, int(step), v] for key, step, value in series for k, v in clean_metrics({key: value}).items()]
+        if pts:
+            self.record({"points": pts})
+
+    def set_tags(self, tags: dict) -> None:
+        self.record({"tags": {k: str(v) for k, v in tags.items()}})
+
+    def log_artifact(self, path, artifact_path: Optional[str] = None) -> None:
+        """A file (or a folder's files) of the run; ``artifact_path`` the artifact folder it goes into."""
+        self.record({"artifact": self._rel(path), "dir": artifact_path})
+
+    def log_table(self, data: dict, artifact_file: str) -> None:
+        self.record({"table": data, "file": artifact_file})
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.record({"text": text, "file": artifact_file})
+
+    def note_children(self, entries) -> None:
+        """``(folder, meta file)`` of units whose runs nest under this one (a grid's trials, a nested command):
+        where ``raycpt runs sync`` finds them."""
+        self.record({"children": [[self._rel(f), m] for f, m in entries]})
+
+    # ---------------------------------------------------------------------------------------- units
+    def child(self, name: str, folder: Path, tags: Optional[dict] = None, meta: Optional[dict] = None,
+              meta_file: str = "run.json") -> "Run":
+        """The run of one unit of this command (use as ``with run.child(...) as unit:``), nested under this run;
+        see :func:`open_child`."""
+        self.note_children([(Path(folder), meta_file)])
+        return open_child(self.cfg, self.command, Path(folder), meta_file, self.experiment_id, self.run_id, name,
+                          tags=tags, meta=meta)
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        """A unit's end: FINISHED, KILLED (Ctrl-C; its time kept for the next attempt) or FAILED."""
+        status = end_status(exc_type, exc)
+        if status == "KILLED":
+            self.meta["elapsed_before"] = self.elapsed
+        self.meta["status"] = END_STATE[status]
+        with contextlib.suppress(OSError):
+            self.save_meta()
+        if self.run_id is not None and not (status == "FINISHED" and tracking_lost()):  # sync ends it then
+            tracked(self.client.set_terminated, self.run_id, status=status)
+        return False
+
+    def save_meta(self) -> None:
+        if self.meta_path is not None:
+            atomic_write_json(self.meta_path, self.meta)
 
     def state(self, **updates) -> dict:
         """Update the folder's ``state.json``."""
-        return write_state(self.run_dir, **updates)
+        return write_state(self.dir, **updates)
 
     def end(self, status: str) -> None:
         """End every child run still RUNNING (a Tune trial stopped mid-way never reaches its own handlers),
@@ -266,6 +337,38 @@ class CommandRun:
             with contextlib.suppress(Exception):  # best effort while already failing
                 self.client.set_terminated(child.info.run_id, status=status)
         self.client.set_terminated(self.run_id, status=status)
+
+
+CommandRun = Run  # the name jobs' docstrings used for a command's run
+
+
+def open_child(cfg: ExperimentConfig, command: str, folder: Path, meta_file: str, experiment_id: Optional[str],
+               parent_run_id: Optional[str], name: str, tags: Optional[dict] = None,
+               meta: Optional[dict] = None) -> Run:
+    """The run of one unit (a sweep or scan trial, a hybrid build), whose id is kept in ``folder/meta_file``, so an
+    interrupted unit resumed later (in any process: a Tune trial's) continues the same run instead of opening a
+    second one. ``experiment_id`` None (the server gone): no run yet, ``raycpt runs sync`` makes it from the meta
+    (``run_name``, ``tags``). ``created`` says whether this call made the run."""
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.cluster import node_tags
+
+    meta_path = Path(folder) / meta_file
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    saved = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    client = MlflowClient(cfg.tracking.uri) if experiment_id is not None else None
+    all_tags = {**({"mlflow.parentRunId": parent_run_id} if parent_run_id else {}), **node_tags(), **(tags or {})}
+    run_id, created = saved.get("mlflow_run_id"), False
+    if not run_id:
+        made = tracked(client.create_run, experiment_id, run_name=name, tags=all_tags) if client else None
+        run_id, created = (made.info.run_id if made is not None else None), made is not None
+        saved = {**({"mlflow_run_id": run_id} if run_id else {}), "run_name": name, "tags": all_tags, **saved,
+                 **(meta or {})}
+    elif client is not None:
+        tracked(client.update_run, run_id, status="RUNNING")
+    saved.pop("status", None)
+    atomic_write_json(meta_path, saved)
+    return Run(cfg, command, Path(folder), run_id, client, created, experiment_id, meta_path=meta_path, meta=saved)
 
 
 def _open_or_use(cfg: ExperimentConfig, command: str, run_dir, resume: bool) -> Path:
@@ -282,69 +385,65 @@ def _open_or_use(cfg: ExperimentConfig, command: str, run_dir, resume: bool) -> 
 
 
 def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id, run_name, params, tags,
-               nested: bool = False):
-    """Create the command's MLflow run, or continue the one ``state.json`` names; ``(run, created)``. A ``nested``
-    command (one whose folder lies inside another command's, e.g. a hybrid build's trace) runs locally when the
-    tracking server is gone (:func:`raycpt.tracking.store_or_lost`): no run, ``raycpt runs sync`` makes it."""
-    import time
-
-    import mlflow
+               nested: bool = False) -> Run:
+    """Create the command's MLflow run, or continue the one ``state.json`` names. A ``nested`` command (one whose
+    folder lies inside another command's, e.g. a hybrid build's trace) runs locally when the tracking server is
+    gone (:func:`raycpt.tracking.store_or_lost`): no run, ``raycpt runs sync`` makes it."""
     from mlflow.tracking import MlflowClient
 
     from raycpt.cluster import version_tags
-    from raycpt.tracking import ensure_store, log_config, store_or_lost
+    from raycpt.tracking import ensure_store, store_or_lost
 
     exp_id = store_or_lost(cfg.tracking, run_dir, time.time()) if nested else ensure_store(cfg.tracking)
     state = read_state(run_dir)
+    keep = {"status": "finished" if state.get("status") == "finished" else "running"}  # the launcher's memo reads it
+    name = run_name or run_dir.name
+    all_tags = {"raycpt.command": command, "raycpt.run_dir": str(run_dir),
+                **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {}),
+                **({} if parent_run_id else version_tags()), **(tags or {})}
     if exp_id is None:
-        write_state(run_dir, command=command, status="finished" if state.get("status") == "finished" else "running")
-        return CommandRun(cfg, command, run_dir, state.get("mlflow_run_id"), MlflowClient(cfg.tracking.uri), False,
-                          None)
-    client = MlflowClient()
+        write_state(run_dir, command=command, run_name=name, tags=all_tags, **keep)
+        return Run(cfg, command, run_dir, state.get("mlflow_run_id"), None, False, None)
+    client = MlflowClient(cfg.tracking.uri)
     run_id = state.get("mlflow_run_id") or state.get("parent_run_id")
     created = not run_id
     if created:
-        nest = {"mlflow.parentRunId": parent_run_id} if parent_run_id else {}
-        run_id = client.create_run(exp_id, run_name=run_name or run_dir.name,
-                                   tags={"raycpt.command": command, "raycpt.run_dir": str(run_dir), **nest,
-                                         **({} if parent_run_id else version_tags()), **(tags or {})}).info.run_id
-    # a finished run re-opened stays "finished" until it ends again (the train launcher's memo reads it)
-    write_state(run_dir, command=command, mlflow_run_id=run_id,
-                status="finished" if state.get("status") == "finished" else "running")
-    run = CommandRun(cfg, command, run_dir, run_id, client, created, exp_id)
+        run_id = client.create_run(exp_id, run_name=name, tags=all_tags).info.run_id
+    write_state(run_dir, command=command, mlflow_run_id=run_id, run_name=name, tags=all_tags, **keep)
+    run = Run(cfg, command, run_dir, run_id, client, created, exp_id)
     if created:
-        with run.active():
-            log_config(cfg)
-            if params:
-                mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        run.log_params(config_params(cfg))
+        if params:
+            run.log_params(params)
     else:
         client.update_run(run_id, status="RUNNING")
     return run
 
 
 @contextlib.contextmanager
-def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, run_dir=None, parent_run_id=None,
+def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, run_dir=None, parent=None,
                 run_name=None, params=None, tags=None, on_open=None):
     """THE lifecycle of a command: ``with command_run(cfg, "sweep", resume=...) as run: execute(plan, run)``.
 
     Opens the run folder (``<run_root>/<command>-<name>-<id>/``; ``--resume``: the newest one that got its
     MLflow run; ``run_dir``: that folder, e.g. a sweep's ``trace/``) with ``config.yaml``; ``on_open(run_dir)``
-    may refuse it (one line) before anything is logged. Creates the MLflow run (nested under
-    ``parent_run_id``; the config and ``params`` logged) or continues the one ``state.json`` names. SIGTERM is
+    may refuse it (one line) before anything is logged. Creates the MLflow run (nested under ``parent``'s, a
+    :class:`Run`; the config and ``params`` logged) or continues the one ``state.json`` names. SIGTERM is
     Ctrl-C inside. On exit the run and every child left RUNNING end FINISHED (success), KILLED (Ctrl-C,
     SIGTERM, an interrupted grid) or FAILED (any other error); ``state.json`` says finished / interrupted /
     failed. Nothing is ever left RUNNING."""
-    import time
-
     fresh, own = run_dir is None and not resume, run_dir is None  # own: the command's own folder, not a caller's
     run_dir = _open_or_use(cfg, command, run_dir, resume)
     if on_open is not None:  # a refusal here leaves the folder and its run as they were
         on_open(run_dir)
+    if parent is not None:
+        parent.note_children([(run_dir, "state.json")])
     with sigterm_as_interrupt():
         try:
             if not read_state(run_dir).get("mlflow_run_id"):
                 write_state(run_dir, status=OPENING)
-            run = _start_run(cfg, command, run_dir, parent_run_id, run_name, params, tags, nested=not own)
+            run = _start_run(cfg, command, run_dir, parent.run_id if parent is not None else None, run_name,
+                             params, tags, nested=not own)
         except BaseException as e:
             _failed_start(cfg, run_dir, fresh, e)
             raise
@@ -355,19 +454,29 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
             with contextlib.suppress(Exception):
                 write_state(run_dir, status=END_STATE[status], **({} if status == "KILLED" else
                                                                   {"error": f"{type(e).__name__}: {e}"[:500]}))
-            _pop_active(run.run_id, status)
-            tracked(run.end, status)
+            if run.live():
+                tracked(run.end, status)
             raise
-        tracked(run.client.log_metric, run.run_id, f"{command}_wall_time_s", time.time() - run.t_start)
-        lost = tracking_lost()
-        write_state(run_dir, status="finished", **({"tracking_lost": lost} if lost else {}))
-        _pop_active(run.run_id, "FINISHED")
-        if lost:  # the run stays RUNNING in the store until `raycpt runs sync` replays the folder and ends it
-            mark_lost(lost["uri"], lost.get("since_step"), lost.get("error", ""), run_dir)
-            if own:  # a folder inside another command's (a trace of a sweep or a hybrid build) is synced with it
-                note_lost_run(run_dir)
-        else:
-            tracked(run.end, "FINISHED")
+        _finish(run, own)
+
+
+def _finish(run: Run, own: bool) -> None:
+    """A command that succeeded: its wall time, ``state.json`` finished, the run FINISHED (or, with the server
+    gone, left for ``raycpt runs sync`` and one warning line)."""
+    run.log_metrics({f"{run.command}_wall_time_s": time.time() - run.t_start})
+    lost = tracking_lost()
+    write_state(run.dir, status="finished", **({"tracking_lost": lost} if lost else {}))
+    if lost:  # the run stays RUNNING in the store until `raycpt runs sync` replays the folder and ends it
+        mark_lost(lost["uri"], lost.get("since_step"), lost.get("error", ""), run.dir)
+        if own:  # a folder inside another command's (a trace of a sweep or a hybrid build) is synced with it
+            note_lost_run(run.dir)
+    elif run.run_id is not None:
+        tracked(run.end, "FINISHED")
+
+
+def config_params(cfg: ExperimentConfig) -> dict:
+    """The whole config as flat params (values cut to MLflow's limit)."""
+    return {k: str(v)[:500] for k, v in flatten(dataclasses.asdict(cfg)).items()}
 
 
 @contextlib.contextmanager
@@ -398,22 +507,9 @@ def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseEx
     status = end_status(type(exc), exc)
     with contextlib.suppress(Exception):  # best effort while already failing
         write_state(run_dir, status=END_STATE[status], error=f"{type(exc).__name__}: {exc}"[:500])
-        _pop_active(run_id, status)
         from mlflow.tracking import MlflowClient
 
         tracked(MlflowClient(cfg.tracking.uri).set_terminated, run_id, status=status)
-
-
-def _pop_active(run_id: str, status: str) -> None:
-    """Fluent runs left active (ours, and children started inside :meth:`CommandRun.active`) end with ``status``."""
-    import mlflow
-
-    if run_id is None:  # a run made while the server was gone has none (nothing of it is active)
-        return
-    active = mlflow.active_run()
-    while active is not None and run_id in (active.info.run_id, active.data.tags.get("mlflow.parentRunId")):
-        end_fluent_run(status)
-        active = mlflow.active_run()
 
 
 LOST_RUNS: list = []

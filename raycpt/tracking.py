@@ -1,9 +1,12 @@
-"""MLflow: where the store lives, parent/child runs, and runs that always end.
+"""MLflow as a projection of run folders: where the store lives, and the one translation of a run folder's
+records into MLflow calls.
 
-The default store is SQLite in the run root, by absolute path, created by the driver
-(:func:`ensure_store`) before any trial logs, so concurrent first writers never race on the schema
-migration. :func:`mlflow_run` ends a run FINISHED, FAILED (exception) or KILLED (Ctrl-C), never
-RUNNING. Inside Ray workers only rank 0 logs (the callers check the rank).
+The default store is SQLite in the run root, by absolute path, created by the driver (:func:`ensure_store`) before
+any trial logs, so concurrent first writers never race on the schema migration. A run's params, metrics, tags and
+files are records in its folder (:data:`RECORDS`, written by :class:`raycpt.runs.Run`); :func:`project` sends one
+record to MLflow by run id, live as it is written and again, the same function, for ``raycpt runs sync``. Only a
+run's owner (:mod:`raycpt.runs`) starts and ends it. A server that stops answering (:func:`mark_lost`) leaves the
+rest of the command local: the folder has it all. Inside Ray workers only rank 0 logs (the callers check the rank).
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-from raycpt.cluster import check_store, node_tags
-from raycpt.config import ExperimentConfig, TrackingConfig
+from raycpt.cluster import check_store
+from raycpt.config import TrackingConfig
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
 
@@ -188,27 +191,6 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def log_config(cfg: ExperimentConfig) -> None:
-    """Log the whole config as flat params (values truncated to MLflow's limit)."""
-    import dataclasses
-
-    import mlflow
-
-    params = {k: str(v)[:500] for k, v in flatten(dataclasses.asdict(cfg)).items()}
-    items = list(params.items())
-    for i in range(0, len(items), 100):
-        mlflow.log_params(dict(items[i:i + 100]))
-
-
-def log_metrics(metrics: dict[str, float], step: Optional[int] = None) -> None:
-    """Log finite numeric metrics; names are sanitised for MLflow (``/`` and ``.`` are kept)."""
-    import mlflow
-
-    clean = clean_metrics(metrics)
-    if clean:
-        mlflow.log_metrics(clean, step=step)
-
-
 def log_points(client, run_id: str, series) -> int:
     """``(key, step, value)`` points into a run, in batches of MLflow's 1000 per call (one call for a scan's 30
     layers instead of 30: 0.12 s -> 0.01 s per trial on SQLite, measured); only finite values, names as
@@ -225,13 +207,6 @@ def log_points(client, run_id: str, series) -> int:
     return len(points)
 
 
-def log_series(series) -> int:
-    """:func:`log_points` into MLflow's active run."""
-    import mlflow
-
-    return log_points(mlflow.tracking.MlflowClient(), mlflow.active_run().info.run_id, series)
-
-
 def clean_metrics(metrics: dict) -> dict[str, float]:
     """The finite numeric values of ``metrics`` as floats, names sanitised for MLflow (``/`` and ``.`` kept)."""
     clean = {}
@@ -243,119 +218,6 @@ def clean_metrics(metrics: dict) -> dict[str, float]:
         if math.isfinite(f):
             clean[k.replace(" ", "_").replace("(", "").replace(")", "")] = f
     return clean
-
-
-@contextlib.contextmanager
-def mlflow_run(cfg: TrackingConfig, run_name: str | None = None, run_id: str | None = None,
-               parent_run_id: str | None = None, tags: dict | None = None) -> Iterator[Any]:
-    """Start (or continue, with ``run_id``) a run; nest it under ``parent_run_id`` if given.
-
-    The run ends FINISHED on success, KILLED on KeyboardInterrupt/SystemExit from a signal,
-    FAILED on any other exception, so nothing is left RUNNING.
-    """
-    import mlflow
-
-    if tracking_lost():  # the server went away before this run began (a later sweep trial): all of it is local
-        yield offline_run(run_id)
-        return
-    exp_id = ensure_store(cfg)
-    kwargs: dict[str, Any] = {}
-    if run_id:
-        kwargs["run_id"] = run_id
-    else:
-        kwargs.update(run_name=run_name, experiment_id=exp_id)
-    if parent_run_id:
-        kwargs["nested"] = True
-        kwargs["parent_run_id"] = parent_run_id
-    client = mlflow.tracking.MlflowClient()
-    run = mlflow.start_run(tags=tags, **kwargs)
-    try:
-        yield run
-    except KeyboardInterrupt:
-        tracked(client.set_terminated, run.info.run_id, status="KILLED")
-        _pop_active(run.info.run_id, "KILLED")
-        raise
-    except BaseException:
-        tracked(client.set_terminated, run.info.run_id, status="FAILED")
-        _pop_active(run.info.run_id, "FAILED")
-        raise
-    else:
-        if tracking_lost():  # the run folder has it all; `raycpt runs sync` ends the run in the store
-            _pop_active(run.info.run_id, "FINISHED")
-        else:
-            end_fluent_run("FINISHED")
-
-
-def offline_run(run_id: Optional[str]):
-    """What :func:`mlflow_run` yields while the server is gone: ``.info.run_id`` (the run to continue, or None)."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(info=SimpleNamespace(run_id=run_id))
-
-
-def _pop_active(run_id: str, status: str) -> None:
-    import mlflow
-
-    active = mlflow.active_run()
-    if active is not None and active.info.run_id == run_id:
-        end_fluent_run(status)
-
-
-class ChildRun:
-    """A nested MLflow run for one unit of a multi-run job (a sweep trial, a scan trial, a hybrid
-    build) whose id is kept in a small JSON file next to that unit's work (``meta_path``), so an
-    interrupted unit resumed later continues the same run instead of opening a second one.
-
-    As a context manager it ends the run FINISHED when the block completes, KILLED on Ctrl-C (adding
-    the time spent to ``meta["elapsed_before"]``, so :attr:`elapsed` covers every attempt) and FAILED
-    on any other exception. ``created`` tells whether this call opened the run (log parameters then).
-    """
-
-    def __init__(self, client, meta_path: Path, experiment_id: str, parent_run_id: str, name: str,
-                 tags: Optional[dict] = None, meta: Optional[dict] = None):
-        import json
-        import time
-
-        self.client, self.meta_path = client, Path(meta_path)
-        self.meta = json.loads(self.meta_path.read_text()) if self.meta_path.is_file() else {}
-        self.created = not self.meta.get("mlflow_run_id")
-        if self.created:
-            run = tracked(client.create_run, experiment_id, run_name=name,
-                          tags={"mlflow.parentRunId": parent_run_id, **node_tags(), **(tags or {})}) \
-                if experiment_id is not None else None
-            self.created = run is not None  # the server gone: no run yet (`raycpt runs sync` makes it)
-            self.meta = {**({"mlflow_run_id": run.info.run_id} if run else {}), **self.meta, **(meta or {})}
-            atomic_write_json(self.meta_path, self.meta)
-        else:
-            tracked(client.update_run, self.meta["mlflow_run_id"], status="RUNNING")
-        self._t0 = time.time()
-
-    @property
-    def run_id(self) -> Optional[str]:
-        """The child run's id; None when the server was gone before the run could be made."""
-        return self.meta.get("mlflow_run_id")
-
-    @property
-    def elapsed(self) -> float:
-        """Seconds spent on this unit over all attempts."""
-        import time
-
-        return float(self.meta.get("elapsed_before", 0.0)) + time.time() - self._t0
-
-    def save_meta(self) -> None:
-        atomic_write_json(self.meta_path, self.meta)
-
-    def __enter__(self) -> "ChildRun":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-            self.meta["elapsed_before"] = self.elapsed
-            self.save_meta()
-        status = "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
-        if self.run_id is not None and not (status == "FINISHED" and tracking_lost()):  # sync ends it then
-            tracked(self.client.set_terminated, self.run_id, status=status)
-        return False
 
 
 # ------------------------------------------------------------------------------------- a server that went away
@@ -462,22 +324,168 @@ def tracked(fn, *args, **kwargs):
         return None
 
 
-def end_fluent_run(status: str) -> None:
-    """``mlflow.end_run(status)``; with the server gone the active run is still popped (MLflow pops it before
-    its call to the server), the call's failure ignored."""
-    import mlflow
-
-    try:
-        mlflow.end_run(status=status)
-    except Exception as e:  # noqa: BLE001
-        if not unreachable(e):
-            raise
-        mark_lost(os.environ.get("MLFLOW_TRACKING_URI", ""), error=str(e))
-
-
 def lost_line(run_dir, rec: Optional[dict] = None) -> str:
     """The one warning line of a run that finished while its tracking server was gone."""
     rec = rec or tracking_lost() or {}
     since = f"since step {rec['since_step']}" if rec.get("since_step") else "at the end of the run"
     return (f"warning: tracking server {rec.get('uri') or 'of this run'} unreachable {since}: results are in "
             f"{run_dir}; sync them with `raycpt runs sync {run_dir}` (add --tracking-uri URI for another store)")
+
+
+# ------------------------------------------------------------------------------------- the projection
+RECORDS = "records.jsonl"
+"""In a run folder: every record its MLflow run gets (params, metrics, tags, files, tables, texts, children), one
+JSON object a line, in order. The folder is the record; :func:`project` sends one record to MLflow, live as the job
+writes it and again, the same code, for ``raycpt runs sync``."""
+
+
+def record_kind(rec: dict) -> str:
+    """The kind of a record: its one key among :data:`KINDS`."""
+    for k in KINDS:
+        if k in rec:
+            return k
+    raise ValueError(f"not a run record: {sorted(rec)}")
+
+
+KINDS = ("params", "metrics", "points", "tags", "artifact", "table", "text", "children")
+
+
+class Seen:
+    """What a run in the store already has (params, metric points, artifact paths), read lazily: a record is
+    projected only where the run lacks it, so a replay of a folder adds nothing twice. ``None`` in place of a
+    :class:`Seen` (live logging) projects without looking."""
+
+    def __init__(self, client, run_id: str):
+        self.client, self.run_id = client, run_id
+        self._params: Optional[dict] = None
+        self._tags: Optional[dict] = None
+        self._history: dict[str, set] = {}
+        self._artifacts: dict[str, set] = {}
+
+    def params(self) -> dict:
+        if self._params is None:
+            data = self.client.get_run(self.run_id).data
+            self._params, self._tags = dict(data.params), dict(data.tags)
+        return self._params
+
+    def tags(self) -> dict:
+        self.params()
+        return self._tags
+
+    def points(self, key: str) -> set:
+        if key not in self._history:
+            self._history[key] = {(m.step, m.value) for m in self.client.get_metric_history(self.run_id, key)}
+        return self._history[key]
+
+    def artifacts(self, folder: Optional[str]) -> set:
+        key = folder or ""
+        if key not in self._artifacts:
+            self._artifacts[key] = {a.path for a in self.client.list_artifacts(self.run_id, folder or None)}
+        return self._artifacts[key]
+
+
+def record_path(base: Path, path: str) -> Path:
+    """A record's file: relative to its run folder (``base``), or absolute."""
+    p = Path(path)
+    return p if p.is_absolute() else Path(base) / p
+
+
+def project(client, run_id: str, rec: dict, base: Path, seen: Optional[Seen] = None) -> int:
+    """THE translation of one run record into MLflow calls on ``run_id`` (the projection): live with
+    ``seen`` None, in a replay with the run's :class:`Seen` (then only what the run lacks). ``base`` is the folder
+    the record's files are relative to. Returns how many items were sent. A ``children`` record is the sync's
+    (:func:`raycpt.runs.sync_tree`): nothing to send."""
+    kind = record_kind(rec)
+    if kind == "params":
+        return _project_params(client, run_id, rec["params"], seen)
+    if kind in ("metrics", "points"):
+        pts = ([(k, int(rec.get("step") or 0), v) for k, v in rec["metrics"].items()] if kind == "metrics"
+               else [tuple(p) for p in rec["points"]])
+        if seen is not None:
+            pts = [(k, s, v) for k, s, v in pts if (s, float(v)) not in seen.points(k)]
+            for k, s, v in pts:
+                seen.points(k).add((s, float(v)))
+        return log_points(client, run_id, pts)
+    if kind == "tags":
+        from mlflow.entities import RunTag
+
+        tags = {k: str(v)[:5000] for k, v in rec["tags"].items()}
+        if seen is not None:
+            tags = {k: v for k, v in tags.items() if seen.tags().get(k) != v}
+            seen.tags().update(tags)
+        if tags:
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        return len(tags)
+    if kind == "artifact":
+        f, folder = record_path(base, rec["artifact"]), rec.get("dir")
+        if not f.exists() or (seen is not None and (f"{folder}/{f.name}" if folder else f.name)
+                              in seen.artifacts(folder)):
+            return 0
+        (client.log_artifacts if f.is_dir() else client.log_artifact)(run_id, str(f), folder)
+        return 1
+    if kind == "table":  # log_table appends to a table that exists: a resumed job's second summary is left out
+        folder = str(Path(rec["file"]).parent) if "/" in rec["file"] else None
+        if rec["file"] in (seen or Seen(client, run_id)).artifacts(folder):
+            return 0
+        client.log_table(run_id, data=rec["table"], artifact_file=rec["file"])
+        return 1
+    if kind == "text":
+        folder = str(Path(rec["file"]).parent) if "/" in rec["file"] else None
+        if seen is not None and rec["file"] in seen.artifacts(folder):
+            return 0
+        client.log_text(run_id, rec["text"], rec["file"])
+        return 1
+    return 0
+
+
+def _project_params(client, run_id: str, params: dict, seen: Optional[Seen]) -> int:
+    """Params the run lacks; a value it has is never changed (MLflow refuses that: a resumed run re-logs its
+    params, and a changed one keeps the value it was made with)."""
+    from mlflow.entities import Param
+    from mlflow.exceptions import MlflowException
+
+    have = seen.params() if seen is not None else {}
+    new = [Param(k, str(v)[:500]) for k, v in params.items() if v is not None and k not in have]
+    sent = 0
+    for i in range(0, len(new), 100):
+        try:
+            client.log_batch(run_id, params=new[i:i + 100])
+            sent += len(new[i:i + 100])
+        except MlflowException as e:
+            if unreachable(e):
+                raise
+            for p in new[i:i + 100]:  # one param that may not change must not lose the others
+                with contextlib.suppress(MlflowException):
+                    client.log_param(run_id, p.key, p.value)
+                    sent += 1
+    if seen is not None:
+        have.update({p.key: p.value for p in new})
+    return sent
+
+
+def read_records(folder: Path) -> list[dict]:
+    """The records of a run folder, in order (a line cut short by a kill is left out)."""
+    import json
+
+    path = Path(folder) / RECORDS
+    out = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and any(k in rec for k in KINDS):
+                out.append(rec)
+    return out
+
+
+def append_record(folder: Path, rec: dict) -> None:
+    """One record appended to ``folder``'s :data:`RECORDS` (one write of one line: a kill leaves at most that
+    line cut short, which :func:`read_records` skips)."""
+    import json
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    line = json.dumps(rec, allow_nan=False, default=str) + "\n"
+    with open(Path(folder) / RECORDS, "a", encoding="utf-8") as f:
+        f.write(line)

@@ -21,7 +21,6 @@ nested MLflow run and one sub-folder per trial).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -197,21 +196,18 @@ def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: l
     return dict(rows=rows, swaps=swaps, base_score=base_score, tuned_score=tuned_score, num_tasks=len(refs))
 
 
-def _log_pair(res: dict, files: list[Path], out_dir: Path) -> None:
-    import mlflow
-
-    from raycpt.tracking import log_metrics
-
+def _log_pair(run, res: dict, files: list[Path], out_dir: Path) -> None:
+    """One pair's per-layer rows, swap scores and files into ``run`` (the command's, or a sweep trial's child)."""
     for r in res["rows"]:
-        log_metrics({k: v for k, v in r.items() if k not in ("layer", "depth")}, step=r["layer"])
+        run.log_metrics({k: v for k, v in r.items() if k not in ("layer", "depth")}, step=r["layer"])
     if res["base_score"] is not None:
-        log_metrics({"swap/base": res["base_score"], "swap/tuned": res["tuned_score"]})
+        run.log_metrics({"swap/base": res["base_score"], "swap/tuned": res["tuned_score"]})
         for s in res["swaps"]:
             key = "swap/" + s["direction"].replace("<-", "_from_")
-            log_metrics({key: s["score"]}, step=s["block"])
+            run.log_metrics({key: s["score"]}, step=s["block"])
     for f in files:
         rel = Path(f).parent.relative_to(out_dir) if Path(f).is_relative_to(out_dir) else Path(".")
-        mlflow.log_artifact(str(f), artifact_path=None if str(rel) == "." else str(rel))
+        run.log_artifact(f, None if str(rel) == "." else str(rel))
 
 
 def _sweep_pairs(sweep_dir: Path, cfg: ExperimentConfig) -> tuple[str, list[tuple[str, str]]]:
@@ -284,17 +280,14 @@ def prepare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str],
 
 def execute(plan: ComparePlan, run, resume: bool = False, console=None) -> CompareResult:
     """The Ray tasks of every pair, its files and MLflow records (one child run per trial with ``--sweep``)."""
-    import mlflow
-
     from raycpt.report.progress import count_progress
     from raycpt.runtime import ray_session
-    from raycpt.tracking import mlflow_run
 
     t0, cfg, run_dir, c = time.time(), plan.cfg, run.run_dir, plan.cfg.compare
     result = CompareResult(run_dir=run_dir, rows=[], mlflow_run_id=run.run_id)
     seqs, swap_blocks = plan.seqs, plan.swap_blocks
     per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
-    with run.active(), ray_session(cfg.ray), count_progress("compare", per_pair * len(plan.pairs), unit="Ray tasks",
+    with ray_session(cfg.ray), count_progress("compare", per_pair * len(plan.pairs), unit="Ray tasks",
                                                             console=console, transient=True) as advance:
         for name, bp, tp, label in plan.pairs:
             out_dir = run_dir if not plan.sweep else run_dir / "trials" / name
@@ -304,15 +297,16 @@ def execute(plan: ComparePlan, run, resume: bool = False, console=None) -> Compa
                         swap_blocks=swap_blocks, outlier_factor=c.outlier_factor, eval_tasks=cfg.eval.tasks,
                         eval_modes=cfg.eval.modes, eval_limit=cfg.eval.limit)
             files = write_outputs(out_dir, res, plan.base_label, label, meta)
-            with (mlflow_run(cfg.tracking, run_name=name, parent_run_id=run.run_id,
-                             tags={"raycpt.command": "compare", "raycpt.trial": name})
-                  if plan.sweep else contextlib.nullcontext()):
-                _log_pair(res, files, out_dir)
+            if plan.sweep:
+                with run.child(name, out_dir, tags={"raycpt.command": "compare", "raycpt.trial": name}) as child:
+                    _log_pair(child, res, files, out_dir)
+            else:
+                _log_pair(run, res, files, out_dir)
             result.children.append(CompareResult(
                 run_dir=out_dir, rows=res["rows"], swaps=res["swaps"], base_score=res["base_score"],
                 tuned_score=res["tuned_score"], plots=[f for f in files if str(f).endswith(".png")]))
         result.wall_s = time.time() - t0
-        mlflow.log_metric("wall_time_s", result.wall_s)
+        run.log_metrics({"wall_time_s": result.wall_s})
     first = result.children[0]
     result.rows, result.swaps = first.rows, first.swaps
     result.base_score, result.tuned_score, result.plots = first.base_score, first.tuned_score, first.plots

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -38,7 +37,6 @@ from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, grid_params, heldout_
                               train_and_evaluate, warm_imports)
 from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, read_state
-from raycpt.tracking import log_metrics, log_series, tracked
 
 
 @dataclass(frozen=True)
@@ -56,9 +54,8 @@ class ScanTrial:
         from raycpt.train.loop import EvalRequest
 
         run, base_path = trial.run, trial.shared["model_path"]
-        if run.created:  # the server gone: `raycpt runs sync` logs them from trial.json's spec
-            for k, v in scan_params(dataclasses.asdict(self)).items():
-                tracked(run.client.log_param, run.run_id, k, v)
+        if run.created or not run.run_id:
+            run.log_params(scan_params(dataclasses.asdict(self)))
         tcfg, info = scan_trial_config(trial.cfg, self, trial.shared.get("ranking_file")), {}
         if self.kind == "base":
             model_dir = base_path
@@ -87,7 +84,7 @@ class ScanTrial:
 
     @staticmethod
     def _log(trial: Trial, r: dict) -> None:
-        tracked(_log_trial, trial, r)  # the server gone: the trial's folder has it (`raycpt runs sync`)
+        _log_trial(trial, r)
 
 
 def scan_params(spec: dict) -> dict:
@@ -108,11 +105,8 @@ def scan_trial_records(result: dict) -> tuple[dict, list[tuple[str, int, float]]
 
 def _log_trial(trial: Trial, r: dict) -> None:
     metrics, series = scan_trial_records(r)
-    with trial.logging() as on:
-        if not on:
-            return
-        log_metrics(metrics)
-        log_series(series)
+    trial.run.log_metrics(metrics)
+    trial.run.log_points(series)
 
 
 def scan_trials(layers: list[int]) -> list[ScanTrial]:
@@ -292,8 +286,8 @@ def execute(plan: ContributionPlan, run, resume: bool = False, console=None,
     analysis["against_name"] = c.against
     files = [ranking_file] + write_outputs(run_dir, analysis, trials, plan.num_layers, c)
     wall = time.time() - t0 + float(state.get("wall_s", 0.0) if resume else 0.0)
-    run.state(wall_s=wall, artifacts=[[os.path.relpath(f, run_dir), ""] for f in files])  # for runs sync
-    tracked(_log_scan, run, analysis, files, wall)  # the server gone: `raycpt runs sync` logs it from the folder
+    run.state(wall_s=wall)
+    _log_scan(run, analysis, files, wall)
     run.state(done=True, wall_s=wall)
     return ContributionResult(run_dir=run_dir, analysis=analysis, trials=trials, ranking_file=ranking_file,
                               files=files, wall_s=wall, parent_run_id=run.run_id, num_layers=plan.num_layers)
@@ -377,16 +371,11 @@ def scan_summary_records(a: dict, wall: float) -> tuple[dict, list[tuple[str, in
 
 
 def _log_scan(parent, a: dict, files: list[Path], wall: float) -> None:
-    import mlflow
-
     summary, series = scan_summary_records(a, wall)
-    with parent.active() as on:
-        if not on:
-            return
-        log_series(series)
-        log_metrics(summary)
-        for f in files:
-            mlflow.log_artifact(str(f))
+    parent.log_points(series)
+    parent.log_metrics(summary)
+    for f in files:
+        parent.log_artifact(f)
 
 
 def flat_metrics(d: dict, prefix: str) -> dict[str, float]:

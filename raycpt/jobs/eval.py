@@ -25,7 +25,6 @@ from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
 from raycpt.runs import command_run
 from raycpt.runtime import cluster_address, ray_session
-from raycpt.tracking import log_metrics, mlflow_run
 from raycpt.train.launch import saved_model_load
 
 _REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
@@ -172,25 +171,22 @@ def prepare(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None) 
 
 def execute(plan: EvalPlan, run, progress: bool = True) -> tuple[list[EvalResult], Path, dict[str, Path]]:
     """Evaluate, write the tables, log them (one child run per model when there are several)."""
-    import mlflow
-
     cfg, run_dir = plan.cfg, run.run_dir
     run.state(models=dict(zip(plan.names, plan.paths)))
     t0 = time.perf_counter()
     results = evaluate_checkpoints(cfg, plan.paths, names=plan.names, progress=progress)
     files = write_results(results, run_dir)
-    with run.active():
-        for p in files.values():
-            mlflow.log_artifact(str(p))
-        if len(results) == 1:
-            log_metrics(results[0].metrics())
-        else:
-            for r in results:
-                with mlflow_run(cfg.tracking, run_name=r.name, parent_run_id=run.run_id,
-                                tags={"raycpt.command": "eval", "raycpt.model": r.source}):
-                    log_metrics(r.metrics())
-                    mlflow.log_params({"model": r.source[:500]})
-        log_metrics({"eval/seconds": time.perf_counter() - t0})
+    for p in files.values():
+        run.log_artifact(p)
+    if len(results) == 1:
+        run.log_metrics(results[0].metrics())
+    else:
+        for r in results:
+            with run.child(r.name, run_dir / "models" / r.name,
+                           tags={"raycpt.command": "eval", "raycpt.model": r.source}) as child:
+                child.log_metrics(r.metrics())
+                child.log_params({"model": r.source[:500]})
+    run.log_metrics({"eval/seconds": time.perf_counter() - t0})
     run.state(seconds=time.perf_counter() - t0, files={k: str(v) for k, v in files.items()})
     return results, run_dir, files
 

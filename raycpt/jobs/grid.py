@@ -3,9 +3,10 @@
 A job hands :func:`run_grid` a list of typed trial specs (frozen dataclasses with a ``name`` and a
 ``run(trial)`` method: the trial body); the driver does everything else, once:
 
-- one nested *child* run per trial (:class:`raycpt.tracking.ChildRun`, whose id the trial keeps in
+- one nested *child* run per trial (:func:`raycpt.runs.open_child`, whose id the trial keeps in
   ``<trial>/trial.json``) under the job's run (:func:`raycpt.runs.command_run` owns that run, its end
-  status and the children left RUNNING);
+  status and the children left RUNNING); the parent's records name the trials' folders, so ``raycpt runs sync``
+  finds them;
 - the Ray Tune grid: a placement group per trial (one bundle for the trial driver, one for the Ray
   Data tasks it launches), ``Tuner`` created or restored (``--resume`` finishes unfinished trials),
   results collected from the Tune ``ResultGrid``; or, for jobs whose trials place their own Ray work
@@ -20,7 +21,6 @@ A finished trial (``<trial>/result.json``) is never redone.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
@@ -32,8 +32,8 @@ from unittest import mock
 from raycpt.cluster import preflight
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.errors import RaycptError
-from raycpt.runs import AttemptClock, assert_private_folder, memo
-from raycpt.tracking import ChildRun, adopt_lost, mark_lost, store_or_lost, tracking_lost
+from raycpt.runs import AttemptClock, assert_private_folder, memo, open_child
+from raycpt.tracking import adopt_lost, mark_lost, store_or_lost, tracking_lost
 
 RESULT = "result.json"
 SHARDS_CHECKED = "base_shards_checked"
@@ -78,7 +78,7 @@ class Trial:
     cfg: ExperimentConfig
     dir: Path
     run: Any
-    """Its :class:`raycpt.tracking.ChildRun` (``run_id``, ``created``, ``elapsed``, ``meta``)."""
+    """Its :class:`raycpt.runs.Run` (``run_id``, ``created``, ``elapsed``, ``meta``; ``log_*`` into its folder)."""
     parent_run_id: str
     shared: dict
     threads: Optional[int] = None
@@ -91,21 +91,6 @@ class Trial:
     def elapsed(self) -> float:
         """Seconds this trial has run over all its attempts."""
         return self.clock.elapsed if self.clock is not None else self.run.elapsed
-
-    @contextlib.contextmanager
-    def logging(self):
-        """The trial's child run as MLflow's active run (``log_metrics`` / ``log_artifact`` inside); yields False
-        (log nothing: the trial's folder has it, ``raycpt runs sync`` replays it) while the server is gone."""
-        import mlflow
-
-        from raycpt.tracking import tracking_lost
-
-        if tracking_lost() or self.run.run_id is None:
-            yield False
-            return
-        mlflow.set_tracking_uri(self.cfg.tracking.uri)
-        with mlflow.start_run(run_id=self.run.run_id):
-            yield True
 
 
 def grid_params(specs, params: Optional[dict] = None) -> dict:
@@ -148,17 +133,15 @@ def _trial_body(config: dict, cfg: ExperimentConfig, spec, tdir: Path) -> dict:
     """The trial under its child run. A tracking server gone (before or during the trial) does not fail it: the
     trial runs locally and the job's folder gets the record (:data:`raycpt.tracking.LOST_FILE`), which the driver
     adopts (:func:`run_grid`); ``raycpt runs sync JOB_DIR`` replays it later."""
-    from mlflow.tracking import MlflowClient
-
     from raycpt.models.shards import trust_checked
 
     trust_checked(config["shared"].get(SHARDS_CHECKED))  # the base shards the driver verified for this command
     job_dir = Path(config["trials_root"]).parent
     exp_id = store_or_lost(cfg.tracking, job_dir, config.get("started", 0.0))
     label = getattr(spec, "label", None) or spec.name
-    with ChildRun(MlflowClient(), tdir / config["meta_file"], exp_id, config["parent_run_id"], label,
-                  tags={"raycpt.command": config["command"], config["name_tag"]: spec.name},
-                  meta={"spec": config["spec"]}) as run, AttemptClock(tdir / "attempts.json") as clock:
+    with open_child(cfg, config["command"], tdir, config["meta_file"], exp_id, config["parent_run_id"], label,
+                    tags={"raycpt.command": config["command"], config["name_tag"]: spec.name},
+                    meta={"spec": config["spec"]}) as run, AttemptClock(tdir / "attempts.json") as clock:
         trial = Trial(cfg=cfg, dir=tdir, run=run, parent_run_id=config["parent_run_id"], shared=config["shared"],
                       threads=config.get("threads"), console=config.get("console"), clock=clock)
         result = spec.run(trial)
@@ -204,6 +187,7 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
         console.print(f"{grid.command}: {len(names)} trials ({', '.join(names)}) -> {run_dir}")
     results: dict[str, dict] = {}
     errors: dict[str, str] = {}
+    parent.note_children([(run_dir / grid.folder / n, grid.meta_file) for n in names])  # where the sync finds them
     preflight(cfg, grid.max_concurrent)  # shared storage on every node; the SQLite-with-concurrency warning
     if grid.model_path is not None:
         from raycpt.train.launch import packed_corpus
@@ -277,8 +261,8 @@ def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress
 
     req = EvalRequest(out_dir=str(trial.dir / "eval"), name=name, heldout_path=trial.shared.get("heldout_path"))
     tdir = trial.dir / "train"
-    train = run_training(tcfg, run_dir=tdir, resume=(tdir / "state.json").exists() or (tdir / "ray").exists(),
-                         parent_run_id=trial.parent_run_id, mlflow_run_id=trial.run.run_id, name=name,
+    train = run_training(tcfg, trial.run, run_dir=tdir,
+                         resume=(tdir / "state.json").exists() or (tdir / "ray").exists(), name=name,
                          progress=progress, evaluate=req, in_process=trial.threads is not None)
     ev, heldout = final_evaluation(train.final_model_dir, tcfg.eval, req, threads=trial.threads)
     return train, ev, heldout

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,6 @@ from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.jobs.grid import Grid, Trial, grid_params, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json, atomic_write_text
 from raycpt.runs import command_run, open_run_dir, read_state, refuse_existing_outputs
-from raycpt.tracking import log_metrics, tracked, tracking_lost
 
 SEGMENT_MAP = "segment_map.json"
 
@@ -166,7 +164,7 @@ class HybridBuild:
         say = console.print if console is not None else (lambda *a, **k: None)
         say(f"[bold]{self.label}[/bold]: build")
         built = build_one(plan, trial.dir / "initial", progress=progress)
-        tracked(_log_build_params, trial.run, built)  # the server gone: `raycpt runs sync` logs them
+        _log_build_params(trial.run, built)
         tcfg = hybrid_train_config(trial.cfg, built)
         say(f"[bold]{self.label}[/bold]: train layers {built.trainable_layers} ({tcfg.train.max_steps} steps)")
         train, ev, _ = train_and_evaluate(trial, tcfg, self.label, progress=progress)
@@ -174,7 +172,7 @@ class HybridBuild:
         atomic_write_json(trial.dir / "eval_result.json", ev.to_dict())
         say(f"[bold]{self.label}[/bold]: trace")
         trace_cfg = dataclasses.replace(tcfg, model=dataclasses.replace(tcfg.model, ref=str(final)))
-        tr = run_trace(trace_cfg, run_dir=trial.dir / "trace", parent_run_id=trial.run.run_id, progress=progress)
+        tr = run_trace(trace_cfg, run_dir=trial.dir / "trace", parent=trial.run, progress=progress)
         result = {
             "build": plan.name, "display": display_name(plan), "name": self.label, "initial_dir": str(built.folder),
             "final_model_dir": str(final), "trainable_layers": built.trainable_layers,
@@ -187,7 +185,7 @@ class HybridBuild:
                       "paths": {k: str(v) for k, v in tr.paths.items()}},
             "mlflow_run_id": trial.run.run_id, "wall_s": trial.run.elapsed,
         }
-        tracked(_log_build, trial, result)  # the server gone: the build's folder has it (`raycpt runs sync`)
+        _log_build(trial, result)
         return result
 
 
@@ -202,14 +200,11 @@ def build_params(built: dict) -> dict:
 
 
 def _log_build_params(run, built: BuiltHybrid) -> None:
-    """The build's segments and counts as child run parameters, once over every attempt (none while the server
-    is gone: ``params_logged`` stays unset and ``raycpt runs sync`` logs them)."""
-    if run.meta.get("params_logged") or run.run_id is None or tracking_lost():
+    """The build's segments and counts as child run parameters and its segment map, once over every attempt."""
+    if run.meta.get("params_logged"):
         return
-    client, run_id = run.client, run.run_id
-    for k, v in build_params(built.to_dict()).items():
-        client.log_param(run_id, k, v)
-    client.log_artifact(run_id, str(built.folder / SEGMENT_MAP))
+    run.log_params(build_params(built.to_dict()))
+    run.log_artifact(built.folder / SEGMENT_MAP)
     run.meta["params_logged"] = True
     run.save_meta()
 
@@ -225,15 +220,10 @@ def build_records(result: dict, eval_files: list) -> tuple[dict, list[tuple[str,
 
 
 def _log_build(trial: Trial, result: dict) -> None:
-    import mlflow
-
     metrics, files = build_records(result, [p for p in (trial.dir / "eval").glob("*") if p.is_file()])
-    with trial.logging() as on:
-        if not on:
-            return
-        log_metrics(metrics)
-        for path, folder in files:
-            mlflow.log_artifact(path, artifact_path=folder)
+    trial.run.log_metrics(metrics)
+    for path, folder in files:
+        trial.run.log_artifact(path, folder)
 
 
 @dataclass
@@ -290,8 +280,8 @@ def execute(cfg: ExperimentConfig, plans: list, run, resume: bool = False, conso
                           for r in results]}
     atomic_write_json(run_dir / "summary.json", summary)
     files = hybrid_artifacts([*paths.values(), run_dir / "summary.json"], results)
-    run.state(wall_s=wall, artifacts=[[os.path.relpath(p, run_dir), d] for p, d in files])  # for runs sync
-    tracked(_log_run, run, summary, files)  # the server gone: `raycpt runs sync` logs it from the folder
+    run.state(wall_s=wall)
+    _log_run(run, summary, files)
     run.state(done=True, wall_s=wall)
     if console is not None:
         for t in render_table(evals):
@@ -324,12 +314,7 @@ def hybrid_artifacts(files: list, results: list[dict]) -> list[tuple[str, str]]:
 
 
 def _log_run(parent, summary: dict, files: list[tuple[str, str]]) -> None:
-    import mlflow
-
-    with parent.active() as on:
-        if not on:
-            return
-        log_metrics(hybrid_summary_metrics(summary))
-        for path, folder in files:
-            if Path(path).is_file():
-                mlflow.log_artifact(path, artifact_path=folder or None)
+    parent.log_metrics(hybrid_summary_metrics(summary))
+    for path, folder in files:
+        if Path(path).is_file():
+            parent.log_artifact(path, folder or None)

@@ -129,7 +129,7 @@ def _layertracer(prep: _Prepared, run, progress: bool) -> tuple[np.ndarray, str]
     from raycpt.diagnostics.selectors import layertracer_scores
     from raycpt.jobs.trace import run_trace
 
-    res = run_trace(prep.trace.cfg, run_dir=run.run_dir / "trace", parent_run_id=run.run_id, progress=progress)
+    res = run_trace(prep.trace.cfg, run_dir=run.run_dir / "trace", parent=run, progress=progress)
     return layertracer_scores(res.tp_norm, res.ls_norm), (f"LS^ - TP^ of a trace on {res.num_prompts} prompts "
                                                           f"(recommended split r = {res.recommended_split:g})")
 
@@ -171,17 +171,11 @@ def execute(prep: _Prepared, run, progress: bool = True) -> SelectResult:
 
 
 def _log(run, method: str, scores: np.ndarray, best: list[int], paths: dict, wall_s: float) -> None:
-    import mlflow
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    series = [Metric(f"select/{method}", float(v), now, i) for i, v in enumerate(scores) if np.isfinite(v)]
-    run.client.log_batch(run.run_id, metrics=series)
-    with run.active():
-        mlflow.log_params({"select.top_k": ",".join(map(str, best))})
-        mlflow.log_metric("select_scan_s", wall_s)
-        for p in paths.values():
-            mlflow.log_artifact(str(p), artifact_path="select")
+    run.log_points([(f"select/{method}", i, float(v)) for i, v in enumerate(scores) if np.isfinite(v)])
+    run.log_params({"select.top_k": ",".join(map(str, best))})
+    run.log_metrics({"select_scan_s": wall_s})
+    for p in paths.values():
+        run.log_artifact(p, "select")
 
 
 def run_select(cfg: ExperimentConfig, progress: bool = True) -> SelectResult:

@@ -27,7 +27,6 @@ from raycpt.io import atomic_write_json
 from raycpt.runs import command_run, memo
 from raycpt.splits import check_split, split_index
 from raycpt.strategies import split_plans, takes_split
-from raycpt.tracking import log_metrics, tracked
 
 
 @dataclass(frozen=True)
@@ -51,8 +50,8 @@ class TrialSpec:
 
         run = trial.run
         tcfg = trial_config(trial.cfg, self)
-        if run.created:
-            tracked(self.log_params, run, tcfg.train.seed)
+        if run.created or not run.run_id:
+            self.log_params(run, tcfg.train.seed)
         train, ev, heldout = train_and_evaluate(trial, tcfg, self.name)
         cells = ev.metrics()
         result = {
@@ -66,7 +65,7 @@ class TrialSpec:
             "heldout_loss": heldout, "peak_memory_mb": train.peak_memory_mb,
             "trainable_per_step": train.trainable_per_step, "pid": train.pid,
         }
-        tracked(log_trial_result, trial, result)  # the server gone: the trial's folder has it (`raycpt runs sync`)
+        log_trial_result(trial, result)
         return result
 
     def params(self, seed) -> dict:
@@ -75,9 +74,8 @@ class TrialSpec:
                 "recipe": ",".join(f"{k}={v}" for k, v in self.recipe.items())}
 
     def log_params(self, run, seed) -> None:
-        for k, v in self.params(seed).items():
-            run.client.log_param(run.run_id, k, "" if v is None else v)
-        run.client.set_tag(run.run_id, "seed", str(seed))
+        run.log_params({k: "" if v is None else v for k, v in self.params(seed).items()})
+        run.set_tags({"seed": str(seed)})
 
 
 def trial_metrics(result: dict) -> dict:
@@ -89,18 +87,10 @@ def trial_metrics(result: dict) -> dict:
 
 
 def log_trial_result(trial: Trial, result: dict) -> None:
-    """:func:`trial_metrics` and the ``trainable_params`` param on the trial's child run."""
-    import mlflow
-
-    run = trial.run
-    with trial.logging() as on:
-        if not on:
-            return
-        log_metrics(trial_metrics(result))
-        # the training loop may have logged it already (LISA: the per-interval count, where the train result
-        # counts every layer a draw can pick); MLflow refuses a second, different value for a param
-        if "trainable_params" not in run.client.get_run(run.run_id).data.params:
-            mlflow.log_param("trainable_params", result["trainable_params"])
+    """:func:`trial_metrics` and the ``trainable_params`` param on the trial's child run (a value the training loop
+    logged first stays: LISA's per-interval count, where the train result counts every layer a draw can pick)."""
+    trial.run.log_metrics(trial_metrics(result))
+    trial.run.log_params({"trainable_params": result["trainable_params"]})
 
 
 def plan_grid(splits: list[float], strategies: list[str], num_layers: int, include_full: bool = True,
@@ -295,7 +285,7 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_gri
         trace = None
         if s.trace_first:
             splits = sorted({t.split for t in plan.specs if t.split is not None}) or list(s.splits)
-            trace = _trace_once(cfg, run_dir, splits, run.run_id)
+            trace = _trace_once(cfg, run_dir, splits, run)
         if is_auto(s.budget):
             plan.specs = _auto_specs(plan, trace, console)
         grid = Grid("sweep", plan.specs, shared=shared, cpus=s.cpus_per_trial, data_cpus=s.data_cpus_per_trial,
@@ -306,7 +296,7 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_gri
         stop_ray_soon()  # Ray shuts down while the summary is written
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg))
-        tracked(log_summary, run, summary["files"], trace, summary)  # the server gone: `raycpt runs sync` logs it
+        log_summary(run, summary["files"], trace, summary)
         run.state(done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace)
 
@@ -344,17 +334,17 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
     return res
 
 
-def _trace_once(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent_id: str) -> dict:
+def _trace_once(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent) -> dict:
     """Run the trace once per sweep (skipped on resume when it already finished: the memo)."""
     if cfg.sweep.trace_max_prompts is not None:
         cfg = dataclasses.replace(cfg, trace=dataclasses.replace(cfg.trace, max_prompts=cfg.sweep.trace_max_prompts))
-    return memo(run_dir / "trace" / "trace_result.json", lambda: _trace(cfg, run_dir, splits, parent_id))
+    return memo(run_dir / "trace" / "trace_result.json", lambda: _trace(cfg, run_dir, splits, parent))
 
 
-def _trace(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent_id: str) -> dict:
+def _trace(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent) -> dict:
     from raycpt.jobs.trace import run_trace
 
-    res = run_trace(cfg, run_dir=run_dir / "trace", splits=splits, parent_run_id=parent_id)
+    res = run_trace(cfg, run_dir=run_dir / "trace", splits=splits, parent=parent)
     return {"recommended_split": res.recommended_split,
             "split_scores": {f"{float(row['ratio']):g}": float(row["S"]) for row in res.split_table},
             "split_intervals": {f"{float(row['ratio']):g}": [row.get("S_lo"), row.get("S_hi")]
@@ -364,26 +354,20 @@ def _trace(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent_id:
 
 
 def log_summary(run, files: list, trace: Optional[dict], summary: dict) -> None:
-    """The summary on the sweep's run (a :class:`raycpt.runs.CommandRun`): its files, the flat per-cell table as
-    the MLflow table ``summary/deltas.json`` (once, also when a resumed sweep summarises again), S(b) and the
-    headline deltas as metrics."""
-    client, run_id = run.client, run.run_id
+    """The summary on the sweep's :class:`raycpt.runs.Run`: its files, the flat per-cell table as the MLflow table
+    ``summary/deltas.json``, S(b) and the headline deltas as metrics."""
     for f in files:
-        client.log_artifact(run_id, str(f), artifact_path="summary")
+        run.log_artifact(f, "summary")
     for a in (trace or {}).get("artifacts", []):
         if Path(a).is_file():
-            client.log_artifact(run_id, a, artifact_path="trace")
-    # the parent's table (log_table appends: a re-run summary of the same parent run logs it once)
-    if summary["records"] and not any(f.path == "summary/deltas.json" for f in client.list_artifacts(run_id, "summary")):
+            run.log_artifact(a, "trace")
+    if summary["records"]:
         cols = list(summary["records"][0])
-        client.log_table(run_id, data={c: [r[c] for r in summary["records"]] for c in cols},
-                         artifact_file="summary/deltas.json")
-    for task, gains in summary["split_gains"].items():
-        for g in gains:
-            if g["S_b"] is not None:
-                client.log_metric(run_id, f"S_b/{g['split']:g}", g["S_b"])
+        run.log_table({c: [r[c] for r in summary["records"]] for c in cols}, "summary/deltas.json")
+    metrics = {f"S_b/{g['split']:g}": g["S_b"] for gains in summary["split_gains"].values() for g in gains
+               if g["S_b"] is not None}
     for e in summary["domain_general"]:  # the headline numbers as metrics too (compare parents in the UI)
         for role in ("domain", "general"):
-            for i in e[role]:
-                if i.get("delta") is not None:
-                    client.log_metric(run_id, f"{role}_delta/{e['name']}/{i['task']}/{i['mode']}", i["delta"])
+            metrics.update({f"{role}_delta/{e['name']}/{i['task']}/{i['mode']}": i["delta"] for i in e[role]
+                            if i.get("delta") is not None})
+    run.log_metrics(metrics)

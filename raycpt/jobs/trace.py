@@ -40,7 +40,6 @@ from raycpt.jobs.grid import model_layers
 from raycpt.report.progress import count_progress
 from raycpt.report.trace import aggregate
 from raycpt.splits import check_ratio, check_split
-from raycpt.tracking import tracked
 
 
 # ------------------------------------------------------------------------------------------ result
@@ -297,38 +296,32 @@ def _finite_series(name: str, values) -> list[tuple[str, int, float]]:
     return [(name, i, float(v)) for i, v in enumerate(values) if v is not None and np.isfinite(float(v))]
 
 
-def _log_mlflow(run, summary: dict, paths: dict[str, Path]) -> None:
-    """:func:`trace_params` and :func:`trace_records` into the trace's run, its files under ``trace/``; nothing
-    while the tracking server is gone (the folder has it all: ``raycpt runs sync``)."""
-    import mlflow
-
-    from raycpt.tracking import log_metrics, log_series
-
+def log_trace(run, summary: dict, paths: dict[str, Path]) -> None:
+    """:func:`trace_params` and :func:`trace_records` into the trace's :class:`raycpt.runs.Run`, its files under
+    ``trace/``."""
     series, metrics = trace_records(summary)
-    with run.active() as on:
-        if not on:
-            return
-        mlflow.log_params(trace_params(summary))
-        log_series(series)
-        log_metrics(metrics)
-        for p in paths.values():
-            mlflow.log_artifact(str(p), artifact_path="trace")
+    run.log_params(trace_params(summary))
+    run.log_points(series)
+    run.log_metrics(metrics)
+    for p in paths.values():
+        run.log_artifact(p, "trace")
 
 
 def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Optional[list[float]] = None,
-              prompts: Optional[str] = None, top_k: Optional[int] = None, parent_run_id: Optional[str] = None,
+              prompts: Optional[str] = None, top_k: Optional[int] = None, parent=None,
               progress: bool = True) -> TraceResult:
     """Trace ``cfg.model`` over a prompt set and recommend a train-shallow / freeze-deep split.
 
     ``splits``, ``prompts`` and ``top_k`` override ``cfg.trace``; ``run_dir`` defaults to a new
-    ``<run_root>/trace-<name>-<id>/``; with ``parent_run_id`` the MLflow run is nested under it.
+    ``<run_root>/trace-<name>-<id>/``; with ``parent`` (a :class:`raycpt.runs.Run`) the MLflow run is nested
+    under its run.
     Bad input raises :class:`RaycptError` before Ray or MLflow is touched (:func:`prepare_trace`);
     the work is :func:`execute`, inside the command's :func:`raycpt.runs.command_run`.
     """
     from raycpt.runs import command_run
 
     prep = prepare_trace(cfg, splits=splits, prompts=prompts, top_k=top_k)
-    with command_run(prep.cfg, "trace", run_dir=run_dir, parent_run_id=parent_run_id,
+    with command_run(prep.cfg, "trace", run_dir=run_dir, parent=parent,
                      run_name=f"trace-{prep.cfg.name}") as run:
         return execute(prep, run, progress=progress)
 
@@ -365,8 +358,7 @@ def execute(prep: _Prepared, run, progress: bool = True) -> TraceResult:
                    median=agg["profiles"]["median"])
     paths = write_artifacts(run_dir, agg["df"], agg["profiles"], agg["table"], agg["recommended"], summary,
                             requested=prep.splits, title=f"{Path(cfg.model.ref).name}")
-    run.state(artifacts=[[Path(p).name, "trace"] for p in paths.values()])  # what `raycpt runs sync` logs
-    tracked(_log_mlflow, run, summary, paths)  # the server gone: the folder has it (`raycpt runs sync`)
+    log_trace(run, summary, paths)
     prof = agg["profiles"]
     return TraceResult(run_dir=run_dir, run_id=run.run_id, model_ref=cfg.model.ref, num_layers=prep.num_layers,
                        num_prompts=len(prep.records), top_k=cfg.trace.top_k, tau=cfg.trace.tau, tp=prof["tp"],

@@ -28,7 +28,7 @@ def execute(cfg: ExperimentConfig, run, resume: bool = False, progress: bool = T
     from raycpt.train.launch import run_training
 
     with ray_session(cfg.ray):
-        return run_training(cfg, run_dir=run.run_dir, resume=resume, mlflow_run_id=run.run_id, progress=progress)
+        return run_training(cfg, run, resume=resume, progress=progress)
 
 
 def run_train(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True):

@@ -39,7 +39,7 @@ from raycpt.train.checkpoint import (find_checkpoints, publish_model, read_manif
                                      verify_model_folder)
 from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
 from raycpt.train.parallel import check_parallel
-from raycpt.tracking import adopt_lost, tracked, tracking_lost
+from raycpt.tracking import adopt_lost
 
 FINAL_MODEL = "final_model"
 log = logging.getLogger(__name__)
@@ -270,60 +270,64 @@ class _Prepared:
     """The replay corpus's packed store (``data.replay``), or None."""
 
 
-def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resume: bool = False,
-                 parent_run_id: Optional[str] = None, mlflow_run_id: Optional[str] = None,
+def run_training(cfg: ExperimentConfig, run=None, *, run_dir: Optional[Path] = None, resume: bool = False,
                  name: Optional[str] = None, progress: bool = False, faults: Optional[dict] = None,
                  callbacks: Optional[list] = None, evaluate: Optional[EvalRequest] = None,
                  in_process: bool = False) -> TrainResult:
-    """Train ``cfg.model`` with ``cfg.plan`` on ``cfg.data`` under a Ray ``TorchTrainer``.
+    """Train ``cfg.model`` with ``cfg.plan`` on ``cfg.data`` under a Ray ``TorchTrainer``, recording into ``run``.
 
-    ``run_dir`` None = a new run folder (``--resume``: the newest one of this name); given (e.g. a
-    sweep trial's folder) = use it. ``mlflow_run_id`` continues an existing run (a sweep's child
-    run); else ``parent_run_id`` nests a new run under it. ``evaluate`` (an :class:`EvalRequest`) makes
-    the workers evaluate the final weights with ``cfg.eval`` (each its share of the questions, gathered on
-    rank 0) in the worker right after training (not with FSDP); read it with :func:`final_evaluation`. Needs Ray.
-    ``in_process`` (a grid trial): a run of one CPU worker runs in this process, Train V2's local mode
-    (:func:`local_mode`), instead of starting a worker group for it.
+    ``run`` (a :class:`raycpt.runs.Run`: the ``raycpt train`` command's, or a grid trial's child) receives the
+    params, metrics and files, and this function opens and ends no run; ``run_dir`` is the training folder (default
+    the run's folder; a trial trains in ``<trial>/train``). ``run`` None: the ``raycpt train`` lifecycle
+    (:func:`raycpt.runs.command_run`) around it, after every check (``--resume``: the newest run of this name).
+    ``evaluate`` (an :class:`EvalRequest`) makes the workers evaluate the final weights with ``cfg.eval`` (each its
+    share of the questions, gathered on rank 0) in the worker right after training (not with FSDP); read it with
+    :func:`final_evaluation`. Needs Ray. ``in_process`` (a grid trial): a run of one CPU worker runs in this
+    process, Train V2's local mode (:func:`local_mode`), instead of starting a worker group for it.
 
     The steps: :func:`_open_run` (the folder; a finished run resumed returns its saved result) ->
-    :func:`_prepare` (validate, plan, checkpoint to resume, corpus) -> in the MLflow run:
-    :func:`_log_start`, :func:`_fit` (the ``TorchTrainer``), :func:`_check_status` (NaN stop),
-    :func:`_publish` (``final_model/``, pruning), :func:`_summarize` (loss curve, metrics, result)."""
+    :func:`_prepare` (validate, plan, checkpoint to resume, corpus) -> :func:`_log_start`, :func:`_fit` (the
+    ``TorchTrainer``), :func:`_check_status` (NaN stop), :func:`_publish` (``final_model/``, pruning),
+    :func:`_summarize` (loss curve, metrics, result)."""
     import ray
 
-    from raycpt.report.train import read_events
-    from raycpt.runs import ended_state, open_run_dir, write_state
-    from raycpt.tracking import mlflow_run
-    from raycpt.train.loop import METRICS_FILE, STATUS_FILE
+    from raycpt.runs import command_run
 
     if not ray.is_initialized():
         raise RuntimeError("run_training needs Ray: call it inside raycpt.runtime.ray_session(cfg.ray)")
+    opts = dict(name=name, progress=progress, faults=faults, callbacks=callbacks, evaluate=evaluate,
+                in_process=in_process)
+    if run is None:  # `raycpt train` from the library: every check first, then the command's lifecycle
+        prep = None if resume else _prepare(cfg, None, False, progress)  # a resume checks its folder's checkpoint
+        with command_run(cfg, "train", resume=resume, run_name=name or f"train-{cfg.name}",
+                         on_open=(lambda d: check_resume_settings(d, cfg)) if resume else None) as own:
+            return _train_into(cfg, own, own.dir, resume, prep=prep, **opts)
+    return _train_into(cfg, run, Path(run_dir) if run_dir is not None else run.dir, resume, **opts)
+
+
+def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=None, progress=False, faults=None,
+                callbacks=None, evaluate=None, in_process=False, prep: Optional[_Prepared] = None) -> TrainResult:
+    from raycpt.report.train import read_events
+    from raycpt.runs import ended_state, write_state
+    from raycpt.train.loop import METRICS_FILE, STATUS_FILE
+
     t_start = time.time()
-    run_dir, state = _open_run(cfg, run_dir, resume)
+    state = _open_run(cfg, run_dir, resume)
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
         why = verify_model_folder(run_dir / FINAL_MODEL)
         if why is None:
             return _result_from_files(run_dir, state)
         log.warning("warning: %s fails its manifest check (%s): publishing it again from the last verified checkpoint",
                     run_dir / FINAL_MODEL, why)
-    prep = _prepare(cfg, run_dir, resume, progress)  # everything is validated before any MLflow run (or new run folder)
-    if run_dir is None:
-        run_dir = open_run_dir(cfg, "train")
-
+    prep = prep or _prepare(cfg, run_dir, resume, progress)  # every bad input fails here, before any record
     attempt = int(state.get("attempts", 0)) + 1
     ray_name = f"{name or 'train'}-{run_dir.name}-a{attempt}-{uuid.uuid4().hex[:6]}"
-    run_id = mlflow_run_id or (state.get("mlflow_run_id") if resume else None)
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
-    import mlflow  # noqa: F401 - import first: MLflow sets its logger's level when imported
-
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # no "creating tables" chatter around our one line
-    with ended_state(run_dir), mlflow_run(cfg.tracking, run_name=name or f"train-{cfg.name}", run_id=run_id,
-                                          parent_run_id=parent_run_id, tags={"raycpt.command": "train"}) as run:
-        run_id = run.info.run_id
-        write_state(run_dir, mlflow_run_id=run_id, attempts=attempt, status="running", ray_name=ray_name,
+    with ended_state(run_dir):
+        write_state(run_dir, mlflow_run_id=run.run_id, attempts=attempt, status="running", ray_name=ray_name,
                     model_path=prep.model_path, plan=prep.plan.to_dict(), prepare_s=round(time.time() - t_start, 3))
-        tracked(_log_start, cfg, run_dir, prep)  # the server gone: `raycpt runs sync` logs the config later
-        loop_config = _loop_config(cfg, run_dir, prep, run_id, ray_name, faults, callbacks, evaluate)
+        _log_start(cfg, run, run_dir, prep)
+        loop_config = _loop_config(cfg, run_dir, prep, run, ray_name, faults, callbacks, evaluate)
         loop_config["local_mode"] = local_mode(cfg, in_process)
         if loop_config["local_mode"] and _base_shards(cfg, prep):  # checkpoints link the frozen layers too
             from raycpt.train.checkpoint import weights_dtype
@@ -338,7 +342,7 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
         ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, prep),
                             link=not cfg.train.keep_finished_checkpoints)
         clock["published"] = time.time()
-        res = _summarize(cfg, run_dir, prep, run_id, ckpt_dir, t_start)
+        res = _summarize(cfg, run, run_dir, prep, ckpt_dir, t_start)
         write_state(run_dir, status="finished", wall_s=res.wall_s, events=len(read_events(run_dir / METRICS_FILE)),
                     clock={**clock, "summarized": time.time(), "start": t_start})
     if not cfg.train.keep_finished_checkpoints:
@@ -408,23 +412,17 @@ def drop_checkpoints(run_dir: Path) -> list[Path]:
     return gone
 
 
-def _open_run(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool) -> tuple[Optional[Path], dict]:
-    """The run folder and its ``state.json``: ``--resume`` re-opens the newest of this name; a given
-    folder is made (config saved, paths absolute); None = made later, once everything is valid."""
-    from raycpt.runs import open_run_dir, read_state
+def _open_run(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
+    """The training folder (made; config saved unless a resume keeps the one it was made with; paths absolute)
+    and its ``state.json``."""
+    from raycpt.runs import read_state
 
-    if run_dir is None and resume:
-        run_dir = open_run_dir(cfg, "train", resume=True)
-        check_resume_settings(run_dir, cfg)
-        sweep_leftovers(run_dir / FINAL_MODEL)
-    elif run_dir is not None:
-        run_dir = Path(run_dir).resolve()
-        _make_absolute(cfg)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        sweep_leftovers(run_dir / FINAL_MODEL)  # a publish killed mid-way (kill -9) left its hidden copy
-        if not (resume and (run_dir / "config.yaml").is_file()):  # a resume keeps the config it was made with
-            save_config(cfg, run_dir / "config.yaml")
-    return run_dir, (read_state(run_dir) if run_dir is not None else {})
+    _make_absolute(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sweep_leftovers(run_dir / FINAL_MODEL)  # a publish killed mid-way (kill -9) left its hidden copy
+    if not (resume and (run_dir / "config.yaml").is_file()):  # a resume keeps the config it was made with
+        save_config(cfg, run_dir / "config.yaml")
+    return read_state(run_dir)
 
 
 def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progress: bool = False) -> _Prepared:
@@ -456,30 +454,27 @@ def replay_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True):
     return packed_corpus(dataclasses.replace(cfg, data=data), model_path, quiet=quiet)
 
 
-def _log_start(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared) -> None:
-    """The config, the plan and the corpus size on the active MLflow run."""
-    import mlflow
+def _log_start(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared) -> None:
+    """The config, the plan and the corpus size on the run (a value the run has already is kept: a resumed run
+    whose overrides changed a param)."""
+    from raycpt.runs import config_params
 
-    from raycpt.tracking import log_config
-
-    try:
-        log_config(cfg)
-    except Exception:  # noqa: BLE001 - a resumed run whose overrides changed a logged param
-        pass
-    mlflow.set_tags({"raycpt.plan": prep.plan.describe()[:5000], "raycpt.run_dir": str(run_dir)})
-    mlflow.log_params({"model_path": prep.model_path[:500], "corpus_blocks": prep.n_blocks,
-                       "tokens_per_step": cfg.train.num_workers * cfg.train.grad_accum
-                       * cfg.train.micro_batch_size * cfg.data.seq_len})
+    run.log_params(config_params(cfg))
+    run.set_tags({"raycpt.plan": prep.plan.describe()[:5000], "raycpt.run_dir": str(run_dir)})
+    run.log_params({"model_path": prep.model_path[:500], "corpus_blocks": prep.n_blocks,
+                    "tokens_per_step": cfg.train.num_workers * cfg.train.grad_accum
+                    * cfg.train.micro_batch_size * cfg.data.seq_len})
 
 
-def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: str, ray_name: str,
+def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run, ray_name: str,
                  faults: Optional[dict], callbacks: Optional[list], evaluate: Optional[EvalRequest]) -> dict:
     """The workers' config (:func:`raycpt.train.loop.run_loop`); an old evaluation file is removed."""
     from raycpt.train.callbacks import callbacks_for
 
     loop_config = {
         "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
-        "mlflow": {"uri": cfg.tracking.uri, "run_id": None if tracking_lost() else run_id}, "resume_from": prep.resume_from,
+        "mlflow": {"uri": cfg.tracking.uri, "run_id": run.run_id if run.live() else None,
+                   "records": str(run.dir)}, "resume_from": prep.resume_from,
         "store": str(prep.store.path), "store_build": prep.store.build_id, "store_key": prep.store.key,
         "store_identity": prep.store.identity, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
@@ -568,11 +563,9 @@ def _publish(run_dir: Path, keep: int, base_shards=None, link: bool = False) -> 
     return ckpt_dir
 
 
-def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: str, ckpt_dir: Path,
+def _summarize(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared, ckpt_dir: Path,
                t_start: float) -> TrainResult:
     """The loss curve, final metrics and ``train_result.json`` from the workers' step records."""
-    import mlflow
-
     from raycpt.io import atomic_write_json
     from raycpt.report.train import plot_loss_curve, read_events, read_step_records
     from raycpt.train.loop import METRICS_FILE
@@ -588,14 +581,14 @@ def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: st
     wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
     res = TrainResult(run_dir=run_dir, final_model_dir=final_dir, losses=losses, steps=steps, tokens_per_s=tok_s,
                       wall_s=wall, trainable_params=prep.counts["trainable"], frozen_params=prep.counts["frozen"],
-                      mlflow_run_id=run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
+                      mlflow_run_id=run.run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
                       resumed_from_step=prep.resumed_step, step_times=times, peak_memory_mb=peak_of(records),
                       trainable_per_step=per_step_trainable(plan, events), pid=_start_pid(events))
     atomic_write_json(run_dir / "train_result.json", res.to_dict())  # the run folder first, then the store
-    tracked(mlflow.log_artifact, str(png))
-    tracked(mlflow.log_param, "final_model_dir", str(final_dir))
-    tracked(mlflow.set_tag, "raycpt.final_model_dir", str(final_dir))
-    tracked(mlflow.log_metrics, final_metrics(res))
+    run.log_artifact(png)
+    run.log_params({"final_model_dir": str(final_dir)})
+    run.set_tags({"raycpt.final_model_dir": str(final_dir)})
+    run.log_metrics(final_metrics(res))
     return res
 
 

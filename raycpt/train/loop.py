@@ -208,28 +208,30 @@ def seed_everything(seed: int) -> None:
 # ------------------------------------------------------------------------------------ logging
 
 class MetricsLogger:
-    """Rank 0's sink: a JSONL file in the run folder (the driver's progress bar tails it) + MLflow.
+    """Rank 0's sink: the step records (a JSONL file in the training folder, which the driver's progress bar tails)
+    and the run's records (:data:`raycpt.tracking.RECORDS` in the run's folder, ``mlflow_cfg["records"]``), each
+    projected into MLflow (:func:`raycpt.tracking.project`) while the server answers.
 
-    Metric and param writes (a SQLite write or an HTTP round trip each) run on one background thread,
-    in order (:class:`raycpt.train.background.BackgroundCalls`), so a step never waits for the store;
-    :meth:`close` (end of the loop) waits for what is queued."""
+    The MLflow calls (a SQLite write or an HTTP round trip each) run on one background thread, in order
+    (:class:`raycpt.train.background.BackgroundCalls`), so a step never waits for the store; :meth:`close` (end of
+    the loop) waits for what is queued."""
 
     def __init__(self, run_dir: Optional[Path], mlflow_cfg: Optional[dict]):
+        from raycpt.tracking import read_records
+
         self.path = Path(run_dir) / METRICS_FILE if run_dir else None
-        self.client = None
-        self.run_id = None
-        self.logged_through = 0
+        mlflow_cfg = mlflow_cfg or {}
+        self.records = Path(mlflow_cfg["records"]) if mlflow_cfg.get("records") else None
+        self.client, self.run_id, self.uri = None, mlflow_cfg.get("run_id"), mlflow_cfg.get("uri", "")
         self._queue: Optional[BackgroundCalls] = None
-        if mlflow_cfg and mlflow_cfg.get("run_id"):
+        # a resumed attempt re-runs the steps after its checkpoint: the run keeps one point per step
+        self.logged_through = max((int(r.get("step") or 0) for r in read_records(self.records)
+                                   if "loss" in r.get("metrics", {})), default=0) if self.records else 0
+        self.system = StepSystemMetrics()  # CPU / memory / GPU of this step window, recorded with the step
+        if self.run_id:
             from mlflow.tracking import MlflowClient
 
-            self.client = MlflowClient(tracking_uri=mlflow_cfg["uri"])
-            self.run_id = mlflow_cfg["run_id"]
-            self.uri = mlflow_cfg["uri"]
-            # a resumed attempt re-runs the steps after its checkpoint: MLflow keeps one point per step
-            history = self._guarded(self.client.get_metric_history, 1, self.run_id, "loss") or []
-            self.logged_through = max((m.step for m in history), default=0)
-            self.system = StepSystemMetrics()  # CPU / memory / GPU of this step window, logged with the step
+            self.client = MlflowClient(tracking_uri=self.uri)
 
     def _guarded(self, fn, step: Optional[int], *args, **kwargs):
         """``fn(...)`` unless the tracking server was found gone; the first call that finds it gone (it does not
@@ -247,6 +249,24 @@ class MetricsLogger:
             mark_lost(self.uri, step, str(e), self.path.parent if self.path is not None else None)
             return None
 
+    def _record(self, rec: dict, step: Optional[int] = None, wait: bool = False) -> None:
+        """One record into the run's folder, then (queued, or at once with ``wait``) into its MLflow run."""
+        from raycpt.tracking import append_record, project
+
+        if self.records is None:
+            return
+        append_record(self.records, rec)
+        if self.client is None:
+            return
+        if wait:
+            self.close()  # what was queued first
+            try:
+                self._guarded(project, step, self.client, self.run_id, rec, self.records)
+            except Exception:  # noqa: BLE001 - an artifact store hiccup must not fail the training run
+                pass
+        else:
+            self._submit(self._guarded, project, step, self.client, self.run_id, rec, self.records)
+
     def event(self, record: dict) -> None:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -255,24 +275,17 @@ class MetricsLogger:
                 f.flush()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if self.client is None or step <= self.logged_through:
-            return
-        from mlflow.entities import Metric
+        from raycpt.tracking import clean_metrics
 
-        ts = int(time.time() * 1000)
-        ms = [Metric(k, float(v), ts, step) for k, v in {**metrics, **self.system.sample()}.items()
-              if isinstance(v, (int, float)) and math.isfinite(float(v))]
-        if ms:
-            self._submit(self._guarded, self.client.log_batch, step, self.run_id, metrics=ms)
+        if self.records is None or step <= self.logged_through:
+            return
+        clean = clean_metrics({**metrics, **self.system.sample()})
+        if clean:
+            self._record({"metrics": clean, "step": int(step)}, step)
 
     def params(self, params: dict[str, Any]) -> None:
-        if self.client is None:
-            return
-        from mlflow.entities import Param
-
-        # a resumed run re-logs the same params: that error is logged and ignored (never fails training)
-        self._submit(self._guarded, self.client.log_batch, None, self.run_id,
-                     params=[Param(k, str(v)[:500]) for k, v in params.items()])
+        # a resumed run re-logs the same params: the value the run has is kept (never fails training)
+        self._record({"params": {k: str(v)[:500] for k, v in params.items()}})
 
     def _submit(self, fn, *args, **kwargs) -> None:
         if self._queue is None:
@@ -287,17 +300,11 @@ class MetricsLogger:
 
     def text(self, text: str, artifact_file: str) -> None:
         """A text artifact of the run (queued like the metrics)."""
-        if self.client is not None:
-            self._submit(self._guarded, self.client.log_text, None, self.run_id, text, artifact_file)
+        self._record({"text": text, "file": artifact_file})
 
     def artifact(self, path) -> None:
-        if self.client is None:
-            return
-        self.close()  # metrics first, then the artifact (end of training)
-        try:
-            self._guarded(self.client.log_artifact, None, self.run_id, str(path))
-        except Exception:  # noqa: BLE001 - an artifact store hiccup must not fail the training run
-            pass
+        """A file of the run (end of training: after every queued metric)."""
+        self._record({"artifact": str(Path(path).resolve()), "dir": None}, wait=True)
 
 
 # ------------------------------------------------------------------------------------ sessions

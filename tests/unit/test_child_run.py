@@ -1,4 +1,5 @@
-"""ChildRun: one MLflow run per unit across interruptions, ended with the right status."""
+"""A unit's run (:func:`raycpt.runs.open_child`): one MLflow run per unit across interruptions, ended with the
+right status by its owner (the ``with`` block) alone."""
 
 import json
 import time
@@ -9,24 +10,32 @@ from raycpt.config import TrackingConfig
 
 
 def _store(tmp_path):
+    import dataclasses
+
     from mlflow.tracking import MlflowClient
 
-    from raycpt.tracking import ensure_store
+    from raycpt.config import ExperimentConfig
+    from raycpt.tracking import ensure_store, tracking_uri
 
-    cfg = TrackingConfig(run_root=str(tmp_path / "runs"), experiment="t")
-    exp = ensure_store(cfg)
-    client = MlflowClient(cfg.uri)
+    tcfg = TrackingConfig(run_root=str(tmp_path / "runs"), experiment="t")
+    exp = ensure_store(tcfg)
+    tcfg.uri = tracking_uri(tcfg)
+    client = MlflowClient(tcfg.uri)
     parent = client.create_run(exp, run_name="parent").info.run_id
-    return client, exp, parent
+    return client, exp, parent, dataclasses.replace(ExperimentConfig(), tracking=tcfg)
+
+
+def ChildRun(client, meta, exp, parent, name, tags=None, meta_data=None, cfg=None):
+    from raycpt.runs import open_child
+
+    return open_child(cfg, "sweep", meta.parent, meta.name, exp, parent, name, tags=tags, meta=meta_data)
 
 
 def test_interrupted_unit_continues_its_run_and_accumulates_time(tmp_path):
-    from raycpt.tracking import ChildRun
-
-    client, exp, parent = _store(tmp_path)
+    client, exp, parent, cfg = _store(tmp_path)
     meta = tmp_path / "trial.json"
     with pytest.raises(KeyboardInterrupt):
-        with ChildRun(client, meta, exp, parent, "a", tags={"k": "v"}, meta={"spec": {"x": 1}}) as run:
+        with ChildRun(client, meta, exp, parent, "a", tags={"k": "v"}, meta_data={"spec": {"x": 1}}, cfg=cfg) as run:
             assert run.created
             first = run.run_id
             time.sleep(0.2)
@@ -36,7 +45,7 @@ def test_interrupted_unit_continues_its_run_and_accumulates_time(tmp_path):
     r = client.get_run(first)
     assert r.info.status == "KILLED" and r.data.tags["mlflow.parentRunId"] == parent and r.data.tags["k"] == "v"
 
-    with ChildRun(client, meta, exp, parent, "a") as run:
+    with ChildRun(client, meta, exp, parent, "a", cfg=cfg) as run:
         assert not run.created and run.run_id == first
         assert client.get_run(first).info.status == "RUNNING"
         assert run.elapsed >= saved["elapsed_before"]
@@ -46,10 +55,8 @@ def test_interrupted_unit_continues_its_run_and_accumulates_time(tmp_path):
 
 
 def test_failure_ends_the_run_failed_and_reraises(tmp_path):
-    from raycpt.tracking import ChildRun
-
-    client, exp, parent = _store(tmp_path)
+    client, exp, parent, cfg = _store(tmp_path)
     with pytest.raises(ValueError, match="boom"):
-        with ChildRun(client, tmp_path / "b.json", exp, parent, "b") as run:
+        with ChildRun(client, tmp_path / "b.json", exp, parent, "b", cfg=cfg) as run:
             raise ValueError("boom")
     assert client.get_run(run.run_id).info.status == "FAILED"

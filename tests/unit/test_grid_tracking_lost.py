@@ -1,7 +1,7 @@
 """Issue 27 for ``raycpt contribution`` and ``raycpt hybrid run``, no Ray and no server: the records their runs get
-(pure functions of the run folder's files, the ones ``raycpt runs sync`` replays), what ``runs sync`` replays of a
-grid folder, every MLflow write of the two jobs skipped once the server is gone, a nested command (a build's trace)
-run locally, and the sync of hand-made contribution and hybrid folders into a SQLite store, twice."""
+(pure functions of their results), every record of the two jobs kept in the run folder and no MLflow call once the
+server is gone, and a nested command (a build's trace) run locally. The sync of such folders is
+``tests/unit/test_run_records.py``'s and ``tests/integration/test_run_owner.py``'s."""
 
 import json
 import math
@@ -109,75 +109,20 @@ def test_a_trace_records_its_finite_profiles_and_split_scores_from_its_summary()
                                               "trace.seam_space_prompts": 1}
 
 
-def test_missing_points_skip_a_value_already_there_and_match_series_by_step():
-    from raycpt.jobs.sync import missing_points
-
-    metrics = {"score": 50.0, "tokens_per_s": 10.0, "gold prob (x)": NAN, "heldout loss": 3.0, "wall": 5.0}
-    series = [("l2_change", 0, 0.0), ("l2_change", 1, 1.5), ("l2_change", 2, 0.0)]
-    have = {"score": [(0, 50.0)], "tokens_per_s": [(1, 9.0), (4, 10.0)], "l2_change": [(0, 0.0)], "wall": [(0, 4.0)]}
-    # score is there; tokens_per_s has a point of that value (a step metric's); NaN is never logged; names are
-    # cleaned as log_metrics cleans them; layer 2's 0.0 is not layer 0's
-    assert missing_points(metrics, series, have) == [("heldout_loss", 0, 3.0), ("wall", 0, 5.0),
-                                                     ("l2_change", 1, 1.5), ("l2_change", 2, 0.0)]
-    done = {"heldout_loss": [(0, 3.0)], "wall": [(0, 5.0)], "l2_change": [(0, 0.0), (1, 1.5), (2, 0.0)], **{
-        k: v for k, v in have.items() if k not in ("l2_change", "wall")}}
-    assert missing_points(metrics, series, done) == []
-
-
-# ------------------------------------------------------------------------------------- the plan
-def test_the_grid_sync_plan_replays_trials_that_trained_or_finished_and_unrecorded_traces():
-    from raycpt.jobs.sync import grid_sync_plan
-
-    state = {"command": "contribution", "mlflow_run_id": "P", "status": "finished"}
-    trials = {
-        "base": {"meta": {"mlflow_run_id": "C0", "spec": {"name": "base", "kind": "base"}}, "train_state": None,
-                 "finished": True},  # evaluated only: no training folder, its run still gets its records
-        "full": {"meta": {"spec": {"name": "full", "kind": "full"}},
-                 "train_state": {"mlflow_run_id": None, "status": "finished"}, "finished": True},
-        "single-L01": {"meta": {"mlflow_run_id": "C2"}, "train_state": None, "finished": False},  # never began
-        "single-L02": {"meta": {"mlflow_run_id": "C3"}, "train_state": {"status": "interrupted"}, "finished": False},
-    }
-    assert grid_sync_plan(state, trials) == [
-        {"kind": "trial", "name": "base", "label": "base", "dir": "trials/base", "folder": None, "run_id": "C0",
-         "parent_run_id": "P", "status": "FINISHED"},
-        {"kind": "trial", "name": "full", "label": "full", "dir": "trials/full", "folder": "trials/full/train",
-         "run_id": None, "parent_run_id": "P", "status": "FINISHED"},
-        {"kind": "trial", "name": "single-L02", "label": "single-L02", "dir": "trials/single-L02",
-         "folder": "trials/single-L02/train", "run_id": "C3", "parent_run_id": "P", "status": "KILLED"},
-        {"kind": "parent", "name": "", "folder": ".", "run_id": "P", "parent_run_id": None, "status": "FINISHED"},
-    ]
-    lost = {"uri": "http://127.0.0.1:9"}
-    builds = {
-        "new_deep": {"meta": {"mlflow_run_id": "B1", "spec": {"name": "new_deep", "label": "llama-mamba2 (new_deep)"}},
-                     "train_state": {"mlflow_run_id": "B1", "status": "finished"}, "finished": True,
-                     "trace_state": {"mlflow_run_id": "T1", "status": "finished"}},  # recorded: not replayed
-        "new_shallow": {"meta": {"spec": {"name": "new_shallow", "label": "mamba2-llama (new_shallow)"}},
-                        "train_state": {"status": "finished"}, "finished": True,
-                        "trace_state": {"status": "finished", "tracking_lost": lost}},
-    }
-    plan = grid_sync_plan({"mlflow_run_id": "P", "status": "failed"}, builds, "builds",
-                          trace={"mlflow_run_id": "T0", "status": "finished", "tracking_lost": lost})
-    assert plan == [
-        {"kind": "trace", "name": "", "folder": "trace", "run_id": "T0", "parent_run_id": "P", "parent_trial": None,
-         "status": "FINISHED"},
-        {"kind": "trial", "name": "new_deep", "label": "llama-mamba2 (new_deep)", "dir": "builds/new_deep",
-         "folder": "builds/new_deep/train", "run_id": "B1", "parent_run_id": "P", "status": "FINISHED"},
-        {"kind": "trial", "name": "new_shallow", "label": "mamba2-llama (new_shallow)", "dir": "builds/new_shallow",
-         "folder": "builds/new_shallow/train", "run_id": None, "parent_run_id": "P", "status": "FINISHED"},
-        {"kind": "trace", "name": "new_shallow", "folder": "builds/new_shallow/trace", "run_id": None,
-         "parent_run_id": None, "parent_trial": "new_shallow", "status": "FINISHED"},
-        {"kind": "parent", "name": "", "folder": ".", "run_id": "P", "parent_run_id": None, "status": "FAILED"},
-    ]
-    recorded = grid_sync_plan({"mlflow_run_id": "P"}, {}, trace={"mlflow_run_id": "T0", "tracking_lost": None})
-    assert [i["kind"] for i in recorded] == ["parent"] and recorded[0]["status"] is None
-
-
 # ------------------------------------------------------------------------------------- the guards
 class _Client:
-    """Fails the test on any call: nothing may reach the store."""
+    """Fails the test on any call: nothing may reach the store (``gone``: every call finds the server gone)."""
+
+    def __init__(self, gone=False):
+        self.gone = gone
 
     def __getattr__(self, name):
-        return lambda *a, **k: pytest.fail(f"MLflow client call {name} with the server gone")
+        def call(*a, **k):
+            if self.gone:
+                raise ConnectionRefusedError(111, "Connection refused")
+            pytest.fail(f"MLflow client call {name} with the server gone")
+
+        return call
 
 
 def _no_fluent(monkeypatch):
@@ -187,46 +132,54 @@ def _no_fluent(monkeypatch):
         monkeypatch.setattr(mlflow, name, lambda *a, _n=name, **k: pytest.fail(f"mlflow.{_n} with the server gone"))
 
 
-def test_the_two_jobs_log_nothing_once_the_server_is_gone(fresh_lost, monkeypatch, tmp_path):
+def test_the_two_jobs_record_into_their_folders_and_call_nothing_once_the_server_is_gone(fresh_lost, monkeypatch,
+                                                                                        tmp_path):
     from raycpt.jobs.contribution import ScanTrial, _log_scan
     from raycpt.jobs.grid import Trial
     from raycpt.jobs.hybrid import _log_build, _log_build_params, _log_run
-    from raycpt.runs import CommandRun
+    from raycpt.runs import Run
+    from raycpt.tracking import read_records
 
     tr = fresh_lost
     tr.mark_lost("http://127.0.0.1:9", error="refused")
     _no_fluent(monkeypatch)
     cfg = SimpleNamespace(tracking=SimpleNamespace(uri="http://127.0.0.1:9"))
-    run = SimpleNamespace(run_id="C1", client=_Client(), meta={}, created=True)
-    trial = Trial(cfg=cfg, dir=tmp_path, run=run, parent_run_id="P", shared={})
+    client = _Client()
+    run = Run(cfg, "contribution", tmp_path / "t", "C1", client, True, "0", meta_path=tmp_path / "t" / "trial.json")
+    trial = Trial(cfg=cfg, dir=tmp_path / "t", run=run, parent_run_id="P", shared={})
     ScanTrial._log(trial, {"cells": {}, "score": 1.0, "wall_s": 1.0, "gold_prob": None, "heldout_loss": 2.0,
                            "l2": [0.5]})
-    _log_build_params(run, SimpleNamespace(to_dict=lambda: pytest.fail("params built with the server gone")))
-    assert run.meta == {}  # not marked logged: the sync logs them
+    seg = tmp_path / "seg"
+    seg.mkdir()
+    _log_build_params(run, SimpleNamespace(to_dict=lambda: {"build": "b", "rows": [], "trainable_layers": [1],
+                                                            "counts": {"total": 3}}, folder=seg))
+    assert run.meta == {"params_logged": True}  # recorded in the folder: the sync sends them
     _log_build(trial, {"metrics": {}, "final_loss": 1.0, "wall_s": 1.0, "trace": {"paths": {}}})
-    parent = CommandRun(cfg, "hybrid", tmp_path, "P", _Client(), False, "0")
+    parent = Run(cfg, "hybrid", tmp_path, "P", _Client(), False, "0")
     _log_run(parent, {"wall_s": 1.0, "builds": []}, [])
     _log_scan(parent, {"num_above": 0, "band_mean": 0, "outside_mean": 0, "base_score": 0, "full_score": 0,
                        "contribution": {}}, [], 1.0)
+    kinds = [next(iter(r)) for r in read_records(tmp_path / "t")]
+    assert kinds == ["metrics", "points", "params", "artifact", "metrics"]
+    assert read_records(tmp_path / "t")[0]["metrics"] == {"score": 1.0, "wall_time_s": 1.0, "heldout_loss": 2.0}
+    assert [next(iter(r)) for r in read_records(tmp_path)] == ["metrics", "metrics"]  # no layer: no series
+    # and _Client failed the test on any call: nothing went to the store
 
 
-def test_a_server_that_goes_away_inside_a_trial_log_is_recorded_not_raised(fresh_lost, monkeypatch, tmp_path):
-    import mlflow
-
+def test_a_server_that_goes_away_inside_a_trial_log_is_recorded_not_raised(fresh_lost, tmp_path):
     from raycpt.jobs.contribution import ScanTrial
     from raycpt.jobs.grid import Trial
+    from raycpt.runs import Run
+    from raycpt.tracking import read_records
 
     tr = fresh_lost
-
-    def refused(*a, **k):
-        raise ConnectionRefusedError(111, "Connection refused")
-
-    monkeypatch.setattr(mlflow, "start_run", refused)
     cfg = SimpleNamespace(tracking=SimpleNamespace(uri="http://127.0.0.1:9"))
-    trial = Trial(cfg=cfg, dir=tmp_path, run=SimpleNamespace(run_id="C1"), parent_run_id="P", shared={})
+    run = Run(cfg, "contribution", tmp_path, "C1", _Client(gone=True), True, "0")
+    trial = Trial(cfg=cfg, dir=tmp_path, run=run, parent_run_id="P", shared={})
     ScanTrial._log(trial, {"cells": {}, "score": 1.0, "wall_s": 1.0, "gold_prob": None, "heldout_loss": None,
                            "l2": None})
     assert tr.tracking_lost() is not None
+    assert read_records(tmp_path) == [{"metrics": {"score": 1.0, "wall_time_s": 1.0}, "step": 0}]
 
 
 def test_a_nested_command_runs_locally_with_the_server_gone(fresh_lost, monkeypatch, tmp_path):
@@ -240,173 +193,11 @@ def test_a_nested_command_runs_locally_with_the_server_gone(fresh_lost, monkeypa
     tr.mark_lost("http://127.0.0.1:9", error="refused")  # found gone by the build's training, before its trace
     cfg = load_config(None, [f"tracking.run_root={tmp_path}", "tracking.uri=http://127.0.0.1:9"])
     folder = tmp_path / "hybrid-x" / "builds" / "b" / "trace"
-    with runs.command_run(cfg, "trace", run_dir=folder, parent_run_id=None) as run:
-        assert run.run_id is None
-        with run.active() as on:
-            assert on is False
+    with runs.command_run(cfg, "trace", run_dir=folder) as run:
+        assert run.run_id is None and not run.live()
+        run.log_metrics({"x": 1.0})
     state = json.loads((folder / "state.json").read_text())
     assert state["status"] == "finished" and state["command"] == "trace"
     assert state["tracking_lost"]["uri"] == cfg.tracking.uri
     assert (folder / tr.LOST_FILE).is_file()
     assert runs.LOST_RUNS == []  # no warning line of its own: the command around it (hybrid run) says it
-
-
-# ------------------------------------------------------------------------------------- sync into a store
-def _store_cfg(tmp_path):
-    from raycpt.config import load_config
-
-    root = tmp_path / "runs"
-    return load_config(None, [f"tracking.run_root={root}", f"tracking.uri=sqlite:///{root / 'mlflow.db'}"])
-
-
-def _write(path: Path, obj) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
-    return path
-
-
-def _train_folder(tdir: Path, cfg, records: list[dict]) -> None:
-    from raycpt.config import save_config
-
-    save_config(cfg, tdir / "config.yaml")
-    _write(tdir / "state.json", {"command": "train", "status": "finished"})
-    _write(tdir / "train_metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-
-
-def _everything(client, run_id: str) -> tuple:
-    """What a run holds: every metric point, its params, its artifact files, its status."""
-    run = client.get_run(run_id)
-    points = sorted((k, m.step, m.value) for k in run.data.metrics for m in client.get_metric_history(run_id, k))
-
-    def files(path=None):
-        return [f for a in client.list_artifacts(run_id, path) for f in (files(a.path) if a.is_dir else [a.path])]
-
-    return points, dict(run.data.params), sorted(files()), run.info.status
-
-
-def test_sync_replays_a_contribution_folder_once(fresh_lost, tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    from raycpt.config import save_config
-    from raycpt.jobs.sync import sync_run
-    from raycpt.tracking import ensure_store, tracking_uri
-
-    cfg = _store_cfg(tmp_path)
-    exp = ensure_store(cfg.tracking)
-    client = MlflowClient(tracking_uri(cfg.tracking))
-    parent = client.create_run(exp, run_name="contribution-x").info.run_id  # made before the server went away
-    base_run = client.create_run(exp, run_name="base", tags={"mlflow.parentRunId": parent}).info.run_id
-    run_dir = Path(cfg.tracking.run_root) / "contribution-x-1"
-    save_config(cfg, run_dir / "config.yaml")
-    _write(run_dir / "state.json", {"command": "contribution", "status": "finished", "mlflow_run_id": parent,
-                                    "wall_s": 42.0, "tracking_lost": {"uri": "u"},
-                                    "artifacts": [["ranking.json", ""], ["plots/contribution.png", ""]]})
-    _write(run_dir / "ranking.json", {"ranking": []})
-    _write(run_dir / "plots" / "contribution.png", "png")
-    _write(run_dir / "tracking_lost.json", {"uri": "u"})
-    _write(run_dir / "summary.json", {"num_above": 1, "band_mean": 0.5, "outside_mean": 0.25, "base_score": 40.0,
-                                      "full_score": 60.0, "contribution": {"1": 0.8, "0": 0.1}})
-    trials = run_dir / "trials"
-    _write(trials / "base" / "trial.json", {"mlflow_run_id": base_run, "spec": {"name": "base", "kind": "base",
-                                                                                "layer": None}})
-    _write(trials / "base" / "result.json", {"cells": {"t/acc/logit": 40.0}, "score": 40.0, "wall_s": 3.0,
-                                             "gold_prob": None, "heldout_loss": 4.0, "l2": None})
-    _write(trials / "full" / "trial.json", {"spec": {"name": "full", "kind": "full", "layer": None}})  # made offline
-    _write(trials / "full" / "result.json", {"cells": {"t/acc/logit": 60.0}, "score": 60.0, "wall_s": 9.0,
-                                             "gold_prob": None, "heldout_loss": 3.5, "l2": [0.0, 0.75]})
-    _train_folder(trials / "full" / "train", cfg, [{"step": 1, "loss": 2.5, "lr": 0.01},
-                                                    {"step": 2, "loss": 2.25, "lr": 0.01}])
-
-    line = sync_run(cfg, [str(run_dir)])
-    assert line.startswith(f"synced {run_dir} into its run {parent}") and "2 trial(s) (1 new run(s))" in line
-    full_run = json.loads((trials / "full" / "trial.json").read_text())["mlflow_run_id"]
-    got = {rid: _everything(client, rid) for rid in (parent, base_run, full_run)}
-    points, params, arts, status = got[parent]
-    assert status == "FINISHED" and arts == ["contribution.png", "ranking.json"]
-    assert points == sorted([("base_score", 0, 40.0), ("band_mean", 0, 0.5), ("contribution", 0, 0.1),
-                             ("contribution", 1, 0.8), ("full_score", 0, 60.0), ("num_above", 0, 1.0),
-                             ("outside_mean", 0, 0.25), ("wall_time_s", 0, 42.0)])
-    points, params, arts, status = got[base_run]
-    assert status == "FINISHED" and params == {"kind": "base", "layer": ""}
-    assert points == [("heldout_loss", 0, 4.0), ("score", 0, 40.0), ("t/acc/logit", 0, 40.0), ("wall_time_s", 0, 3.0)]
-    run = client.get_run(full_run)
-    assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags["raycpt.trial"] == "full"
-    assert run.data.tags["raycpt.command"] == "contribution" and run.info.run_name == "full"
-    points, params, arts, status = got[full_run]
-    assert status == "FINISHED" and (params["kind"], params["layer"]) == ("full", "")
-    assert [p for p in points if p[0] in ("loss", "lr", "l2_change")] == [
-        ("l2_change", 0, 0.0), ("l2_change", 1, 0.75), ("loss", 1, 2.5), ("loss", 2, 2.25), ("lr", 1, 0.01),
-        ("lr", 2, 0.01)]
-    assert {p for p in points if p[0] in ("score", "heldout_loss", "t/acc/logit")} == {
-        ("score", 0, 60.0), ("heldout_loss", 0, 3.5), ("t/acc/logit", 0, 60.0)}
-    assert not (run_dir / "tracking_lost.json").exists()
-    assert json.loads((run_dir / "state.json").read_text())["tracking_lost"] is None
-
-    sync_run(cfg, [str(run_dir)])  # a second sync adds nothing
-    assert {rid: _everything(client, rid) for rid in got} == got
-
-
-def test_sync_replays_a_hybrid_folder_with_a_trace_run_locally(fresh_lost, tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    from raycpt.config import save_config
-    from raycpt.jobs.sync import sync_run
-    from raycpt.tracking import ensure_store, tracking_uri
-
-    cfg = _store_cfg(tmp_path)
-    ensure_store(cfg.tracking)
-    client = MlflowClient(tracking_uri(cfg.tracking))
-    run_dir = Path(cfg.tracking.run_root) / "hybrid-x-1"  # the server was gone from the start: no run at all
-    save_config(cfg, run_dir / "config.yaml")
-    _write(run_dir / "state.json", {"command": "hybrid", "status": "finished", "wall_s": 50.0,
-                                    "artifacts": [["hybrid_table.txt", ""],
-                                                  ["builds/new_shallow/trace/profile.png", "trace/new_shallow"]]})
-    _write(run_dir / "hybrid_table.txt", "table")
-    _write(run_dir / "summary.json", {"wall_s": 50.0, "builds": [{"build": "new_shallow", "final_loss": 2.0,
-                                                                  "metrics": {"t/acc/logit": 25.0}}]})
-    b = run_dir / "builds" / "new_shallow"
-    _write(b / "build.json", {"spec": {"name": "new_shallow", "label": "mamba2-llama (new_shallow)"}})
-    _write(b / "initial" / "segment_map.json", {"build": "new_shallow", "trainable_layers": [0], "counts": {"total": 9},
-                                                "rows": [{"kind": "mamba2", "layers": "0", "trainable": True,
-                                                          "source": "new"}]})
-    _train_folder(b / "train", cfg, [{"step": 1, "loss": 3.0}])
-    _write(b / "eval" / "eval-x.json", "{}")
-    trace = b / "trace"
-    save_config(cfg, trace / "config.yaml")
-    _write(trace / "state.json", {"command": "trace", "status": "finished", "tracking_lost": {"uri": "u"},
-                                  "artifacts": [["profile.png", "trace"], ["summary.json", "trace"]]})
-    _write(trace / "summary.json", _trace_summary())
-    _write(trace / "profile.png", "png")
-    _write(b / "result.json", {"metrics": {"t/acc/logit": 25.0}, "final_loss": 2.0, "wall_s": 7.0,
-                               "trace": {"paths": {"profile": str(trace / "profile.png"),
-                                                   "summary": str(trace / "summary.json")}}})
-
-    sync_run(cfg, [str(run_dir)])
-    parent = json.loads((run_dir / "state.json").read_text())["mlflow_run_id"]
-    build = json.loads((b / "build.json").read_text())["mlflow_run_id"]
-    tstate = json.loads((trace / "state.json").read_text())
-    trace_run = tstate["mlflow_run_id"]
-    assert tstate["tracking_lost"] is None
-    got = {rid: _everything(client, rid) for rid in (parent, build, trace_run)}
-    points, _, arts, status = got[parent]
-    assert status == "FINISHED" and arts == ["hybrid_table.txt", "trace/new_shallow/profile.png"]
-    assert points == [("new_shallow/final_loss", 0, 2.0), ("new_shallow/t/acc/logit", 0, 25.0),
-                      ("wall_time_s", 0, 50.0)]
-    run = client.get_run(build)
-    assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags["raycpt.build"] == "new_shallow"
-    assert run.info.run_name == "mamba2-llama (new_shallow)"
-    points, params, arts, status = got[build]
-    assert status == "FINISHED" and arts == ["eval/eval-x.json", "segment_map.json", "trace/profile.png"]
-    assert {k: params[k] for k in ("build", "segments", "trainable_layers", "params_total")} == {
-        "build": "new_shallow", "segments": "mamba2 0 train <- new", "trainable_layers": "0", "params_total": "9"}
-    assert {p for p in points if p[0] in ("loss", "final_loss", "hybrid_wall_s", "t/acc/logit")} == {
-        ("loss", 1, 3.0), ("final_loss", 0, 2.0), ("hybrid_wall_s", 0, 7.0), ("t/acc/logit", 0, 25.0)}
-    run = client.get_run(trace_run)
-    assert run.data.tags["mlflow.parentRunId"] == build and run.info.run_name == f"trace-{cfg.name}"
-    points, params, arts, status = got[trace_run]
-    assert status == "FINISHED" and arts == ["trace/profile.png", "trace/summary.json"]
-    assert params["trace.num_prompts"] == "4" and ("recommended_split", 0, 0.5) in points
-    assert [p for p in points if p[0] == "tp"] == [("tp", 0, 0.1), ("tp", 2, 0.3)]
-
-    sync_run(cfg, [str(run_dir)])  # a second sync adds nothing (the trace, recorded now, is not replayed)
-    assert {rid: _everything(client, rid) for rid in got} == got

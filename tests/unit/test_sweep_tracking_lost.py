@@ -1,5 +1,5 @@
-"""Issue 27 for sweeps, no Ray and no server: which runs ``raycpt runs sync SWEEP_DIR`` replays (and under which
-ids and statuses), and a trial's child run made or ended while the tracking server is gone."""
+"""Issue 27 for sweeps, no Ray and no server: a trial's child run (:func:`raycpt.runs.open_child`) made or ended
+while the tracking server is gone, and the store probe of a trial process."""
 
 import json
 
@@ -7,43 +7,9 @@ import pytest
 
 
 
-def test_the_sync_plan_is_every_trial_that_trained_then_the_parent():
-    from raycpt.jobs.sync import sweep_sync_plan
-
-    state = {"command": "sweep", "mlflow_run_id": "P", "status": "finished"}
-    trials = {
-        "train_shallow-r0.5": {"meta": {"mlflow_run_id": "C2"}, "train_state": {"mlflow_run_id": "C2",
-                                                                                 "status": "finished"},
-                               "finished": True},
-        "full": {"meta": {"mlflow_run_id": "C1"}, "train_state": {"mlflow_run_id": "C1", "status": "finished"},
-                 "finished": True},
-        "later": {"meta": {}, "train_state": {"mlflow_run_id": None, "status": "finished"}, "finished": True},
-        "trained_not_evaluated": {"meta": {"mlflow_run_id": "C4"}, "train_state": {"status": "failed"},
-                                  "finished": False},
-        "never_started": {"meta": {"mlflow_run_id": "C5"}, "train_state": None, "finished": False},
-    }
-    plan = sweep_sync_plan(state, trials)
-    by = {(i["kind"], i["name"]): (i["folder"], i["run_id"], i["parent_run_id"], i["status"]) for i in plan}
-    assert by == {
-        ("trial", "full"): ("trials/full/train", "C1", "P", "FINISHED"),
-        ("trial", "later"): ("trials/later/train", None, "P", "FINISHED"),  # made while the server was gone
-        ("trial", "train_shallow-r0.5"): ("trials/train_shallow-r0.5/train", "C2", "P", "FINISHED"),
-        ("trial", "trained_not_evaluated"): ("trials/trained_not_evaluated/train", "C4", "P", "FAILED"),
-        ("parent", ""): (".", "P", None, "FINISHED"),
-    }
-    assert plan[-1]["kind"] == "parent" and [i["name"] for i in plan[:-1]] == sorted(n for n in trials
-                                                                                      if n != "never_started")
-    # the trial's own trial.json wins over its training folder's state (a resumed trial keeps its first run)
-    one = sweep_sync_plan(state, {"t": {"meta": {"mlflow_run_id": "A"}, "train_state": {"mlflow_run_id": "B"},
-                                        "finished": False}})
-    assert one[0]["run_id"] == "A" and one[0]["status"] is None
-    interrupted = sweep_sync_plan({"mlflow_run_id": "P", "status": "interrupted"}, {})
-    assert interrupted == [{"kind": "parent", "name": "", "folder": ".", "run_id": "P", "parent_run_id": None,
-                            "status": "KILLED"}]
-
-
 class _Client:
-    """Records the calls of :class:`raycpt.tracking.ChildRun`; ``gone``: every call finds the server gone."""
+    """Records the calls of a unit's run (:func:`raycpt.runs.open_child`); ``gone``: every call finds the server
+    gone."""
 
     def __init__(self, gone=False):
         self.gone, self.calls = gone, []
@@ -66,30 +32,41 @@ class _Client:
         self._call("set_terminated")
 
 
-def test_a_child_run_with_the_server_gone_runs_locally_and_keeps_its_id(fresh_lost, tmp_path):
+def _child(monkeypatch, client, meta, exp, parent, name, meta_data=None):
+    import mlflow.tracking
+
+    from raycpt.config import ExperimentConfig
+    from raycpt.runs import open_child
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", lambda *a, **k: client)
+    return open_child(ExperimentConfig(), "sweep", meta.parent, meta.name, exp, parent, name, meta=meta_data)
+
+
+def test_a_child_run_with_the_server_gone_runs_locally_and_keeps_its_id(fresh_lost, tmp_path, monkeypatch):
     tr = fresh_lost
     meta = tmp_path / "trial.json"
     client = _Client(gone=True)  # the server went away before this trial: no run is made, nothing raises
-    with tr.ChildRun(client, meta, "0", "P", "t", meta={"spec": {"name": "t"}}) as run:
+    with _child(monkeypatch, client, meta, "0", "P", "t", meta_data={"spec": {"name": "t"}}) as run:
         assert run.run_id is None and not run.created
     assert client.calls == ["create_run"] and tr.tracking_lost() is not None
-    assert json.loads(meta.read_text()) == {"spec": {"name": "t"}}
+    saved = json.loads(meta.read_text())  # what the sync makes the run from
+    assert "mlflow_run_id" not in saved and saved["spec"] == {"name": "t"} and saved["run_name"] == "t"
+    assert saved["tags"]["mlflow.parentRunId"] == "P" and saved["status"] == "finished"
     # a trial whose run exists (made before the server went): its id is kept, its end is left to the sync
     meta.write_text(json.dumps({"mlflow_run_id": "R0"}))
     client = _Client(gone=True)
-    with tr.ChildRun(client, meta, None, "P", "t") as run:
+    with _child(monkeypatch, client, meta, None, "P", "t") as run:
         assert run.run_id == "R0"
     assert client.calls == [] and json.loads(meta.read_text())["mlflow_run_id"] == "R0"
 
 
-def test_a_child_run_ends_in_the_store_while_it_answers(fresh_lost, tmp_path):
-    tr = fresh_lost
+def test_a_child_run_ends_in_the_store_while_it_answers(fresh_lost, tmp_path, monkeypatch):
     client = _Client()
-    with tr.ChildRun(client, tmp_path / "trial.json", "0", "P", "t") as run:
+    with _child(monkeypatch, client, tmp_path / "trial.json", "0", "P", "t") as run:
         assert run.created and run.run_id == "R1"
     assert client.calls == ["create_run", "set_terminated"]
     with pytest.raises(ValueError):
-        with tr.ChildRun(client, tmp_path / "trial.json", "0", "P", "t"):
+        with _child(monkeypatch, client, tmp_path / "trial.json", "0", "P", "t"):
             raise ValueError("a trial's bug")
     assert client.calls[2:] == ["update_run", "set_terminated"]
 

@@ -55,17 +55,6 @@ def test_tracked_swallows_only_a_server_gone_then_skips_every_later_call(fresh_l
                     f"sync them with `raycpt runs sync {tmp_path}` (add --tracking-uri URI for another store)")
 
 
-def test_step_metrics_are_the_finite_numbers_after_a_step():
-    from raycpt.jobs.sync import step_metrics
-
-    records = [{"step": 1, "loss": 2.5, "lr": 0.0, "epoch": 0, "ok": True},
-               {"step": 2, "loss": 2.25, "grad_norm": float("nan"), "note": "x"},
-               {"step": 3, "loss": 2.0}]
-    assert step_metrics(records, {1}) == [(2, "loss", 2.25), (3, "loss", 2.0)]
-    assert step_metrics(records, {1, 3}) == [(2, "loss", 2.25)]  # a gap in the middle is filled
-    assert step_metrics(records, set())[:3] == [(1, "loss", 2.5), (1, "lr", 0.0), (1, "epoch", 0.0)]
-
-
 def test_ended_state_never_leaves_running(tmp_path):
     from raycpt.runs import ended_state, read_state, write_state
 
