@@ -51,7 +51,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raycpt.diagnostics.scores import boundary_score_interval, boundary_scores, minmax, scaled  # noqa: E402
-from raycpt.report.sweep import build_summary, question_outcomes  # noqa: E402
+from raycpt.report.sweep import build_summary  # noqa: E402
+from raycpt.report.sweep_outcomes import question_outcomes  # noqa: E402
 from raycpt.stats import paired_delta, paired_score_bounds, ratio_delta_t  # noqa: E402
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]

@@ -1,5 +1,5 @@
 """Print (or, with --write, refresh in docs/config.md) the config reference table, generated from the
-docstrings of the dataclass fields in raycpt/config.py, so the docs never drift from the code."""
+docstrings of the dataclass fields in raycpt/config/, so the docs never drift from the code."""
 
 from __future__ import annotations
 

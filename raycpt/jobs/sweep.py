@@ -273,7 +273,8 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_gri
     """Trace once, run the grid, write the summary (inside the sweep's :func:`raycpt.runs.command_run`).
     ``before_grid()``: called before the first trial (waits for what was prepared ahead of the trials); returns the
     base shards it verified (``Grid.shared[SHARDS_CHECKED]``)."""
-    from raycpt.report.sweep import HELDOUT_DOCS_FILE, report_options, write_summary
+    from raycpt.report.sweep import report_options, write_summary
+    from raycpt.report.sweep_outcomes import HELDOUT_DOCS_FILE
     from raycpt.runtime import ray_session, stop_ray_soon
 
     cfg, run_dir, s = plan.cfg, run.run_dir, plan.cfg.sweep

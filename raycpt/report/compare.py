@@ -7,12 +7,11 @@ without any model or Ray.
 from __future__ import annotations
 
 import math
-import os
-import uuid
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from raycpt.io import atomic_write_json, atomic_write_text
+from raycpt.report.figures import save_figure
 
 # (key in the table, title, y label, per-model?) - per-model metrics have ``<key>_base`` / ``<key>_tuned``
 COMPARE_PANELS = [
@@ -37,15 +36,7 @@ def _plt():
     return plt
 
 
-def save_figure(fig, path: Path) -> Path:
-    """Save a figure as PNG atomically (write aside, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
-    _plt().close(fig)
-    return path
+FIGURE = {"dpi": 110, "bbox_inches": "tight"}  # how these figures are saved (report.figures.save_figure)
 
 
 def _depth(rows: Sequence[dict]) -> list[float]:
@@ -78,13 +69,13 @@ def plot_compare(rows: Sequence[dict], out_dir: Path, base_label: str = "base", 
             a.set_ylabel(ylab, fontsize=8)
             a.set_xlim(0, 1)
             a.grid(alpha=0.3)
-        paths.append(save_figure(fig, out_dir / f"{key}.png"))
+        paths.append(save_figure(fig, out_dir / f"{key}.png", **FIGURE))
     for j in range(len(avail), grid_rows * cols):
         gaxes[j // cols][j % cols].axis("off")
     if title:
         gfig.suptitle(title, fontsize=10)
     gfig.tight_layout()
-    paths.append(save_figure(gfig, out_dir / "compare_grid.png"))
+    paths.append(save_figure(gfig, out_dir / "compare_grid.png", **FIGURE))
     return paths
 
 
@@ -111,7 +102,7 @@ def plot_swaps(swaps: Sequence[dict], base_score: float, tuned_score: float, out
     ax.set_title("Layer swap (the inverted U: middle blocks carry the gain)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    return save_figure(fig, out_path)
+    return save_figure(fig, out_path, **FIGURE)
 
 
 def plot_contribution(contrib: dict[int, float], num_layers: int, out_path: Path,
@@ -135,7 +126,7 @@ def plot_contribution(contrib: dict[int, float], num_layers: int, out_path: Path
     ax.set_title(title or "Layer contribution from single-layer training", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
-    return save_figure(fig, out_path)
+    return save_figure(fig, out_path, **FIGURE)
 
 
 def plot_l2_change(single: dict[int, float], full: dict[int, float], num_layers: int, out_path: Path) -> Path:
@@ -152,7 +143,7 @@ def plot_l2_change(single: dict[int, float], full: dict[int, float], num_layers:
     ax.set_title("Parameter change per layer", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    return save_figure(fig, out_path)
+    return save_figure(fig, out_path, **FIGURE)
 
 
 def fmt(v, digits: int = 4) -> str:

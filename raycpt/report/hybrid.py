@@ -9,13 +9,13 @@ read off one figure. PNG via matplotlib's Agg backend, written aside and renamed
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from rich.table import Table
+
+from raycpt.report.figures import save_figure
 
 PALETTE = ["tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:olive", "tab:cyan"]
 
@@ -64,12 +64,7 @@ def plot_profiles(results: Sequence[dict], path: Path) -> Path:
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     axes[-1, 0].set_xlabel("decoder layer i (shaded: segment kind; hatched: frozen)")
     fig.suptitle("hybrid builds: LayerTracer profiles over the segment map", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp.png")
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return save_figure(fig, path, format="png", dpi=120, bbox_inches="tight")
 
 
 def segment_table(b):

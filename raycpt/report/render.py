@@ -10,8 +10,9 @@ PLAIN = dict(markup=False, highlight=False, soft_wrap=True)
 
 def render_sweep(res, console) -> None:
     """Per task the Table-1 layout (and split gains), the domain-vs-general reading, the trials, the paths."""
-    from raycpt.report.sweep import (rich_domain_general, rich_gains_table, rich_table, rich_trials_table,
-                                     rich_verdict, table_modes)
+    from raycpt.report.sweep_format import table_modes
+    from raycpt.report.sweep_rich import (rich_domain_general, rich_gains_table, rich_table, rich_trials_table,
+                                          rich_verdict)
 
     for task, rows in res.summary["tables"].items():
         for mode in table_modes(rows):

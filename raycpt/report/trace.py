@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from raycpt.report.figures import save_figure
 from raycpt.splits import split_index
 
 
@@ -40,12 +41,7 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
-    tmp = _aside(path)
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    _plt().close(fig)
-    os.replace(tmp, path)
-    return path
+FIGURE = {"format": "png", "dpi": 120, "bbox_inches": "tight"}  # how these figures are saved (report.figures)
 
 
 # ------------------------------------------------------------------------------------------ tables
@@ -160,7 +156,7 @@ def heatmap(matrix: np.ndarray, groups: Sequence[str], title: str, cmap: str, pa
     ax.set_xlabel("decoder layer i (after block i)")
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label=label, fraction=0.03, pad=0.02)
-    return _save(fig, path)
+    return save_figure(fig, path, **FIGURE)
 
 
 def profile_plot(profiles: dict, recommended: dict, requested: Sequence[float], path: Path, title: str = "") -> Path:
@@ -190,7 +186,7 @@ def profile_plot(profiles: dict, recommended: dict, requested: Sequence[float], 
     ax.set_ylabel("min-max normalised")
     ax.set_title(title or "LayerTracer profiles", fontsize=10)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return _save(fig, path)
+    return save_figure(fig, path, **FIGURE)
 
 
 # ------------------------------------------------------------------------------------------ all

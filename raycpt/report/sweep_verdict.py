@@ -1,0 +1,152 @@
+"""The sweep's verdict: the family of comparisons the marks rest on, decided with the sweep's multiplicity
+control (:mod:`raycpt.report.verdict`) and written into the cells; the best row on the primary metric; S(b)
+against the realised gain."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from raycpt.report import verdict
+from raycpt.report.sweep_stats import (_cell_value, _mean_of, compare, group_trials, heldout_delta, heldout_diffs,
+                                       question_delta, question_diffs)
+from raycpt.report.verdict import HELDOUT
+from raycpt.stats import DEFAULT_RESAMPLES, spearman_test
+
+def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[dict], baseline: str) -> list[dict]:
+    """The comparisons a mark or a reading can rest on (:mod:`raycpt.report.verdict`), each with the cells it
+    decides: every row against ``baseline`` on the Average column of every task that ran (domain and general
+    first) and mode, the held-out loss, and train_shallow against train_deep at each split (the gains
+    table). A comparison found twice (the gains table repeats shallow - full) is one member."""
+    fam: dict[tuple, dict] = {}
+
+    def add(key, task, mode, d, cell=None, flat=None):
+        if d.get("delta") is None:
+            return
+        e = fam.setdefault(key, {"a": key[0], "b": key[1], "task": task, "mode": mode, "delta": d["delta"],
+                                 "p": d.get("p"), "cells": [], "flat": []})
+        e["primary"] = key[1] == baseline and verdict.is_primary(e, primary)
+        if cell is not None:
+            e["cells"].append(cell)
+        if flat is not None:
+            e["flat"].append(flat)
+
+    for task in list(dict.fromkeys([t for t in tasks if t in tables] + list(tables))):
+        for r in tables[task]:
+            if r["name"] == baseline:
+                continue
+            for mode, cell in r["cells"].get("average", {}).items():
+                add((r["name"], baseline, task, mode), task, mode, cell, cell=cell)
+            if r.get("heldout_delta"):
+                add((r["name"], baseline, HELDOUT, None), HELDOUT, None, r["heldout_delta"], cell=r["heldout_delta"])
+    for task in list(dict.fromkeys([t for t in tasks if t in gains] + list(gains))):
+        for g in gains[task]:
+            for label, other in (("shallow_vs_full", baseline), ("shallow_vs_deep", g.get("deep_name"))):
+                for m in g.get("modes") or []:
+                    add((g.get("shallow_name"), other, task, m), task, m, _flat(g, f"{label}_{m}"),
+                        flat=(g, f"{label}_{m}"))
+                add((g.get("shallow_name"), other, HELDOUT, None), HELDOUT, None, _flat(g, f"{label}_heldout"),
+                    flat=(g, f"{label}_heldout"))
+    return list(fam.values())
+
+
+def _flat(g: dict, key: str) -> dict:
+    return {"delta": g.get(key), "p": g.get(f"{key}_p")}
+
+
+def _clear_marks(tables: dict, gains: dict) -> None:
+    """Every interval-only sign becomes ``raw_sign``; only the verdict sets ``sign`` again."""
+    for rows in tables.values():
+        for r in rows:
+            cells = [x for modes in r["cells"].values() for x in modes.values()] + [r.get("heldout_delta") or {}]
+            for x in cells:
+                if "sign" in x:
+                    x["raw_sign"], x["sign"] = x["sign"], None
+                x["best"] = False if "value" in x else x.get("best")
+    for rows in gains.values():
+        for g in rows:
+            for k in [k for k in g if k.endswith("_sign")]:
+                g[k] = None
+
+
+def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict, baseline: str = "full") -> dict:
+    """Decide the family (adjusted p-values, marks) and write the decisions into the cells they rest on.
+    Returns ``{"comparisons", "primary", "adjust", "alpha", "family_size"}``."""
+    primary = verdict.parse_primary(report.get("primary"))
+    _clear_marks(tables, gains)
+    fam = _family(tables, gains, tasks, primary, baseline)
+    decided = verdict.decide(fam, report.get("adjust", "holm"), report.get("alpha", verdict.ALPHA))
+    for d in decided:
+        for cell in d["cells"]:
+            cell.update(sign=d["sign"], p_adj=d["p_adj"], role=d["role"])
+        for g, key in d["flat"]:
+            g.update({f"{key}_sign": d["sign"], f"{key}_p_adj": d["p_adj"], f"{key}_role": d["role"]})
+    comps = [{k: v for k, v in d.items() if k not in ("cells", "flat")} for d in decided]
+    return {"comparisons": comps, "primary": report.get("primary"), "primary_found": any(c["primary"] for c in comps),
+            "adjust": report.get("adjust", "holm"), "alpha": report.get("alpha", verdict.ALPHA),
+            "family_size": sum(c["p"] is not None for c in comps)}
+
+
+def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str = "full",
+                 resamples: int = DEFAULT_RESAMPLES) -> Optional[dict]:
+    """The best row on the primary metric (:func:`raycpt.report.verdict.best_row`: it must beat every other
+    row, Bonferroni over all pairs), marked ``best`` on its cell; None without a primary that ran."""
+    primary = verdict.parse_primary(report.get("primary"))
+    if primary is None:
+        return None
+    groups = group_trials(trials)
+    if primary["task"] == HELDOUT:
+        values = {n: _mean_of(g["runs"], lambda t: t.get("heldout_loss"))["value"] for n, g in groups.items()}
+
+        def pair_p(a, b):
+            return compare(groups[a]["runs"], groups[b]["runs"], lambda t: t.get("heldout_loss"),
+                           lambda x, y: heldout_delta(x, y, resamples), heldout_diffs)["p"]
+        higher = False
+    else:
+        task, mode = primary["task"], primary["mode"]
+        if task not in tables:
+            return None
+        value = _cell_value(task, "average", mode)
+        values = {n: _mean_of(g["runs"], value)["value"] for n, g in groups.items()}
+
+        def pair_p(a, b):
+            return compare(groups[a]["runs"], groups[b]["runs"], value,
+                           lambda x, y: question_delta(x, y, task, "average", mode, resamples),
+                           lambda x, y: question_diffs(x, y, task, "average", mode))["p"]
+        higher = True
+    if sum(v is not None for v in values.values()) < 2:
+        return None
+    best = verdict.best_row(values, pair_p, report.get("alpha", verdict.ALPHA), higher)
+    best["metric"] = report.get("primary")
+    if best["best"] is not None:
+        for rows in tables.values():
+            for r in rows:
+                if r["name"] == best["best"]:
+                    if primary["task"] == HELDOUT:
+                        r["heldout_best"] = True
+                    elif (r["cells"].get("average", {}).get(primary["mode"]) is not None
+                          and rows is tables[primary["task"]]):
+                        r["cells"]["average"][primary["mode"]]["best"] = True
+    return best
+
+
+def sb_against_gain(gains: list[dict], mode: Optional[str], alpha: float = verdict.ALPHA) -> dict:
+    """S(b) against the realised gain of train_shallow over train_deep (``mode``; the held-out loss, sign
+    flipped, when None): Spearman's rho over (split, seed) points with an exact permutation p-value, or
+    "too few splits to test" when even a perfect agreement could not reach ``alpha``."""
+    key = "shallow_vs_deep_heldout" if mode is None else f"shallow_vs_deep_{mode}"
+    xs, ys = [], []
+    for g in gains:
+        if g.get("S_b") is None:
+            continue
+        for d in g.get(f"{key}_seeds") or []:
+            xs.append(g["S_b"])
+            ys.append(-d if mode is None else d)
+    splits = len({x for x in xs})
+    res = spearman_test(xs, ys, alpha) if len(xs) >= 3 else {"n": len(xs), "rho": None, "p": None,
+                                                            "testable": False, "method": "exact permutation"}
+    res.update(splits=splits, points=len(xs), gain=key)
+    res["words"] = (f"Spearman rho = {res['rho']:+.2f} over {len(xs)} (split, seed) points, {res['method']} "
+                    f"p = {res['p']:.3g}" if res["testable"] else
+                    f"too few splits to test ({splits} split{'s' * (splits != 1)} x {len(xs) // max(splits, 1)} "
+                    f"seed(s): no ordering of {len(xs)} points reaches p < {alpha:g})")
+    return res

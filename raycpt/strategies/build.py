@@ -1,0 +1,81 @@
+"""``cfg.plan`` -> :class:`LayerPlan`: the builder's layers with the config's flags, tied embeddings, LR scales,
+the adapter and LISA settings, and the checks that a plan trains something."""
+
+from __future__ import annotations
+
+from raycpt.errors import RaycptError
+from raycpt.strategies.plan import LayerPlan
+from raycpt.strategies.registry import PLANS, _check_layer
+
+
+def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False) -> LayerPlan:
+    """Turn ``cfg.plan`` into a :class:`LayerPlan` for a model with ``num_layers`` decoder layers.
+
+    Raises RaycptError (one line) for an unknown plan, layers out of range, a split with an empty
+    side, or a plan in which nothing trains."""
+    name = pcfg.name
+    if name not in PLANS:
+        raise RaycptError(f"unknown plan {name!r}: use one of {', '.join(PLANS)}")
+    spec = PLANS[name](pcfg, num_layers)
+    layers = tuple(sorted(set(int(i) for i in spec.layers)))
+    notes = list(spec.notes)
+    emb = pcfg.train_embeddings if spec.train_embeddings is None else spec.train_embeddings
+    norm = pcfg.train_final_norm if spec.train_final_norm is None else spec.train_final_norm
+    head = pcfg.train_head if spec.train_head is None else spec.train_head
+    if getattr(pcfg, "adapter", "none") == "lora" and (emb, norm, head) != (pcfg.train_embeddings,
+                                                                           pcfg.train_final_norm, pcfg.train_head):
+        emb, norm, head = pcfg.train_embeddings, pcfg.train_final_norm, pcfg.train_head
+        notes.append("lora: embeddings, final norm and head train as plan.train_* say (the LoRA baseline "
+                     "trains adapters only)")
+    if tied_embeddings and emb != head:
+        which = "plan.train_embeddings" if emb else "plan.train_head"
+        notes.append(f"tied embeddings: the input embeddings and the LM head share one matrix, so {which}=true "
+                     "trains both")
+        emb = head = True
+    elif tied_embeddings and emb:
+        notes.append("tied embeddings: the input embeddings and the LM head are one shared matrix")
+    scales = dict(spec.lr_scales)
+    for key, s in (pcfg.lr_scales or {}).items():
+        i = _check_layer(key, num_layers, "plan.lr_scales layer")
+        if i not in layers:
+            notes.append(f"lr scale x{s:g} for layer {i} ignored: that layer is frozen")
+            continue
+        scales[i] = scales.get(i, 1.0) * float(s)
+    scales = {i: s for i, s in scales.items() if i in layers and s != 1.0}
+    if not layers and not (emb or norm or head):
+        raise RaycptError(f"plan {name!r} trains nothing: no layer, and embeddings, final norm and head are frozen")
+    return LayerPlan(name=name, num_layers=num_layers, trainable_layers=layers, lr_scales=scales,
+                     train_embeddings=bool(emb), train_final_norm=bool(norm), train_head=bool(head),
+                     tied_embeddings=bool(tied_embeddings), notes=tuple(notes), **_extras(pcfg, name, layers))
+
+
+def _extras(pcfg, name: str, layers) -> dict:
+    """The adapter and LISA fields of a plan (none for a plain plan)."""
+    out: dict = {}
+    if getattr(pcfg, "adapter", "none") == "lora":
+        if name == "lisa":
+            raise RaycptError("plan.adapter=lora with plan.name=lisa: LISA trains whole layers; use one or the other")
+        if not layers:
+            raise RaycptError(f"plan.adapter=lora: plan {name!r} names no decoder layer to put adapters on")
+        out.update(adapter="lora", lora_rank=int(pcfg.lora_rank), lora_alpha=float(pcfg.lora_alpha),
+                   lora_targets=tuple(pcfg.lora_targets))
+    if name == "lisa":
+        if pcfg.lr_scales:
+            raise RaycptError("plan.lr_scales with plan.name=lisa: LISA trains every layer at lr x1")
+        out.update(lisa_layers=int(pcfg.lisa_layers), lisa_interval=int(pcfg.lisa_interval),
+                   lisa_seed=int(pcfg.lisa_seed))
+    return out
+
+
+def is_tied(stack) -> bool:
+    """Tied embeddings, by parameter identity (also right on the meta device, where data_ptr is 0)."""
+    h = getattr(stack.head, "weight", None)
+    e = getattr(stack.embed, "weight", None)
+    return h is not None and h is e
+
+
+def plan_for_model(pcfg, model) -> LayerPlan:
+    from raycpt.models.stack import LayerStack
+
+    stack = LayerStack.of(model)
+    return build_plan(pcfg, stack.num_layers, tied_embeddings=is_tied(stack))
