@@ -157,7 +157,7 @@ def sync_folder(run_dir: Path, tracking_uri: Optional[str] = None, parent: Optio
     from raycpt.report.train import read_step_records
     from raycpt.runs import read_state, write_state
     from raycpt.tracking import LOST_FILE
-    from raycpt.train.loop import METRICS_FILE
+    from raycpt.train.metrics_log import METRICS_FILE
 
     run_cfg, exp_id, uri, client = _store(run_dir, tracking_uri)
     state = read_state(run_dir)

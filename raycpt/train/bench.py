@@ -18,7 +18,7 @@ import torch
 from raycpt.config import ExperimentConfig, PlanConfig, load_config
 from raycpt.models.sources import resolve_model_path
 from raycpt.strategies import apply_plan, build_plan
-from raycpt.train.loop import clip_and_norm, forward_backward, make_optimizer, trainable_params
+from raycpt.train.steps import clip_and_norm, forward_backward, make_optimizer, trainable_params
 
 MAIN_JOB_BATCH = (4, 64)
 """(micro batch, seq_len) of one step of the README's main job (configs/default.yaml)."""

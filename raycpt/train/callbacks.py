@@ -33,7 +33,7 @@ from raycpt.strategies import LayerPlan
 @dataclass
 class LoopState:
     """What a :class:`StepCallback` sees. ``model`` is the plain (unwrapped) model; ``logger`` the
-    rank-0 metrics sink of the loop (``raycpt.train.loop.MetricsLogger``; None on other ranks)."""
+    rank-0 metrics sink of the loop (``raycpt.train.metrics_log.MetricsLogger``; None on other ranks)."""
 
     step: int
     max_steps: int

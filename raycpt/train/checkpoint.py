@@ -81,7 +81,7 @@ def json_safe(obj: Any) -> Any:
 
 def weights_dtype(precision: str, device: torch.device) -> torch.dtype:
     """The dtype checkpoints store weights in: bf16 when the loop trains in bf16 (see
-    :func:`raycpt.train.loop.autocast_for`), else float32."""
+    :func:`raycpt.train.steps.autocast_for`), else float32."""
     if precision == "bf16" or (precision == "auto" and torch.device(device).type == "cuda"):
         return torch.bfloat16
     return torch.float32

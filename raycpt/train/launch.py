@@ -37,7 +37,7 @@ from raycpt.errors import RaycptError, environment_error
 from raycpt.strategies import LayerPlan, build_plan, is_tied
 from raycpt.train.checkpoint import (find_checkpoints, publish_model, read_manifest, sweep_leftovers,
                                      verify_model_folder)
-from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
+from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
 from raycpt.train.parallel import check_parallel
 from raycpt.tracking import adopt_lost, tracked, tracking_lost
 
@@ -294,7 +294,8 @@ def run_training(cfg: ExperimentConfig, run_dir: Optional[Path] = None, *, resum
     from raycpt.report.train import read_events
     from raycpt.runs import ended_state, open_run_dir, write_state
     from raycpt.tracking import mlflow_run
-    from raycpt.train.loop import METRICS_FILE, STATUS_FILE
+    from raycpt.train.loop import STATUS_FILE
+    from raycpt.train.metrics_log import METRICS_FILE
 
     if not ray.is_initialized():
         raise RuntimeError("run_training needs Ray: call it inside raycpt.runtime.ray_session(cfg.ray)")
@@ -499,7 +500,8 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
 
     from raycpt.report.progress import StepProgress
     from raycpt.train.failures import raycpt_failure_policy
-    from raycpt.train.loop import METRICS_FILE, train_loop_per_worker
+    from raycpt.train.loop import train_loop_per_worker
+    from raycpt.train.metrics_log import METRICS_FILE
 
     t = cfg.train
     resources = {"CPU": t.cpus_per_worker}
@@ -575,7 +577,7 @@ def _summarize(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run_id: st
 
     from raycpt.io import atomic_write_json
     from raycpt.report.train import plot_loss_curve, read_events, read_step_records
-    from raycpt.train.loop import METRICS_FILE
+    from raycpt.train.metrics_log import METRICS_FILE
 
     final_dir, plan = run_dir / FINAL_MODEL, prep.plan
     records, events = read_step_records(run_dir / METRICS_FILE), read_events(run_dir / METRICS_FILE)
@@ -779,7 +781,7 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
     reads it instead of evaluating again."""
     from raycpt.evaluate import EvalResult, evaluate_model
     from raycpt.io import atomic_write_json
-    from raycpt.train.loop import eval_result_record
+    from raycpt.train.worker_eval import eval_result_record
 
     done = _read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
     if done:

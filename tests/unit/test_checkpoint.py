@@ -16,7 +16,8 @@ from raycpt.errors import RaycptError
 from raycpt.train.checkpoint import (STATE_PT, find_checkpoints, json_safe, publish_model, read_train_state,
                                      verify_checkpoint, verify_model_folder)
 from raycpt.train.callbacks import StepCallback
-from raycpt.train.loop import LocalSession, run_loop
+from raycpt.train.loop import run_loop
+from raycpt.train.session import LocalSession
 from test_train_loop import _blocks, _loop_config
 
 

@@ -267,7 +267,8 @@ def test_training_step_leaves_frozen_segments_bitwise_unchanged(donors, tmp_path
     from raycpt.config import ExperimentConfig, PlanConfig, TrainConfig, config_to_dict
     from raycpt.models.hybrid import hybrid_plan, save_hybrid
     from raycpt.strategies import build_plan
-    from raycpt.train.loop import LocalSession, run_loop
+    from raycpt.train.loop import run_loop
+    from raycpt.train.session import LocalSession
     from safetensors.torch import load_file
 
     model, tok = shorthand(donors["llama"], "new_shallow", "mamba2")

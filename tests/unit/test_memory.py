@@ -140,7 +140,9 @@ def test_loop_with_chunked_loss_and_checkpointing_matches_the_plain_loop(tiny_di
     tokens/s per worker is logged (no MFU on a CPU without train.peak_tflops, with it: the arithmetic)."""
     from test_train_loop import _loop_config
 
-    from raycpt.train.loop import METRICS_FILE, LocalSession, run_loop
+    from raycpt.train.loop import run_loop
+    from raycpt.train.metrics_log import METRICS_FILE
+    from raycpt.train.session import LocalSession
 
     blocks = np.random.default_rng(0).integers(4, 128, size=(16, 16)).astype(np.int32)
     runs = {}

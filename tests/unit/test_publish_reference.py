@@ -11,7 +11,8 @@ from safetensors import safe_open
 
 from raycpt.models.shards import INDEX_FILE, TRAINED_FILE, ensure_base_shards, group_of
 from raycpt.train.checkpoint import publish_model, verify_model_folder
-from raycpt.train.loop import InProcessSession, LocalSession, run_loop
+from raycpt.train.loop import run_loop
+from raycpt.train.session import InProcessSession, LocalSession
 from test_train_loop import _blocks, _loop_config
 
 
