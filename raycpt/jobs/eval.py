@@ -66,7 +66,7 @@ def check_model_files(folder: Path, given: str) -> None:
     """One line for a model folder an evaluation would fail on: no weights, pickle weights only (never
     unpickled: a pickle can run code), or a folder whose ``manifest.json`` (a raycpt checkpoint's, or
     ``final_model/``'s) it no longer matches - the same check a resume makes."""
-    from raycpt.train.checkpoint import MANIFEST_FILE, MODEL_DIR, verify_checkpoint
+    from raycpt.train.manifest import MANIFEST_FILE, MODEL_DIR, verify_checkpoint
 
     if not any(folder.glob("*.safetensors")):
         pickles = sorted(f.name for pat in PICKLE_WEIGHTS for f in folder.glob(pat))

@@ -35,8 +35,8 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.errors import RaycptError, environment_error
 from raycpt.strategies import LayerPlan, build_plan, is_tied
-from raycpt.train.checkpoint import (find_checkpoints, publish_model, read_manifest, sweep_leftovers,
-                                     verify_model_folder)
+from raycpt.train.manifest import find_checkpoints, read_manifest
+from raycpt.train.publish import publish_model, sweep_leftovers, verify_model_folder
 from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
 from raycpt.train.parallel import check_parallel
 from raycpt.tracking import adopt_lost, tracked, tracking_lost
@@ -674,7 +674,7 @@ def resume_data_mismatch(recorded: Optional[dict], store) -> Optional[str]:
 def check_resume_data(ckpt: Path, store) -> None:
     """One line when the checkpoint ``--resume`` would continue from was trained on another pack than ``store``:
     the remaining steps would silently read other tokens."""
-    from raycpt.train.checkpoint import STATE_JSON
+    from raycpt.train.manifest import STATE_JSON
 
     why = resume_data_mismatch(_read_json(Path(ckpt) / STATE_JSON).get("data"), store)
     if why is not None:

@@ -62,8 +62,8 @@ from raycpt.io import atomic_write_json
 from raycpt.models.adapters import ADAPTER_DIR, inject_lora, load_adapter_state
 from raycpt.models.sources import load_model
 from raycpt.strategies import LayerPlan, apply_plan, lisa_interval_index
-from raycpt.train.checkpoint import (checkpoint, load_master_weights, load_optim_state, read_train_state,
-                                     set_rng_state, weights_dtype)
+from raycpt.train.checkpoint import checkpoint, load_master_weights, load_optim_state, read_train_state, weights_dtype
+from raycpt.train.rng import set_rng_state
 from raycpt.train.callbacks import LoopState
 from raycpt.train.faults import FaultHooks
 from raycpt.train.lisa import lisa_switch

@@ -20,8 +20,8 @@ import torch
 from raycpt.data.store import read_store
 from raycpt.data.stream import ArrayBlocks, PackedBlocks
 from raycpt.errors import RaycptError
-from raycpt.train.checkpoint import (checkpoint_step, disk_errors_as_oserror, find_checkpoints, remember_written,
-                                     verify_checkpoint)
+from raycpt.train.checkpoint import disk_errors_as_oserror
+from raycpt.train.manifest import checkpoint_step, find_checkpoints, remember_written, verify_checkpoint
 from raycpt.train.parallel import wrap_model
 
 

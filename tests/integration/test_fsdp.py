@@ -241,7 +241,7 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
     checkpoint's dtype) gives the same per-question log-probabilities as evaluating the published folder, by
     final_evaluation and by `raycpt eval`."""
     from raycpt.config import config_from_dict
-    from raycpt.train.checkpoint import publish_model
+    from raycpt.train.publish import publish_model
     from raycpt.train.launch import final_evaluation, saved_dtype
     from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
 

@@ -24,7 +24,7 @@ def published_bf16(tmp_path_factory):
     model = tiny_model("llama").to(torch.bfloat16)
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
-    from raycpt.train.checkpoint import write_manifest
+    from raycpt.train.manifest import write_manifest
 
     write_manifest(path, step=0, finite=True)  # a real manifest: raycpt eval verifies it (issue 27)
     return path

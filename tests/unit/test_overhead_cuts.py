@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raycpt.models.shards import _same_bits
-from raycpt.train.checkpoint import all_finite
+from raycpt.train.manifest import all_finite
 
 
 def _naive_finite(sd: dict) -> tuple[int, int]:
