@@ -45,7 +45,7 @@ from raycpt.config import ModelConfig
 from raycpt.errors import RaycptError
 from raycpt.models.hybrid_config import MODEL_TYPE, RaycptHybridConfig, register_config
 from raycpt.models.sources import resolve_model_path
-from raycpt.models.stack import TABLE, Architecture, register_architecture
+from raycpt.models.stack import TABLE, Architecture, register_architecture, tied_embeddings
 
 
 
@@ -645,7 +645,7 @@ def build_hybrid(plan: HybridPlan, dtype: torch.dtype = torch.float32, progress:
                        **({"init": s.init} if s.donor is None else {}),
                        **({"zero_writes": True} if s.zero_writes else {})) for s in plan.segments],
         base=plan.base, vocab_size=head_cfg.vocab_size, hidden_size=head_cfg.hidden_size,
-        tie_word_embeddings=bool(getattr(head_cfg, "tie_word_embeddings", False)),
+        tie_word_embeddings=tied_embeddings(head_cfg),
         initializer_range=getattr(head_cfg, "initializer_range", 0.02),
         final_logit_softcapping=getattr(head_cfg, "final_logit_softcapping", None),
         max_position_embeddings=min((int(s.config["max_position_embeddings"]) for s in plan.segments
@@ -667,7 +667,7 @@ def build_hybrid(plan: HybridPlan, dtype: torch.dtype = torch.float32, progress:
     copy_module(model.model.norm, head.final_norm, "final norm")
     mark(model.model.embed_tokens)
     mark(model.model.norm)
-    if not config.tie_word_embeddings:
+    if not tied_embeddings(config):
         copy_module(model.lm_head, head.head, "head")
     mark(model.lm_head)
     donors: dict[str, Any] = {plan.head_path: head}
@@ -837,7 +837,7 @@ def segment_rows(model: RaycptHybridForCausalLM) -> list[dict]:
                          trainable=bool(seg.get("trainable", True)), params=n))
     rows.append(dict(segment="norm", kind=inner.config.base.get("model_type"), layers="-", source="head donor",
                      trainable=None, params=count(inner.norm)))
-    rows.append(dict(segment="head", kind="tied" if model.config.tie_word_embeddings else "linear", layers="-",
+    rows.append(dict(segment="head", kind="tied" if tied_embeddings(model.config) else "linear", layers="-",
                      source="head donor", trainable=None, params=count(model.lm_head)))
     return rows
 

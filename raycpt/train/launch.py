@@ -34,11 +34,12 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.errors import RaycptError, environment_error
-from raycpt.strategies import LayerPlan, build_plan, is_tied
+from raycpt.models.stack import tied_embeddings
+from raycpt.strategies import LayerPlan, build_plan
 from raycpt.train.manifest import find_checkpoints, read_manifest
 from raycpt.train.publish import publish_model, sweep_leftovers, verify_model_folder
 from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
-from raycpt.train.parallel import check_parallel
+from raycpt.train.parallel import check_parallel, uses_fsdp
 from raycpt.tracking import adopt_lost, tracked, tracking_lost
 
 FINAL_MODEL = "final_model"
@@ -125,7 +126,7 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
 
     model = model_skeleton(model_path)
     stack = LayerStack.of(model)
-    plan = build_plan(cfg.plan, stack.num_layers, tied_embeddings=is_tied(stack))
+    plan = build_plan(cfg.plan, stack.num_layers, tied_embeddings=tied_embeddings(stack))
     limit = position_limit(model.config)
     if limit is not None and cfg.data.seq_len > limit:
         raise RaycptError(f"data.seq_len={cfg.data.seq_len} is beyond this model's limit of {limit} positions "
@@ -142,7 +143,7 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
 def check_plan_parallel(plan: LayerPlan, tcfg) -> None:
     """LoRA under DDP or one worker (not FSDP); LISA on one worker (DDP's buckets are fixed when it wraps,
     and LISA changes what trains every interval)."""
-    if plan.adapter == "lora" and tcfg.distributed == "fsdp" and tcfg.num_workers > 1:
+    if plan.adapter == "lora" and uses_fsdp(tcfg.distributed, tcfg.num_workers):
         raise RaycptError("plan.adapter=lora runs under train.distributed=ddp (or one worker), not fsdp")
     if plan.is_lisa and tcfg.num_workers > 1:
         raise RaycptError(f"plan.name=lisa trains on one worker (train.num_workers={tcfg.num_workers}): "

@@ -68,7 +68,7 @@ from raycpt.train.callbacks import LoopState
 from raycpt.train.faults import FaultHooks
 from raycpt.train.lisa import lisa_switch
 from raycpt.train.metrics_log import MetricsLogger
-from raycpt.train.parallel import unwrap
+from raycpt.train.parallel import unwrap, uses_fsdp
 from raycpt.train import verify
 from raycpt.train.session import InProcessSession, RaySession, Session
 from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens, uses_bf16
@@ -160,7 +160,7 @@ def _setup(config: dict, session: Session) -> _Worker:
     seed_everything(tcfg.seed)
     logger = MetricsLogger(run_dir, config.get("mlflow")) if rank == 0 else None
     return _Worker(config=config, session=session, cfg=cfg, rank=rank, world=world, run_dir=run_dir, device=device,
-                   plan=LayerPlan.from_dict(config["plan"]), fsdp=tcfg.distributed == "fsdp" and world > 1,
+                   plan=LayerPlan.from_dict(config["plan"]), fsdp=uses_fsdp(tcfg.distributed, world),
                    logger=logger, faults=FaultHooks(config.get("faults"), rank, run_dir),
                    callbacks=list(config.get("callbacks") or []))
 
