@@ -311,7 +311,7 @@ def _lisa(pcfg, n: int) -> PlanSpec:
 @register_plan("expand")
 def _expand(pcfg, n: int) -> PlanSpec:
     """Built on the EXPANDED model (N + P layers; the launcher builds it, ``expanded_model_folder``)."""
-    from raycpt.models.hybrid import expand_positions
+    from raycpt.models.hybrid_expand import expand_positions
 
     p = pcfg.expand_blocks
     if n - p < p:
@@ -669,7 +669,7 @@ def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank
     ``default_rng(seed).random(N)``), ``lisa`` at gamma, ``lora`` at rank r on every layer, ``expand`` at P."""
     import numpy as np
 
-    from raycpt.models.hybrid import expand_trainable_params
+    from raycpt.models.hybrid_expand import expand_trainable_params
 
     sizes = [int(x) for x in layer_params]
     n = len(sizes)

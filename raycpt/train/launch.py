@@ -90,7 +90,7 @@ def resolve_model_path(cfg: ExperimentConfig) -> str:
 
     path = resolve(cfg.model)
     if cfg.plan.name == "expand":
-        from raycpt.models.hybrid import expand_groups, expanded_model_folder
+        from raycpt.models.hybrid_expand import expand_groups, expanded_model_folder
         from transformers import AutoConfig
 
         expand_groups(AutoConfig.from_pretrained(path).num_hidden_layers, cfg.plan.expand_blocks)  # one line

@@ -115,7 +115,7 @@ def _cli(*args):
 
 def test_bad_inputs_through_the_console_script(tiny_dir, tmp_path):
     from test_hybrid import LAYERS, shorthand  # noqa: F401
-    from raycpt.models.hybrid import save_hybrid
+    from raycpt.models.hybrid_build import save_hybrid
 
     r = _cli("plan", "show", f"model.ref={tiny_dir}", "plan.name=full", "train.device_memory_gb=0.0001")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
