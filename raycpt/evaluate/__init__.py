@@ -45,7 +45,8 @@ from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError, read_user_text
 from raycpt.evaluate.registry import BENCHMARKS_DIR, READERS, Benchmark, find_benchmark, read_benchmark, register_reader
 from raycpt.report.eval import write_results
-from raycpt.models.sources import cache_root, fetch_pypi_file
+from raycpt.models.model_cache import cache_root
+from raycpt.models.wheels import fetch_pypi_file
 from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, MMLU_CATEGORIES, SCORE_KEYS, TASKS_DIR, subject_category
 from raycpt.tasks.local import absolute_data_dir, check_local, subject_dataset, task_folders
 

@@ -20,7 +20,8 @@ from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate import EvalResult, evaluate_model, resolve_eval_tasks
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.models.sources import parse_ref, resolve_model_path
+from raycpt.models.refs import parse_ref
+from raycpt.models.sources import resolve_model_path
 from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
 from raycpt.runs import command_run

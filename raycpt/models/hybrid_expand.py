@@ -8,7 +8,7 @@ from pathlib import Path
 from raycpt.errors import RaycptError
 from raycpt.models.hybrid_build import build_hybrid, save_hybrid
 from raycpt.models.hybrid_plans import _donor_config, plan_hybrid
-from raycpt.models.sources import cache_root
+from raycpt.models.model_cache import cache_root
 
 
 # ------------------------------------------------------------------------------------------------
