@@ -69,7 +69,8 @@ def main() -> None:
     args = smoke(ap.parse_args(), questions=8, batch_size=4, repeats=1)
 
     from raycpt.config import EvalConfig, ModelConfig
-    from raycpt.evaluate import WORDNET_MC_FILE, evaluate_model, read_questions, task_manager
+    from raycpt.evaluate import WORDNET_MC_FILE, evaluate_model, task_manager
+    from raycpt.evaluate.questions import read_questions
     from raycpt.models.sources import load_model
 
     torch.manual_seed(0)

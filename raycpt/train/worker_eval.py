@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from raycpt.evaluate import block_weights, evaluate_model, lm_block_losses, merge_shards
+from raycpt.evaluate import evaluate_model, merge_shards
+from raycpt.evaluate.heldout import block_weights, lm_block_losses
 from raycpt.io import atomic_write_json
 from raycpt.models.adapters import merge_lora_
 from raycpt.train.checkpoint import model_state, weights_dtype
@@ -73,7 +74,7 @@ def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Op
 
     The in-memory model equals the final checkpoint (it was saved from these weights), so nothing is
     reloaded; on a cluster the evaluation runs on the training GPU instead of a CPU-only trial actor.
-    With ``req.heldout_path`` the file also holds ``heldout_loss`` (:func:`raycpt.evaluate.lm_loss`)."""
+    With ``req.heldout_path`` the file also holds ``heldout_loss`` (:func:`raycpt.evaluate.heldout.lm_loss`)."""
     rank, world = (session.rank, session.world_size) if session is not None else (0, 1)
     use_cache = getattr(model.config, "use_cache", None)
     model.config.use_cache = True  # generation mode: the training loop turned the KV cache off
