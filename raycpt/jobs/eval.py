@@ -18,7 +18,8 @@ from typing import Any, Optional, Sequence
 
 from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
-from raycpt.evaluate import EvalResult, evaluate_model, resolve_eval_tasks
+from raycpt.evaluate import evaluate_model, resolve_eval_tasks
+from raycpt.evaluate.results import EvalResult
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.models.refs import parse_ref
 from raycpt.models.sources import resolve_model_path

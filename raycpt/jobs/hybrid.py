@@ -267,7 +267,7 @@ def _builds(plans: list) -> list:
 def execute(cfg: ExperimentConfig, plans: list, run, resume: bool = False, console=None,
             progress: bool = True) -> HybridRunResult:
     """Build, train, evaluate and trace every build (inline grid trials), then the Table-4 files."""
-    from raycpt.evaluate import EvalResult
+    from raycpt.evaluate.results import EvalResult
     from raycpt.report.eval import render_table, table_text, write_results
     from raycpt.report.hybrid import plot_profiles
     from raycpt.runtime import ray_session

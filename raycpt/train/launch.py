@@ -780,7 +780,8 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
     torch threads, and the held-out loss on the blocks of ``req.heldout_path``; it then writes the same
     ``eval_result.json`` the worker would have (per-block held-out losses included), so a resumed trial
     reads it instead of evaluating again."""
-    from raycpt.evaluate import EvalResult, evaluate_model
+    from raycpt.evaluate import evaluate_model
+    from raycpt.evaluate.results import EvalResult
     from raycpt.io import atomic_write_json
     from raycpt.train.worker_eval import eval_result_record
 
