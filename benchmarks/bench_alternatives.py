@@ -65,7 +65,7 @@ def case(plan_words: list[str], seq: int, batch: int, steps: int, threads: int) 
     from raycpt.models.adapters import inject_lora
     from raycpt.strategies import apply_plan
     from raycpt.train.launch import prepare_plan, resolve_model_path
-    from raycpt.train.loop import FrozenPrefix, make_optimizer, make_scheduler, train_step
+    from raycpt.train.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
     from raycpt.train.step_options import loss_chunk_tokens
 
     torch.set_num_threads(threads)

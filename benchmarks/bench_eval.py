@@ -69,7 +69,9 @@ def main() -> None:
     args = smoke(ap.parse_args(), questions=8, batch_size=4, repeats=1)
 
     from raycpt.config import EvalConfig, ModelConfig
-    from raycpt.evaluate import WORDNET_MC_FILE, evaluate_model, read_questions, task_manager
+    from raycpt.evaluate import WORDNET_MC_FILE, evaluate_model
+    from raycpt.evaluate.lm_tasks import task_manager
+    from raycpt.evaluate.questions import read_questions
     from raycpt.models.sources import load_model
 
     torch.manual_seed(0)
@@ -108,7 +110,8 @@ def main() -> None:
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
-    from raycpt.evaluate import _load_lm_tasks, resolve_task
+    from raycpt.evaluate import resolve_task
+    from raycpt.evaluate.lm_tasks import _load_lm_tasks
 
     out = lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=tok, batch_size=1),
                                   tasks=_load_lm_tasks(resolve_task("wordnet_mc"), "logit", cfg), limit=1,

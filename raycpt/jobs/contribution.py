@@ -51,7 +51,7 @@ class ScanTrial:
     def run(self, trial: Trial) -> dict:
         """Train (unless base), evaluate and measure this trial under its child run."""
         from raycpt.train.launch import final_evaluation
-        from raycpt.train.loop import EvalRequest
+        from raycpt.train.worker_eval import EvalRequest
 
         run, base_path = trial.run, trial.shared["model_path"]
         if run.created or not run.run_id:

@@ -18,9 +18,11 @@ from typing import Any, Optional, Sequence
 
 from raycpt.config import EvalConfig, ExperimentConfig
 from raycpt.errors import RaycptError
-from raycpt.evaluate import EvalResult, evaluate_model, resolve_eval_tasks
+from raycpt.evaluate import evaluate_model, resolve_eval_tasks
+from raycpt.evaluate.results import EvalResult
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.models.sources import parse_ref, resolve_model_path
+from raycpt.models.refs import parse_ref
+from raycpt.models.sources import resolve_model_path
 from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
 from raycpt.runs import command_run
@@ -65,7 +67,7 @@ def check_model_files(folder: Path, given: str) -> None:
     """One line for a model folder an evaluation would fail on: no weights, pickle weights only (never
     unpickled: a pickle can run code), or a folder whose ``manifest.json`` (a raycpt checkpoint's, or
     ``final_model/``'s) it no longer matches - the same check a resume makes."""
-    from raycpt.train.checkpoint import MANIFEST_FILE, MODEL_DIR, verify_checkpoint
+    from raycpt.train.manifest import MANIFEST_FILE, MODEL_DIR, verify_checkpoint
 
     if not any(folder.glob("*.safetensors")):
         pickles = sorted(f.name for pat in PICKLE_WEIGHTS for f in folder.glob(pat))

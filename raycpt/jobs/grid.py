@@ -257,7 +257,7 @@ def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress
     """Train ``tcfg`` in the trial's ``train/`` folder under its child run; the training worker evaluates
     the final weights (its GPU on a cluster). ``(TrainResult, EvalResult, held-out loss or None)``."""
     from raycpt.train.launch import final_evaluation, run_training
-    from raycpt.train.loop import EvalRequest
+    from raycpt.train.worker_eval import EvalRequest
 
     req = EvalRequest(out_dir=str(trial.dir / "eval"), name=name, heldout_path=trial.shared.get("heldout_path"))
     tdir = trial.dir / "train"

@@ -83,7 +83,7 @@ def display_name(plan) -> str:
 
 def plan_builds(cfg: ExperimentConfig, builds: Optional[list[str]] = None) -> list:
     """Resolve (and so validate) every requested build; no weights are loaded."""
-    from raycpt.models.hybrid import plan_from_config
+    from raycpt.models.hybrid_plans import plan_from_config
 
     hcfg = hybrid_section(cfg)
     names = list(builds or hcfg.builds)
@@ -102,7 +102,7 @@ def build_one(plan, folder: Path, progress: bool = False) -> BuiltHybrid:
     saved = folder / SEGMENT_MAP
     if saved.is_file() and (folder / "config.json").is_file():
         return BuiltHybrid.from_dict(json.loads(saved.read_text()))
-    from raycpt.models.hybrid import build_hybrid, param_counts, save_hybrid, segment_rows
+    from raycpt.models.hybrid_build import build_hybrid, param_counts, save_hybrid, segment_rows
 
     model, tok = build_hybrid(plan, progress=progress)
     built = BuiltHybrid(build=plan.name, display=display_name(plan), folder=folder, rows=segment_rows(model),
@@ -257,7 +257,7 @@ def _builds(plans: list) -> list:
 def execute(cfg: ExperimentConfig, plans: list, run, resume: bool = False, console=None,
             progress: bool = True) -> HybridRunResult:
     """Build, train, evaluate and trace every build (inline grid trials), then the Table-4 files."""
-    from raycpt.evaluate import EvalResult
+    from raycpt.evaluate.results import EvalResult
     from raycpt.report.eval import render_table, table_text, write_results
     from raycpt.report.hybrid import plot_profiles
     from raycpt.runtime import ray_session

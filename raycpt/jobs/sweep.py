@@ -46,7 +46,7 @@ class TrialSpec:
 
     def run(self, trial: Trial) -> dict:
         """Train and evaluate this trial under its child run (in a Tune trial, or called directly)."""
-        from raycpt.train.loop import EVAL_RESULT_FILE
+        from raycpt.train.worker_eval import EVAL_RESULT_FILE
 
         run = trial.run
         tcfg = trial_config(trial.cfg, self)

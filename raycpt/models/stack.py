@@ -162,9 +162,7 @@ class LayerStack:
 
     @property
     def tied_embeddings(self) -> bool:
-        head_w = getattr(self.head, "weight", None)
-        emb_w = getattr(self.embed, "weight", None)
-        return head_w is not None and emb_w is not None and head_w.data_ptr() == emb_w.data_ptr()
+        return tied_embeddings(self)
 
     def named_parts(self) -> dict[str, list[nn.Parameter]]:
         """Parameters grouped as ``embed``, ``layers.{i}``, ``final_norm``, ``head`` (shared tensors once)."""
@@ -474,3 +472,15 @@ def _suffix_mask(mask, rows, pos, real, width: int, dtype, impl: Optional[str]) 
     if (mask is not None and mask.dtype != torch.bool) or (mask is None and impl == "eager"):
         return torch.zeros(ok.shape, dtype=dtype, device=dev).masked_fill(~ok, torch.finfo(dtype).min)
     return ok
+
+
+def tied_embeddings(obj) -> bool:
+    """Whether the input embeddings and the LM head are one matrix. A :class:`LayerStack` or a model: by parameter
+    identity (also right on the meta device, where data_ptr is 0); a config: its ``tie_word_embeddings``."""
+    if isinstance(obj, nn.Module):
+        obj = LayerStack.of(obj)
+    if isinstance(obj, LayerStack):
+        h = getattr(obj.head, "weight", None)
+        e = getattr(obj.embed, "weight", None)
+        return h is not None and h is e
+    return bool(getattr(obj, "tie_word_embeddings", False))

@@ -42,7 +42,7 @@ from raycpt.splits import split_index  # noqa: F401 - re-exported
 from raycpt.strategies.apply import (adapter_ids, apply_plan, count_params, param_groups, param_layer_index,
                                      plan_table)
 from raycpt.strategies.budget import budget_plans, check_budget
-from raycpt.strategies.build import build_plan, is_tied, plan_for_model
+from raycpt.strategies.build import build_plan, plan_for_model
 from raycpt.strategies.builders import block_sizes, ranked_pick  # importing it registers the plans
 from raycpt.strategies.lisa import lisa_draw, lisa_interval_index, lisa_trainable_params
 from raycpt.strategies.plan import LayerPlan
@@ -51,7 +51,7 @@ from raycpt.strategies.registry import PLANS, PlanSpec, register_plan, split_pla
 
 __all__ = [
     "LayerPlan", "PLANS", "PlanSpec", "RANKING_FORMAT", "adapter_ids", "apply_plan", "block_sizes", "budget_plans",
-    "build_plan", "check_budget", "count_params", "is_tied", "lisa_draw", "lisa_interval_index",
+    "build_plan", "check_budget", "count_params", "lisa_draw", "lisa_interval_index",
     "lisa_trainable_params", "param_groups", "param_layer_index", "plan_for_model", "plan_table", "ranked_pick",
     "read_ranking", "register_plan", "split_index", "split_plans", "takes_split", "write_ranking",
 ]

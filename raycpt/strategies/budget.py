@@ -38,7 +38,7 @@ def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank
     ``default_rng(seed).random(N)``), ``lisa`` at gamma, ``lora`` at rank r on every layer, ``expand`` at P."""
     import numpy as np
 
-    from raycpt.models.hybrid import expand_trainable_params
+    from raycpt.models.hybrid_expand import expand_trainable_params
 
     sizes = [int(x) for x in layer_params]
     n = len(sizes)

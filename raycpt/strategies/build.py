@@ -67,15 +67,8 @@ def _extras(pcfg, name: str, layers) -> dict:
     return out
 
 
-def is_tied(stack) -> bool:
-    """Tied embeddings, by parameter identity (also right on the meta device, where data_ptr is 0)."""
-    h = getattr(stack.head, "weight", None)
-    e = getattr(stack.embed, "weight", None)
-    return h is not None and h is e
-
-
 def plan_for_model(pcfg, model) -> LayerPlan:
-    from raycpt.models.stack import LayerStack
+    from raycpt.models.stack import LayerStack, tied_embeddings
 
     stack = LayerStack.of(model)
-    return build_plan(pcfg, stack.num_layers, tied_embeddings=is_tied(stack))
+    return build_plan(pcfg, stack.num_layers, tied_embeddings=tied_embeddings(stack))

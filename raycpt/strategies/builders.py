@@ -129,7 +129,7 @@ def _lisa(pcfg, n: int) -> PlanSpec:
 @register_plan("expand")
 def _expand(pcfg, n: int) -> PlanSpec:
     """Built on the EXPANDED model (N + P layers; the launcher builds it, ``expanded_model_folder``)."""
-    from raycpt.models.hybrid import expand_positions
+    from raycpt.models.hybrid_expand import expand_positions
 
     p = pcfg.expand_blocks
     if n - p < p:

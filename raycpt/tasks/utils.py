@@ -10,7 +10,8 @@ from typing import Any
 
 from lm_eval.api.filter import Filter
 
-from raycpt.evaluate import READERS, WORDNET_MC_FILE, extract_choice, mmlu_questions
+from raycpt.evaluate import READERS, WORDNET_MC_FILE, mmlu_questions
+from raycpt.evaluate.answers import extract_choice
 
 
 def wordnet_mc_dataset(questions: str | None = None, reader: str = "questions", **_: Any):

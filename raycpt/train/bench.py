@@ -17,8 +17,9 @@ import torch
 
 from raycpt.config import ExperimentConfig, PlanConfig, load_config
 from raycpt.models.sources import resolve_model_path
+from raycpt.models.stack import tied_embeddings
 from raycpt.strategies import apply_plan, build_plan
-from raycpt.train.loop import clip_and_norm, forward_backward, make_optimizer, trainable_params
+from raycpt.train.steps import clip_and_norm, forward_backward, make_optimizer, trainable_params
 
 MAIN_JOB_BATCH = (4, 64)
 """(micro batch, seq_len) of one step of the README's main job (configs/default.yaml)."""
@@ -39,7 +40,7 @@ def full_step_speed(cfg: Optional[ExperimentConfig] = None, steps: int = 3, warm
         model.config.use_cache = False
         model.train()
         n_layers = int(model.config.num_hidden_layers)
-        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        tied = tied_embeddings(model.config)
         plan = build_plan(dataclasses.replace(PlanConfig(), name="full"), n_layers, tied_embeddings=tied)
         apply_plan(model, plan)
         optimizer = make_optimizer(model, plan, cfg.train)

@@ -28,12 +28,13 @@ import torch
 from raycpt.diagnostics.drift import PROBE_PROMPTS, drift_metrics, layer_params, layer_states, probe_ids, probe_texts
 from raycpt.io import atomic_write_json
 from raycpt.strategies import LayerPlan
+from raycpt.train.parallel import uses_fsdp
 
 
 @dataclass
 class LoopState:
     """What a :class:`StepCallback` sees. ``model`` is the plain (unwrapped) model; ``logger`` the
-    rank-0 metrics sink of the loop (``raycpt.train.loop.MetricsLogger``; None on other ranks)."""
+    rank-0 metrics sink of the loop (``raycpt.train.metrics_log.MetricsLogger``; None on other ranks)."""
 
     step: int
     max_steps: int
@@ -116,7 +117,7 @@ class DriftCallback(StepCallback):
     def on_train_start(self, state: LoopState) -> None:
         if state.rank != 0:
             return
-        if state.cfg.train.distributed == "fsdp" and state.world_size > 1:
+        if uses_fsdp(state.cfg.train.distributed, state.world_size):
             self._skip = "drift skipped: with FSDP the unwrapped model holds only parameter shards"
             state.log({"drift.skipped": 1.0})
             return

@@ -14,10 +14,10 @@ A checkpoint folder (``checkpoint_<step>``)::
     manifest.json       written LAST: size and sha256 of every other file, the step, the
                         finite-weights flag
 
-:func:`verify_checkpoint` checks a folder against its manifest (a cut upload, a truncated or
-edited file, a missing manifest all fail, with the reason); resume (:func:`find_checkpoints`) and
-publish (:func:`publish_model`) use only folders that pass. A checkpoint is written only from
-finite weights (:func:`all_finite`). ``final_model/`` is a copy of the verified checkpoint's
+:func:`raycpt.train.manifest.verify_checkpoint` checks a folder against its manifest (a cut upload, a truncated or
+edited file, a missing manifest all fail, with the reason); resume (:func:`raycpt.train.manifest.find_checkpoints`) and
+publish (:func:`raycpt.train.publish.publish_model`) use only folders that pass. A checkpoint is written only from
+finite weights (:func:`raycpt.train.manifest.all_finite`). ``final_model/`` is a copy of the verified checkpoint's
 ``model/`` files (a reflink where the filesystem can, else a byte copy) checked against the same
 hashes; a hard link only when the checkpoint is deleted right after the publish
 (``train.keep_finished_checkpoints: false``), so no kept checkpoint shares a file with the published model.
@@ -36,35 +36,20 @@ import contextlib
 import json
 import math
 import os
-import random
 import shutil
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from raycpt.errors import RaycptError
-
-MANIFEST_FILE = "manifest.json"
-STATE_PT = "train_state.pt"
-STATE_JSON = "train_state.json"
-MODEL_DIR = "model"
-MANIFEST_FORMAT = "raycpt.checkpoint-manifest/1"
-_FICLONE = 0x40049409  # linux/fs.h: ioctl(dest_fd, FICLONE, src_fd) = reflink the whole file
-
-
-# ------------------------------------------------------------------------------------ small helpers
-
-def checkpoint_step(folder) -> int:
-    """The step of a checkpoint folder (from its ``train_state.json``), -1 if unreadable."""
-    try:
-        return int(json.loads((Path(folder) / STATE_JSON).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return -1
+from raycpt.models.adapters import ADAPTER_DIR, merged_state_dict, save_adapter_folder
+from raycpt.models.shards import read_shards, write_referencing_weights
+from raycpt.strategies import LayerPlan
+from raycpt.train.manifest import MODEL_DIR, STATE_JSON, STATE_PT, all_finite, write_manifest
+from raycpt.train.rng import merge_rng, rng_state, split_rng
 
 
 def json_safe(obj: Any) -> Any:
@@ -81,179 +66,10 @@ def json_safe(obj: Any) -> Any:
 
 def weights_dtype(precision: str, device: torch.device) -> torch.dtype:
     """The dtype checkpoints store weights in: bf16 when the loop trains in bf16 (see
-    :func:`raycpt.train.loop.autocast_for`), else float32."""
+    :func:`raycpt.train.steps.autocast_for`), else float32."""
     if precision == "bf16" or (precision == "auto" and torch.device(device).type == "cuda"):
         return torch.bfloat16
     return torch.float32
-
-
-def all_finite(state_dict: dict) -> tuple[int, int]:
-    """``(non-finite floating tensors, floating tensors)`` of a state dict.
-
-    A tensor whose sum is finite has only finite elements (a NaN or an infinity makes every sum that includes
-    it NaN or infinite), so the sum decides most tensors in one read without a mask (12x faster than
-    ``isfinite().all()`` on the 0.5 GB default model, measured); a sum that is not finite, which finite elements
-    can also give by overflowing, is decided element by element."""
-    bad = total = 0
-    for v in state_dict.values():
-        if torch.is_tensor(v) and v.is_floating_point():
-            total += 1
-            if not bool(torch.isfinite(v.sum())):
-                bad += int(not bool(torch.isfinite(v).all()))
-    return bad, total
-
-
-def _sha256(path: Path) -> str:
-    from raycpt.io import sha256_file
-
-    return sha256_file(path)
-
-
-def _files(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
-
-
-# ------------------------------------------------------------------------------------ manifest
-
-def write_manifest(folder, step: int, finite: bool, extra: Optional[dict] = None, known: Optional[dict] = None
-                   ) -> Path:
-    """Write ``manifest.json`` over every other file of ``folder`` (call it last). ``known``: entries already
-    checked (the links to verified base shards), taken as they are instead of hashed again."""
-    folder = Path(folder)
-    known = known or {}
-    files = {rel: known.get(rel) or {"size": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)}
-             for rel in _files(folder)}
-    doc = {"format": MANIFEST_FORMAT, "step": int(step), "finite": bool(finite), "files": files,
-           "time": time.time(), **(extra or {})}
-    tmp = folder / f".{MANIFEST_FILE}.{uuid.uuid4().hex[:8]}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2), encoding="utf-8")
-    os.replace(tmp, folder / MANIFEST_FILE)
-    return folder / MANIFEST_FILE
-
-
-def read_manifest(folder) -> Optional[dict]:
-    try:
-        doc = json.loads((Path(folder) / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else None
-
-
-_VERIFIED: dict[str, tuple] = {}  # folder -> stat signature of the files that passed (no re-hashing)
-
-
-def _signature(folder: Path, names) -> tuple:
-    out = []
-    for rel in sorted(names) + [MANIFEST_FILE]:
-        try:
-            st = (folder / rel).stat()
-            out.append((rel, st.st_size, st.st_mtime_ns, st.st_ino))
-        except OSError:
-            out.append((rel, None))
-    return tuple(out)
-
-
-def verify_checkpoint(folder, require: tuple[str, ...] = (STATE_JSON, STATE_PT, f"{MODEL_DIR}/config.json")
-                      ) -> Optional[str]:
-    """None when ``folder`` matches its manifest (every listed file there with its size and sha256,
-    the required files listed, finite weights); else the reason, in a few words."""
-    folder = Path(folder)
-    doc = read_manifest(folder)
-    if doc is None:
-        return f"no readable {MANIFEST_FILE} (cut short, or written by an older raycpt)"
-    files = doc["files"]
-    for rel in require:
-        if rel not in files:
-            return f"the manifest lists no {rel}"
-    if not any(rel.endswith(".safetensors") for rel in files):
-        return "the manifest lists no weights (*.safetensors)"
-    if not doc.get("finite", False):
-        return "its weights are not finite"
-    sig = _signature(folder, files)
-    if _VERIFIED.get(str(folder)) == sig:
-        return None
-    for rel, meta in files.items():
-        p = folder / rel
-        if not p.is_file():
-            return f"{rel} is missing"
-        size = p.stat().st_size
-        if size != meta.get("size"):
-            return f"{rel} has {size} bytes, the manifest says {meta.get('size')}"
-        if _sha256(p) != meta.get("sha256"):
-            return f"{rel} does not match its sha256 in the manifest"
-    _VERIFIED[str(folder)] = sig
-    return None
-
-
-def remember_written(folder) -> None:
-    """``folder`` was just written by this process, its manifest hashed from the files on disk (a checkpoint
-    renamed into place keeps its files' inodes and times): :func:`verify_checkpoint` takes it as verified while
-    no file's size, time or inode changes, as it does after a verification, instead of hashing it again."""
-    folder = Path(folder)
-    doc = read_manifest(folder)
-    if doc is not None:
-        _VERIFIED[str(folder)] = _signature(folder, doc["files"])
-
-
-def is_complete_checkpoint(folder) -> bool:
-    """The folder passes :func:`verify_checkpoint`."""
-    return verify_checkpoint(folder) is None
-
-
-def find_checkpoints(root, failed: Optional[list] = None) -> list[tuple[int, Path]]:
-    """Verified checkpoints ``checkpoint_*`` at any depth under ``root`` as (step, folder), oldest
-    first. The ones that fail go to ``failed`` as ``(folder, reason)`` when a list is given."""
-    out = []
-    root = Path(root)
-    if not root.is_dir():
-        return out
-    for d in sorted(p for p in root.rglob("checkpoint_*") if p.is_dir()):
-        why = verify_checkpoint(d)
-        if why is None:
-            out.append((checkpoint_step(d), d))
-        elif failed is not None:
-            failed.append((d, why))
-    out.sort(key=lambda x: (x[0], x[1].stat().st_mtime))
-    return out
-
-
-# ------------------------------------------------------------------------------------ state
-
-def rng_state() -> dict:
-    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def set_rng_state(st: dict) -> None:
-    torch.set_rng_state(st["torch"])
-    name, keys, pos, has_gauss, cached = st["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
-    version, internal, gauss = st["python"]
-    random.setstate((int(version), tuple(int(x) for x in internal), gauss))
-    if st.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
-def split_rng(rngs: list[dict]) -> tuple[dict, list[dict]]:
-    """Every rank's RNG states -> (tensors for ``train_state.pt``, plain lists for the JSON)."""
-    tensors = {"torch": [r["torch"] for r in rngs], "cuda": [list(r.get("cuda") or []) for r in rngs]}
-    plain = []
-    for r in rngs:
-        name, keys, pos, has_gauss, cached = r["numpy"]
-        version, internal, gauss = r["python"]
-        plain.append({"numpy": [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],
-                      "python": [int(version), list(internal), gauss]})
-    return tensors, plain
-
-
-def merge_rng(tensors: dict, plain: list[dict]) -> list[dict]:
-    out = []
-    for i, p in enumerate(plain):
-        cuda = tensors.get("cuda", [])[i] if i < len(tensors.get("cuda", [])) else []
-        out.append({"torch": tensors["torch"][i], "numpy": p["numpy"], "python": p["python"], "cuda": cuda or None})
-    return out
 
 
 def model_state(model, wrapped, fsdp: bool) -> dict:
@@ -345,8 +161,6 @@ def save_model_by_reference(model, tokenizer, state_dict: dict, out: Path, dtype
     per-layer ``shards`` (:mod:`raycpt.models.shards`, in ``dtype``); the rest in one file, an index naming every
     tensor's file. ``out``'s final place must sit at the same depth (a sibling folder renamed into place).
     Returns the links' manifest entries (their sha256 as the shards recorded and checked it)."""
-    from raycpt.models.shards import read_shards, write_referencing_weights
-
     groups = read_shards(shards)
     if groups is None:
         raise RaycptError(f"the base shards {shards} fail their sha256 check: remove that folder and run again")
@@ -383,9 +197,6 @@ def write_checkpoint(folder, *, model, tokenizer, msd: dict, osd: dict, schedule
     tensors = {"optimizer": osd, "scheduler": scheduler_state, "rng": rng_tensors}  # osd None: a final checkpoint
     lora, lisa = plan.get("adapter") == "lora", int(plan.get("lisa_layers") or 0) > 0
     if lora:  # model/ holds the merged weights; the adapters in peft's layout, for resume and for users
-        from raycpt.models.adapters import ADAPTER_DIR, save_adapter_folder
-        from raycpt.strategies import LayerPlan
-
         save_adapter_folder(model, folder / ADAPTER_DIR, LayerPlan.from_dict(plan))
     if dtype != torch.float32 or lora:  # the float32 master weights of what trains (the rest is the base model)
         # LISA: every layer may have trained in an earlier interval, so all of them; LoRA: what trains besides the
@@ -460,8 +271,6 @@ def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, h
     ``final``: the run's last checkpoint, deleted when the run finishes: no optimizer state (every rank skips
     gathering it alike)."""
     if plan.adapter == "lora":  # the merged weights (DDP / one worker: LoRA never runs under FSDP)
-        from raycpt.models.adapters import merged_state_dict
-
         msd = merged_state_dict(model)
     else:
         msd = model_state(model, wrapped, fsdp)
@@ -492,138 +301,3 @@ def checkpoint(session, model, wrapped, tokenizer, optimizer, scheduler, step, h
         if tmp is not None and os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return None
-
-
-# ------------------------------------------------------------------------------------ publish
-
-def copy_file(src: Path, dst: Path) -> str:
-    """Copy ``src`` to a new ``dst``: a reflink (``FICLONE``, shares blocks copy-on-write: writing
-    either file never changes the other) where the filesystem supports it, else a byte copy
-    (``shutil.copyfile``: ``copy_file_range``/``sendfile`` in the kernel). Returns "reflink" or "copy"."""
-    import fcntl
-
-    with open(src, "rb") as fs, open(dst, "wb") as fd:
-        try:
-            fcntl.ioctl(fd.fileno(), _FICLONE, fs.fileno())
-            return "reflink"
-        except OSError:
-            pass
-    shutil.copyfile(src, dst)
-    return "copy"
-
-
-def sweep_leftovers(dest) -> list[Path]:
-    """Remove the hidden ``.<name>.<id>`` folders a publish of ``dest`` killed mid-way left beside it."""
-    dest = Path(dest)
-    gone = [p for p in dest.parent.glob(f".{dest.name}.*") if p.is_dir() and not p.is_symlink()]
-    for p in gone:
-        shutil.rmtree(p, ignore_errors=True)
-    return gone
-
-
-def publish_model(ckpt, dest, base_shards=None, link: bool = False) -> dict:
-    """Publish a verified checkpoint's ``model/`` as ``dest`` (atomically: written aside, checked
-    against the checkpoint's sha256s, renamed into place) with its own ``manifest.json``.
-
-    ``base_shards`` (a folder of :func:`raycpt.models.shards.ensure_base_shards` in the checkpoint's dtype):
-    the weights are not copied; the decoder layers (and the rest) equal to the base bit for bit become
-    relative links to its verified shards, the others go into one ``model-trained.safetensors``
-    (how = ``reference``). Leftovers of a publish killed mid-way are removed first.
-
-    ``link``: the checkpoint is deleted right after (``train.keep_finished_checkpoints: false``): when its
-    ``model/`` already references these shards (a local-mode checkpoint), its files become hard links and its
-    links links again (how = ``link``; nothing is read, written or hashed twice), else as above.
-
-    Raises RaycptError when the checkpoint fails verification. Returns
-    ``{"files", "bytes", "seconds", "how"}`` (how = reflink, copy, reference or link; bytes = bytes written)."""
-    ckpt, dest = Path(ckpt), Path(dest)
-    why = verify_checkpoint(ckpt)
-    if why is not None:
-        raise RaycptError(f"checkpoint {ckpt} fails its manifest check ({why}): not published")
-    t0 = time.perf_counter()
-    sweep_leftovers(dest)
-    files = {rel[len(MODEL_DIR) + 1:]: meta for rel, meta in read_manifest(ckpt)["files"].items()
-             if rel.startswith(MODEL_DIR + "/")}
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        tmp.mkdir(parents=True)
-        if link and base_shards is not None and _links_to(ckpt / MODEL_DIR, Path(base_shards)):
-            known = _link_model(ckpt / MODEL_DIR, files, tmp, dest)
-            write_manifest(tmp, checkpoint_step(ckpt), finite=True, extra={"source": str(ckpt)}, known=known)
-            _replace(tmp, dest)
-            return {"files": len(list(Path(dest).iterdir())), "bytes": 0, "seconds": time.perf_counter() - t0,
-                    "how": "link"}
-        if base_shards is not None:
-            how, known = {"reference"}, _publish_weights_by_reference(ckpt, files, tmp, dest, Path(base_shards))
-            files = {rel: meta for rel, meta in files.items() if not _is_weights(rel)}
-        else:
-            how, known = set(), {}
-        total = 0
-        for rel, meta in files.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            how.add(copy_file(ckpt / MODEL_DIR / rel, tmp / rel))
-            if _sha256(tmp / rel) != meta["sha256"]:
-                raise RaycptError(f"publishing {ckpt}: the copy of {rel} differs from the checkpoint's")
-            total += meta["size"]
-        if base_shards is not None:
-            total += sum(p.stat().st_size for p in tmp.iterdir() if p.is_file() and not p.is_symlink()
-                         and p.name not in files)
-        write_manifest(tmp, checkpoint_step(ckpt), finite=True, extra={"source": str(ckpt)}, known=known)
-        _replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return {"files": len(list(Path(dest).iterdir())), "bytes": total, "seconds": time.perf_counter() - t0,
-            "how": "reference" if "reference" in how else "reflink" if how == {"reflink"} else "copy"}
-
-
-def _replace(tmp: Path, dest: Path) -> None:
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
-
-
-def _links_to(model_dir: Path, shards: Path) -> bool:
-    """Every symbolic link in ``model_dir`` points into ``shards`` (and there is an index naming the files)."""
-    from raycpt.models.shards import INDEX_FILE
-
-    links = [p for p in model_dir.iterdir() if p.is_symlink()]
-    root = shards.resolve()
-    return (model_dir / INDEX_FILE).is_file() and all(p.resolve().parent == root for p in links)
-
-
-def _link_model(model_dir: Path, files: dict, tmp: Path, dest: Path) -> dict:
-    """``model_dir``'s files hard-linked into ``tmp`` (to be renamed to ``dest``), its links to the base shards
-    made again relative to ``dest``. Returns the manifest entries: the checkpoint's (verified) sha256 and size of
-    each file, since a hard link is the same bytes."""
-    known = {}
-    for rel, meta in files.items():
-        src, out = model_dir / rel, tmp / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_symlink():
-            target = os.path.relpath(src.resolve(), (dest / rel).parent)
-            os.symlink(target, out)
-            known[rel] = {**meta, "link": target}
-        else:
-            os.link(src, out)
-            known[rel] = meta
-    return known
-
-
-def _is_weights(rel: str) -> bool:
-    return rel.endswith(".safetensors") or rel.endswith(".safetensors.index.json")
-
-
-def _publish_weights_by_reference(ckpt: Path, files: dict, tmp: Path, dest: Path, shards: Path) -> dict:
-    """The checkpoint's weights (already verified) into ``tmp`` as trained tensors + links to the base shards."""
-    from raycpt.models.shards import read_shards, read_tensors, write_referencing_weights
-
-    groups = read_shards(shards)
-    if groups is None:
-        raise RaycptError(f"the base shards {shards} fail their sha256 check: remove that folder and run again")
-    tensors = read_tensors(ckpt / MODEL_DIR)
-    return write_referencing_weights(tensors, shards, groups, tmp, dest)
-
-
-def verify_model_folder(folder) -> Optional[str]:
-    """:func:`verify_checkpoint` for a published model folder (``final_model/``)."""
-    return verify_checkpoint(folder, require=("config.json",))

@@ -1,6 +1,6 @@
 """The training loop in N local processes over gloo, without Ray: the path raycpt's FSDP/DDP tests take.
 
-:class:`GlooSession` is :class:`~raycpt.train.loop.LocalSession` (blocks from an array, checkpoints in a
+:class:`GlooSession` is :class:`~raycpt.train.session.LocalSession` (blocks from an array, checkpoints in a
 folder) on a rank of the default process group: its collectives are torch.distributed's, rank 0
 picks the newest verified checkpoint under ``checkpoint_root`` and broadcasts it. :func:`spawn`
 starts ``world`` processes (``torch.multiprocessing``), each runs ``fn(rank, world, *args)`` with the
@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from raycpt.train.loop import LocalSession, _Collectives, newest_checkpoint
+from raycpt.train.session import LocalSession, _Collectives, newest_checkpoint
 
 
 class GlooSession(_Collectives, LocalSession):

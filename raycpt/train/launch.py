@@ -34,11 +34,12 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.errors import RaycptError, environment_error
-from raycpt.strategies import LayerPlan, build_plan, is_tied
-from raycpt.train.checkpoint import (find_checkpoints, publish_model, read_manifest, sweep_leftovers,
-                                     verify_model_folder)
-from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
-from raycpt.train.parallel import check_parallel
+from raycpt.models.stack import tied_embeddings
+from raycpt.strategies import LayerPlan, build_plan
+from raycpt.train.manifest import find_checkpoints, read_manifest
+from raycpt.train.publish import publish_model, sweep_leftovers, verify_model_folder
+from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
+from raycpt.train.parallel import check_parallel, uses_fsdp
 from raycpt.tracking import adopt_lost
 
 FINAL_MODEL = "final_model"
@@ -89,7 +90,7 @@ def resolve_model_path(cfg: ExperimentConfig) -> str:
 
     path = resolve(cfg.model)
     if cfg.plan.name == "expand":
-        from raycpt.models.hybrid import expand_groups, expanded_model_folder
+        from raycpt.models.hybrid_expand import expand_groups, expanded_model_folder
         from transformers import AutoConfig
 
         expand_groups(AutoConfig.from_pretrained(path).num_hidden_layers, cfg.plan.expand_blocks)  # one line
@@ -125,7 +126,7 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
 
     model = model_skeleton(model_path)
     stack = LayerStack.of(model)
-    plan = build_plan(cfg.plan, stack.num_layers, tied_embeddings=is_tied(stack))
+    plan = build_plan(cfg.plan, stack.num_layers, tied_embeddings=tied_embeddings(stack))
     limit = position_limit(model.config)
     if limit is not None and cfg.data.seq_len > limit:
         raise RaycptError(f"data.seq_len={cfg.data.seq_len} is beyond this model's limit of {limit} positions "
@@ -142,7 +143,7 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
 def check_plan_parallel(plan: LayerPlan, tcfg) -> None:
     """LoRA under DDP or one worker (not FSDP); LISA on one worker (DDP's buckets are fixed when it wraps,
     and LISA changes what trains every interval)."""
-    if plan.adapter == "lora" and tcfg.distributed == "fsdp" and tcfg.num_workers > 1:
+    if plan.adapter == "lora" and uses_fsdp(tcfg.distributed, tcfg.num_workers):
         raise RaycptError("plan.adapter=lora runs under train.distributed=ddp (or one worker), not fsdp")
     if plan.is_lisa and tcfg.num_workers > 1:
         raise RaycptError(f"plan.name=lisa trains on one worker (train.num_workers={tcfg.num_workers}): "
@@ -309,7 +310,8 @@ def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=No
                 callbacks=None, evaluate=None, in_process=False, prep: Optional[_Prepared] = None) -> TrainResult:
     from raycpt.report.train import read_events
     from raycpt.runs import ended_state, write_state
-    from raycpt.train.loop import METRICS_FILE, STATUS_FILE
+    from raycpt.train.loop import STATUS_FILE
+    from raycpt.train.metrics_log import METRICS_FILE
 
     t_start = time.time()
     state = _open_run(cfg, run_dir, resume)
@@ -494,7 +496,8 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
 
     from raycpt.report.progress import StepProgress
     from raycpt.train.failures import raycpt_failure_policy
-    from raycpt.train.loop import METRICS_FILE, train_loop_per_worker
+    from raycpt.train.loop import train_loop_per_worker
+    from raycpt.train.metrics_log import METRICS_FILE
 
     t = cfg.train
     resources = {"CPU": t.cpus_per_worker}
@@ -568,7 +571,7 @@ def _summarize(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared, ckpt_
     """The loss curve, final metrics and ``train_result.json`` from the workers' step records."""
     from raycpt.io import atomic_write_json
     from raycpt.report.train import plot_loss_curve, read_events, read_step_records
-    from raycpt.train.loop import METRICS_FILE
+    from raycpt.train.metrics_log import METRICS_FILE
 
     final_dir, plan = run_dir / FINAL_MODEL, prep.plan
     records, events = read_step_records(run_dir / METRICS_FILE), read_events(run_dir / METRICS_FILE)
@@ -665,7 +668,7 @@ def resume_data_mismatch(recorded: Optional[dict], store) -> Optional[str]:
 def check_resume_data(ckpt: Path, store) -> None:
     """One line when the checkpoint ``--resume`` would continue from was trained on another pack than ``store``:
     the remaining steps would silently read other tokens."""
-    from raycpt.train.checkpoint import STATE_JSON
+    from raycpt.train.manifest import STATE_JSON
 
     why = resume_data_mismatch(_read_json(Path(ckpt) / STATE_JSON).get("data"), store)
     if why is not None:
@@ -770,9 +773,10 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
     torch threads, and the held-out loss on the blocks of ``req.heldout_path``; it then writes the same
     ``eval_result.json`` the worker would have (per-block held-out losses included), so a resumed trial
     reads it instead of evaluating again."""
-    from raycpt.evaluate import EvalResult, evaluate_model
+    from raycpt.evaluate import evaluate_model
+    from raycpt.evaluate.results import EvalResult
     from raycpt.io import atomic_write_json
-    from raycpt.train.loop import eval_result_record
+    from raycpt.train.worker_eval import eval_result_record
 
     done = _read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
     if done:

@@ -46,483 +46,40 @@ steps and may return extra metrics (``train.drift_every`` plugs in here).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
-import random
-import shutil
-import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Iterator
 
-import numpy as np
 import torch
 
-from raycpt.data.store import read_store
-from raycpt.data.stream import ArrayBlocks, PackedBlocks, iter_micro_batches
+from raycpt.config import config_from_dict
+from raycpt.data.replay import iter_mixed_micro_batches
+from raycpt.data.stream import iter_micro_batches
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.models.adapters import ADAPTER_DIR, inject_lora, load_adapter_state
-from raycpt.strategies import LayerPlan, apply_plan, lisa_interval_index, param_groups
-from raycpt.train.checkpoint import (checkpoint, checkpoint_step, find_checkpoints, json_safe, load_master_weights,
-                                     load_optim_state, model_state, read_train_state, remember_written,
-                                     set_rng_state, verify_checkpoint, weights_dtype)
-from raycpt.train.background import BackgroundCalls
+from raycpt.models.sources import load_model
+from raycpt.strategies import LayerPlan, apply_plan, lisa_interval_index
+from raycpt.train.checkpoint import checkpoint, load_master_weights, load_optim_state, read_train_state, weights_dtype
+from raycpt.train.rng import set_rng_state
 from raycpt.train.callbacks import LoopState
-from raycpt.train.loss import model_loss
-from raycpt.train.parallel import clip_grad_norm, unwrap, wrap_model
+from raycpt.train.faults import FaultHooks
+from raycpt.train.lisa import lisa_switch
+from raycpt.train.metrics_log import MetricsLogger
+from raycpt.train.parallel import unwrap, uses_fsdp
 from raycpt.train import verify
+from raycpt.train.session import InProcessSession, RaySession, Session
 from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens, uses_bf16
-from raycpt.train.sysmetrics import StepSystemMetrics
+from raycpt.train.steps import (FrozenPrefix, clip_and_norm, forward_backward, make_optimizer, make_scheduler,
+                                seed_everything, trainable_params)
 from raycpt.train.peakmem import StepPeak
 from raycpt.train.throughput import device_name, flops_per_token, peak_flops, throughput_metrics
+from raycpt.train.worker import _Worker
+from raycpt.train.worker_eval import EvalRequest, eval_model, evaluate_in_worker
 
-METRICS_FILE = "train_metrics.jsonl"
 STATUS_FILE = "train_status.json"
-
-
-# ------------------------------------------------------------------------------------ pieces
-
-class FrozenPrefix:
-    """Forward pre-hooks: grad mode off at the embeddings, back on at the first trainable module.
-
-    Installed only when the embeddings are frozen. ``first`` is the plan's first trainable module
-    (layer index, or N when only final norm/head train)."""
-
-    def __init__(self, model, plan: LayerPlan):
-        from raycpt.models.stack import LayerStack
-
-        self.handles = []
-        self.active = False
-        first = plan.first_trainable
-        if first is None or first < 0:
-            return
-        stack = LayerStack.of(model)
-        resume_at = stack.layers[first] if first < stack.num_layers else stack.final_norm
-        self._prev: list[bool] = []
-
-        def off(module, args):
-            self._prev.append(torch.is_grad_enabled())
-            torch.set_grad_enabled(False)
-
-        def on(module, args):
-            torch.set_grad_enabled(self._prev.pop() if self._prev else True)
-
-        # prepend: installed after wrapping, these run before FSDP2's own pre-forward of that module, so the
-        # first trainable layer unshards and registers its backward hooks with grad mode back on
-        self.handles = [stack.embed.register_forward_pre_hook(off, prepend=True),
-                        resume_at.register_forward_pre_hook(on, prepend=True)]
-        self.active = True
-        self.prefix_layers = first
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-
-
-def make_optimizer(model, plan: LayerPlan, tcfg, wrapped=None) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters only (per-layer LR groups; no decay on 1-D tensors)."""
-    groups = param_groups(model, plan, tcfg.lr, tcfg.weight_decay, wrapped=wrapped)
-    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
-
-
-def make_scheduler(optimizer, tcfg):
-    from transformers import get_scheduler
-
-    warmup = int(math.ceil(tcfg.warmup_ratio * tcfg.max_steps))
-    return get_scheduler(tcfg.scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=tcfg.max_steps)
-
-
-def autocast_for(precision: str, device: torch.device):
-    """bf16 autocast on GPU for ``auto``/``bf16``; float32 (no autocast) on CPU unless ``bf16``."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def trainable_params(module) -> list[torch.nn.Parameter]:
-    return [p for p in module.parameters() if p.requires_grad]
-
-
-def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str, device: torch.device,
-                     model=None, chunk_tokens: Optional[int] = None) -> torch.Tensor:
-    """Loss and gradients of one optimizer step over ``micro_batches`` (each ``(b, seq)`` token ids).
-
-    Returns the mean loss (a detached scalar). DDP gradients are synchronised on the last
-    micro-batch only (``no_sync`` before). ``chunk_tokens``: the chunked LM-head loss
-    (:func:`raycpt.train.loss.model_loss`, through ``wrapped``'s forward; ``model`` is the bare
-    module); None = the model's own loss over full logits."""
-    n = len(micro_batches)
-    total = torch.zeros((), device=device)
-    try:
-        for j, ids in enumerate(micro_batches):
-            ids = ids.to(device, non_blocking=True)
-            sync = j == n - 1 or not hasattr(wrapped, "no_sync")
-            with (contextlib.nullcontext() if sync else wrapped.no_sync()):
-                with autocast_for(precision, device):
-                    loss = model_loss(wrapped, model if model is not None else wrapped, ids, chunk_tokens)
-                loss = loss.float() / n
-                loss.backward()
-            total += loss.detach()
-    finally:
-        torch.set_grad_enabled(True)
-    return total
-
-
-def clip_and_norm(wrapped, params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Clip (max_norm > 0) and return the total gradient norm of the trainable parameters (FSDP2's
-    sharded gradients: the norm of the whole gradient, :func:`raycpt.train.parallel.clip_grad_norm`)."""
-    limit = max_norm if max_norm > 0 else float("inf")
-    if any(hasattr(p, "to_local") for p in params):
-        return clip_grad_norm(params, limit)
-    return float(torch.nn.utils.clip_grad_norm_(params, limit))
-
-
-def train_step(wrapped, optimizer, scheduler, micro_batches, precision="fp32", device=None, max_grad_norm=1.0,
-               params=None, chunk_tokens: Optional[int] = None) -> dict[str, float]:
-    """One complete optimizer step on one process (no cross-rank loss averaging): for tests/benchmarks."""
-    device = device or torch.device("cpu")
-    params = params if params is not None else trainable_params(wrapped)
-    loss = float(forward_backward(wrapped, micro_batches, precision, device, chunk_tokens=chunk_tokens))
-    gn = clip_and_norm(wrapped, params, max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss, "grad_norm": gn}
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
-    torch.manual_seed(seed)
-
-
-# ------------------------------------------------------------------------------------ logging
-
-class MetricsLogger:
-    """Rank 0's sink: the step records (a JSONL file in the training folder, which the driver's progress bar tails)
-    and the run's records (:data:`raycpt.tracking.RECORDS` in the run's folder, ``mlflow_cfg["records"]``), each
-    projected into MLflow (:func:`raycpt.tracking.project`) while the server answers.
-
-    The MLflow calls (a SQLite write or an HTTP round trip each) run on one background thread, in order
-    (:class:`raycpt.train.background.BackgroundCalls`), so a step never waits for the store; :meth:`close` (end of
-    the loop) waits for what is queued."""
-
-    def __init__(self, run_dir: Optional[Path], mlflow_cfg: Optional[dict]):
-        from raycpt.tracking import read_records
-
-        self.path = Path(run_dir) / METRICS_FILE if run_dir else None
-        mlflow_cfg = mlflow_cfg or {}
-        self.records = Path(mlflow_cfg["records"]) if mlflow_cfg.get("records") else None
-        self.client, self.run_id, self.uri = None, mlflow_cfg.get("run_id"), mlflow_cfg.get("uri", "")
-        self._queue: Optional[BackgroundCalls] = None
-        # a resumed attempt re-runs the steps after its checkpoint: the run keeps one point per step
-        self.logged_through = max((int(r.get("step") or 0) for r in read_records(self.records)
-                                   if "loss" in r.get("metrics", {})), default=0) if self.records else 0
-        self.system = StepSystemMetrics()  # CPU / memory / GPU of this step window, recorded with the step
-        if self.run_id:
-            from mlflow.tracking import MlflowClient
-
-            self.client = MlflowClient(tracking_uri=self.uri)
-
-    def _guarded(self, fn, step: Optional[int], *args, **kwargs):
-        """``fn(...)`` unless the tracking server was found gone; the first call that finds it gone (it does not
-        answer) records that with the step whose record did not arrive (``tracking_lost.json`` in the run folder,
-        :func:`raycpt.tracking.mark_lost`): later calls are skipped, training goes on, the driver says so."""
-        from raycpt.tracking import mark_lost, tracking_lost, unreachable
-
-        if tracking_lost():
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - only a server that does not answer is swallowed
-            if not unreachable(e):
-                raise
-            mark_lost(self.uri, step, str(e), self.path.parent if self.path is not None else None)
-            return None
-
-    def _record(self, rec: dict, step: Optional[int] = None, wait: bool = False) -> None:
-        """One record into the run's folder, then (queued, or at once with ``wait``) into its MLflow run."""
-        from raycpt.tracking import append_record, project
-
-        if self.records is None:
-            return
-        append_record(self.records, rec)
-        if self.client is None:
-            return
-        if wait:
-            self.close()  # what was queued first
-            try:
-                self._guarded(project, step, self.client, self.run_id, rec, self.records)
-            except Exception:  # noqa: BLE001 - an artifact store hiccup must not fail the training run
-                pass
-        else:
-            self._submit(self._guarded, project, step, self.client, self.run_id, rec, self.records)
-
-    def event(self, record: dict) -> None:
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
-                f.flush()
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        from raycpt.tracking import clean_metrics
-
-        if self.records is None or step <= self.logged_through:
-            return
-        clean = clean_metrics({**metrics, **self.system.sample()})
-        if clean:
-            self._record({"metrics": clean, "step": int(step)}, step)
-
-    def params(self, params: dict[str, Any]) -> None:
-        # a resumed run re-logs the same params: the value the run has is kept (never fails training)
-        self._record({"params": {k: str(v)[:500] for k, v in params.items()}})
-
-    def _submit(self, fn, *args, **kwargs) -> None:
-        if self._queue is None:
-            self._queue = BackgroundCalls()
-        self._queue.submit(fn, *args, **kwargs)
-
-    def close(self) -> None:
-        """Wait until every queued MLflow call has run (then the thread ends)."""
-        if self._queue is not None:
-            self._queue.close()
-            self._queue = None
-
-    def text(self, text: str, artifact_file: str) -> None:
-        """A text artifact of the run (queued like the metrics)."""
-        self._record({"text": text, "file": artifact_file})
-
-    def artifact(self, path) -> None:
-        """A file of the run (end of training: after every queued metric)."""
-        self._record({"artifact": str(Path(path).resolve()), "dir": None}, wait=True)
-
-
-# ------------------------------------------------------------------------------------ sessions
-
-class _Session:
-    rank = 0
-    world_size = 1
-    local_world_size = 1
-
-    def device(self, use_gpu: bool) -> torch.device:
-        return torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
-
-    def checkpoint_dir(self) -> contextlib.AbstractContextManager:
-        raise NotImplementedError
-
-    def wrap(self, model, device, strategy: str, bf16: bool = False):
-        """DDP or FSDP2 applied by raycpt (:func:`raycpt.train.parallel.wrap_model`); one worker: the bare model."""
-        return wrap_model(model, device, strategy, self.world_size, bf16=bf16)
-
-    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
-        raise NotImplementedError
-
-    def batches(self, config: dict) -> Any:
-        raise NotImplementedError
-
-    def barrier(self) -> None:
-        pass
-
-    def all_gather_object(self, obj) -> list:
-        return [obj]
-
-    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
-        return t
-
-
-def newest_checkpoint(ray_dir: Optional[str], checkpoint_root: Optional[str], resume_from: Optional[str]
-                      ) -> Optional[str]:
-    """The newest verified checkpoint among Ray's (``ray_dir``), those under ``checkpoint_root`` and
-    ``resume_from`` (the last only when there is no other), or None."""
-    cands = [(checkpoint_step(ray_dir), ray_dir)] if ray_dir and verify_checkpoint(ray_dir) is None else []
-    if checkpoint_root:
-        cands += [(st, str(p)) for st, p in find_checkpoints(checkpoint_root)]
-    if resume_from and not cands and verify_checkpoint(resume_from) is None:
-        cands.append((checkpoint_step(resume_from), str(resume_from)))
-    return max(cands, key=lambda c: c[0])[1] if cands else None
-
-
-class _Collectives:
-    """torch.distributed collectives over the default process group (a no-op with one process)."""
-
-    world_size = 1
-
-    def _dist(self):
-        import torch.distributed as dist
-
-        return dist if self.world_size > 1 and dist.is_available() and dist.is_initialized() else None
-
-    def barrier(self) -> None:
-        d = self._dist()
-        if d is not None:
-            d.barrier()
-
-    def all_gather_object(self, obj) -> list:
-        d = self._dist()
-        if d is None:
-            return [obj]
-        out = [None] * self.world_size
-        d.all_gather_object(out, obj)
-        return out
-
-    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
-        d = self._dist()
-        if d is None:
-            return t
-        t = t.clone()
-        d.all_reduce(t)
-        return t / self.world_size
-
-
-class RaySession(_Collectives, _Session):
-    """Inside a Ray Train worker."""
-
-    def __init__(self):
-        import ray.train
-
-        ctx = ray.train.get_context()
-        self.rank = ctx.get_world_rank()
-        self.world_size = ctx.get_world_size()
-        self.local_world_size = ctx.get_local_world_size()
-
-    def device(self, use_gpu: bool) -> torch.device:
-        if use_gpu:
-            import ray.train.torch
-
-            d = ray.train.torch.get_device()
-            return d[0] if isinstance(d, list) else d
-        return torch.device("cpu")
-
-    @contextlib.contextmanager
-    def checkpoint_dir(self, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None):
-        """The folder to resume from: the newest of Ray's checkpoint (``get_checkpoint()``), any newer
-        complete one of this run on disk (a report cut short by a killed worker is uploaded but never
-        registered with Ray) and ``resume_from``. Rank 0 decides; every rank uses its choice."""
-        import ray.train
-
-        ckpt = ray.train.get_checkpoint()
-        with (ckpt.as_directory() if ckpt is not None else contextlib.nullcontext(None)) as d:
-            # only rank 0 reads and hashes the checkpoints; the others take its choice
-            best = newest_checkpoint(d, checkpoint_root, resume_from) if self.rank == 0 else None
-            yield self.all_gather_object(best)[0]
-
-    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
-        import ray.train
-
-        from raycpt.train.checkpoint import disk_errors_as_oserror
-
-        ckpt = ray.train.Checkpoint.from_directory(ckpt_dir) if ckpt_dir else None
-        with disk_errors_as_oserror(self.storage_dir(step)):  # Ray's copy into the run folder, on a full disk
-            ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=f"checkpoint_{step:06d}")
-
-    def storage_dir(self, step: int) -> str:
-        """Where Ray persists this step's checkpoint (the words of an error name it)."""
-        import ray.train
-
-        try:
-            return str(Path(ray.train.get_context().get_storage().experiment_fs_path) / f"checkpoint_{step:06d}")
-        except Exception:  # noqa: BLE001 - a Ray without that view: the checkpoint's name alone
-            return f"checkpoint_{step:06d}"
-
-    def batches(self, config: dict, key: str = "store"):
-        return store_blocks(config, key)
-
-    def replay_batches(self, config: dict):
-        """The replay corpus's packed store (``config["replay_store"]``)."""
-        return self.batches(config, "replay_store")
-
-
-def store_blocks(config: dict, key: str = "store") -> PackedBlocks:
-    """The packed store the launcher chose (``config[key]``: ``store`` or ``replay_store``), memory-mapped; no Ray Data."""
-    store = read_store(Path(config[key]))
-    if store is None or store.build_id != config.get(f"{key}_build", store.build_id):
-        raise RaycptError(f"the packed store {config[key]} was removed or re-packed while this run used it; "
-                          "run it again")
-    return PackedBlocks(store.path, store.manifest)
-
-
-class InProcessSession(_Session):
-    """One worker in the process that calls ``TorchTrainer.fit()``: Train V2's local mode
-    (``ScalingConfig(num_workers=0)``, :func:`raycpt.train.launch.local_mode`). World size 1, the CPU; Ray keeps
-    no checkpoint there (and its ``ray.train`` calls refuse to run inside a Tune trial), so this session writes
-    each checkpoint beside its place, ``<checkpoint_root>/checkpoint_<step>``, renames it in and keeps the
-    newest ``keep``: the same folders a worker group's checkpoints land in, so resume finds them alike."""
-
-    def __init__(self, checkpoint_root: str, keep: int = 2, base_shards: Optional[str] = None):
-        self.root = Path(checkpoint_root)
-        self.keep = max(1, int(keep))
-        self.base_shards = base_shards
-        """The base model's per-layer shards (``train.publish: reference``): each checkpoint's ``model/`` links the
-        layers equal to the base instead of writing them (:func:`raycpt.train.checkpoint.save_model_by_reference`)."""
-
-    @contextlib.contextmanager
-    def checkpoint_dir(self, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None):
-        yield newest_checkpoint(None, checkpoint_root, resume_from)
-
-    def checkpoint_scratch(self) -> str:
-        """Where a checkpoint is written before :meth:`report` renames it into place (the same filesystem)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        return str(self.root)
-
-    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
-        if not ckpt_dir:
-            return
-        dest = self.root / f"checkpoint_{step:06d}"
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(ckpt_dir, dest)
-        remember_written(dest)  # its manifest was hashed from these files a moment ago: publish need not again
-        for old in sorted(p for p in self.root.glob("checkpoint_*") if p.is_dir())[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def batches(self, config: dict, key: str = "store"):
-        return store_blocks(config, key)
-
-    def replay_batches(self, config: dict):
-        """The replay corpus's packed store (``config["replay_store"]``)."""
-        return self.batches(config, "replay_store")
-
-
-class LocalSession(_Session):
-    """The same loop in a plain process (no Ray): blocks from a numpy array, checkpoints in a folder."""
-
-    def __init__(self, blocks: np.ndarray, checkpoint_root: Optional[Path] = None,
-                 replay_blocks: Optional[np.ndarray] = None):
-        self.blocks = np.asarray(blocks)
-        self.replay = None if replay_blocks is None else np.asarray(replay_blocks)
-        self.root = Path(checkpoint_root) if checkpoint_root else None
-        self.reports: list[tuple[dict, Optional[str]]] = []
-
-    @contextlib.contextmanager
-    def checkpoint_dir(self, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None):
-        yield resume_from
-
-    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
-        dest = None
-        if ckpt_dir and self.root is not None:
-            dest = self.root / f"checkpoint_{step:06d}"
-            if dest.exists():
-                shutil.rmtree(dest)
-            shutil.copytree(ckpt_dir, dest)
-        self.reports.append((metrics, str(dest) if dest else None))
-
-    def batches(self, config: dict):
-        return ArrayBlocks(self.blocks)
-
-    def replay_batches(self, config: dict):
-        if self.replay is None:
-            raise RaycptError("data.replay.ratio > 0 but this session has no replay blocks")
-        return ArrayBlocks(self.replay)
 
 
 def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, skip: int, replay=None
@@ -533,8 +90,6 @@ def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, 
     seed = data_cfg.shuffle_seed if data_cfg.shuffle_seed is not None else seed
     rcfg = getattr(data_cfg, "replay", None)
     if replay is not None and rcfg is not None and rcfg.ratio > 0:
-        from raycpt.data.replay import iter_mixed_micro_batches
-
         it = iter_mixed_micro_batches(source, replay, mbs, ratio=rcfg.ratio, rank=rank, world=world, seed=seed,
                                       window=data_cfg.shuffle_window, skip=skip, mix_window=rcfg.window)
     else:
@@ -543,98 +98,6 @@ def micro_batches(source, data_cfg, mbs: int, rank: int, world: int, seed: int, 
     for epoch, rows in it:
         yield epoch, torch.from_numpy(rows)
 
-
-class FaultHooks:
-    """Test-only fault injection, from ``config["faults"]`` (the launcher merges ``RAYCPT_FAULTS``).
-
-    ``sigkill_step`` (with ``sigkill_rank``, default 0): SIGKILL this worker once, before that step
-    (a marker file in the run folder makes a restarted worker go on); ``step_sleep``: seconds to
-    sleep before every step; ``nan_step``: that step's loss becomes NaN; ``drop_grad_layer``: that
-    decoder layer's gradients are dropped after every backward (the freeze check must stop the run);
-    ``oserror_step`` (with ``oserror_errno``, a name such as ``ENOSPC``, the default): that step's checkpoint
-    write fails as a full disk does, ``OSError(errno, strerror, <its folder>/model.safetensors)``, after a first
-    file is written into the folder (every attempt: a full disk stays full). The loop calls :meth:`before_step`
-    before a step's timer starts and :meth:`loss` on the step's local loss."""
-
-    def __init__(self, faults: Optional[dict], rank: int, run_dir: Optional[Path]):
-        self.faults = dict(faults or {})
-        self.rank = rank
-        self.run_dir = run_dir
-
-    def before_step(self, step: int) -> None:
-        f = self.faults
-        if f.get("sigkill_step") == step and f.get("sigkill_rank", 0) == self.rank and self.run_dir is not None:
-            marker = self.run_dir / f".fault_sigkill_{step}"
-            if not marker.exists():
-                marker.write_text(str(os.getpid()))
-                os.kill(os.getpid(), signal.SIGKILL)
-        if f.get("step_sleep"):
-            time.sleep(float(f["step_sleep"]))
-
-    def checkpoint_write(self, step: int, folder: str) -> None:
-        """``oserror_step``: the checkpoint write of that step fails, half-written (see the class docstring)."""
-        if self.faults.get("oserror_step") != step:
-            return
-        import errno
-
-        code = getattr(errno, str(self.faults.get("oserror_errno", "ENOSPC")))
-        Path(folder, "train_state.json").write_text("{")  # what a disk that filled mid-write leaves
-        raise OSError(code, os.strerror(code), str(Path(folder) / "model.safetensors"))
-
-    def loss(self, step: int, loss_local: torch.Tensor) -> torch.Tensor:
-        return loss_local * float("nan") if self.faults.get("nan_step") == step else loss_local
-
-    def drop_grads(self, step: int, model) -> None:
-        """``drop_grad_layer``: that layer's gradients vanish after backward (what a wrapper bug does)."""
-        layer = self.faults.get("drop_grad_layer")
-        if layer is None:
-            return
-        from raycpt.models.stack import LayerStack
-
-        for p in LayerStack.of(model).layers[int(layer)].parameters():
-            p.grad = None
-
-
-@dataclass
-class _Worker:
-    """Everything the steps of :func:`run_loop` share on one rank."""
-
-    config: dict
-    session: Any
-    cfg: Any
-    rank: int
-    world: int
-    run_dir: Optional[Path]
-    device: torch.device
-    plan: LayerPlan
-    fsdp: bool
-    logger: Optional[MetricsLogger]
-    faults: FaultHooks
-    callbacks: list
-    model: Any = None
-    tokenizer: Any = None
-    wrapped: Any = None
-    optimizer: Any = None
-    scheduler: Any = None
-    params: list = field(default_factory=list)
-    counts: dict = field(default_factory=dict)
-    prefix: Optional[FrozenPrefix] = None
-    start_step: int = 0
-    history: list = field(default_factory=list)
-    step_times: list = field(default_factory=list)
-    step_cpu: list = field(default_factory=list)  # this process's CPU seconds per step (all its threads)
-    t_setup: float = field(default_factory=time.perf_counter)  # when this rank's setup began
-    chunk_tokens: Optional[int] = None  # the chunked loss's rows per chunk; None = the plain loss
-    flops_per_token: float = 0.0
-    peak_flops: Optional[float] = None
-    step_plan: Optional[LayerPlan] = None  # what trains now: ``plan`` itself, or LISA's current interval's draw
-    step_plan_step: int = 1  # a step of step_plan's interval
-    peak: Optional[StepPeak] = None  # this rank's per-step peak memory (:mod:`raycpt.train.peakmem`)
-
-    def start_step_of(self, state: Optional[dict]) -> int:
-        """The step a checkpoint state was written at (0 without one); also where step_plan's interval is."""
-        self.step_plan_step = max(int(state["step"]) if state is not None else 0, 1)
-        return self.step_plan_step
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -647,7 +110,7 @@ def train_loop_per_worker(config: dict) -> None:
         run_loop(config, RaySession())
 
 
-def run_loop(config: dict, session: _Session) -> dict:
+def run_loop(config: dict, session: Session) -> dict:
     """The loop, for any session. Config keys: ``cfg`` (ExperimentConfig as a dict), ``model_path``,
     ``plan`` (LayerPlan dict), ``run_dir``, ``mlflow`` ({uri, run_id} or None), ``resume_from``
     (checkpoint folder or None), ``store`` / ``store_build`` (the packed store), ``callbacks`` (StepCallback list), ``faults`` (tests,
@@ -671,7 +134,7 @@ def run_loop(config: dict, session: _Session) -> dict:
             "counts": w.counts, "tokens_per_step": _tokens_per_step(w)}
 
 
-def _evaluate(w: _Worker, state: LoopState, req: "EvalRequest") -> None:
+def _evaluate(w: _Worker, state: LoopState, req: EvalRequest) -> None:
     """In-worker evaluation of the final weights (:func:`evaluate_in_worker`) on this worker's own device."""
     model, session = eval_model(w)
     if model is None:
@@ -685,38 +148,8 @@ def _evaluate(w: _Worker, state: LoopState, req: "EvalRequest") -> None:
                         "seconds": time.perf_counter() - t_eval})
 
 
-def eval_model(w: _Worker) -> tuple[Any, Optional[_Session]]:
-    """The model in-worker evaluation scores, and the session that shards its questions.
-
-    One dtype for both evaluation paths: the trained weights in the dtype the checkpoint stores them in
-    (:func:`weights_dtype`: bf16 when training in bf16), which is what evaluating the saved model scores
-    (:func:`raycpt.train.launch.final_evaluation` loads it in that dtype). DDP / one worker: the model
-    itself, cast in place (training is over), every rank a share of the questions. FSDP: the full state
-    is gathered (every rank takes part), rank 0 evaluates a plain copy alone on its device; the other
-    ranks return (None, None)."""
-    dtype = weights_dtype(w.cfg.train.precision, w.device)
-    if w.plan.adapter == "lora":  # the merged weights, as the final checkpoint's model/ holds them
-        from raycpt.models.adapters import merge_lora_
-
-        w.optimizer = None
-        merge_lora_(w.model)
-    if not w.fsdp:
-        return w.model.to(dtype), w.session
-    from transformers import AutoModelForCausalLM
-
-    w.optimizer = None  # its state is in the final checkpoint; free it before the gather
-    msd = model_state(w.model, w.wrapped, True)
-    if w.rank != 0:
-        return None, None
-    plain = AutoModelForCausalLM.from_config(w.model.config)
-    plain.load_state_dict(msd)
-    return plain.to(w.device, dtype).eval(), None
-
-
-def _setup(config: dict, session: _Session) -> _Worker:
+def _setup(config: dict, session: Session) -> _Worker:
     """The config rebuilt, this rank's device and torch threads, the seed, rank 0's logger."""
-    from raycpt.config import config_from_dict
-
     cfg = config_from_dict(config["cfg"])
     tcfg = cfg.train
     rank, world = session.rank, session.world_size
@@ -727,7 +160,7 @@ def _setup(config: dict, session: _Session) -> _Worker:
     seed_everything(tcfg.seed)
     logger = MetricsLogger(run_dir, config.get("mlflow")) if rank == 0 else None
     return _Worker(config=config, session=session, cfg=cfg, rank=rank, world=world, run_dir=run_dir, device=device,
-                   plan=LayerPlan.from_dict(config["plan"]), fsdp=tcfg.distributed == "fsdp" and world > 1,
+                   plan=LayerPlan.from_dict(config["plan"]), fsdp=uses_fsdp(tcfg.distributed, world),
                    logger=logger, faults=FaultHooks(config.get("faults"), rank, run_dir),
                    callbacks=list(config.get("callbacks") or []))
 
@@ -735,8 +168,6 @@ def _setup(config: dict, session: _Session) -> _Worker:
 def _load_model(w: _Worker) -> None:
     """The model (from the checkpoint this run resumes, else ``model_path``), the plan applied, the
     frozen prefix, the wrapper, optimizer and scheduler; a checkpoint's state restored."""
-    from raycpt.models.sources import load_model
-
     config, session, tcfg = w.config, w.session, w.cfg.train
     with session.checkpoint_dir(config.get("resume_from"), config.get("checkpoint_root")) as ckpt:
         state = None
@@ -776,36 +207,6 @@ def _load_model(w: _Worker) -> None:
                                       resumed=w.start_step > 0 and state["optimizer"] is not None),
                 "after_checkpoint_load")
 
-
-def lisa_switch(w: "_Worker", step: int) -> bool:
-    """LISA: when ``step`` opens a new interval, train that interval's draw (:meth:`LayerPlan.at_step`) and
-    reset the AdamW state of every decoder layer, keeping that of the embeddings, final norm and head (LMFlow's
-    ``LISATrainer`` builds a new optimizer per interval and copies the state of its non-layer groups only). The
-    optimizer's groups then hold exactly the draw's parameters (the freeze check's "in the optimizer"); the
-    scheduler is untouched. Returns whether it switched."""
-    plan = w.plan
-    if not plan.is_lisa or lisa_interval_index(step, plan.lisa_interval) == \
-            lisa_interval_index(max(w.step_plan_step, 1), plan.lisa_interval):
-        return False
-    from raycpt.models.stack import LayerStack
-
-    new = plan.at_step(step)
-    for layer in LayerStack.of(w.model).layers:
-        for p in layer.parameters():
-            w.optimizer.state.pop(p, None)
-    w.counts = apply_plan(w.model, new)
-    lists = {(g["lr_scale"], g["decay"]): g["params"]
-             for g in param_groups(w.model, new, w.cfg.train.lr, w.cfg.train.weight_decay)}
-    for g in w.optimizer.param_groups:
-        g["params"] = lists.pop((g["lr_scale"], g["decay"]), [])
-    if lists:
-        raise RaycptError(f"lisa: interval of step {step} needs optimizer groups {sorted(lists)} the run lacks")
-    w.params = trainable_params(w.wrapped)
-    w.step_plan, w.step_plan_step = new, step
-    if w.logger is not None:
-        w.logger.event({"event": "lisa_draw", "step": step, "interval": lisa_interval_index(step, plan.lisa_interval),
-                        "layers": list(new.trainable_layers), "trainable": w.counts["trainable"]})
-    return True
 
 
 def _verify(w: _Worker, rows: list, when: str) -> None:
@@ -968,86 +369,3 @@ def _finish(w: _Worker, state: LoopState, status: dict) -> None:
         atomic_write_json(w.run_dir / STATUS_FILE, status)
         w.logger.event({"event": status["status"], "step": state.step, "time": time.time()})
     w.session.barrier()
-
-
-EVAL_RESULT_FILE = "eval_result.json"
-
-
-@dataclass(frozen=True)
-class EvalRequest:
-    """Evaluate the final weights in the training worker (``run_training(evaluate=...)``) with the loop
-    config's own ``cfg.eval``; :func:`raycpt.train.launch.final_evaluation` reads what it wrote."""
-
-    out_dir: str
-    """Folder of the evaluation files and ``eval_result.json``."""
-    name: str
-    """Name of the evaluated model in those files."""
-    heldout_path: Optional[str] = None
-    """JSON file of token blocks: also write their language-model loss (``heldout_loss``)."""
-
-
-def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Optional[_Session] = None
-                       ) -> Optional[Path]:
-    """Evaluate the trained model where it already is (this worker's device and threads), with the
-    eval bridge, and write ``<out_dir>/eval_result.json`` (``EvalResult.to_dict()``, the flat ``metrics``,
-    ``heldout_loss``); :func:`raycpt.train.launch.final_evaluation` reads it.
-
-    With several workers (``session.world_size > 1``) every rank evaluates its share of the
-    questions (``evaluate_model(shard=(rank, world))``), rank 0 gathers them
-    (:func:`raycpt.evaluate.merge_shards`: the same per-question records and scores as one worker)
-    and writes; the other ranks return None.
-
-    The in-memory model equals the final checkpoint (it was saved from these weights), so nothing is
-    reloaded; on a cluster the evaluation runs on the training GPU instead of a CPU-only trial actor.
-    With ``req.heldout_path`` the file also holds ``heldout_loss`` (:func:`raycpt.evaluate.lm_loss`)."""
-    from raycpt.evaluate import evaluate_model, merge_shards
-
-    rank, world = (session.rank, session.world_size) if session is not None else (0, 1)
-    use_cache = getattr(model.config, "use_cache", None)
-    model.config.use_cache = True  # generation mode: the training loop turned the KV cache off
-    ckpt = getattr(model, "is_gradient_checkpointing", False)
-    if ckpt:
-        model.gradient_checkpointing_disable()
-    try:
-        if world > 1:
-            part = evaluate_model(model, eval_cfg, tokenizer=tokenizer, name=req.name, shard=(rank, world))
-            parts = session.all_gather_object(part)
-            if rank != 0:
-                return None
-            res = merge_shards(parts, out_dir=req.out_dir)
-        else:
-            res = evaluate_model(model, eval_cfg, tokenizer=tokenizer, out_dir=req.out_dir, name=req.name)
-    finally:
-        model.config.use_cache = use_cache
-    out = eval_result_record(res, model, req.heldout_path, eval_cfg.batch_size)
-    return atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)
-
-
-def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int) -> dict:
-    """What ``eval_result.json`` holds: ``EvalResult.to_dict()``, the flat ``metrics``, and with a held-out
-    blocks file its ``heldout_loss`` (token mean) and ``heldout_block_losses`` / ``heldout_block_weights``
-    (per block, for the paired bootstrap over blocks), and its seconds as ``seconds["heldout"]``; None / absent
-    without one."""
-    out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}
-    if heldout_path:
-        from raycpt.evaluate import block_weights
-
-        t0 = time.perf_counter()
-        blocks = json.loads(Path(heldout_path).read_text())
-        losses, weights = heldout_block_losses(model, blocks, batch_size), block_weights(blocks)
-        out.update(heldout_loss=sum(x * n for x, n in zip(losses, weights)) / sum(weights),
-                   heldout_block_losses=losses, heldout_block_weights=weights,
-                   seconds={**out.get("seconds", {}), "heldout": time.perf_counter() - t0})
-    return out
-
-
-def heldout_block_losses(model, blocks: list[list[int]], batch_size: int) -> list[float]:
-    """Per-block held-out losses: chunked over the vocabulary when the head allows
-    (:func:`raycpt.train.loss.chunked_block_losses`), else the full-logit reference."""
-    from raycpt.train.loss import chunked_block_losses, chunked_supported
-
-    if chunked_supported(model) is None:
-        return chunked_block_losses(model, blocks, batch_size)
-    from raycpt.evaluate import lm_block_losses
-
-    return lm_block_losses(model, blocks, batch_size=batch_size)

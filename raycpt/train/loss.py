@@ -175,7 +175,7 @@ def model_loss(wrapped, model, ids: torch.Tensor, chunk_tokens: Optional[int]) -
 
 def chunked_block_losses(model, blocks: list[list[int]], batch_size: int = 8,
                          chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> list[float]:
-    """:func:`raycpt.evaluate.lm_block_losses` (mean next-token cross-entropy of each packed block, float32
+    """:func:`raycpt.evaluate.heldout.lm_block_losses` (mean next-token cross-entropy of each packed block, float32
     logits, the model's softcap) without the full logits: the decoder's final hidden states, then the head and
     the cross-entropy ``chunk_tokens`` rows at a time, so one chunk's logits exist at once instead of
     ``batch x seq x vocab`` (32 x 4096 x 151,936 floats, ~80 GB, for Qwen3's held-out set). The model is run in

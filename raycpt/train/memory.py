@@ -48,8 +48,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from raycpt.errors import RaycptError
-from raycpt.models.stack import TABLE
+from raycpt.models.stack import TABLE, tied_embeddings
 from raycpt.strategies import LayerPlan
+from raycpt.train.parallel import uses_fsdp
 
 GB = 1e9
 GPU_CONTEXT_GB = 1.5
@@ -119,7 +120,7 @@ def model_shape(model) -> ModelShape:
         raise RaycptError(f"no memory model for architecture {conf.model_type!r}; known: {', '.join(sorted(FAMILY))}")
     heads = conf.num_attention_heads
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    tied = stack.head.weight is stack.embed.weight
+    tied = tied_embeddings(stack)
     from raycpt.models.adapters import is_adapter_param
 
     adapters = tuple(sum(p.numel() for n, p in layer.named_parameters() if is_adapter_param(n))
@@ -216,7 +217,7 @@ def estimate_memory(shape: ModelShape, plan: LayerPlan, *, seq_len: int, micro_b
                     chunk_tokens: Optional[int] = None, activation_checkpointing: bool = False) -> MemoryEstimate:
     """Peak bytes of one worker (see the module docstring). ``chunk_tokens=None`` = the plain loss."""
     tokens = seq_len * micro_batch
-    fsdp = distributed == "fsdp" and world_size > 1
+    fsdp = uses_fsdp(distributed, world_size)
     bpe = 2.4 if bf16 else 4.0  # bytes per saved activation float: bf16 matmul inputs, fp32 norm internals
     p_train = _trainable(shape, plan)
     shard = world_size if fsdp else 1

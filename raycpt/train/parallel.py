@@ -28,6 +28,11 @@ import torch
 from raycpt.errors import RaycptError
 
 
+def uses_fsdp(distributed: str, world_size: int) -> bool:
+    """Whether the loop runs sharded by FSDP2: ``train.distributed=fsdp`` over more than one worker."""
+    return distributed == "fsdp" and world_size > 1
+
+
 def check_parallel(distributed: str, world_size: int) -> None:
     """One line when the wrapper cannot run on ``world_size`` workers."""
     if distributed == "fsdp" and world_size < 2:

@@ -28,6 +28,7 @@ from typing import Iterable, Optional
 import torch
 
 from raycpt.errors import RaycptError
+from raycpt.models.stack import tied_embeddings
 from raycpt.strategies import LayerPlan, adapter_ids
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -91,7 +92,7 @@ def build_table(model, plan: LayerPlan, optimizer, grads: Optional[dict[int, boo
 
     stack = LayerStack.of(model)
     parts = stack.named_parts()
-    planned = _planned_parts(plan, parts, tied=stack.head.weight is stack.embed.weight)
+    planned = _planned_parts(plan, parts, tied=tied_embeddings(stack))
     in_opt = _optimizer_ids(optimizer)
     adapters = adapter_ids(model)
     lora = plan.adapter == "lora"

@@ -95,7 +95,7 @@ def runs(tmp_path_factory):
                      resume_from=str(root / "bf16" / "ckpts" / "checkpoint_000002")))
     jobs.append(_job(root, "ddp-to-fsdp", models["qwen3"], deep,
                      resume_from=str(root / "ddp-qwen3-train_deep" / "ckpts" / "checkpoint_000002")))
-    from raycpt.train.loop import EvalRequest
+    from raycpt.train.worker_eval import EvalRequest
 
     jobs.append(_job(root, "bf16-eval", models["llama"], PLANS["train_shallow"], precision="bf16", steps=2, every=2,
                      evaluate=EvalRequest(out_dir=str(root / "bf16-eval" / "eval"), name="trial")))
@@ -241,9 +241,9 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
     checkpoint's dtype) gives the same per-question log-probabilities as evaluating the published folder, by
     final_evaluation and by `raycpt eval`."""
     from raycpt.config import config_from_dict
-    from raycpt.train.checkpoint import publish_model
+    from raycpt.train.publish import publish_model
     from raycpt.train.launch import final_evaluation, saved_dtype
-    from raycpt.train.loop import EVAL_RESULT_FILE, EvalRequest
+    from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
 
     root, _ = runs
     got = json.loads((root / "bf16-eval" / "eval" / EVAL_RESULT_FILE).read_text())
@@ -266,7 +266,7 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
 def test_on_a_restart_only_rank_0_reads_the_checkpoints(monkeypatch, tmp_path):
     import ray.train
 
-    from raycpt.train import loop
+    from raycpt.train import session as loop
 
     calls = []
     monkeypatch.setattr(loop, "verify_checkpoint", lambda d: calls.append(d))

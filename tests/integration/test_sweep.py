@@ -135,7 +135,7 @@ def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, 
 
     from raycpt.evaluate import evaluate_model
     from raycpt.train.launch import final_evaluation
-    from raycpt.train.loop import EvalRequest
+    from raycpt.train.worker_eval import EvalRequest
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir)
     blocks = [[(7 * i + j) % 50 + 3 for j in range(16)] for i in range(3)]

@@ -76,7 +76,7 @@ def test_cli_resume_after_driver_sigkill(ray_local, tmp_path, tiny_dir):
     runs = tmp_path / "runs"
     try:
         deadline = time.time() + 900  # a contended 2-core machine can take minutes to start the run
-        from raycpt.train.checkpoint import find_checkpoints
+        from raycpt.train.manifest import find_checkpoints
 
         while time.time() < deadline and p.poll() is None:
             if any(len(find_checkpoints(d / "ray")) >= 2 for d in runs.glob("train-default-*")):
@@ -92,7 +92,7 @@ def test_cli_resume_after_driver_sigkill(ray_local, tmp_path, tiny_dir):
     (run_dir,) = list(runs.glob("train-default-*"))
     assert not (run_dir / "final_model").exists()
     first_run_id = json.loads((run_dir / "state.json").read_text())["mlflow_run_id"]
-    from raycpt.train.checkpoint import find_checkpoints
+    from raycpt.train.manifest import find_checkpoints
 
     (older_step, _), (_, newest) = find_checkpoints(run_dir / "ray")[-2:]
     weights = newest / "model" / "model.safetensors"

@@ -172,7 +172,7 @@ def test_heldout_blocks_and_lm_loss(tiny_dir, tmp_path):
     from tiny import tiny_model
 
     from raycpt.config import DataConfig
-    from raycpt.evaluate import lm_loss
+    from raycpt.evaluate.heldout import lm_loss
     from raycpt.jobs.grid import heldout_blocks
 
     corpus = tmp_path / "c.jsonl"
@@ -189,7 +189,7 @@ def test_heldout_blocks_and_lm_loss(tiny_dir, tmp_path):
     ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
     assert lm_loss(model, blocks, batch_size=1) == pytest.approx(float(ref), rel=1e-5)
     # per block: each block's loss is the model's own loss on that block alone (transformers' labels path)
-    from raycpt.evaluate import lm_block_losses
+    from raycpt.evaluate.heldout import lm_block_losses
 
     with torch.no_grad():
         each = [float(model(input_ids=ids[i:i + 1], labels=ids[i:i + 1]).loss) for i in range(len(blocks))]

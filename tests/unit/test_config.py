@@ -201,7 +201,7 @@ def test_paper_check_is_the_default_sweep_at_three_seeds_with_domain_and_general
 
 
 def test_hub_id_in_the_cluster_config_parses_as_a_hub_reference():
-    from raycpt.models.sources import parse_ref
+    from raycpt.models.refs import parse_ref
 
     q = load_config(next(p for p in CONFIGS if p.stem == "qwen3-0.6b"))
     assert parse_ref(q.model.ref).kind == "hub"

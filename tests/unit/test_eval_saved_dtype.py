@@ -24,7 +24,7 @@ def published_bf16(tmp_path_factory):
     model = tiny_model("llama").to(torch.bfloat16)
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
-    from raycpt.train.checkpoint import write_manifest
+    from raycpt.train.manifest import write_manifest
 
     write_manifest(path, step=0, finite=True)  # a real manifest: raycpt eval verifies it (issue 27)
     return path
@@ -45,7 +45,7 @@ def test_raycpt_eval_scores_the_saved_model_as_final_evaluation_does(published_b
     from raycpt.evaluate import evaluate_model
     from raycpt.jobs.eval import _eval_remote, evaluate_checkpoints
     from raycpt.train.launch import final_evaluation
-    from raycpt.train.loop import EvalRequest
+    from raycpt.train.worker_eval import EvalRequest
 
     cfg = load_config(None, EVAL)
     final, _ = final_evaluation(published_bf16, cfg.eval, EvalRequest(str(tmp_path / "final"), "trial"))

@@ -11,10 +11,13 @@ import transformers as T
 
 from raycpt.config import PlanConfig, config_to_dict, load_config
 from raycpt.errors import RaycptError
-from raycpt.models.hybrid import (build_expanded, expand_groups, expand_positions, expand_trainable_params,
-                                  expanded_model_folder, save_hybrid)
+from raycpt.models.hybrid_build import save_hybrid
+from raycpt.models.hybrid_expand import (build_expanded, expand_groups, expand_positions, expand_trainable_params,
+                                         expanded_model_folder)
 from raycpt.strategies import apply_plan, build_plan, plan_for_model
-from raycpt.train.loop import LocalSession, make_optimizer, make_scheduler, run_loop, train_step
+from raycpt.train.loop import run_loop
+from raycpt.train.session import LocalSession
+from raycpt.train.steps import make_optimizer, make_scheduler, train_step
 from tiny import save_tiny
 
 

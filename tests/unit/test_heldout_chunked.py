@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from raycpt.evaluate import lm_block_losses
-from raycpt.train.loop import heldout_block_losses
+from raycpt.evaluate.heldout import lm_block_losses
+from raycpt.train.worker_eval import heldout_block_losses
 from raycpt.train.loss import chunked_block_losses
 from tiny import tiny_model
 

@@ -13,7 +13,8 @@ import torch
 from raycpt.config import PlanConfig, config_to_dict, load_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import build_plan, lisa_draw, lisa_interval_index, lisa_trainable_params
-from raycpt.train.loop import LocalSession, run_loop
+from raycpt.train.loop import run_loop
+from raycpt.train.session import LocalSession
 
 N, G, K = 4, 2, 2
 

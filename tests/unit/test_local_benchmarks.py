@@ -252,7 +252,8 @@ def test_logit_mode_equals_lm_evals_builtin_configs_on_the_same_files(model, log
 # ------------------------------------------------------------------------------------------------ generate mode
 
 def test_generate_mode_equals_the_gen_yamls_read_by_lm_evals_csv_builder(model, tmp_path):
-    from raycpt.evaluate import extract_choice, evaluate_model
+    from raycpt.evaluate import evaluate_model
+    from raycpt.evaluate.answers import extract_choice
 
     res = evaluate_model(model[0], _cfg(modes=("generate",)), tokenizer=model[1])
     samples = _builtin_reference(*model, "generate", tmp_path)

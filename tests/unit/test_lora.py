@@ -15,7 +15,9 @@ from raycpt.models.adapters import (inject_lora, is_adapter_param, lora_trainabl
                                     merged_state_dict)
 from raycpt.strategies import apply_plan, build_plan, plan_table
 from raycpt.train import verify
-from raycpt.train.loop import LocalSession, make_optimizer, make_scheduler, run_loop, train_step
+from raycpt.train.loop import run_loop
+from raycpt.train.session import LocalSession
+from raycpt.train.steps import make_optimizer, make_scheduler, train_step
 from tiny import tiny_config, tiny_model
 
 H, I, KV = 32, 64, 16  # tiny_config: hidden 32, intermediate 2*32, 2 kv heads of head_dim 8

@@ -115,7 +115,7 @@ def _cli(*args):
 
 def test_bad_inputs_through_the_console_script(tiny_dir, tmp_path):
     from test_hybrid import LAYERS, shorthand  # noqa: F401
-    from raycpt.models.hybrid import save_hybrid
+    from raycpt.models.hybrid_build import save_hybrid
 
     r = _cli("plan", "show", f"model.ref={tiny_dir}", "plan.name=full", "train.device_memory_gb=0.0001")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
@@ -140,7 +140,9 @@ def test_loop_with_chunked_loss_and_checkpointing_matches_the_plain_loop(tiny_di
     tokens/s per worker is logged (no MFU on a CPU without train.peak_tflops, with it: the arithmetic)."""
     from test_train_loop import _loop_config
 
-    from raycpt.train.loop import METRICS_FILE, LocalSession, run_loop
+    from raycpt.train.loop import run_loop
+    from raycpt.train.metrics_log import METRICS_FILE
+    from raycpt.train.session import LocalSession
 
     blocks = np.random.default_rng(0).integers(4, 128, size=(16, 16)).astype(np.int32)
     runs = {}

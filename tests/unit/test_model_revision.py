@@ -45,7 +45,7 @@ def test_revision_reaches_every_resolve(fake_hub, tmp_path):
     from raycpt.jobs.compare import resolve_ref
     from raycpt.jobs.grid import model_layers
     from raycpt.jobs.trace import prepare_trace
-    from raycpt.models.hybrid import plan_from_config
+    from raycpt.models.hybrid_plans import plan_from_config
     from raycpt.train.launch import resolve_model_path
 
     cfg = _cfg(tmp_path)

@@ -33,7 +33,7 @@ def test_the_frozen_prefix_hook_runs_before_hooks_registered_earlier():
     """Prepended: under FSDP2 its re-enabling of grad comes before FSDP's own pre-forward of that layer."""
     from raycpt.config import PlanConfig
     from raycpt.strategies import apply_plan, plan_for_model
-    from raycpt.train.loop import FrozenPrefix
+    from raycpt.train.steps import FrozenPrefix
 
     model = tiny_model("llama", num_layers=4)
     plan = plan_for_model(PlanConfig(name="train_deep", split=0.5), model)

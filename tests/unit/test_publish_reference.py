@@ -10,8 +10,9 @@ import torch
 from safetensors import safe_open
 
 from raycpt.models.shards import INDEX_FILE, TRAINED_FILE, ensure_base_shards, group_of
-from raycpt.train.checkpoint import publish_model, verify_model_folder
-from raycpt.train.loop import InProcessSession, LocalSession, run_loop
+from raycpt.train.publish import publish_model, verify_model_folder
+from raycpt.train.loop import run_loop
+from raycpt.train.session import InProcessSession, LocalSession
 from test_train_loop import _blocks, _loop_config
 
 
@@ -104,7 +105,7 @@ class _Blocks(InProcessSession):
 def test_in_process_checkpoints_link_frozen_layers_and_resume_exactly(tiny_dir, tmp_path):
     """InProcessSession with base shards: checkpoints renamed into place, frozen layers linked, the newest
     ``keep`` kept; the same losses as the plain session; a resume from a linked checkpoint continues exactly."""
-    from raycpt.train.checkpoint import verify_checkpoint
+    from raycpt.train.manifest import verify_checkpoint
 
     common = dict(max_steps=4, checkpoint_every=1, keep_checkpoints=2, lr=0.01, micro_batch_size=2)
     plain = run_loop(_loop_config(tiny_dir, tmp_path / "p", dict(name="train_deep", split=0.5), **common),

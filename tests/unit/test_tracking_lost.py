@@ -77,7 +77,7 @@ def test_ended_state_never_leaves_running(tmp_path):
 
 def test_the_full_disk_fault_fails_only_its_step_half_written(tmp_path):
     from raycpt.errors import environment_error
-    from raycpt.train.loop import FaultHooks
+    from raycpt.train.faults import FaultHooks
 
     hooks = FaultHooks({"oserror_step": 2}, 0, tmp_path)
     hooks.checkpoint_write(1, str(tmp_path))

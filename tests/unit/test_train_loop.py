@@ -11,8 +11,9 @@ import torch
 from raycpt.config import PlanConfig, TrainConfig, config_to_dict, load_config
 from raycpt.strategies import apply_plan, plan_for_model
 from raycpt.train.callbacks import StepCallback
-from raycpt.train.loop import (FrozenPrefix, LocalSession, make_optimizer, make_scheduler, micro_batches, run_loop,
-                               train_step)
+from raycpt.train.loop import micro_batches, run_loop
+from raycpt.train.session import LocalSession
+from raycpt.train.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
 from tiny import tiny_model
 
 
