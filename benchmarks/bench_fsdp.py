@@ -123,7 +123,7 @@ def cfg_layers(model: Path) -> int:
 
 
 def _estimate(job: dict, model: Path) -> float:
-    from raycpt.train.launch import model_skeleton
+    from raycpt.train.prepare import model_skeleton
     from raycpt.train.preflight import estimate_plan
     from raycpt.strategies import apply_plan
 

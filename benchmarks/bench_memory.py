@@ -69,7 +69,7 @@ def case(plan_name: str, seq: int, batch: int, ckpt: bool, threads: int) -> dict
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from raycpt.strategies import apply_plan
-    from raycpt.train.launch import prepare_plan, resolve_model_path
+    from raycpt.train.prepare import prepare_plan, resolve_model_path
     from raycpt.train.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
     from raycpt.train.preflight import estimate_plan
     from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens

@@ -74,7 +74,7 @@ def main() -> None:
     from raycpt.data.pack import ensure_packed
     from raycpt.data.stream import PackedBlocks
     from raycpt.runtime import init_ray
-    from raycpt.train.launch import prepare_plan, resolve_model_path
+    from raycpt.train.prepare import prepare_plan, resolve_model_path
     from raycpt.train.loop import run_loop, train_loop_per_worker
     from raycpt.train.metrics_log import METRICS_FILE
     from raycpt.train.session import LocalSession

@@ -124,7 +124,7 @@ def swap_task(base_path: str, tuned_path: str, direction: str, layers: list[int]
         other, _ = load_model(donor, dtype="float32", device="cpu")
         swap_layers(model, other, layers)
         del other
-    from raycpt.train.launch import reserved_device
+    from raycpt.train.final_eval import reserved_device
 
     model.to(reserved_device())  # the GPU this task reserved (eval.gpus_per_task), else the CPU
     cells = evaluate_cells(model, tok, eval_cfg, Path(out_dir), name)

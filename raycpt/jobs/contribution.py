@@ -50,7 +50,7 @@ class ScanTrial:
 
     def run(self, trial: Trial) -> dict:
         """Train (unless base), evaluate and measure this trial under its child run."""
-        from raycpt.train.launch import final_evaluation
+        from raycpt.train.final_eval import final_evaluation
         from raycpt.train.worker_eval import EvalRequest
 
         run, base_path = trial.run, trial.shared["model_path"]
@@ -259,7 +259,7 @@ def prepare(cfg: ExperimentConfig, console=None) -> ContributionPlan:
 def execute(plan: ContributionPlan, run, resume: bool = False, console=None,
             shards_checked: Optional[dict] = None) -> ContributionResult:
     """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`).
-    ``shards_checked``: the base shards the driver verified (:func:`raycpt.train.launch.base_shards_ahead`)."""
+    ``shards_checked``: the base shards the driver verified (:func:`raycpt.train.publish.base_shards_ahead`)."""
     from raycpt.report.contribution import write_outputs
     from raycpt.runtime import ray_session, stop_ray_soon
 
@@ -296,7 +296,7 @@ def execute(plan: ContributionPlan, run, resume: bool = False, console=None,
 def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) -> ContributionResult:
     """The ``raycpt contribution`` command (see the module docstring): :func:`prepare`, then :func:`execute`."""
     from raycpt.runtime import ray_starting
-    from raycpt.train.launch import base_shards_ahead
+    from raycpt.train.publish import base_shards_ahead
 
     plan = prepare(cfg, console)
     params = {"num_layers": plan.num_layers, "scan_layers": ",".join(map(str, plan.layers))[:500]}

@@ -27,7 +27,7 @@ from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
 from raycpt.runs import command_run
 from raycpt.runtime import cluster_address, ray_session
-from raycpt.train.launch import saved_model_load
+from raycpt.train.final_eval import saved_model_load
 
 _REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
 

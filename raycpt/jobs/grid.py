@@ -37,7 +37,7 @@ from raycpt.tracking import adopt_lost, mark_lost, store_or_lost, tracking_lost
 
 RESULT = "result.json"
 SHARDS_CHECKED = "base_shards_checked"
-"""The ``Grid.shared`` key of the base shards the driver verified (:func:`raycpt.train.launch.base_shards_ahead`)."""
+"""The ``Grid.shared`` key of the base shards the driver verified (:func:`raycpt.train.publish.base_shards_ahead`)."""
 
 
 class GridIncomplete(RaycptError):
@@ -190,7 +190,7 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
     parent.note_children([(run_dir / grid.folder / n, grid.meta_file) for n in names])  # where the sync finds them
     preflight(cfg, grid.max_concurrent)  # shared storage on every node; the SQLite-with-concurrency warning
     if grid.model_path is not None:
-        from raycpt.train.launch import packed_corpus
+        from raycpt.data.run_store import packed_corpus
 
         packed_corpus(cfg, grid.model_path, quiet=console is None)  # pack once; every trial then reads the store
     try:
@@ -256,7 +256,8 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
 def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress: bool = False):
     """Train ``tcfg`` in the trial's ``train/`` folder under its child run; the training worker evaluates
     the final weights (its GPU on a cluster). ``(TrainResult, EvalResult, held-out loss or None)``."""
-    from raycpt.train.launch import final_evaluation, run_training
+    from raycpt.train.final_eval import final_evaluation
+    from raycpt.train.launch import run_training
     from raycpt.train.worker_eval import EvalRequest
 
     req = EvalRequest(out_dir=str(trial.dir / "eval"), name=name, heldout_path=trial.shared.get("heldout_path"))

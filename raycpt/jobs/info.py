@@ -11,7 +11,7 @@ from raycpt.config import ExperimentConfig
 def show_plan(cfg: ExperimentConfig, console=None):
     """``(title, plan table)`` of ``cfg.plan`` on ``cfg.model`` (no training); the memory estimate is printed."""
     from raycpt.strategies import plan_table
-    from raycpt.train.launch import prepare_plan, resolve_model_path
+    from raycpt.train.prepare import prepare_plan, resolve_model_path
     from raycpt.train.preflight import preflight
 
     path = resolve_model_path(cfg)
@@ -36,7 +36,8 @@ def prepare_store(cfg: ExperimentConfig, rebuild: bool = False) -> None:
     from raycpt.data.pack import find_packed
     from raycpt.runtime import cluster_address, ray_session
     from raycpt.tracking import run_root
-    from raycpt.train.launch import pack_corpus, resolve_model_path
+    from raycpt.data.run_store import pack_corpus
+    from raycpt.train.prepare import resolve_model_path
 
     model_path = resolve_model_path(cfg)
     hit = not rebuild and find_packed(cfg.data, model_path, run_root(cfg.tracking)) is not None

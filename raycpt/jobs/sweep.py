@@ -237,7 +237,7 @@ def budget_rows(cfg: ExperimentConfig, model_path: str) -> list[dict]:
     from raycpt.models.sources import load_model
     from raycpt.models.stack import LayerStack
     from raycpt.strategies import budget_plans, check_budget
-    from raycpt.train.launch import model_skeleton
+    from raycpt.train.prepare import model_skeleton
 
     nums = budget_numbers(model_skeleton(model_path), cfg.plan.lora_targets)
     budget = check_budget(parse_budget(cfg.sweep.budget), nums["layer_params"], nums["total"])
@@ -304,7 +304,7 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_gri
 
 def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
     """``--budget auto`` after the trace: the budget = the recommended train_shallow's count, then its rows."""
-    from raycpt.train.launch import model_skeleton
+    from raycpt.train.prepare import model_skeleton
 
     cfg, s = plan.cfg, plan.cfg.sweep
     sizes = budget_numbers(model_skeleton(plan.model_path), cfg.plan.lora_targets)["layer_params"]
@@ -322,7 +322,7 @@ def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strat
     if strategies is not None:
         cfg.sweep.strategies = list(strategies)
     from raycpt.runtime import ray_starting
-    from raycpt.train.launch import base_shards_ahead
+    from raycpt.train.publish import base_shards_ahead
 
     t0 = time.time()
     plan = prepare(cfg, console)

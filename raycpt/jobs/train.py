@@ -14,7 +14,8 @@ from raycpt.config import ExperimentConfig
 def prepare(cfg: ExperimentConfig, console=None):
     """Every check before any run folder or MLflow run: the train settings, the plan and its memory estimate
     (printed to ``console``), the corpus packed (once) and big enough for this run; the packed store."""
-    from raycpt.train.launch import check_train_config, packed_corpus, resolve_model_path
+    from raycpt.data.run_store import packed_corpus
+    from raycpt.train.prepare import check_train_config, resolve_model_path
     from raycpt.train.preflight import preflight
 
     check_train_config(cfg)
@@ -23,7 +24,7 @@ def prepare(cfg: ExperimentConfig, console=None):
 
 
 def execute(cfg: ExperimentConfig, run, resume: bool = False, progress: bool = True):
-    """Train in the run folder under the command's MLflow run; the :class:`raycpt.train.launch.TrainResult`."""
+    """Train in the run folder under the command's MLflow run; the :class:`raycpt.train.result.TrainResult`."""
     from raycpt.runtime import ray_session
     from raycpt.train.launch import run_training
 
@@ -36,7 +37,7 @@ def run_train(cfg: ExperimentConfig, resume: bool = False, console=None, progres
     train run of this config, refused in one line when its saved settings differ or its newest checkpoint was
     trained on another pack of the corpus)."""
     from raycpt.runs import command_run
-    from raycpt.train.launch import check_resume_run
+    from raycpt.train.resume import check_resume_run
 
     store = prepare(cfg, console)
     with command_run(cfg, "train", resume=resume, run_name=f"train-{cfg.name}",

@@ -20,191 +20,30 @@ MLflow run (its id is kept in ``state.json``), and returns at once when the run 
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
 import os
-import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
+from raycpt.data.run_store import packed_corpus, replay_corpus
 from raycpt.errors import RaycptError, environment_error
-from raycpt.models.stack import tied_embeddings
-from raycpt.strategies import LayerPlan, build_plan
-from raycpt.train.manifest import find_checkpoints, read_manifest
-from raycpt.train.publish import publish_model, sweep_leftovers, verify_model_folder
-from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
-from raycpt.train.parallel import check_parallel, uses_fsdp
+from raycpt.strategies import LayerPlan
 from raycpt.tracking import adopt_lost
+from raycpt.train.manifest import read_manifest
+from raycpt.train.prepare import check_train_config, local_mode, prepare_plan, resolve_model_path
+from raycpt.train.publish import drop_checkpoints, prune_checkpoints, publish_model, sweep_leftovers, verify_model_folder
+from raycpt.train.result import (TrainResult, _read_json, _result_from_files, _start_pid, _tokens_per_s,
+                                 final_metrics, peak_of, per_step_trainable)
+from raycpt.train.resume import check_resume_data, check_resume_settings, latest_checkpoint
+from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
 
 FINAL_MODEL = "final_model"
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainResult:
-    """What a training run produced."""
-
-    run_dir: Path
-    final_model_dir: Path
-    losses: list[float]
-    steps: list[int]
-    tokens_per_s: float
-    wall_s: float
-    trainable_params: int
-    frozen_params: int
-    mlflow_run_id: Optional[str]
-    plan: dict
-    last_checkpoint: Optional[Path] = None
-    resumed_from_step: Optional[int] = None
-    step_times: list[float] = field(default_factory=list)
-    reused: bool = False
-    """True when ``--resume`` found the run finished and re-ran nothing (the figures are the saved ones)."""
-    peak_memory_mb: Optional[float] = None
-    """The largest per-step peak memory of rank 0 (:mod:`raycpt.train.peakmem`); None where it cannot be read."""
-    trainable_per_step: Optional[int] = None
-    """LISA: the parameters one step trains (γ layers + the always-trained ones); ``trainable_params`` counts
-    every layer a draw can pick. None for other plans (every step trains ``trainable_params``)."""
-    pid: Optional[int] = None
-    """Rank 0's process id (its start event): trials that share a process (Ray Train's local mode in one
-    reused Tune actor) share its resident memory, so a later trial's peak includes what earlier ones left."""
-
-    def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        for k in ("run_dir", "final_model_dir", "last_checkpoint"):
-            d[k] = None if d[k] is None else str(d[k])
-        return d
-
-
-# ------------------------------------------------------------------------------------ model, plan
-
-def resolve_model_path(cfg: ExperimentConfig) -> str:
-    """The local folder of ``cfg.model.ref`` (resolved once, on the driver); for ``plan.name=expand`` the
-    expanded model built from it (:func:`raycpt.models.hybrid.expanded_model_folder`, cached)."""
-    from raycpt.models.sources import resolve_model_path as resolve
-
-    path = resolve(cfg.model)
-    if cfg.plan.name == "expand":
-        from raycpt.models.hybrid_expand import expand_groups, expanded_model_folder
-        from transformers import AutoConfig
-
-        expand_groups(AutoConfig.from_pretrained(path).num_hidden_layers, cfg.plan.expand_blocks)  # one line
-        return str(expanded_model_folder(path, cfg.plan.expand_blocks, cfg.model.cache_dir))
-    return path
-
-
-def model_skeleton(model_path: str):
-    """The model built on the meta device from its config: structure and counts, no weights."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    conf = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(conf)
-    return model
-
-
-def position_limit(model_config) -> Optional[int]:
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        v = getattr(model_config, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
-def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dict, object]:
-    """Build and check the plan on a meta-device copy; ``(plan, counts, model)``.
-
-    Raises RaycptError for a bad plan or a ``data.seq_len`` beyond the model's position limit."""
-    from raycpt.models.stack import LayerStack
-    from raycpt.strategies import apply_plan
-
-    model = model_skeleton(model_path)
-    stack = LayerStack.of(model)
-    plan = build_plan(cfg.plan, stack.num_layers, tied_embeddings=tied_embeddings(stack))
-    limit = position_limit(model.config)
-    if limit is not None and cfg.data.seq_len > limit:
-        raise RaycptError(f"data.seq_len={cfg.data.seq_len} is beyond this model's limit of {limit} positions "
-                          f"(max_position_embeddings); use data.seq_len <= {limit}")
-    check_plan_parallel(plan, cfg.train)
-    if plan.adapter == "lora":
-        from raycpt.models.adapters import inject_lora
-
-        inject_lora(model, plan)  # the rank and target checks, on the weightless copy
-    counts = apply_plan(model, plan)
-    return plan, counts, model
-
-
-def check_plan_parallel(plan: LayerPlan, tcfg) -> None:
-    """LoRA under DDP or one worker (not FSDP); LISA on one worker (DDP's buckets are fixed when it wraps,
-    and LISA changes what trains every interval)."""
-    if plan.adapter == "lora" and uses_fsdp(tcfg.distributed, tcfg.num_workers):
-        raise RaycptError("plan.adapter=lora runs under train.distributed=ddp (or one worker), not fsdp")
-    if plan.is_lisa and tcfg.num_workers > 1:
-        raise RaycptError(f"plan.name=lisa trains on one worker (train.num_workers={tcfg.num_workers}): "
-                          "DDP fixes its gradient buckets when it wraps the model, and LISA redraws every interval")
-
-
-def check_train_config(cfg: ExperimentConfig) -> None:
-    t = cfg.train
-    check_parallel(t.distributed, t.num_workers)
-    check_worker_cpus(cfg)
-    if t.use_gpu:
-        import ray
-
-        if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) < t.num_workers:
-            raise RaycptError(f"train.use_gpu=true with train.num_workers={t.num_workers}, but the Ray cluster has "
-                              f"{int(ray.cluster_resources().get('GPU', 0))} GPU(s)")
-
-
-def check_worker_cpus(cfg: ExperimentConfig) -> None:
-    """One line, before Ray Train waits for them, when a local Ray can never hold the run's workers:
-    ``train.num_workers`` x ``train.cpus_per_worker`` beyond its CPUs (Ray Train would wait at "starting
-    workers" forever). A cluster (``ray.address`` / ``RAY_ADDRESS``) may grow, so it is not judged."""
-    import ray
-
-    from raycpt.runtime import cluster_address
-
-    if not ray.is_initialized() or cluster_address(cfg.ray):
-        return
-    t = cfg.train
-    have = float(ray.cluster_resources().get("CPU", 0))
-    need = t.num_workers * float(t.cpus_per_worker)
-    if need > have + 1e-9:
-        raise RaycptError(f"train.num_workers={t.num_workers} x train.cpus_per_worker={t.cpus_per_worker:g} need "
-                          f"{need:g} CPUs; this Ray has {have:g} (ray.num_cpus): lower train.num_workers or "
-                          "train.cpus_per_worker, or raise ray.num_cpus")
-
-
-# ------------------------------------------------------------------------------------ checkpoints
-
-def latest_checkpoint(run_dir: Path, report: bool = False) -> Optional[tuple[int, Path]]:
-    """The newest verified checkpoint of any attempt of this run: (step, folder). ``report``: one
-    warning line for each checkpoint that fails its manifest check (and so is skipped)."""
-    failed: list = []
-    cps = find_checkpoints(Path(run_dir) / "ray", failed)
-    if report:
-        for folder, why in failed:
-            log.warning("warning: skipping checkpoint %s: %s", folder, why)
-    return cps[-1] if cps else None
-
-
-def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
-    """Keep the newest ``keep`` complete checkpoints over all attempts; delete the rest (Ray prunes
-    only the checkpoints it registered; one cut short by a worker kill is not)."""
-    complete = find_checkpoints(Path(run_dir) / "ray")
-    keep_set = {p.resolve() for _, p in complete[-keep:]}
-    removed = []
-    for d in Path(run_dir, "ray").glob("*/checkpoint_*"):
-        if d.is_dir() and d.resolve() not in keep_set:
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(d)
-    return removed
 
 
 # ------------------------------------------------------------------------------------ launch
@@ -224,35 +63,6 @@ def _faults_from_env() -> dict:
         return dict(json.loads(text))
     except (ValueError, TypeError):
         raise RaycptError(f"RAYCPT_FAULTS is not a JSON object: {text!r}") from None
-
-
-# ------------------------------------------------------------------------------------ data
-
-def pack_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
-    """The packed-token store of ``cfg.data`` (packed now when missing; one line either way unless ``quiet``).
-    No corpus pass: counts are the manifest's. Whether it is big enough for a run is :func:`packed_corpus`'s."""
-    from raycpt.data.pack import describe_build, describe_hit, ensure_packed
-    from raycpt.tracking import run_root
-
-    store, built = ensure_packed(cfg.data, model_path, run_root(cfg.tracking), rebuild=rebuild, progress=not quiet)
-    line = describe_build(store) if built else describe_hit(store)
-    log.info(line)
-    if not quiet:
-        print(line, flush=True)
-    return store
-
-
-def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
-    """:func:`pack_corpus`, checked to hold at least one micro-batch per worker of this run."""
-    store = pack_corpus(cfg, model_path, quiet=quiet, rebuild=rebuild)
-    t = cfg.train
-    need = t.num_workers * t.micro_batch_size
-    if store.num_blocks < need:
-        raise RaycptError(f"data.corpus {list(cfg.data.corpus)} gives only {store.num_blocks} full "
-                          f"{cfg.data.seq_len}-token blocks; {t.num_workers} worker(s) x "
-                          f"train.micro_batch_size={t.micro_batch_size} need at least {need} (add documents or lower "
-                          "data.seq_len)")
-    return store
 
 
 @dataclass
@@ -363,57 +173,6 @@ def _base_shards(cfg: ExperimentConfig, prep: "_Prepared"):
     return lambda dtype: ensure_base_shards(prep.model_path, run_root(cfg.tracking) / "base_shards", dtype)
 
 
-@contextlib.contextmanager
-def base_shards_ahead(cfg: ExperimentConfig, model_path: str):
-    """``with base_shards_ahead(cfg, model_path) as ready:`` - a grid whose trials run in local mode and publish by
-    reference (``train.publish: reference``, set per trial by the sweep and the scan) links every trial to the
-    base model's per-layer shards, written once per run root by whichever process needs them first: write them
-    now, in a background thread, while the driver opens its run and Ray starts (that work leaves a core idle), and
-    verify them there (their sha256s). ``ready()`` waits for them and returns the verified folders
-    (:func:`raycpt.models.shards.checked_shards`, for the grid's ``shared`` dict: a trial process then trusts them
-    while their files are unchanged); call it before the first trial. A failure here is the first trial's to meet
-    again and report (it writes and verifies the shards itself); leaving the block waits for the thread."""
-    import threading
-
-    if not local_mode(cfg, in_process=True):
-        yield lambda: {}
-        return
-    from raycpt.io import run_root
-    from raycpt.models.shards import checked_shards, ensure_base_shards, read_shards
-    from raycpt.train.checkpoint import weights_dtype
-
-    dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
-    root = run_root(cfg.tracking) / "base_shards"
-
-    def write() -> None:
-        try:
-            read_shards(ensure_base_shards(model_path, root, dtype))
-        except Exception as e:  # noqa: BLE001 - the first trial writes them again and reports what fails
-            log.debug("base shards ahead of the trials: %s", e)
-
-    thread = threading.Thread(target=write, name="raycpt-base-shards", daemon=True)
-    thread.start()
-
-    def ready() -> dict:
-        thread.join()
-        return checked_shards()
-
-    try:
-        yield ready
-    finally:
-        thread.join()
-
-
-def drop_checkpoints(run_dir: Path) -> list[Path]:
-    """Delete every checkpoint of a finished run (weights and optimizer state): ``final_model/`` holds what it
-    trained and nothing resumes a finished run (``train.keep_finished_checkpoints: false``)."""
-    ray_dir = Path(run_dir, "ray")  # with the half-written ones a killed local-mode run left (.raycpt-ckpt-*)
-    gone = [d for d in [*ray_dir.glob("*/checkpoint_*"), *ray_dir.glob("*/.raycpt-ckpt-*")] if d.is_dir()]
-    for d in gone:
-        shutil.rmtree(d, ignore_errors=True)
-    return gone
-
-
 def _open_run(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
     """The training folder (made; config saved unless a resume keeps the one it was made with; paths absolute)
     and its ``state.json``."""
@@ -445,15 +204,6 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
     replay = replay_corpus(cfg, model_path, quiet=not progress)
     return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
                      resumed_step=resumed_step, store=store, n_blocks=store.num_blocks, replay_store=replay)
-
-
-def replay_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True):
-    """The packed store of ``data.replay.corpus`` (all of its documents, none held out), or None without replay."""
-    r = cfg.data.replay
-    if r.ratio <= 0:
-        return None
-    data = dataclasses.replace(cfg.data, corpus=list(r.corpus), max_documents=None, heldout_share=0.0)
-    return packed_corpus(dataclasses.replace(cfg, data=data), model_path, quiet=quiet)
 
 
 def _log_start(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared) -> None:
@@ -524,16 +274,6 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
             raise err from None
 
 
-def local_mode(cfg: ExperimentConfig, in_process: bool) -> bool:
-    """Whether the run uses Train V2's local mode (``ScalingConfig(num_workers=0)``: the same ``TorchTrainer`` and
-    loop, in the calling process, no worker group): only in a process that holds the run's resources already (a
-    grid trial, ``in_process``) and for one CPU worker (world size 1: nothing is distributed). A failure there
-    ends the trial, which Tune retries from the last checkpoint (``train.max_failures`` counts worker restarts
-    of a worker group only)."""
-    t = cfg.train
-    return bool(in_process) and t.num_workers == 1 and not t.use_gpu
-
-
 def _check_status(run_dir: Path) -> None:
     """One line (RaycptError) when the workers stopped on a non-finite loss or gradient norm."""
     from raycpt.runs import write_state
@@ -595,109 +335,6 @@ def _summarize(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared, ckpt_
     return res
 
 
-def final_metrics(res: TrainResult) -> dict:
-    """The end-of-run metrics of a training run's MLflow run (``raycpt runs sync`` logs the same)."""
-    out = {"final_loss": res.losses[-1] if res.losses else float("nan"), "wall_time_s": res.wall_s,
-           "median_tokens_per_s": res.tokens_per_s}
-    if res.peak_memory_mb is not None:
-        out["peak_memory_mb"] = res.peak_memory_mb
-    return out
-
-
-def peak_of(records: list[dict]) -> Optional[float]:
-    """The largest ``peak_memory_mb`` of the step records; None when no step has one."""
-    peaks = [float(r["peak_memory_mb"]) for r in records if r.get("peak_memory_mb") is not None]
-    return max(peaks) if peaks else None
-
-
-def _start_pid(events: list[dict]) -> Optional[int]:
-    pids = [e["pid"] for e in events if e.get("event") in ("start", "resume") and e.get("pid") is not None]
-    return int(pids[-1]) if pids else None
-
-
-def per_step_trainable(plan, events: list[dict]) -> Optional[int]:
-    """LISA: the largest count one step trained (the start / resume and ``lisa_draw`` events); else None."""
-    if not plan.is_lisa:
-        return None
-    counts = [int(e["trainable"]) for e in events
-              if e.get("event") in ("start", "resume", "lisa_draw") and e.get("trainable") is not None]
-    return max(counts) if counts else None
-
-
-def _tokens_per_s(records: list[dict]) -> float:
-    if not records:
-        return 0.0
-    rates = sorted(float(r["tokens_per_s"]) for r in records)
-    return rates[len(rates) // 2]  # median: robust to the first (warm-up) step
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def check_resume_settings(run_dir: Path, cfg: ExperimentConfig) -> None:
-    """``--resume`` continues a run with the settings it was made with; one line when ``cfg`` differs."""
-    from raycpt.runs import resume_changes
-
-    changed = resume_changes(run_dir, cfg)
-    if changed:
-        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
-        raise RaycptError(f"--resume: {run_dir} was made with other settings: {'; '.join(changed[:3])}{more}. "
-                          "A resume continues a run with its own settings (its learning-rate schedule depends on "
-                          "them): drop the change, or start a new run without --resume")
-
-
-def resume_data_mismatch(recorded: Optional[dict], store) -> Optional[str]:
-    """None when a checkpoint's ``data`` record (``train_state.json``) names the packed store ``store``
-    holds now, else what differs, in a few words. A record without a store (an older raycpt) passes."""
-    rec = recorded or {}
-    if rec.get("store_identity"):
-        if rec.get("store_key") not in (None, store.key):
-            return f"packed store {rec['store_key']}, now {store.key}"
-        if rec["store_identity"] != store.identity:
-            return f"corpus {rec['store_identity']}, now {store.identity} (the corpus files changed and were re-packed)"
-        return None
-    if rec.get("store_build") and rec["store_build"] != store.build_id:
-        return f"store build {rec['store_build'][:12]}, now {store.build_id[:12]} (the corpus was re-packed)"
-    return None
-
-
-def check_resume_data(ckpt: Path, store) -> None:
-    """One line when the checkpoint ``--resume`` would continue from was trained on another pack than ``store``:
-    the remaining steps would silently read other tokens."""
-    from raycpt.train.manifest import STATE_JSON
-
-    why = resume_data_mismatch(_read_json(Path(ckpt) / STATE_JSON).get("data"), store)
-    if why is not None:
-        raise RaycptError(f"--resume: checkpoint {ckpt} was trained on other data ({why}): its remaining steps would "
-                          "read other tokens. Start fresh: the same command without --resume makes a new run (or "
-                          "restore the corpus it was trained on and re-pack it with `raycpt data prepare --rebuild`)")
-
-
-def check_resume_run(run_dir: Path, cfg: ExperimentConfig, store) -> None:
-    """``--resume`` of ``run_dir``: its settings (:func:`check_resume_settings`) and the pack its newest
-    checkpoint read (:func:`check_resume_data`), before the run's MLflow run is touched."""
-    check_resume_settings(run_dir, cfg)
-    found = latest_checkpoint(run_dir)
-    if found is not None:
-        check_resume_data(found[1], store)
-
-
-def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
-    d = _read_json(run_dir / "train_result.json")
-    return TrainResult(run_dir=run_dir, final_model_dir=Path(d["final_model_dir"]), losses=d["losses"],
-                       steps=d["steps"], tokens_per_s=d["tokens_per_s"], wall_s=d["wall_s"],
-                       trainable_params=d["trainable_params"], frozen_params=d["frozen_params"],
-                       mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
-                       last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,
-                       resumed_from_step=d.get("resumed_from_step"), step_times=d.get("step_times", []), reused=True,
-                       peak_memory_mb=d.get("peak_memory_mb"), trainable_per_step=d.get("trainable_per_step"),
-                       pid=d.get("pid"))
-
-
 def _training_error(e: Exception) -> Exception:
     """Ray's TrainingFailedError carries the worker's exception; a RaycptError inside stays one line."""
     seen = set()
@@ -717,78 +354,3 @@ def _training_error(e: Exception) -> Exception:
     return e
 
 
-def eval_device(cuda_available: bool, in_ray_worker: bool, reserved_gpus: int) -> str:
-    """Where a model may go: a GPU only when this process reserved one. Ray 2.60 no longer hides the GPUs
-    from a task or actor that reserved none, so a CPU-only trial process on a GPU node would otherwise load
-    onto ``cuda:0``, next to another trial's worker. Outside Ray workers (a driver, a plain process): any
-    visible GPU."""
-    if not cuda_available:
-        return "cpu"
-    if in_ray_worker and reserved_gpus == 0:
-        return "cpu"
-    return "cuda"
-
-
-def reserved_device() -> str:
-    """:func:`eval_device` of this process (a Ray worker's reserved GPUs from its runtime context)."""
-    import torch
-
-    in_worker, gpus = False, 0
-    try:
-        import ray
-
-        if ray.is_initialized():
-            ctx = ray.get_runtime_context()
-            in_worker = ctx.worker.mode == ray.WORKER_MODE
-            gpus = len(ctx.get_accelerator_ids().get("GPU", []))
-    except Exception:  # noqa: BLE001 - no Ray context: a plain process
-        in_worker = False
-    return eval_device(torch.cuda.is_available(), in_worker, gpus)
-
-
-def saved_dtype(model_dir) -> str:
-    """The dtype a model folder published by a training run (it has a ``manifest.json``) stores its weights in
-    (``config.json``), so that evaluating it scores the weights the training worker evaluated
-    (:func:`raycpt.train.loop.eval_model`); ``auto`` for any other folder (a base model) or when it says none."""
-    if not (Path(model_dir) / "manifest.json").is_file():
-        return "auto"
-    conf = _read_json(Path(model_dir) / "config.json")
-    name = conf.get("dtype") or conf.get("torch_dtype")
-    return name if name in ("float32", "bfloat16", "float16") else "auto"
-
-
-def saved_model_load(model_dir) -> dict:
-    """``load_model`` / ``evaluate_model`` keywords for evaluating a saved model folder, the one rule of every
-    path that scores one (:func:`final_evaluation`, ``raycpt eval``): the dtype it was saved in
-    (:func:`saved_dtype`) on this process's reserved device (:func:`reserved_device`)."""
-    return {"dtype": saved_dtype(model_dir), "device": reserved_device()}
-
-
-def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optional[int] = None):
-    """``(EvalResult, held-out loss or None)`` of a training run's final model.
-
-    What the training worker wrote with ``run_training(evaluate=req)`` when it did (DDP and FSDP alike);
-    else (the base model of a scan, a file from before) the same bridge runs here on the saved folder, loaded
-    in the dtype it was saved in (:func:`saved_dtype`), with ``threads``
-    torch threads, and the held-out loss on the blocks of ``req.heldout_path``; it then writes the same
-    ``eval_result.json`` the worker would have (per-block held-out losses included), so a resumed trial
-    reads it instead of evaluating again."""
-    from raycpt.evaluate import evaluate_model
-    from raycpt.evaluate.results import EvalResult
-    from raycpt.io import atomic_write_json
-    from raycpt.train.worker_eval import eval_result_record
-
-    done = _read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
-    if done:
-        return EvalResult.from_dict(done), done.get("heldout_loss")
-    import torch
-
-    from raycpt.models.sources import load_model
-
-    if threads:
-        torch.set_num_threads(threads)
-    model, tok = load_model(str(final_model_dir), **saved_model_load(final_model_dir))
-    ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=req.out_dir, name=req.name)
-    record = eval_result_record(ev, model, req.heldout_path, eval_cfg.batch_size)
-    atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, record)
-    return ev, record["heldout_loss"]

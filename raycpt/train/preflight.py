@@ -19,7 +19,7 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, PlanConfig
 from raycpt.errors import RaycptError
 from raycpt.strategies import takes_split
-from raycpt.train.launch import prepare_plan, resolve_model_path
+from raycpt.train.prepare import prepare_plan, resolve_model_path
 from raycpt.train.parallel import check_parallel
 from raycpt.train.memory import FAMILY, MemoryEstimate, check_fits, estimate_memory, model_shape
 from raycpt.train.step_options import check_checkpointing, loss_chunk_tokens, uses_bf16

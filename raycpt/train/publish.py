@@ -4,6 +4,8 @@ aside and renamed into place, with its own manifest."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import time
@@ -11,10 +13,14 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+from raycpt.config import ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.models.shards import INDEX_FILE, read_shards, read_tensors, write_referencing_weights
-from raycpt.train.manifest import (MODEL_DIR, _sha256, checkpoint_step, read_manifest, verify_checkpoint,
-                                   write_manifest)
+from raycpt.train.manifest import (MODEL_DIR, _sha256, checkpoint_step, find_checkpoints, read_manifest,
+                                   verify_checkpoint, write_manifest)
+from raycpt.train.prepare import local_mode
+
+log = logging.getLogger(__name__)
 
 _FICLONE = 0x40049409  # linux/fs.h: ioctl(dest_fd, FICLONE, src_fd) = reflink the whole file
 
@@ -146,3 +152,67 @@ def _publish_weights_by_reference(ckpt: Path, files: dict, tmp: Path, dest: Path
 def verify_model_folder(folder) -> Optional[str]:
     """:func:`verify_checkpoint` for a published model folder (``final_model/``)."""
     return verify_checkpoint(folder, require=("config.json",))
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Keep the newest ``keep`` complete checkpoints over all attempts; delete the rest (Ray prunes
+    only the checkpoints it registered; one cut short by a worker kill is not)."""
+    complete = find_checkpoints(Path(run_dir) / "ray")
+    keep_set = {p.resolve() for _, p in complete[-keep:]}
+    removed = []
+    for d in Path(run_dir, "ray").glob("*/checkpoint_*"):
+        if d.is_dir() and d.resolve() not in keep_set:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+@contextlib.contextmanager
+def base_shards_ahead(cfg: ExperimentConfig, model_path: str):
+    """``with base_shards_ahead(cfg, model_path) as ready:`` - a grid whose trials run in local mode and publish by
+    reference (``train.publish: reference``, set per trial by the sweep and the scan) links every trial to the
+    base model's per-layer shards, written once per run root by whichever process needs them first: write them
+    now, in a background thread, while the driver opens its run and Ray starts (that work leaves a core idle), and
+    verify them there (their sha256s). ``ready()`` waits for them and returns the verified folders
+    (:func:`raycpt.models.shards.checked_shards`, for the grid's ``shared`` dict: a trial process then trusts them
+    while their files are unchanged); call it before the first trial. A failure here is the first trial's to meet
+    again and report (it writes and verifies the shards itself); leaving the block waits for the thread."""
+    import threading
+
+    if not local_mode(cfg, in_process=True):
+        yield lambda: {}
+        return
+    from raycpt.io import run_root
+    from raycpt.models.shards import checked_shards, ensure_base_shards, read_shards
+    from raycpt.train.checkpoint import weights_dtype
+
+    dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
+    root = run_root(cfg.tracking) / "base_shards"
+
+    def write() -> None:
+        try:
+            read_shards(ensure_base_shards(model_path, root, dtype))
+        except Exception as e:  # noqa: BLE001 - the first trial writes them again and reports what fails
+            log.debug("base shards ahead of the trials: %s", e)
+
+    thread = threading.Thread(target=write, name="raycpt-base-shards", daemon=True)
+    thread.start()
+
+    def ready() -> dict:
+        thread.join()
+        return checked_shards()
+
+    try:
+        yield ready
+    finally:
+        thread.join()
+
+
+def drop_checkpoints(run_dir: Path) -> list[Path]:
+    """Delete every checkpoint of a finished run (weights and optimizer state): ``final_model/`` holds what it
+    trained and nothing resumes a finished run (``train.keep_finished_checkpoints: false``)."""
+    ray_dir = Path(run_dir, "ray")  # with the half-written ones a killed local-mode run left (.raycpt-ckpt-*)
+    gone = [d for d in [*ray_dir.glob("*/checkpoint_*"), *ray_dir.glob("*/.raycpt-ckpt-*")] if d.is_dir()]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone

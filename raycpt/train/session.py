@@ -191,7 +191,7 @@ def store_blocks(config: dict, key: str = "store") -> PackedBlocks:
 
 class InProcessSession(_Session):
     """One worker in the process that calls ``TorchTrainer.fit()``: Train V2's local mode
-    (``ScalingConfig(num_workers=0)``, :func:`raycpt.train.launch.local_mode`). World size 1, the CPU; Ray keeps
+    (``ScalingConfig(num_workers=0)``, :func:`raycpt.train.prepare.local_mode`). World size 1, the CPU; Ray keeps
     no checkpoint there (and its ``ray.train`` calls refuse to run inside a Tune trial), so this session writes
     each checkpoint beside its place, ``<checkpoint_root>/checkpoint_<step>``, renames it in and keeps the
     newest ``keep``: the same folders a worker group's checkpoints land in, so resume finds them alike."""

@@ -23,7 +23,7 @@ EVAL_RESULT_FILE = "eval_result.json"
 @dataclass(frozen=True)
 class EvalRequest:
     """Evaluate the final weights in the training worker (``run_training(evaluate=...)``) with the loop
-    config's own ``cfg.eval``; :func:`raycpt.train.launch.final_evaluation` reads what it wrote."""
+    config's own ``cfg.eval``; :func:`raycpt.train.final_eval.final_evaluation` reads what it wrote."""
 
     out_dir: str
     """Folder of the evaluation files and ``eval_result.json``."""
@@ -39,7 +39,7 @@ def eval_model(w: _Worker) -> tuple[Any, Optional[_Session]]:
 
     One dtype for both evaluation paths: the trained weights in the dtype the checkpoint stores them in
     (:func:`weights_dtype`: bf16 when training in bf16), which is what evaluating the saved model scores
-    (:func:`raycpt.train.launch.final_evaluation` loads it in that dtype). DDP / one worker: the model
+    (:func:`raycpt.train.final_eval.final_evaluation` loads it in that dtype). DDP / one worker: the model
     itself, cast in place (training is over), every rank a share of the questions. FSDP: the full state
     is gathered (every rank takes part), rank 0 evaluates a plain copy alone on its device; the other
     ranks return (None, None)."""
@@ -65,7 +65,7 @@ def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Op
                        ) -> Optional[Path]:
     """Evaluate the trained model where it already is (this worker's device and threads), with the
     eval bridge, and write ``<out_dir>/eval_result.json`` (``EvalResult.to_dict()``, the flat ``metrics``,
-    ``heldout_loss``); :func:`raycpt.train.launch.final_evaluation` reads it.
+    ``heldout_loss``); :func:`raycpt.train.final_eval.final_evaluation` reads it.
 
     With several workers (``session.world_size > 1``) every rank evaluates its share of the
     questions (``evaluate_model(shard=(rank, world))``), rank 0 gathers them

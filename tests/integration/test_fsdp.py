@@ -242,7 +242,7 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
     final_evaluation and by `raycpt eval`."""
     from raycpt.config import config_from_dict
     from raycpt.train.publish import publish_model
-    from raycpt.train.launch import final_evaluation, saved_dtype
+    from raycpt.train.final_eval import final_evaluation, saved_dtype
     from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
 
     root, _ = runs

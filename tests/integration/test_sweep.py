@@ -134,7 +134,7 @@ def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, 
     from transformers import AutoModelForCausalLM
 
     from raycpt.evaluate import evaluate_model
-    from raycpt.train.launch import final_evaluation
+    from raycpt.train.final_eval import final_evaluation
     from raycpt.train.worker_eval import EvalRequest
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir)

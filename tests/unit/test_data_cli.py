@@ -80,7 +80,7 @@ def test_prepare_packs_a_store_smaller_than_a_training_run_needs(tmp_path):
     whatever train.* says (no faked training shape); a training run checks its own need."""
     from raycpt.config import load_config
     from raycpt.errors import RaycptError
-    from raycpt.train.launch import packed_corpus
+    from raycpt.data.run_store import packed_corpus
 
     tiny = save_tiny(tmp_path / "tiny")
     corpus = tmp_path / "small.jsonl"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raycpt.config import load_config
-from raycpt.train.launch import saved_dtype, saved_model_load
+from raycpt.train.final_eval import saved_dtype, saved_model_load
 
 EVAL = ["eval.tasks=[wordnet_mc]", "eval.modes=[logit]", "eval.limit=6", "eval.batch_size=4"]
 
@@ -44,7 +44,7 @@ def test_saved_model_load_is_the_saved_dtype_on_the_reserved_device(published_bf
 def test_raycpt_eval_scores_the_saved_model_as_final_evaluation_does(published_bf16, tmp_path):
     from raycpt.evaluate import evaluate_model
     from raycpt.jobs.eval import _eval_remote, evaluate_checkpoints
-    from raycpt.train.launch import final_evaluation
+    from raycpt.train.final_eval import final_evaluation
     from raycpt.train.worker_eval import EvalRequest
 
     cfg = load_config(None, EVAL)

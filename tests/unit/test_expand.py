@@ -81,7 +81,7 @@ def test_after_a_step_only_the_new_blocks_changed(tmp_path):
 def test_the_launcher_builds_the_expanded_model_once_and_the_loop_trains_it(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYCPT_CACHE", str(tmp_path / "cache"))
     base_dir = save_tiny(tmp_path / "base", num_layers=4)
-    from raycpt.train.launch import prepare_plan, resolve_model_path
+    from raycpt.train.prepare import prepare_plan, resolve_model_path
 
     cfg = load_config(None, [f"model.ref={base_dir}", "data.seq_len=16", "plan.name=expand", "plan.expand_blocks=2",
                              "train.max_steps=3", "train.checkpoint_every=3", "train.lr=0.01",

@@ -93,7 +93,7 @@ def test_each_interval_trains_its_draw_and_resets_layer_state(tiny_dir, tmp_path
     # the count one step trains, as the sweep's table shows it: G layers + the always-trained tensors, by hand
     from raycpt.report.train import read_events
     from raycpt.strategies import LayerPlan
-    from raycpt.train.launch import per_step_trainable
+    from raycpt.train.result import per_step_trainable
 
     base = _weights_of_base(tiny_dir)
     one_layer = sum(v.numel() for k, v in base.items() if ".layers.0." in k)
@@ -132,7 +132,7 @@ def test_the_freeze_check_runs_per_interval(tiny_dir, tmp_path):
 
 
 def test_lisa_on_several_workers_is_refused(tiny_dir):
-    from raycpt.train.launch import prepare_plan
+    from raycpt.train.prepare import prepare_plan
 
     cfg = load_config(None, [f"model.ref={tiny_dir}", "plan.name=lisa", "train.num_workers=2"])
     with pytest.raises(RaycptError, match="plan.name=lisa trains on one worker"):

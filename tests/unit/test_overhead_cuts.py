@@ -85,7 +85,7 @@ def test_every_evaluation_record_has_the_heldout_seconds(tiny_dir, tmp_path):
     """The untrained base of a scan is evaluated by ``final_evaluation``, the trained trials in their worker: both
     write the held-out loss's seconds, which the overhead benchmark counts as computation."""
     from raycpt.config import load_config
-    from raycpt.train.launch import final_evaluation
+    from raycpt.train.final_eval import final_evaluation
     from raycpt.train.worker_eval import EvalRequest
 
     blocks = tmp_path / "heldout.json"

@@ -36,7 +36,7 @@ def test_a_freed_step_allocation_is_in_the_peak_and_the_next_step_forgets_it():
 
 def test_train_result_peak_and_lisa_count_from_records():
     from raycpt.strategies import LayerPlan
-    from raycpt.train.launch import peak_of, per_step_trainable
+    from raycpt.train.result import peak_of, per_step_trainable
 
     assert peak_of([{"step": 1, "peak_memory_mb": 10.5}, {"step": 2}, {"step": 3, "peak_memory_mb": 12.0}]) == 12.0
     assert peak_of([{"step": 1}]) is None

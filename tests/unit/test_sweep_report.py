@@ -372,6 +372,7 @@ def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
     from raycpt.config import TrackingConfig
     from raycpt.jobs.sweep import log_summary
     from raycpt.report.sweep import write_summary
+    from raycpt.runs import Run
     from raycpt.tracking import ensure_store
 
     (tmp_path / "runs").mkdir()
@@ -383,7 +384,8 @@ def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
     for _ in range(2):  # a finished sweep summarised again (--resume) logs the table once
         trace = {"split_scores": {"0.5": 0.1}}
         s = write_summary(tmp_path / "run", _one_seed_trials(), trace, 30, domain=["wn"], general=["gen_bench"])
-        log_summary(SimpleNamespace(client=client, run_id=parent), s["files"], trace, s)
+        log_summary(Run(SimpleNamespace(tracking=cfg), "sweep", tmp_path / "run", parent, client, False, exp),
+                    s["files"], trace, s)
     import json
 
     from mlflow.artifacts import download_artifacts
