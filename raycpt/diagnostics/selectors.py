@@ -25,16 +25,65 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
 
+from raycpt.strategies import write_ranking
 
-METHODS = ("bi", "snr", "layertracer", "random")
-METRICS = {"bi": "block_influence", "snr": "weight_snr", "layertracer": "ls_norm_minus_tp_norm",
-           "random": "random"}
+
+# ------------------------------------------------------------------------------------ the registry
+@dataclass(frozen=True)
+class SelectorInputs:
+    """What a selector may read (each reads only what its :attr:`Selector.needs` names): the model and its decoder
+    layers, corpus blocks as ``(B, T)`` token-id arrays with the batch size, a trace's normalised profiles, the
+    number of layers, the seed and Spectrum's normalisation switch."""
+
+    num_layers: int
+    model: object = None
+    layers: object = None
+    blocks: object = None
+    batch: int = 8
+    tp_norm: object = None
+    ls_norm: object = None
+    seed: int = 0
+    normalize: bool = False
+    advance: Callable[[int], None] = field(default=lambda n: None)
+
+
+@dataclass(frozen=True)
+class Selector:
+    """One layer selector: its name (``select.method``), the ranking file's metric, what it needs (``weights``:
+    the model; ``blocks``: the model and corpus blocks; ``trace``: a trace's profiles; ``seed``: nothing else) and
+    its score function of :class:`SelectorInputs`."""
+
+    name: str
+    metric: str
+    needs: str
+    score: Callable[[SelectorInputs], np.ndarray]
+
+
+SELECTORS: dict[str, Selector] = {}
+"""THE selector registry (``raycpt select``, ``--budget``'s rankings), in registration order."""
+
+
+def register_selector(name: str, metric: str, needs: str):
+    def deco(fn):
+        SELECTORS[name] = Selector(name, metric, needs, fn)
+        return fn
+
+    return deco
+
+
+def select_scores(method: str, inputs: SelectorInputs) -> np.ndarray:
+    """The ``(N,)`` scores of the registered selector ``method``: the one path every caller takes."""
+    scores = np.asarray(SELECTORS[method].score(inputs), dtype=np.float64)
+    if scores.shape != (inputs.num_layers,):
+        raise RuntimeError(f"selector {method}: {scores.shape} scores for {inputs.num_layers} layers")
+    return scores
 
 
 # ------------------------------------------------------------------------------------ block influence
@@ -93,6 +142,19 @@ def block_influence(model, layers, batches: Iterable[tuple[torch.Tensor, Optiona
     return block_influence_from_cosines(cos, masks)
 
 
+@register_selector("bi", "block_influence", "blocks")
+def block_influence_of_blocks(x: SelectorInputs) -> np.ndarray:
+    """Block Influence over corpus blocks of equal length, ``x.batch`` at a time (:func:`block_influence` per
+    batch, averaged with the batches' block counts as weights: every token weighs the same)."""
+    parts, sizes = [], []
+    for s in range(0, len(x.blocks), x.batch):
+        ids = torch.as_tensor(np.asarray(x.blocks[s:s + x.batch]), dtype=torch.long)
+        parts.append(block_influence(x.model, x.layers, [(ids, None)]))
+        sizes.append(len(ids))
+        x.advance(len(ids))
+    return np.average(np.stack(parts), axis=0, weights=sizes)
+
+
 # ------------------------------------------------------------------------------------ weight SNR
 def mp_edge(sigma: float, shape: tuple[int, int]) -> float:
     """Marchenko-Pastur upper edge of a noise matrix's singular values: ``sigma * (1 + sqrt(beta))``."""
@@ -120,6 +182,11 @@ def layer_matrices(layer: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+@register_selector("snr", "weight_snr", "weights")
+def _snr(x: SelectorInputs) -> np.ndarray:
+    return weight_snr(x.layers, normalize=x.normalize)
+
+
 def weight_snr(layers, normalize: bool = False) -> np.ndarray:
     """Per decoder layer: the mean of :func:`matrix_snr` over its 2-D weights (NaN for a layer without any)."""
     out = np.full(len(layers), math.nan)
@@ -136,25 +203,41 @@ def layertracer_scores(tp_norm, ls_norm) -> np.ndarray:
     return np.asarray(ls_norm, dtype=np.float64) - np.asarray(tp_norm, dtype=np.float64)
 
 
+@register_selector("layertracer", "ls_norm_minus_tp_norm", "trace")
+def _layertracer(x: SelectorInputs) -> np.ndarray:
+    return layertracer_scores(x.tp_norm, x.ls_norm)
+
+
+@register_selector("random", "random", "seed")
+def _random(x: SelectorInputs) -> np.ndarray:
+    return random_scores(x.num_layers, x.seed)
+
+
 def random_scores(num_layers: int, seed: int) -> np.ndarray:
     """A seeded uniform score per layer: the random-k control (same seed, same ranking)."""
     return np.random.default_rng(int(seed)).random(int(num_layers))
 
 
 # ------------------------------------------------------------------------------------ rankings
-def top_k(scores, k: int) -> list[int]:
-    """The ``k`` best layers (score descending, ties: lower layer first, NaN last), in layer order."""
+def ranking_order(scores) -> list[int]:
+    """The layers best first: score descending, ties lower layer first, NaN and infinities last."""
     s = np.asarray(scores, dtype=np.float64)
-    order = sorted(range(len(s)), key=lambda i: (0, -s[i], i) if np.isfinite(s[i]) else (1, 0.0, i))
-    return sorted(order[:int(k)])
+    return sorted(range(len(s)), key=lambda i: (0, -s[i], i) if np.isfinite(s[i]) else (1, 0.0, i))
+
+
+def top_k(scores, k: int) -> list[int]:
+    """The ``k`` best layers (:func:`ranking_order`), in layer order."""
+    return sorted(ranking_order(scores)[:int(k)])
 
 
 def write_selection(path, model: str, method: str, scores, k: Optional[int] = None,
                     extra: Optional[dict] = None) -> Path:
     """Write ``scores`` as a ranking file (best first) with the method, and ``k`` / the top-k when given."""
-    from raycpt.strategies import write_ranking
-
     s = np.asarray(scores, dtype=np.float64)
     more = {"method": method, **({"k": int(k), "top_k": top_k(s, k)} if k is not None else {}), **(extra or {})}
-    return write_ranking(path, model, len(s), {i: float(v) for i, v in enumerate(s)}, metric=METRICS[method],
+    return write_ranking(path, model, len(s), {i: float(v) for i, v in enumerate(s)}, metric=SELECTORS[method].metric,
                          extra=more)
+
+
+METHODS = tuple(SELECTORS)
+METRICS = {name: sel.metric for name, sel in SELECTORS.items()}

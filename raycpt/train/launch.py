@@ -32,9 +32,19 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, config_to_dict, save_config
 from raycpt.data.run_store import packed_corpus, replay_corpus
 from raycpt.errors import RaycptError, environment_error
+from raycpt.io import atomic_write_json, run_root
+from raycpt.models.shards import ensure_base_shards
+from raycpt.report.progress import StepProgress
+from raycpt.report.train import plot_loss_curve, read_events, read_step_records
+from raycpt.runs import command_run, config_params, ended_state, read_state, write_state
 from raycpt.strategies import LayerPlan
 from raycpt.tracking import adopt_lost
+from raycpt.tracking import tracking_uri
+from raycpt.train.callbacks import callbacks_for
+from raycpt.train.failures import raycpt_failure_policy
+from raycpt.train.loop import STATUS_FILE, train_loop_per_worker
 from raycpt.train.manifest import read_manifest
+from raycpt.train.metrics_log import METRICS_FILE
 from raycpt.train.prepare import check_train_config, local_mode, prepare_plan, resolve_model_path
 from raycpt.train.publish import drop_checkpoints, prune_checkpoints, publish_model, sweep_leftovers, verify_model_folder
 from raycpt.train.result import (TrainResult, _read_json, _result_from_files, _start_pid, _tokens_per_s,
@@ -49,8 +59,6 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------ launch
 
 def _make_absolute(cfg: ExperimentConfig) -> None:
-    from raycpt.tracking import run_root, tracking_uri
-
     cfg.tracking.run_root = str(run_root(cfg.tracking))
     cfg.tracking.uri = tracking_uri(cfg.tracking)
 
@@ -102,8 +110,6 @@ def run_training(cfg: ExperimentConfig, run=None, *, run_dir: Optional[Path] = N
     :func:`_summarize` (loss curve, metrics, result)."""
     import ray
 
-    from raycpt.runs import command_run
-
     if not ray.is_initialized():
         raise RuntimeError("run_training needs Ray: call it inside raycpt.runtime.ray_session(cfg.ray)")
     opts = dict(name=name, progress=progress, faults=faults, callbacks=callbacks, evaluate=evaluate,
@@ -118,11 +124,6 @@ def run_training(cfg: ExperimentConfig, run=None, *, run_dir: Optional[Path] = N
 
 def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=None, progress=False, faults=None,
                 callbacks=None, evaluate=None, in_process=False, prep: Optional[_Prepared] = None) -> TrainResult:
-    from raycpt.report.train import read_events
-    from raycpt.runs import ended_state, write_state
-    from raycpt.train.loop import STATUS_FILE
-    from raycpt.train.metrics_log import METRICS_FILE
-
     t_start = time.time()
     state = _open_run(cfg, run_dir, resume)
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
@@ -167,17 +168,12 @@ def _base_shards(cfg: ExperimentConfig, prep: "_Prepared"):
     per-layer shards folder (written once per run root); None = publish by copy."""
     if cfg.train.publish != "reference":
         return None
-    from raycpt.io import run_root
-    from raycpt.models.shards import ensure_base_shards
-
     return lambda dtype: ensure_base_shards(prep.model_path, run_root(cfg.tracking) / "base_shards", dtype)
 
 
 def _open_run(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
     """The training folder (made; config saved unless a resume keeps the one it was made with; paths absolute)
     and its ``state.json``."""
-    from raycpt.runs import read_state
-
     _make_absolute(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     sweep_leftovers(run_dir / FINAL_MODEL)  # a publish killed mid-way (kill -9) left its hidden copy
@@ -209,8 +205,6 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
 def _log_start(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared) -> None:
     """The config, the plan and the corpus size on the run (a value the run has already is kept: a resumed run
     whose overrides changed a param)."""
-    from raycpt.runs import config_params
-
     run.log_params(config_params(cfg))
     run.set_tags({"raycpt.plan": prep.plan.describe()[:5000], "raycpt.run_dir": str(run_dir)})
     run.log_params({"model_path": prep.model_path[:500], "corpus_blocks": prep.n_blocks,
@@ -221,8 +215,6 @@ def _log_start(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared) -> No
 def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run, ray_name: str,
                  faults: Optional[dict], callbacks: Optional[list], evaluate: Optional[EvalRequest]) -> dict:
     """The workers' config (:func:`raycpt.train.loop.run_loop`); an old evaluation file is removed."""
-    from raycpt.train.callbacks import callbacks_for
-
     loop_config = {
         "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
         "mlflow": {"uri": cfg.tracking.uri, "run_id": run.run_id if run.live() else None,
@@ -243,11 +235,6 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
     """Build the ``TorchTrainer`` and run it with the step bar; a worker's RaycptError stays one line."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-
-    from raycpt.report.progress import StepProgress
-    from raycpt.train.failures import raycpt_failure_policy
-    from raycpt.train.loop import train_loop_per_worker
-    from raycpt.train.metrics_log import METRICS_FILE
 
     t = cfg.train
     resources = {"CPU": t.cpus_per_worker}
@@ -276,9 +263,6 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
 
 def _check_status(run_dir: Path) -> None:
     """One line (RaycptError) when the workers stopped on a non-finite loss or gradient norm."""
-    from raycpt.runs import write_state
-    from raycpt.train.loop import STATUS_FILE
-
     status = _read_json(run_dir / STATUS_FILE)
     if status.get("status") == "nonfinite":
         last = latest_checkpoint(run_dir)
@@ -309,10 +293,6 @@ def _publish(run_dir: Path, keep: int, base_shards=None, link: bool = False) -> 
 def _summarize(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared, ckpt_dir: Path,
                t_start: float) -> TrainResult:
     """The loss curve, final metrics and ``train_result.json`` from the workers' step records."""
-    from raycpt.io import atomic_write_json
-    from raycpt.report.train import plot_loss_curve, read_events, read_step_records
-    from raycpt.train.metrics_log import METRICS_FILE
-
     final_dir, plan = run_dir / FINAL_MODEL, prep.plan
     records, events = read_step_records(run_dir / METRICS_FILE), read_events(run_dir / METRICS_FILE)
     steps = [int(r["step"]) for r in records]

@@ -19,6 +19,9 @@ from raycpt.models.shards import INDEX_FILE, read_shards, read_tensors, write_re
 from raycpt.train.manifest import (MODEL_DIR, _sha256, checkpoint_step, find_checkpoints, read_manifest,
                                    verify_checkpoint, write_manifest)
 from raycpt.train.prepare import local_mode
+from raycpt.io import run_root
+from raycpt.models.shards import checked_shards, ensure_base_shards
+from raycpt.train.checkpoint import weights_dtype
 
 log = logging.getLogger(__name__)
 
@@ -182,10 +185,6 @@ def base_shards_ahead(cfg: ExperimentConfig, model_path: str):
     if not local_mode(cfg, in_process=True):
         yield lambda: {}
         return
-    from raycpt.io import run_root
-    from raycpt.models.shards import checked_shards, ensure_base_shards, read_shards
-    from raycpt.train.checkpoint import weights_dtype
-
     dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
     root = run_root(cfg.tracking) / "base_shards"
 
