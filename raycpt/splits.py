@@ -32,6 +32,15 @@ def split_index(ratio, num_layers: int) -> int:
     return int(math.floor(exact_ratio(ratio) * num_layers + Fraction(1, 2)))
 
 
+RULE = "b = floor(r*N + 1/2)"
+"""THE wording of the split rule, wherever it is printed (plans, docs, configs)."""
+
+
+def rule_line(ratio, num_layers: int) -> str:
+    """The rule with its numbers, e.g. ``b = floor(0.5*28 + 1/2) = 14``."""
+    return f"b = floor({float(ratio):g}*{num_layers} + 1/2) = {split_index(ratio, num_layers)}"
+
+
 def parse_ratio(text: str) -> float:
     """``"0.66"`` -> 0.66, ``"2/3"`` -> 0.666... (an exact fraction, which :func:`split_index` recovers);
     ValueError for anything else."""

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from raycpt.errors import RaycptError
-from raycpt.splits import check_split
+from raycpt.splits import check_split, rule_line
 from raycpt.strategies.rankings import read_ranking
 from raycpt.strategies.registry import PlanSpec, _check_layer, register_plan
 
@@ -24,14 +24,14 @@ def _full(pcfg, n: int) -> PlanSpec:
 @register_plan("train_shallow", takes_split=True)
 def _train_shallow(pcfg, n: int) -> PlanSpec:
     b = check_split(pcfg.split, n, "plan.split")
-    return PlanSpec(range(0, b), notes=[f"split {pcfg.split:g}: b = round({pcfg.split:g}*{n}) = {b}; "
+    return PlanSpec(range(0, b), notes=[f"split {pcfg.split:g}: {rule_line(pcfg.split, n)}; "
                                         f"layers 0..{b - 1} train, {b}..{n - 1} frozen"])
 
 
 @register_plan("train_deep", takes_split=True)
 def _train_deep(pcfg, n: int) -> PlanSpec:
     b = check_split(pcfg.split, n, "plan.split")
-    return PlanSpec(range(b, n), notes=[f"split {pcfg.split:g}: b = round({pcfg.split:g}*{n}) = {b}; "
+    return PlanSpec(range(b, n), notes=[f"split {pcfg.split:g}: {rule_line(pcfg.split, n)}; "
                                         f"layers 0..{b - 1} frozen, {b}..{n - 1} train"])
 
 

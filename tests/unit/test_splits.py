@@ -52,3 +52,21 @@ def test_config_and_cli_accept_fractions(tmp_path):
     assert math.isclose(qwen.trace.splits[2], 2 / 3)
     with pytest.raises(ConfigError):
         load_config(None, ["sweep.splits=1/x"])
+
+
+def test_the_rule_is_worded_one_way_wherever_it_is_printed():
+    """The plans print the rule with its numbers (worked by hand: 0.5 of 5 layers, 2/3 of 28); no config, doc
+    or module words it as Python's ``round`` (half to even), which gives 2 layers where the rule gives 3."""
+    import re
+    from pathlib import Path
+
+    from raycpt.splits import RULE, rule_line
+
+    assert RULE == "b = floor(r*N + 1/2)"
+    assert rule_line(0.5, 5) == "b = floor(0.5*5 + 1/2) = 3"
+    assert rule_line(2 / 3, 28) == "b = floor(0.666667*28 + 1/2) = 19"
+    root = Path(__file__).resolve().parents[2]
+    files = [*root.glob("raycpt/**/*.py"), *root.glob("docs/*.md"), *root.glob("configs/*.yaml"), root / "README.md"]
+    wrong = [f"{f.relative_to(root)}: {m.group(0)}" for f in files
+             for m in re.finditer(r"b = round\(|round\(r[ *·]|round\(rN\)", f.read_text(encoding="utf-8"))]
+    assert wrong == []
