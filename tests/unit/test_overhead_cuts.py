@@ -163,7 +163,7 @@ def test_log_points_logs_every_finite_point_in_batches(tmp_path):
 
     import mlflow
 
-    from raycpt.tracking import log_points, log_series
+    from raycpt.tracking import log_points
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'm.db'}")
     client = mlflow.tracking.MlflowClient()
@@ -177,10 +177,9 @@ def test_log_points_logs_every_finite_point_in_batches(tmp_path):
             for k in ("l2_change", "contribution")}
     assert hist["l2_change"] == [(i, i / 7) for i in range(1200) if i != 5]
     assert hist["contribution"] == [(i, 1.0 - i) for i in range(300) if i != 3]
-    with mlflow.start_run(run_id=client.create_run(exp).info.run_id) as active:
-        assert log_series([("x", 2, 0.5), ("x", 1, math.pi)]) == 2
-    assert sorted((m.step, m.value) for m in client.get_metric_history(active.info.run_id, "x")) == [(1, math.pi),
-                                                                                                    (2, 0.5)]
+    other = client.create_run(exp).info.run_id
+    assert log_points(client, other, [("x", 2, 0.5), ("x", 1, math.pi)]) == 2
+    assert sorted((m.step, m.value) for m in client.get_metric_history(other, "x")) == [(1, math.pi), (2, 0.5)]
 
 
 def test_state_json_says_how_a_run_ended_when_the_disk_has_no_room_for_a_temporary_file(tmp_path, monkeypatch):
