@@ -106,6 +106,15 @@ def max_diffs(ours: list[dict], ref: list[dict]) -> tuple[dict[str, float], bool
     return diffs, all(np.array_equal(o["t_star"], r["t_star"]) for o, r in zip(ours, ref))
 
 
+def worst_djs_where(ours: list[dict], ref: list[dict]) -> str:
+    """Where the largest dJS difference sits: its layer and the JS(l-1) it divides by (the naive side's)."""
+    a = np.concatenate([o["djs"] for o in ours])
+    r = np.concatenate([o["djs"] for o in ref])
+    js = np.concatenate([o["js"] for o in ref])
+    row, col = np.unravel_index(int(np.argmax(np.abs(a - r))), a.shape)
+    return f"largest dJS difference at perturbation {col + 1} of {a.shape[1] + 1}, where JS(l-1) = {js[row, col]:.2e}"
+
+
 def float64_agreement(model, stack, enc, pad, args) -> tuple[dict[str, float], bool, int]:
     """Both sides on a float64 copy of the model, over the first ``args.agree_prompts`` prompts (not timed)."""
     m64 = copy.deepcopy(model).double()
@@ -185,7 +194,7 @@ def main(argv=None) -> int:
     print(f"speed-up: {t_naive / t_ours:.2f} by wall time, {c_naive / c_ours:.2f} by process CPU time "
           f"(RESULT uses {args.clock})")
     print("float32 (the timed run, informative): max abs diff " + ", ".join(f"{k} {v:.2e}" for k, v in diffs32.items())
-          + f"; t* identical: {same32}")
+          + f"; t* identical: {same32}; {worst_djs_where(ours, ref)}")
     diffs, same_t, n_agree = float64_agreement(model, stack, enc, pad, args)
     worst = max(diffs.values())
     print(f"float64 ({n_agree} prompts): max abs diff " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
