@@ -23,7 +23,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 GROUPS = {"config": "Show or validate a config.", "models": "Resolve model references into the local cache.",
           "plan": "Layer plans: which layers train.", "hybrid": "Hybrid builds: new layers + pretrained donor layers.",
           "data": "The packed-token corpus store: pack once, reuse everywhere.",
-          "runs": "Run folders: record what a command left in its run folder."}
+          "runs": "Run folders: record what a command left in its run folder.",
+          "cluster": "Cluster files: what still stops a first launch."}
 groups = {name: typer.Typer(no_args_is_help=True, help=text) for name, text in GROUPS.items()}
 for _name, _group in groups.items():
     app.add_typer(_group, name=_name)
@@ -205,6 +206,20 @@ def _command(name: str, row: Row):
 
 for _name, _row in COMMANDS.items():
     _command(_name, _row)
+
+
+@groups["cluster"].command("check")
+def _cluster_check(files: List[str] = typer.Argument(..., help="cluster-launcher YAML or Kubernetes manifest(s)")):
+    """Refuse a launcher YAML or manifest that still holds an example AMI, fs-EXAMPLE, an example registry or a
+    region other than provider.region: one line each, exit 2 (a file, not a config: no CONFIG.yaml here)."""
+    from raycpt.cluster import cluster_check_lines
+
+    code, ok, problems = cluster_check_lines(files)
+    for line in ok:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in problems:
+        err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
 
 
 @app.callback(invoke_without_command=True)

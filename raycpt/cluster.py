@@ -17,6 +17,7 @@ This module imports only :mod:`raycpt.config` and :mod:`raycpt.errors` (tracking
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -250,3 +251,137 @@ def node_tags() -> dict[str, str]:
         return {"raycpt.node_id": ctx.get_node_id(), "raycpt.node_ip": ray.util.get_node_ip_address()}
     except Exception:  # noqa: BLE001 - tags are informative; never fail a trial on them
         return {}
+
+
+# ------------------------------------------------------------------------------------- `raycpt cluster check`
+#: AMI ids that AWS's own documentation prints as examples: none is an image anyone should boot
+EXAMPLE_AMIS = {
+    "ami-09ee1a996ac214ce7": "the example output of AWS's DLAMI guide (\"Finding the ID of a DLAMI\", us-east-1)",
+    "ami-0abcdef1234567890": "the placeholder of AWS's EC2 and CLI documentation",
+    "ami-1234567890abcdef0": "the placeholder of AWS's EC2 and CLI documentation",
+    "ami-0123456789abcdef0": "the placeholder of AWS's EC2 documentation",
+    "ami-12345678": "the placeholder of AWS's EC2 documentation",
+}
+_AMI = re.compile(r"\bami-[0-9a-f]{8,17}\b")
+_FAKE_HEX = re.compile(r"0123456789|123456789012|abcdef|1a2b3c4d|deadbeef")
+_EFS = re.compile(r"\bfs-[A-Za-z0-9]+\b")
+_CR = re.compile(r"\bcr-[A-Za-z0-9]+\b")
+_ECR = re.compile(r"\b(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com\b")
+_EFS_HOST = re.compile(r"\bfs-[0-9a-f]+\.efs\.([a-z0-9-]+)\.amazonaws\.com\b")
+_REGION_ARG = re.compile(r"(?:--region[ =]|\bREGION=|\bAWS_REGION=|\bAWS_DEFAULT_REGION=)\"?"
+                         r"([a-z]{2}(?:-gov)?-[a-z]+-\d)\b")
+_REGION = re.compile(r"\b([a-z]{2}(?:-gov)?-[a-z]+-\d)\b")
+_IMAGE = re.compile(r"^\s*(?:-\s*)?image:\s*[\"']?([^\s\"'#]+)")
+_EXAMPLE_HOST = re.compile(r"(^|[./@])(example\.(com|org|net)|[a-z0-9-]+\.example|your[-_]?registry|my[-_]?registry)"
+                           r"([:/]|$)", re.I)
+#: AWS account ids that AWS's documentation uses as examples
+EXAMPLE_ACCOUNTS = ("123456789012", "111122223333", "012345678901", "000000000000")
+
+
+def _provider_region(text: str) -> Optional[str]:
+    import yaml
+
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise RaycptError(f"not a YAML file{where}: {getattr(e, 'problem', None) or e}") from None
+    if not docs:
+        raise RaycptError("no YAML mapping in the file: give a cluster-launcher YAML or a Kubernetes manifest")
+    provider = next((d.get("provider") for d in docs if isinstance(d.get("provider"), dict)), None)
+    region = (provider or {}).get("region")
+    return str(region) if region else None
+
+
+def _line_problems(line: str, comment: str, region: Optional[str]) -> list[str]:
+    """Placeholders and region mismatches of one line (``line``: its text before any ``#`` comment)."""
+    out = []
+    for ami in _AMI.findall(line):
+        if ami in EXAMPLE_AMIS:
+            out.append(f"ImageId {ami} is {EXAMPLE_AMIS[ami]}, not an AMI of your account and region: write the "
+                       "current one (cluster/set-ami.sh REGION)")
+        elif _FAKE_HEX.search(ami[4:]):
+            out.append(f"ImageId {ami} looks like a documentation placeholder: write a real AMI (cluster/set-ami.sh)")
+        elif region and "ImageId" in line:
+            named = _REGION.findall(comment)
+            if named and named[0] != region:
+                out.append(f"ImageId {ami} is the AMI of {named[0]} (its comment), provider.region is {region}: AMI "
+                           "ids are per region (cluster/set-ami.sh)")
+    for fs in _EFS.findall(line):
+        if fs.lower().startswith("fs-example") or _FAKE_HEX.search(fs[3:].lower()):
+            out.append(f"file system {fs} is a placeholder: write your EFS/FSx id")
+    for cr in _CR.findall(line):
+        if cr.lower().startswith("cr-example") or _FAKE_HEX.search(cr[3:].lower()):
+            out.append(f"capacity reservation {cr} is a placeholder: write the id of your Capacity Block or "
+                       "reservation")
+    out += _registry_problems(line, region)
+    return out
+
+
+def _registry_problems(line: str, region: Optional[str]) -> list[str]:
+    out = []
+    m = _IMAGE.match(line)
+    refs = [m.group(1)] if m else []
+    refs += re.findall(r"\bREGISTRY=\"?([^\s;\"]+)", line)
+    for ref in refs:
+        host = ref.split("/")[0] if "/" in ref or "REGISTRY=" in line else ""
+        if host and _EXAMPLE_HOST.search(host):
+            out.append(f"registry {host} is an example: write your registry (cluster/image.env, then "
+                       "cluster/set-image.sh)")
+    for account, ecr_region in _ECR.findall(line):
+        if account in EXAMPLE_ACCOUNTS:
+            out.append(f"registry {account}.dkr.ecr.{ecr_region}.amazonaws.com names AWS's example account "
+                       f"{account}: write your account's registry")
+        elif region and ecr_region != region:
+            out.append(f"registry {account}.dkr.ecr.{ecr_region}.amazonaws.com is in {ecr_region}, provider.region "
+                       f"is {region}: push the image to the cluster's region (or move the cluster)")
+    for account in EXAMPLE_ACCOUNTS:
+        if re.search(rf"arn:aws[a-z-]*:[a-z0-9-]+:[a-z0-9-]*:{account}:", line):
+            out.append(f"ARN with AWS's example account {account}: write your account id")
+    if region:
+        for efs_region in _EFS_HOST.findall(line):
+            if efs_region != region:
+                out.append(f"file system host in {efs_region}, provider.region is {region}: EFS mounts only "
+                           "within its region")
+        for arg in _REGION_ARG.findall(line):
+            if arg != region:
+                out.append(f"region {arg} in a command, provider.region is {region}")
+    return out
+
+
+def check_cluster_file(path) -> list[str]:
+    """Every placeholder or region mismatch left in a cluster-launcher YAML or Kubernetes manifest, one
+    ``FILE:LINE: what`` line each (empty: nothing found): AWS's documentation AMIs, ``fs-EXAMPLE`` and other
+    placeholder file systems and capacity reservations, example registries and accounts, and an AMI (its
+    comment), ECR registry, EFS host or ``--region`` that is not the launcher's ``provider.region``. Reads the
+    file only; raises one line (:class:`RaycptError`) when it is missing or not YAML."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RaycptError(f"cluster check {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        region = _provider_region(text)
+    except RaycptError as e:
+        raise RaycptError(f"cluster check {path}: {e}") from None
+    problems = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        code, _, comment = raw.partition(" #") if not raw.lstrip().startswith("#") else ("", "", raw)
+        for what in _line_problems(code, comment, region):
+            problems.append(f"{path}:{n}: {what}")
+    return problems
+
+
+def cluster_check_lines(paths: list[str]) -> tuple[int, list[str], list[str]]:
+    """``raycpt cluster check FILE...``: (exit code, lines for stdout, lines for stderr). Exit 2 with one line per
+    problem; exit 0 with one line per clean file."""
+    problems, ok = [], []
+    for p in paths:
+        found = check_cluster_file(p)
+        problems += found
+        if not found:
+            region = _provider_region(Path(p).read_text())
+            where = f"every region is provider.region {region}" if region else "no provider.region (a manifest)"
+            ok.append(f"{p}: no placeholder left; {where}")
+    return (2 if problems else 0), ok, problems

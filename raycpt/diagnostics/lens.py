@@ -15,14 +15,21 @@ from typing import Sequence
 import torch
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """Logits for the divergences: float32 from a bf16/float16/float32 model, float64 kept from a float64 one (the
+    precision a float64 reference run, such as benchmarks/bench_trace.py's agreement check, asks for)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def gather_last(hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     """``hidden[b, last[b]]`` for every row: (batch, seq, d) -> (batch, d)."""
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
 
 
 def final_logits(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor) -> torch.Tensor:
-    """Clean next-token logits at ``last`` (float32): the lens of the state after the last block."""
-    return stack.lens(gather_last(hidden[-1], last)).float()
+    """Clean next-token logits at ``last`` (float32; float64 for a float64 model): the lens of the state after the
+    last block."""
+    return at_least_float32(stack.lens(gather_last(hidden[-1], last)))
 
 
 def target_probs(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor, target: torch.Tensor,

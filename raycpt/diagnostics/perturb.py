@@ -32,7 +32,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from raycpt.diagnostics.lens import gather_last
+from raycpt.diagnostics.lens import at_least_float32, gather_last
 from raycpt.models.stack import repeat_batch
 
 SCHEDULES = ("shared_context", "stacked", "per_layer")
@@ -46,7 +46,7 @@ def zero_context(hidden: torch.Tensor, context_mask: torch.Tensor) -> torch.Tens
 def perturbed_logits(stack, trace, context_mask: torch.Tensor, last: torch.Tensor,
                      schedule: str = "shared_context", max_rows: int | None = None,
                      input_ids: Optional[torch.Tensor] = None) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yield ``(i, logits of Q(i))`` (batch, vocab) float32 for i = -1 .. N-1.
+    """Yield ``(i, logits of Q(i))`` (batch, vocab) float32 (float64 for a float64 model) for i = -1 .. N-1.
 
     ``i = -1`` perturbs the embedding output; ``i = N-1`` perturbs after the last block (the
     traced position is a query position, so Q(N-1) = P exactly). ``max_rows`` caps the rows of a
@@ -58,7 +58,7 @@ def perturbed_logits(stack, trace, context_mask: torch.Tensor, last: torch.Tenso
     if schedule == "per_layer":
         for i in range(-1, n):
             h = zero_context(trace.hidden[i + 1], context_mask)
-            yield i, stack.run_from(i, h, trace, positions=last).float()
+            yield i, at_least_float32(stack.run_from(i, h, trace, positions=last))
         return
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
@@ -75,7 +75,7 @@ def perturbed_logits(stack, trace, context_mask: torch.Tensor, last: torch.Tenso
         else:
             states = _mixed_states(stack, trace, context_mask, last, group, layout)
         for i in group:  # one head call per perturbation bounds the (rows, vocab) buffer
-            yield i, stack.lens(states.pop(i)).float()
+            yield i, at_least_float32(stack.lens(states.pop(i)))
 
 
 # ------------------------------------------------------------------------------------ stacked

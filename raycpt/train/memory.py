@@ -245,6 +245,14 @@ def estimate_memory(shape: ModelShape, plan: LayerPlan, *, seq_len: int, micro_b
     return MemoryEstimate(terms=terms, total=total, notes=notes)
 
 
+def resident_after_step(shape: ModelShape, plan: LayerPlan, world_size: int = 1, distributed: str = "ddp") -> dict:
+    """The terms of :func:`estimate_memory` that stay allocated after an optimizer step and
+    ``zero_grad(set_to_none=True)``: the float32 weights and AdamW's two moments of the trainable parameters
+    (gradients, activations, logits, the bf16 compute copies and the step's temporaries are freed by then)."""
+    shard = world_size if distributed == "fsdp" and world_size > 1 else 1
+    return {"weights": 4.0 * shape.total_params / shard, "optimizer": 8.0 * _trainable(shape, plan) / shard}
+
+
 def check_fits(est: MemoryEstimate, device_gb: Optional[float], what: str = "the plan") -> None:
     """RaycptError (one line: the biggest term and the knob that shrinks it) when ``est`` exceeds the device."""
     if device_gb is None or est.total <= device_gb * GB:

@@ -22,8 +22,12 @@ def set_rng_state(st: dict) -> None:
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
     version, internal, gauss = st["python"]
     random.setstate((int(version), tuple(int(x) for x in internal), gauss))
-    if st.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
+    saved = st.get("cuda")
+    if saved is not None and torch.cuda.is_available():
+        # device i's state back on device i, for the devices both sides have: a restarted rank may see fewer
+        # (a worker pinned to its one GPU now, eight at save time); restoring all would index a missing device
+        for i in range(min(len(saved), torch.cuda.device_count())):
+            torch.cuda.set_rng_state(saved[i], i)
 
 
 def split_rng(rngs: list[dict]) -> tuple[dict, list[dict]]:

@@ -34,6 +34,15 @@ class EvalRequest:
 
 
 
+def cast_weights(model, dtype: torch.dtype):
+    """``model``'s parameters in ``dtype``, in place; its buffers as they are: a model loaded in ``dtype`` keeps
+    float32 buffers (RoPE's ``inv_freq``), and ``model.to(dtype)`` would round them, so that in-worker evaluation
+    scored another function than the saved model (scripts/device_check.py's eval_same_model)."""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    return model
+
+
 def eval_model(w: _Worker) -> tuple[Any, Optional[_Session]]:
     """The model in-worker evaluation scores, and the session that shards its questions.
 
@@ -48,7 +57,7 @@ def eval_model(w: _Worker) -> tuple[Any, Optional[_Session]]:
         w.optimizer = None
         merge_lora_(w.model)
     if not w.fsdp:
-        return w.model.to(dtype), w.session
+        return cast_weights(w.model, dtype), w.session
     from transformers import AutoModelForCausalLM
 
     w.optimizer = None  # its state is in the final checkpoint; free it before the gather

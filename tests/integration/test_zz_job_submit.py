@@ -1,57 +1,45 @@
-"""The cluster path on loopback: `ray start --head` on 127.0.0.1, `ray job submit` a tiny sweep, wait
-for SUCCEEDED, check the MLflow store; `ray stop` always runs.
+"""The cluster path on loopback: `ray start --head` on 127.0.0.1 (tests/integration/local_cluster.py: every
+listener loopback), `ray job submit` a tiny sweep, wait for SUCCEEDED, check the MLflow store.
 
 Named ``test_zz_*`` so it runs last, and the session's in-process Ray (the ``ray_local`` fixture) is shut
-down first. ``ray stop`` ends every Ray on the machine, so the test stops its own cluster with
-``ray stop`` scoped to the processes under its private ``--temp-dir`` (see ``_ray_stop``); CI's
-``.ci/run`` runs a plain ``ray stop`` at the end as well."""
+down first. The cluster is torn down on every exit path (its own processes only, by session id: never a plain
+``ray stop``, which would end every Ray on the machine), by a reaper if this process is killed, and every wait is
+bounded: the job agent gets 120 s to come up, the job 600 s, the whole test 900 s (pytest-timeout)."""
 
 from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from local_cluster import LocalCluster, loopback
+from raycpt.config import save_config
+from raycpt.tracking import tracking_uri
 from test_sweep import tiny_sweep_config
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+AGENT_WAIT_S = 120
 
 
-def _ray_stop(temp_dir, env) -> None:
-    """`ray stop` for this cluster only: the processes whose command line names our temp dir."""
-    import signal
-
-    mine = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(temp_dir) in cmd:
-            mine.append(int(pid))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in mine:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        time.sleep(2)
+def _submit(c: LocalCluster, work: Path) -> str:
+    """``ray job submit --no-wait``, retried while the head's job agent is not up yet (at most AGENT_WAIT_S)."""
+    deadline = time.time() + AGENT_WAIT_S
+    while True:
+        sub = c.ray("job", "submit", "--address", c.dashboard, "--working-dir", str(work), "--no-wait", "--",
+                    "python", "-m", "raycpt", "sweep", "sweep.yaml", "--splits", "0.5", "--strategies",
+                    "train_shallow", timeout=60, check=False)
+        if sub.returncode == 0 or "No available agent" not in sub.stdout + sub.stderr or time.time() > deadline:
+            break
+        time.sleep(3)
+    assert sub.returncode == 0, sub.stdout[-2000:] + sub.stderr[-2000:]
+    return re.search(r"raysubmit_\w+", sub.stdout).group(0)
 
 
+@pytest.mark.timeout(900)
 def test_ray_job_submit_tiny_sweep(tmp_path, tiny_dir):
     import mlflow
-
-    from raycpt.config import save_config
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir, ["sweep.trace_first=false", "sweep.include_full=false",
                                                  "train.max_steps=2", "eval.modes=[logit]"])
@@ -63,52 +51,25 @@ def test_ray_job_submit_tiny_sweep(tmp_path, tiny_dir):
 
     if ray.is_initialized():
         ray.shutdown()
-    gcs_port, dash_port = _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    # this interpreter's `ray` and `python` first, as in an activated venv (pytest may run without one)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    address = f"http://127.0.0.1:{dash_port}"
-    import shutil
-    import tempfile
-
-    temp_dir = tempfile.mkdtemp(prefix="rcj", dir="/tmp")  # AF_UNIX socket paths must stay < 108 bytes
-    try:
-        start = subprocess.run(
-            ["ray", "start", "--head", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
-             "--num-cpus=4", "--object-store-memory=1000000000", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
-            env=env, capture_output=True, text=True, timeout=180)
-        assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-2000:]
-        for _ in range(40):  # the dashboard's job agent comes up some seconds after `ray start` returns
-            sub = subprocess.run(
-                ["ray", "job", "submit", "--address", address, "--working-dir", str(work), "--no-wait", "--",
-                 "python", "-m", "raycpt", "sweep", "sweep.yaml", "--splits", "0.5", "--strategies", "train_shallow"],
-                env=env, capture_output=True, text=True, timeout=180)
-            if sub.returncode == 0 or "No available agent" not in sub.stderr + sub.stdout:
-                break
-            time.sleep(3)
-        assert sub.returncode == 0, sub.stdout[-2000:] + sub.stderr[-2000:]
-        job_id = next(w.strip("'\"") for line in sub.stdout.splitlines() if "submitted successfully" in line
-                      for w in line.split() if w.strip("'\"").startswith("raysubmit_"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    with LocalCluster(env, tmp_path, deadline_s=900) as c:
+        c.start_head(num_cpus=4)
+        job_id = _submit(c, work)
         status = ""
         deadline = time.time() + 600
         while time.time() < deadline:
-            st = subprocess.run(["ray", "job", "status", "--address", address, job_id], env=env,
-                                capture_output=True, text=True, timeout=60)
+            st = c.ray("job", "status", "--address", c.dashboard, job_id, timeout=60, check=False)
             status = re.sub(r"\x1b\[[0-9;]*m", "", st.stdout + st.stderr).upper()  # drop colours
             if any(s in status for s in ("SUCCEEDED", "FAILED", "STOPPED")):
                 break
             time.sleep(3)
-        logs = subprocess.run(["ray", "job", "logs", "--address", address, job_id], env=env,
-                              capture_output=True, text=True, timeout=60).stdout
-        assert "SUCCEEDED" in status, status[-1000:] + logs[-4000:]
-        assert "sweep finished" in logs
-    finally:
-        _ray_stop(temp_dir, env)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-    from raycpt.tracking import tracking_uri
+        logs = c.ray("job", "logs", "--address", c.dashboard, job_id, timeout=60, check=False).stdout
+        sockets = c.listening()
+    assert not c.leftovers, c.leftovers
+    assert sockets and all(loopback(ip) for _, ip, _ in sockets), sockets
+    assert "SUCCEEDED" in status, status[-1000:] + logs[-4000:]
+    assert "sweep finished" in logs
 
     client = mlflow.tracking.MlflowClient(tracking_uri(cfg.tracking))
     exp = client.get_experiment_by_name(cfg.tracking.experiment)

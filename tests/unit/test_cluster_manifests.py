@@ -83,7 +83,8 @@ def test_runtime_envs_parse_with_rays_parser():
         assert "pip" not in data and "conda" not in data  # the image holds the dependencies
     with pytest.raises(Exception):
         _parse_runtime_env("pip: [torch]\nconda: [torch]\n")  # Ray refuses pip and conda together
-    assert job["spec"]["entrypoint"].startswith("python -m raycpt ")
+    # the job's command (after the wait for its MLflow server) is raycpt's
+    assert job["spec"]["entrypoint"].split("&&")[-1].strip().startswith("python -m raycpt ")
 
 
 def test_one_image_everywhere_and_its_ray_version_is_the_installed_ray(tmp_path):
@@ -112,17 +113,19 @@ def test_dockerfile_installs_cuda_torch_and_raycpt_from_the_constraints(tmp_path
     assert re.search(r"^FROM rayproject/ray:\$\{RAY_VERSION\}-\$\{PY\}-\$\{CUDA\}$", docker, re.M)
     assert re.search(r"^ARG CUDA=cu\d+$", docker, re.M)
     assert "download.pytorch.org/whl/cu" in docker and re.search(r'pip install .*"torch==\$\{TORCH_VERSION\}"', docker)
-    assert re.search(r"pip install .*-c /tmp/constraints-gpu\.txt \.", docker)  # raycpt itself, pinned deps
-    # the torch filter of the Dockerfile, run on the real constraints.txt: every pin but torch survives
-    grep = re.search(r"grep -v -E '([^']+)' constraints\.txt", docker).group(1)
-    sed = re.search(r"sed -n -E '([^']+)' constraints\.txt", docker).group(1)
+    # the image pins (constraints.txt minus its CPU torch line, tests/unit/test_image_lock.py), then raycpt itself
+    assert re.search(r"pip install .*-r cluster/constraints-image\.txt", docker)
+    assert re.search(r"pip install .*--no-deps \.", docker)
     constraints = (CLUSTER.parent / "constraints.txt").read_text()
-    kept = subprocess.run(["grep", "-v", "-E", grep], input=constraints, capture_output=True, text=True).stdout
     pins = [ln for ln in constraints.splitlines() if ln.strip() and not ln.startswith("#")]
     torch_pins = [ln for ln in pins if re.match(r"torch==", ln)]
     assert len(torch_pins) == 1
-    assert [ln for ln in kept.splitlines() if ln.strip() and not ln.startswith("#")] == \
-        [ln for ln in pins if ln not in torch_pins]
+    image = (CLUSTER / "constraints-image.txt").read_text()
+    assert not re.search(r"^torch==", image, re.M)
+    names = lambda text: {ln.split("==")[0] for ln in text.splitlines() if "==" in ln and not ln.startswith("#")}  # noqa: E731
+    assert names(image) == names(constraints) - {"torch"}
+    # the torch version the Dockerfile's sed reads from constraints.txt is the pinned one
+    sed = re.search(r"sed -n -E '([^']+)' constraints\.txt", docker).group(1)
     version = subprocess.run(["sed", "-n", "-E", sed], input=constraints, capture_output=True, text=True).stdout
     assert version.strip() == torch_pins[0].split("==", 1)[1].split()[0]
 
