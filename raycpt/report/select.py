@@ -9,7 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
-from raycpt.report.trace import _plt, _save, _write_text
+from raycpt.report.figures import save_figure
+from raycpt.report.trace import FIGURE, _plt, _write_text
 
 
 def scores_csv(path: Path, scores: np.ndarray, top: Sequence[int]) -> Path:
@@ -34,4 +35,4 @@ def scores_plot(path: Path, scores: np.ndarray, top: Sequence[int], title: str) 
     ax.set_ylabel("score (higher = train first)")
     ax.set_title(title, fontsize=9)
     ax.set_xticks(np.arange(0, len(s), max(1, len(s) // 15)))
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path), **FIGURE)
