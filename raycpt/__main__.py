@@ -1,5 +1,5 @@
 import sys
 
-from raycpt.cli import main
+from raycpt.entry import main
 
 sys.exit(main())

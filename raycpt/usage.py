@@ -9,6 +9,7 @@ usage error from either is one line on stderr and exit code 2, never a traceback
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from dataclasses import dataclass
@@ -179,13 +180,33 @@ class Opt:
 
 
 @dataclass(frozen=True)
-class Row:
-    """One command: the job (``module:function``, called with the config and its keyword options), its
-    renderer in :mod:`raycpt.report.render`, its options, and ``rest``: how many positional words that are
-    neither CONFIG nor overrides it takes (compare's BASE TUNED), passed to the job as ``rest``."""
+class Lazy:
+    """A module's attribute named by literal strings, imported when asked for (:meth:`resolve`): how the CLI table
+    names a job, so that ``raycpt config validate`` starts without torch, Ray or MLflow (a job's module imports what
+    its work needs at its top). The import-graph test counts ``lazy("raycpt...", ...)`` as an import edge."""
 
-    job: str
-    render: str
+    module: str
+    name: str
+
+    def resolve(self):
+        return getattr(importlib.import_module(self.module), self.name)
+
+
+def lazy(module: str, name: str) -> Lazy:
+    """``lazy("raycpt.jobs.sweep", "SWEEP")``: the job object ``SWEEP`` of :mod:`raycpt.jobs.sweep`, imported when
+    its command runs."""
+    return Lazy(module, name)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One command: the job (a :class:`Lazy` reference to a :class:`raycpt.jobs.job.Job`, run by
+    :func:`raycpt.jobs.job.run_job`), its renderer (a function of :mod:`raycpt.report.render`), its options, and
+    ``rest``: how many positional words that are neither CONFIG nor overrides it takes (compare's BASE TUNED), given
+    to the job as ``options.rest``."""
+
+    job: Lazy
+    render: Callable
     help: str
     options: tuple = ()
     rest: int = 0

@@ -28,13 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from raycpt.config import ExperimentConfig
+from raycpt.config import ExperimentConfig, load_config
 from raycpt.diagnostics.contribution import primary_score  # noqa: F401 - re-exported
+from raycpt.diagnostics.similarity import (collect_states, layer_blocks, model_metrics, pair_metrics, swap_layers,
+                                           weight_change)
 from raycpt.diagnostics.texts import load_prompt_texts, tokenize  # noqa: F401 - load_prompt_texts re-exported
 from raycpt.errors import RaycptError
+from raycpt.evaluate import evaluate_model
+from raycpt.jobs.job import Options, RunSpec, Steps, run_job
 from raycpt.models.folders import check_pair, find_model_in_run, is_model_folder  # noqa: F401 - re-exported
+from raycpt.models.sources import load_model, resolve_model_path
 from raycpt.report.compare import build_rows, write_outputs
-from raycpt.runs import command_run
+from raycpt.report.progress import count_progress
+from raycpt.runtime import ray_session
+from raycpt.train.final_eval import reserved_device
 
 
 # ------------------------------------------------------------------------------------- references
@@ -55,15 +62,11 @@ def resolve_ref(ref: str, cfg: ExperimentConfig) -> str:
             return str(found.resolve())
         if not any(p.glob("*.gguf")) and not any(p.glob("*.gguf.part*")):
             raise RaycptError(f"{ref}: folder holds no model (no config.json with weights, no trained checkpoint)")
-    from raycpt.models.sources import resolve_model_path
-
     return resolve_model_path(cfg.model, ref, progress=True)
 
 
 # ------------------------------------------------------------------------------------- Ray tasks
 def _torch_threads(n: Optional[int] = None) -> None:
-    import os
-
     import torch
 
     torch.set_num_threads(max(1, int(n or os.environ.get("OMP_NUM_THREADS", 1) or 1)))
@@ -72,9 +75,6 @@ def _torch_threads(n: Optional[int] = None) -> None:
 def states_task(path: str, seqs: list[list[int]], batch_size: int, alpha: float, outlier_factor: float = 10.0,
                 dtype: str = "float32"):
     """Load one model, record per-layer states and the probe; return (states, per-model metrics)."""
-    from raycpt.diagnostics.similarity import collect_states, model_metrics
-    from raycpt.models.sources import load_model
-
     _torch_threads()
     model, _ = load_model(path, dtype=dtype, device="cpu")
     st = collect_states(model, seqs, batch_size=batch_size, drop_first=True)
@@ -82,16 +82,11 @@ def states_task(path: str, seqs: list[list[int]], batch_size: int, alpha: float,
 
 
 def pair_task(a, b, outlier_factor: float = 10.0):
-    from raycpt.diagnostics.similarity import pair_metrics
-
     _torch_threads()
     return pair_metrics(a, b, outlier_factor)
 
 
 def weights_task(base_path: str, tuned_path: str):
-    from raycpt.diagnostics.similarity import weight_change
-    from raycpt.models.sources import load_model
-
     _torch_threads()
     a, _ = load_model(base_path, dtype="float32", device="cpu")
     b, _ = load_model(tuned_path, dtype="float32", device="cpu")
@@ -100,8 +95,6 @@ def weights_task(base_path: str, tuned_path: str):
 
 def evaluate_cells(model_or_path, tokenizer, eval_cfg, out_dir: Path, name: str) -> dict[str, float]:
     """``evaluate_model`` -> flat ``{task/category/mode: accuracy %}`` (``EvalResult.metrics()``)."""
-    from raycpt.evaluate import evaluate_model
-
     ev = evaluate_model(model_or_path, eval_cfg, tokenizer=tokenizer, out_dir=out_dir, name=name)
     return ev.metrics()
 
@@ -109,9 +102,6 @@ def evaluate_cells(model_or_path, tokenizer, eval_cfg, out_dir: Path, name: str)
 def swap_task(base_path: str, tuned_path: str, direction: str, layers: list[int], eval_cfg, out_dir: str,
               name: str) -> dict:
     """Evaluate one model: ``base``, ``tuned``, ``base<-tuned`` (base with ``layers`` from tuned) or the reverse."""
-    from raycpt.diagnostics.similarity import swap_layers
-    from raycpt.models.sources import load_model
-
     _torch_threads()
     t0 = time.time()
     if direction == "base":
@@ -124,8 +114,6 @@ def swap_task(base_path: str, tuned_path: str, direction: str, layers: list[int]
         other, _ = load_model(donor, dtype="float32", device="cpu")
         swap_layers(model, other, layers)
         del other
-    from raycpt.train.final_eval import reserved_device
-
     model.to(reserved_device())  # the GPU this task reserved (eval.gpus_per_task), else the CPU
     cells = evaluate_cells(model, tok, eval_cfg, Path(out_dir), name)
     key, score = primary_score(cells, eval_cfg)
@@ -151,8 +139,6 @@ def compare_pair(cfg: ExperimentConfig, base_path: str, tuned_path: str, seqs: l
                  swap_blocks: int, alpha: float, batch_size: int, progress=None, outlier_factor: float = 10.0) -> dict:
     """Place the Ray tasks for one base/tuned pair and gather their results (Ray must be up)."""
     import ray
-
-    from raycpt.diagnostics.similarity import layer_blocks
 
     _, n = check_pair(base_path, tuned_path)
     cpu = max(cfg.eval.cpus_per_task, 0.5)
@@ -212,8 +198,6 @@ def _log_pair(run, res: dict, files: list[Path], out_dir: Path) -> None:
 
 def _sweep_pairs(sweep_dir: Path, cfg: ExperimentConfig) -> tuple[str, list[tuple[str, str]]]:
     """(base reference, [(trial name, model folder)]) of a finished sweep run folder."""
-    from raycpt.config import load_config
-
     sweep_dir = Path(sweep_dir).expanduser()
     if not (sweep_dir / "trials").is_dir():
         raise RaycptError(f"--sweep {sweep_dir}: not a sweep run folder (no trials/ inside)")
@@ -262,12 +246,12 @@ class ComparePlan:
     sweep: bool = False
 
 
-def prepare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str],
-            sweep: Optional[str] = None) -> ComparePlan:
-    """Resolve and check every pair (one architecture, one depth), the swap blocks, the prompts: no Ray, no MLflow."""
-    from raycpt.models.sources import load_model
-
+def prepare(cfg: ExperimentConfig, options: Options) -> ComparePlan:
+    """Resolve and check every pair (BASE TUNED: the options' two positional words; or ``--sweep``: one architecture,
+    one depth), the swap blocks, the prompts: no Ray, no MLflow."""
     c = cfg.compare
+    base, tuned = (list(options.rest) + [None, None])[:2]
+    sweep = options.get("sweep")
     base_label, pairs = _pairs(cfg, base, tuned, sweep)
     n = max(check_pair(bp, tp)[1] for _, bp, tp, _ in pairs)  # validate every pair before starting anything
     swap_blocks = min(5, n) if c.swap_blocks is None else c.swap_blocks
@@ -278,12 +262,17 @@ def prepare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str],
     return ComparePlan(cfg, base_label, pairs, swap_blocks, seqs, sweep=bool(sweep))
 
 
-def execute(plan: ComparePlan, run, resume: bool = False, console=None) -> CompareResult:
-    """The Ray tasks of every pair, its files and MLflow records (one child run per trial with ``--sweep``)."""
-    from raycpt.report.progress import count_progress
-    from raycpt.runtime import ray_session
+def run_spec(plan: ComparePlan, options: Options) -> RunSpec:
+    """The compare run: its pairs, prompts and swap blocks as params."""
+    params = {"compare.base": plan.base_label[:250], "compare.num_prompts": len(plan.seqs),
+              "compare.swap_blocks_used": plan.swap_blocks, "compare.pairs": ",".join(p[0] for p in plan.pairs)[:250]}
+    return RunSpec(plan.cfg, "compare", params=params)
 
+
+def execute(plan: ComparePlan, run, options: Options) -> CompareResult:
+    """The Ray tasks of every pair, its files and MLflow records (one child run per trial with ``--sweep``)."""
     t0, cfg, run_dir, c = time.time(), plan.cfg, run.run_dir, plan.cfg.compare
+    resume, console = options.resume, options.console
     result = CompareResult(run_dir=run_dir, rows=[], mlflow_run_id=run.run_id)
     seqs, swap_blocks = plan.seqs, plan.swap_blocks
     per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
@@ -313,14 +302,13 @@ def execute(plan: ComparePlan, run, resume: bool = False, console=None) -> Compa
     return result
 
 
+COMPARE = Steps(prepare, execute, run_spec)
+
+
 def run_compare(cfg: ExperimentConfig, base: Optional[str], tuned: Optional[str], sweep: Optional[str] = None,
                 resume: bool = False, console=None) -> CompareResult:
     """The ``raycpt compare`` command (see the module docstring); settings in ``cfg.compare``."""
-    plan = prepare(cfg, base, tuned, sweep)
-    params = {"compare.base": plan.base_label[:250], "compare.num_prompts": len(plan.seqs),
-              "compare.swap_blocks_used": plan.swap_blocks, "compare.pairs": ",".join(p[0] for p in plan.pairs)[:250]}
-    with command_run(cfg, "compare", resume=resume, params=params) as run:
-        return execute(plan, run, resume=resume, console=console)
+    return run_job(COMPARE, cfg, Options(console=console, resume=resume, rest=(base, tuned), values={"sweep": sweep}))
 
 
 def _compare_or_reuse(cfg, bp: str, tp: str, seqs, out_dir: Path, swap_blocks: int, resume: bool, advance,
@@ -335,10 +323,3 @@ def _compare_or_reuse(cfg, bp: str, tp: str, seqs, out_dir: Path, swap_blocks: i
     c = cfg.compare
     return compare_pair(cfg, bp, tp, seqs, out_dir, swap_blocks, c.alpha, c.batch_size, progress=advance,
                         outlier_factor=c.outlier_factor)
-
-
-def compare_cli(cfg: ExperimentConfig, rest=(), sweep: Optional[str] = None, resume: bool = False,
-                console=None) -> CompareResult:
-    """The CLI row: BASE TUNED are the command's two positional words."""
-    base, tuned = (list(rest) + [None, None])[:2]
-    return run_compare(cfg, base, tuned, sweep=sweep, resume=resume, console=console)

@@ -27,16 +27,27 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from raycpt.config import ExperimentConfig, config_with
-from raycpt.diagnostics.contribution import answers_of, gold_prob_of, primary_score
+from raycpt.diagnostics.contribution import (analyze_scan, answers_of, elite_lr_control, gold_prob_of, primary_score,
+                                             spearman)
+from raycpt.diagnostics.similarity import weight_change
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid,
-                              train_and_evaluate, warm_imports)
 from raycpt.io import atomic_write_json
-from raycpt.runs import command_run, read_state
+from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, ahead_of_trials, grid_params, heldout_blocks, model_layers,
+                              no_shards, run_grid, train_and_evaluate, warm_imports)
+from raycpt.jobs.job import Options, RunSpec, Steps, run_job
+from raycpt.models.shards import layer_l2_by_reference
+from raycpt.models.sources import load_model
+from raycpt.report.contribution import write_outputs
+from raycpt.runs import read_state
+from raycpt.runtime import ray_session, stop_ray_soon
+from raycpt.strategies import ranked_pick, read_ranking, write_ranking
+from raycpt.train.final_eval import final_evaluation
+from raycpt.train.preflight import full_plan, preflight
+from raycpt.train.worker_eval import EvalRequest
 
 
 @dataclass(frozen=True)
@@ -50,9 +61,6 @@ class ScanTrial:
 
     def run(self, trial: Trial) -> dict:
         """Train (unless base), evaluate and measure this trial under its child run."""
-        from raycpt.train.final_eval import final_evaluation
-        from raycpt.train.worker_eval import EvalRequest
-
         run, base_path = trial.run, trial.shared["model_path"]
         if run.created or not run.run_id:
             run.log_params(scan_params(dataclasses.asdict(self)))
@@ -125,8 +133,6 @@ def elite_trials() -> list[ScanTrial]:
 
 def scan_plan(cfg: ExperimentConfig, num_layers: int) -> tuple[list[int], Optional[dict[int, float]]]:
     """The scanned layers and the ``against`` ranking's scores, checked against the model (one line each)."""
-    from raycpt.strategies import read_ranking
-
     c = cfg.contribution
     layers = c.layer_list(num_layers)
     if c.elite_lr_control and 2 * c.elite_k > len(layers):
@@ -184,10 +190,6 @@ def layer_l2(base_path: str, model_path: str) -> list[float]:
     :func:`raycpt.models.shards.layer_l2_by_reference`); any other folder loads both models."""
     from transformers import AutoConfig
 
-    from raycpt.diagnostics.similarity import weight_change
-    from raycpt.models.shards import layer_l2_by_reference
-    from raycpt.models.sources import load_model
-
     n = getattr(AutoConfig.from_pretrained(base_path), "num_hidden_layers", None)
     fast = layer_l2_by_reference(model_path, base_path, int(n)) if n else None
     if fast is not None:
@@ -204,9 +206,6 @@ def layer_l2(base_path: str, model_path: str) -> list[float]:
 
 def spearman_files(a: str, b: str) -> dict:
     """Spearman correlation between two ranking files (e.g. scans on two corpora)."""
-    from raycpt.diagnostics.contribution import spearman
-    from raycpt.strategies import read_ranking
-
     ra, rb = read_ranking(a), read_ranking(b)
     if ra.get("num_layers") and rb.get("num_layers") and ra["num_layers"] != rb["num_layers"]:
         raise RaycptError(f"ranking files are for different depths: {a} has {ra['num_layers']} layers, {b} has "
@@ -232,7 +231,8 @@ class ContributionResult:
 
 @dataclass
 class ContributionPlan:
-    """What :func:`prepare` checked: the effective config, the model, the scanned layers, the held-out blocks."""
+    """What :func:`prepare` checked: the effective config, the model, the scanned layers, the held-out blocks; what
+    waits for the base shards (:func:`raycpt.jobs.grid.ahead_of_trials`)."""
 
     cfg: ExperimentConfig
     model_path: str
@@ -240,12 +240,30 @@ class ContributionPlan:
     layers: list[int]
     against: Any
     heldout: Optional[list] = None
+    shards_ready: Callable[[], dict] = no_shards
 
 
-def prepare(cfg: ExperimentConfig, console=None) -> ContributionPlan:
+@dataclass(frozen=True)
+class RankingPair:
+    """``--spearman A.json,B.json``: only the Spearman correlation of two ranking files (no run, no training)."""
+
+    a: str
+    b: str
+
+
+def prepare(cfg: ExperimentConfig, options: Options):
+    """``--spearman``: the two ranking files (a :class:`RankingPair`); else the scan's :func:`prepare_scan`."""
+    spearman_arg = options.get("spearman")
+    if spearman_arg is None:
+        return prepare_scan(cfg, options.console)
+    files = [f.strip() for f in spearman_arg.split(",") if f.strip()]
+    if len(files) != 2:
+        raise RaycptError(f"--spearman {spearman_arg!r}: give exactly two ranking files, A.json,B.json")
+    return RankingPair(*files)
+
+
+def prepare_scan(cfg: ExperimentConfig, console=None) -> ContributionPlan:
     """Every check of a scan, with no Ray and no MLflow (before any run folder); the memory of ``full``."""
-    from raycpt.train.preflight import full_plan, preflight
-
     c = cfg.contribution
     model_path, n = model_layers(cfg)
     layers, against = scan_plan(cfg, n)
@@ -256,13 +274,26 @@ def prepare(cfg: ExperimentConfig, console=None) -> ContributionPlan:
     return ContributionPlan(cfg, model_path, n, layers, against, blocks)
 
 
-def execute(plan: ContributionPlan, run, resume: bool = False, console=None,
-            shards_checked: Optional[dict] = None) -> ContributionResult:
+def run_spec(plan, options: Options) -> Optional[RunSpec]:
+    """The scan's run (the grid's params; Ray and the base shards start while it opens); none for ``--spearman``."""
+    if isinstance(plan, RankingPair):
+        return None
+    params = {"num_layers": plan.num_layers, "scan_layers": ",".join(map(str, plan.layers))[:500]}
+    return RunSpec(plan.cfg, "contribution", params=grid_params(scan_trials(plan.layers), params),
+                   around=ahead_of_trials(plan))
+
+
+def execute(plan, run, options: Options):
+    """``--spearman``: the correlation (a dict); else :func:`execute_scan`."""
+    if isinstance(plan, RankingPair):
+        return spearman_files(plan.a, plan.b)
+    return execute_scan(plan, run, resume=options.resume, console=options.console, shards_checked=plan.shards_ready())
+
+
+def execute_scan(plan: ContributionPlan, run, resume: bool = False, console=None,
+                 shards_checked: Optional[dict] = None) -> ContributionResult:
     """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`).
     ``shards_checked``: the base shards the driver verified (:func:`raycpt.train.publish.base_shards_ahead`)."""
-    from raycpt.report.contribution import write_outputs
-    from raycpt.runtime import ray_session, stop_ray_soon
-
     t0, cfg, run_dir = time.time(), plan.cfg, run.run_dir
     c, state = cfg.contribution, read_state(run_dir)
     shared = {"model_path": plan.model_path, "heldout_path": str(atomic_write_json(
@@ -293,36 +324,18 @@ def execute(plan: ContributionPlan, run, resume: bool = False, console=None,
                               files=files, wall_s=wall, parent_run_id=run.run_id, num_layers=plan.num_layers)
 
 
+CONTRIBUTION = Steps(prepare, execute, run_spec)
+"""``raycpt contribution``: the scan in its run, or with ``--spearman`` only the correlation (no run)."""
+
+
 def run_contribution(cfg: ExperimentConfig, resume: bool = False, console=None) -> ContributionResult:
     """The ``raycpt contribution`` command (see the module docstring): :func:`prepare`, then :func:`execute`."""
-    from raycpt.runtime import ray_starting
-    from raycpt.train.publish import base_shards_ahead
-
-    plan = prepare(cfg, console)
-    params = {"num_layers": plan.num_layers, "scan_layers": ",".join(map(str, plan.layers))[:500]}
-    # the checks passed: Ray starts and the base shards are written while the MLflow run opens (issue 28)
-    with ray_starting(cfg.ray), base_shards_ahead(cfg, plan.model_path) as shards_ready, \
-            command_run(cfg, "contribution", resume=resume,
-                        params=grid_params(scan_trials(plan.layers), params)) as run:
-        return execute(plan, run, resume=resume, console=console, shards_checked=shards_ready())
-
-
-def contribution_cli(cfg: ExperimentConfig, spearman: Optional[str] = None, resume: bool = False, console=None):
-    """The CLI row: ``--spearman A.json,B.json`` only correlates two ranking files (a dict); else the scan."""
-    if spearman is None:
-        return run_contribution(cfg, resume=resume, console=console)
-    files = [f.strip() for f in spearman.split(",") if f.strip()]
-    if len(files) != 2:
-        raise RaycptError(f"--spearman {spearman!r}: give exactly two ranking files, A.json,B.json")
-    return spearman_files(*files)
+    return run_job(CONTRIBUTION, cfg, Options(console=console, resume=resume))
 
 
 def _analyze(cfg: ExperimentConfig, run_dir: Path, trials: dict[str, dict], n: int, against):
     """Scores -> contributions (with the sampled-vote control unless ``contribution.sampled_vote`` is off), the
     scored trials and the ranking file."""
-    from raycpt.diagnostics.contribution import analyze_scan
-    from raycpt.strategies import write_ranking
-
     c, task = cfg.contribution, cfg.eval.tasks[0]
     scored = {k: {**t, "score": trial_score(t, c.score, run_dir, task)} for k, t in trials.items()}
     singles = {t["layer"]: t for t in scored.values() if t["kind"] == "single"}
@@ -342,9 +355,6 @@ def _elite_control(cfg: ExperimentConfig, run_dir: Path, results: dict[str, dict
                    a: dict, ranking_file: Path) -> dict[str, dict]:
     """The elite trials scored like the scan's, each with the layers it raised; ``a["elite_lr_control"]`` =
     :func:`raycpt.diagnostics.contribution.elite_lr_control` against ``full``."""
-    from raycpt.diagnostics.contribution import elite_lr_control
-    from raycpt.strategies import ranked_pick, read_ranking
-
     c, rows = cfg.contribution, read_ranking(ranking_file)["ranking"]
     out = {k: {**t, "score": trial_score(t, c.score, run_dir, cfg.eval.tasks[0]),
                "elite_layers": ranked_pick(rows, c.elite_k, ELITE[t["kind"]], where=str(ranking_file))}

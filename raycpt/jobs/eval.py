@@ -21,13 +21,14 @@ from raycpt.errors import RaycptError
 from raycpt.evaluate import evaluate_model, resolve_eval_tasks
 from raycpt.evaluate.results import EvalResult
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
+from raycpt.jobs.job import Options, RunSpec, Steps, run_job
 from raycpt.models.refs import parse_ref
 from raycpt.models.sources import resolve_model_path
 from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
-from raycpt.runs import command_run
 from raycpt.runtime import cluster_address, ray_session
 from raycpt.train.final_eval import saved_model_load
+from raycpt.train.manifest import MANIFEST_FILE, MODEL_DIR, verify_checkpoint
 
 _REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
 
@@ -67,8 +68,6 @@ def check_model_files(folder: Path, given: str) -> None:
     """One line for a model folder an evaluation would fail on: no weights, pickle weights only (never
     unpickled: a pickle can run code), or a folder whose ``manifest.json`` (a raycpt checkpoint's, or
     ``final_model/``'s) it no longer matches - the same check a resume makes."""
-    from raycpt.train.manifest import MANIFEST_FILE, MODEL_DIR, verify_checkpoint
-
     if not any(folder.glob("*.safetensors")):
         pickles = sorted(f.name for pat in PICKLE_WEIGHTS for f in folder.glob(pat))
         if pickles:
@@ -159,8 +158,10 @@ class EvalPlan:
     paths: list[str]
 
 
-def prepare(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None) -> EvalPlan:
-    """Every check of ``raycpt eval`` (tasks, hub access, checkpoints) and the model folders, before any run."""
+def prepare(cfg: ExperimentConfig, options: Options) -> EvalPlan:
+    """Every check of ``raycpt eval`` (tasks, hub access, the ``checkpoints`` option) and the model folders, before
+    any run."""
+    checkpoints = options.get("checkpoints")
     resolve_eval_tasks(cfg.eval)
     if checkpoints:
         paths = check_checkpoints(list(checkpoints))
@@ -171,12 +172,16 @@ def prepare(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None) 
     return EvalPlan(cfg, names, [resolve_model_path(cfg.model, p) for p in paths])  # on the driver, model.revision
 
 
-def execute(plan: EvalPlan, run, progress: bool = True) -> tuple[list[EvalResult], Path, dict[str, Path]]:
+def run_spec(plan: EvalPlan, options: Options) -> RunSpec:
+    return RunSpec(plan.cfg, "eval")
+
+
+def execute(plan: EvalPlan, run, options: Options) -> tuple[list[EvalResult], Path, dict[str, Path]]:
     """Evaluate, write the tables, log them (one child run per model when there are several)."""
     cfg, run_dir = plan.cfg, run.run_dir
     run.state(models=dict(zip(plan.names, plan.paths)))
     t0 = time.perf_counter()
-    results = evaluate_checkpoints(cfg, plan.paths, names=plan.names, progress=progress)
+    results = evaluate_checkpoints(cfg, plan.paths, names=plan.names, progress=options.progress)
     files = write_results(results, run_dir)
     for p in files.values():
         run.log_artifact(p)
@@ -193,6 +198,9 @@ def execute(plan: EvalPlan, run, progress: bool = True) -> tuple[list[EvalResult
     return results, run_dir, files
 
 
+EVAL = Steps(prepare, execute, run_spec)
+
+
 def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
              progress: bool = True) -> tuple[list[EvalResult], Path, dict[str, Path]]:
     """``raycpt eval``: :func:`prepare`, then :func:`execute` in the command's run.
@@ -201,6 +209,4 @@ def run_eval(cfg: ExperimentConfig, checkpoints: Optional[Sequence[str]] = None,
     files as artifacts and, for a single model, its metrics; with several models, one nested child
     run per model holds that model's metrics (names like ``wordnet_mc/stem/logit``).
     """
-    plan = prepare(cfg, checkpoints)
-    with command_run(cfg, "eval") as run:
-        return execute(plan, run, progress=progress)
+    return run_job(EVAL, cfg, Options(progress=progress, values={"checkpoints": checkpoints}))

@@ -21,7 +21,9 @@ A finished trial (``<trial>/result.json``) is never redone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -31,9 +33,19 @@ from unittest import mock
 
 from raycpt.cluster import preflight
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
+from raycpt.data.corpus import heldout_blocks as corpus_heldout_blocks
 from raycpt.errors import RaycptError
+from raycpt.models.shards import trust_checked
+from raycpt.models.sources import resolve_model_path
+from raycpt.report.progress import TrialsProgress
 from raycpt.runs import AttemptClock, assert_private_folder, memo, open_child
+from raycpt.runtime import ray_starting
 from raycpt.tracking import adopt_lost, mark_lost, store_or_lost, tracking_lost
+from raycpt.data.run_store import packed_corpus
+from raycpt.train.final_eval import final_evaluation
+from raycpt.train.launch import run_training
+from raycpt.train.publish import base_shards_ahead
+from raycpt.train.worker_eval import EvalRequest
 
 RESULT = "result.json"
 SHARDS_CHECKED = "base_shards_checked"
@@ -110,8 +122,6 @@ def spec_class(name):
     """The spec class :func:`spec_name` named (a class is returned as it is)."""
     if not isinstance(name, str):
         return name
-    import importlib
-
     module, _, qual = name.partition(":")
     obj = importlib.import_module(module)
     for part in qual.split("."):
@@ -133,8 +143,6 @@ def _trial_body(config: dict, cfg: ExperimentConfig, spec, tdir: Path) -> dict:
     """The trial under its child run. A tracking server gone (before or during the trial) does not fail it: the
     trial runs locally and the job's folder gets the record (:data:`raycpt.tracking.LOST_FILE`), which the driver
     adopts (:func:`run_grid`); ``raycpt runs sync JOB_DIR`` replays it later."""
-    from raycpt.models.shards import trust_checked
-
     trust_checked(config["shared"].get(SHARDS_CHECKED))  # the base shards the driver verified for this command
     job_dir = Path(config["trials_root"]).parent
     exp_id = store_or_lost(cfg.tracking, job_dir, config.get("started", 0.0))
@@ -171,6 +179,21 @@ def warm_imports() -> None:
     import scipy.stats  # noqa: F401
 
 
+@contextlib.contextmanager
+def ahead_of_trials(plan):
+    """The :class:`raycpt.jobs.job.RunSpec` ``around`` of a grid command (sweep, contribution): its checks passed,
+    so Ray starts and the base shards are written while the MLflow run opens (issue 28); inside, ``plan.shards_ready()``
+    waits for the shards and returns the verified folders (:func:`raycpt.train.publish.base_shards_ahead`)."""
+    with ray_starting(plan.cfg.ray), base_shards_ahead(plan.cfg, plan.model_path) as ready:
+        plan.shards_ready = ready
+        yield
+
+
+def no_shards() -> dict:
+    """``shards_ready`` of a plan outside :func:`ahead_of_trials`: no base shards verified ahead."""
+    return {}
+
+
 def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str, dict]:
     """Run every trial of ``grid`` under ``parent`` (the job's :class:`raycpt.runs.CommandRun`; Ray must be up,
     unless ``grid.inline``) and return ``{name: result}`` in spec order.
@@ -190,8 +213,6 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
     parent.note_children([(run_dir / grid.folder / n, grid.meta_file) for n in names])  # where the sync finds them
     preflight(cfg, grid.max_concurrent)  # shared storage on every node; the SQLite-with-concurrency warning
     if grid.model_path is not None:
-        from raycpt.data.run_store import packed_corpus
-
         packed_corpus(cfg, grid.model_path, quiet=console is None)  # pack once; every trial then reads the store
     try:
         if grid.inline:
@@ -214,8 +235,6 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
 def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple[dict, dict]:
     """Create (or restore) the Tuner, fit it with the progress bar, collect the ``ResultGrid``."""
     from ray import tune
-
-    from raycpt.report.progress import TrialsProgress
 
     bundles = [{"CPU": grid.cpus, **grid.resources}]
     if grid.data_cpus > 0:  # Ray Data tasks also ask for a little "memory": the bundle must hold some
@@ -256,10 +275,6 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
 def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress: bool = False):
     """Train ``tcfg`` in the trial's ``train/`` folder under its child run; the training worker evaluates
     the final weights (its GPU on a cluster). ``(TrainResult, EvalResult, held-out loss or None)``."""
-    from raycpt.train.final_eval import final_evaluation
-    from raycpt.train.launch import run_training
-    from raycpt.train.worker_eval import EvalRequest
-
     req = EvalRequest(out_dir=str(trial.dir / "eval"), name=name, heldout_path=trial.shared.get("heldout_path"))
     tdir = trial.dir / "train"
     train = run_training(tcfg, trial.run, run_dir=tdir,
@@ -273,8 +288,6 @@ def model_layers(cfg: ExperimentConfig) -> tuple[str, int]:
     """(resolved model folder, number of decoder layers), read from its config (no weights loaded)."""
     from transformers import AutoConfig
 
-    from raycpt.models.sources import resolve_model_path
-
     path = resolve_model_path(cfg.model, progress=True)
     conf = AutoConfig.from_pretrained(path)
     n = int(getattr(conf, "num_hidden_layers", 0) or getattr(conf, "n_layer", 0) or 0)
@@ -285,9 +298,7 @@ def model_layers(cfg: ExperimentConfig) -> tuple[str, int]:
 
 def heldout_blocks(cfg: ExperimentConfig, model_path: str, num_docs: int, setting: str, raise_key: str):
     """The held-out token blocks (documents after the first ``data.max_documents``, never trained on)."""
-    from raycpt.data.corpus import heldout_blocks as _heldout
-
     if cfg.data.max_documents is None:
         raise RaycptError(f"{setting} needs data.max_documents: the held-out documents are the ones after the "
                           "first data.max_documents, which training never reads")
-    return _heldout(cfg.data, model_path, num_docs, setting=setting, raise_key=raise_key)
+    return corpus_heldout_blocks(cfg.data, model_path, num_docs, setting=setting, raise_key=raise_key)

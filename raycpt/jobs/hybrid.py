@@ -37,10 +37,20 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, HybridConfig
 from raycpt.errors import RaycptError
+from raycpt.evaluate import resolve_eval_tasks
+from raycpt.evaluate.results import EvalResult
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.jobs.grid import Grid, Trial, grid_params, run_grid, train_and_evaluate
 from raycpt.io import atomic_write_json, atomic_write_text
-from raycpt.runs import command_run, open_run_dir, read_state, refuse_existing_outputs
+from raycpt.jobs.grid import Grid, Trial, grid_params, run_grid, train_and_evaluate
+from raycpt.jobs.job import NoRun, Options, RunSpec, Steps, run_job
+from raycpt.jobs.trace import run_trace
+from raycpt.models.hybrid_build import build_hybrid, param_counts, save_hybrid, segment_rows
+from raycpt.models.hybrid_plans import plan_from_config
+from raycpt.report.eval import render_table, table_text, write_results
+from raycpt.report.hybrid import plot_profiles
+from raycpt.runs import open_run_dir, read_state, refuse_existing_outputs
+from raycpt.runtime import ray_session
+from raycpt.train.preflight import full_plan, preflight
 
 SEGMENT_MAP = "segment_map.json"
 
@@ -83,8 +93,6 @@ def display_name(plan) -> str:
 
 def plan_builds(cfg: ExperimentConfig, builds: Optional[list[str]] = None) -> list:
     """Resolve (and so validate) every requested build; no weights are loaded."""
-    from raycpt.models.hybrid_plans import plan_from_config
-
     hcfg = hybrid_section(cfg)
     names = list(builds or hcfg.builds)
     for b in names:
@@ -102,7 +110,6 @@ def build_one(plan, folder: Path, progress: bool = False) -> BuiltHybrid:
     saved = folder / SEGMENT_MAP
     if saved.is_file() and (folder / "config.json").is_file():
         return BuiltHybrid.from_dict(json.loads(saved.read_text()))
-    from raycpt.models.hybrid_build import build_hybrid, param_counts, save_hybrid, segment_rows
 
     model, tok = build_hybrid(plan, progress=progress)
     built = BuiltHybrid(build=plan.name, display=display_name(plan), folder=folder, rows=segment_rows(model),
@@ -125,20 +132,43 @@ def refuse_files_in_the_way(root: Path, folders) -> None:
             raise RaycptError(f"--out {root}: {parent} is a file, not a folder: nothing was written")
 
 
-def build_hybrids(cfg: ExperimentConfig, builds: Optional[list[str]] = None, out: Optional[str] = None,
-                  progress: bool = True, overwrite: bool = False) -> tuple[Path, list[BuiltHybrid]]:
-    """``raycpt hybrid build``: write every build under ``out/<build>/`` (default: a new run folder).
-    An existing non-empty ``out/<build>/`` is replaced only with ``overwrite``."""
-    plans = plan_builds(cfg, builds)
+@dataclass
+class BuildPlan:
+    """What ``hybrid build`` checked: the config and every requested build's plan."""
+
+    cfg: ExperimentConfig
+    plans: list
+
+
+def _plan_build(cfg: ExperimentConfig, options: Options) -> BuildPlan:
+    return BuildPlan(cfg, plan_builds(cfg, options.get("builds")))
+
+
+def _build(plan: BuildPlan, options: Options) -> tuple[Path, list[BuiltHybrid]]:
+    """Write every build under ``--out``/<build>/ (default: a new run folder); an existing non-empty one is replaced
+    only with ``--overwrite``."""
+    cfg, plans, out, progress = plan.cfg, plan.plans, options.get("out"), options.progress
     if out is None:
         root = open_run_dir(cfg, "hybrid-build")
     else:
         root = Path(out).expanduser().resolve()
         refuse_files_in_the_way(root, [root / p.name for p in plans])
-        refuse_existing_outputs([root / p.name for p in plans], overwrite, "--overwrite")
+        refuse_existing_outputs([root / p.name for p in plans], bool(options.get("overwrite")), "--overwrite")
         root.mkdir(parents=True, exist_ok=True)
     built = [build_one(p, root / p.name, progress=progress) for p in plans]
     return root, built
+
+
+HYBRID_BUILD = NoRun(_build, prepare=_plan_build)
+"""``raycpt hybrid build``: a command that runs no experiment (its builds go into a folder, no MLflow run)."""
+
+
+def build_hybrids(cfg: ExperimentConfig, builds: Optional[list[str]] = None, out: Optional[str] = None,
+                  progress: bool = True, overwrite: bool = False) -> tuple[Path, list[BuiltHybrid]]:
+    """``raycpt hybrid build``: write every build under ``out/<build>/`` (default: a new run folder).
+    An existing non-empty ``out/<build>/`` is replaced only with ``overwrite``."""
+    return run_job(HYBRID_BUILD, cfg, Options(progress=progress,
+                                              values={"builds": builds, "out": out, "overwrite": overwrite}))
 
 
 def hybrid_train_config(cfg: ExperimentConfig, built: BuiltHybrid) -> ExperimentConfig:
@@ -158,8 +188,6 @@ class HybridBuild:
 
     def run(self, trial: Trial) -> dict:
         """Build, train, evaluate and trace this build inside its child run."""
-        from raycpt.jobs.trace import run_trace
-
         plan, console, progress = plan_builds(trial.cfg, [self.name])[0], trial.console, trial.shared["progress"]
         say = console.print if console is not None else (lambda *a, **k: None)
         say(f"[bold]{self.label}[/bold]: build")
@@ -236,32 +264,30 @@ class HybridRunResult:
     paths: dict = field(default_factory=dict)
 
 
-def prepare(cfg: ExperimentConfig, console=None) -> list:
-    """Every check of a hybrid run, with no Ray and no MLflow: the builds' specs, the eval tasks, the memory."""
-    from raycpt.evaluate import resolve_eval_tasks
-    from raycpt.train.preflight import full_plan, preflight
-
+def prepare(cfg: ExperimentConfig, options: Options) -> BuildPlan:
+    """Every check of a hybrid run, with no Ray and no MLflow: the builds' specs, the eval tasks, the memory (every
+    user error about the spec surfaces here, before any run exists)."""
+    console = options.console
     plans = plan_builds(cfg)
     resolve_eval_tasks(cfg.eval)
     # the hybrids do not exist yet and each build sets its own layers plan: check the donor's full plan
     # (cfg.plan's empty ``layers`` list would "train nothing")
     preflight(cfg, console, plans=[full_plan(cfg)])
     prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
-    return plans
+    return BuildPlan(cfg, plans)
 
 
 def _builds(plans: list) -> list:
     return [HybridBuild(p.name, f"{display_name(p)} ({p.name})") for p in plans]
 
 
-def execute(cfg: ExperimentConfig, plans: list, run, resume: bool = False, console=None,
-            progress: bool = True) -> HybridRunResult:
-    """Build, train, evaluate and trace every build (inline grid trials), then the Table-4 files."""
-    from raycpt.evaluate.results import EvalResult
-    from raycpt.report.eval import render_table, table_text, write_results
-    from raycpt.report.hybrid import plot_profiles
-    from raycpt.runtime import ray_session
+def run_spec(plan: BuildPlan, options: Options) -> RunSpec:
+    return RunSpec(plan.cfg, "hybrid", params=grid_params(_builds(plan.plans)))
 
+
+def execute(plan: BuildPlan, run, options: Options) -> HybridRunResult:
+    """Build, train, evaluate and trace every build (inline grid trials), then the Table-4 files."""
+    cfg, plans, resume, console, progress = plan.cfg, plan.plans, options.resume, options.console, options.progress
     t0, run_dir = time.time(), run.run_dir
     state = read_state(run_dir)
     grid = Grid("hybrid", _builds(plans), shared={"progress": progress}, folder="builds", meta_file="build.json",
@@ -290,11 +316,12 @@ def execute(cfg: ExperimentConfig, plans: list, run, resume: bool = False, conso
                            paths={k: str(v) for k, v in paths.items()})
 
 
+HYBRID_RUN = Steps(prepare, execute, run_spec)
+
+
 def run_hybrid(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True) -> HybridRunResult:
     """``raycpt hybrid run``: :func:`prepare`, then :func:`execute` in the command's run."""
-    plans = prepare(cfg, console)  # every user error about the spec surfaces here, before any run exists
-    with command_run(cfg, "hybrid", resume=resume, params=grid_params(_builds(plans))) as run:
-        return execute(cfg, plans, run, resume=resume, console=console, progress=progress)
+    return run_job(HYBRID_RUN, cfg, Options(console=console, resume=resume, progress=progress))
 
 
 def hybrid_summary_metrics(summary: dict) -> dict:

@@ -18,8 +18,17 @@ from typing import Any, Optional
 import numpy as np
 
 from raycpt.config import ExperimentConfig
+from raycpt.data.corpus import eos_id_of, iter_documents, pack_token_lists, spread_sample
+from raycpt.diagnostics.selectors import (METRICS, block_influence, layertracer_scores, random_scores, top_k,
+                                          weight_snr, write_selection)
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import model_layers
+from raycpt.jobs.job import Options, RunSpec, Steps, run_job
+from raycpt.jobs.trace import prepare_trace, run_trace
+from raycpt.models.sources import load_model
+from raycpt.models.stack import LayerStack
+from raycpt.report.progress import count_progress
+from raycpt.report.select import scores_csv, scores_plot
 
 BATCH = 4  # corpus blocks per forward of bi
 
@@ -57,14 +66,12 @@ def check_k(k: Optional[int], n: int) -> int:
     return k
 
 
-def prepare(cfg: ExperimentConfig) -> _Prepared:
+def prepare(cfg: ExperimentConfig, options: Options) -> _Prepared:
     """Every user-input check, before any model weights, Ray or MLflow."""
     model_path, n = model_layers(cfg)
     k = check_k(cfg.select.k, n)
     trace = None
     if cfg.select.method == "layertracer":
-        from raycpt.jobs.trace import prepare_trace
-
         trace = prepare_trace(cfg)
     return _Prepared(cfg=cfg, model_path=model_path, num_layers=n, k=k, trace=trace)
 
@@ -72,8 +79,6 @@ def prepare(cfg: ExperimentConfig) -> _Prepared:
 def corpus_blocks(cfg: ExperimentConfig, tokenizer) -> np.ndarray:
     """``select.samples`` blocks of ``select.seq_len`` tokens (null: data.seq_len) packed the way training packs
     (documents joined with EOS), from documents spread over the whole corpus (seeded strata)."""
-    from raycpt.data.corpus import eos_id_of, iter_documents, pack_token_lists, spread_sample
-
     s = cfg.select
     seq_len = s.seq_len or cfg.data.seq_len
     docs = list(iter_documents(cfg.data.corpus, cfg.data.text_field, cfg.data.max_documents))
@@ -95,11 +100,6 @@ def corpus_blocks(cfg: ExperimentConfig, tokenizer) -> np.ndarray:
 def _bi(prep: _Prepared, progress: bool) -> tuple[np.ndarray, str]:
     import torch
 
-    from raycpt.diagnostics.selectors import block_influence
-    from raycpt.models.sources import load_model
-    from raycpt.models.stack import LayerStack
-    from raycpt.report.progress import count_progress
-
     model, tok = load_model(prep.model_path, dtype="float32", device="cpu")
     blocks = corpus_blocks(prep.cfg, tok)
     stack = LayerStack(model)
@@ -115,10 +115,6 @@ def _bi(prep: _Prepared, progress: bool) -> tuple[np.ndarray, str]:
 
 
 def _snr(prep: _Prepared) -> tuple[np.ndarray, str]:
-    from raycpt.diagnostics.selectors import weight_snr
-    from raycpt.models.sources import load_model
-    from raycpt.models.stack import LayerStack
-
     model, _ = load_model(prep.model_path, dtype="float32", device="cpu")
     norm = prep.cfg.select.normalize
     return weight_snr(LayerStack(model).layers, normalize=norm), ("SNR / s_max per matrix" if norm else
@@ -126,9 +122,6 @@ def _snr(prep: _Prepared) -> tuple[np.ndarray, str]:
 
 
 def _layertracer(prep: _Prepared, run, progress: bool) -> tuple[np.ndarray, str]:
-    from raycpt.diagnostics.selectors import layertracer_scores
-    from raycpt.jobs.trace import run_trace
-
     res = run_trace(prep.trace.cfg, run_dir=run.run_dir / "trace", parent=run, progress=progress)
     return layertracer_scores(res.tp_norm, res.ls_norm), (f"LS^ - TP^ of a trace on {res.num_prompts} prompts "
                                                           f"(recommended split r = {res.recommended_split:g})")
@@ -136,8 +129,6 @@ def _layertracer(prep: _Prepared, run, progress: bool) -> tuple[np.ndarray, str]
 
 def scores_of(prep: _Prepared, run, progress: bool = True) -> tuple[np.ndarray, str]:
     """The selector's ``(N,)`` scores and a one-line note of what they were computed on."""
-    from raycpt.diagnostics.selectors import random_scores
-
     method = prep.cfg.select.method
     if method == "bi":
         return _bi(prep, progress)
@@ -148,13 +139,15 @@ def scores_of(prep: _Prepared, run, progress: bool = True) -> tuple[np.ndarray, 
     return random_scores(prep.num_layers, prep.cfg.select.seed), f"seeded uniform draw, seed {prep.cfg.select.seed}"
 
 
-def execute(prep: _Prepared, run, progress: bool = True) -> SelectResult:
-    from raycpt.diagnostics.selectors import METRICS, top_k, write_selection
-    from raycpt.report.select import scores_csv, scores_plot
+def run_spec(prep: _Prepared, options: Options) -> RunSpec:
+    cfg = prep.cfg
+    return RunSpec(cfg, "select", name=f"select-{cfg.select.method}-{cfg.name}", params={"select.k_used": prep.k})
 
+
+def execute(prep: _Prepared, run, options: Options) -> SelectResult:
     cfg, s = prep.cfg, prep.cfg.select
     t0 = time.perf_counter()
-    scores, note = scores_of(prep, run, progress)
+    scores, note = scores_of(prep, run, options.progress)
     if len(scores) != prep.num_layers:
         raise RuntimeError(f"select {s.method}: {len(scores)} scores for {prep.num_layers} layers")
     wall_s = time.perf_counter() - t0
@@ -178,11 +171,9 @@ def _log(run, method: str, scores: np.ndarray, best: list[int], paths: dict, wal
         run.log_artifact(p, "select")
 
 
+SELECT = Steps(prepare, execute, run_spec)
+
+
 def run_select(cfg: ExperimentConfig, progress: bool = True) -> SelectResult:
     """``raycpt select``: checks first (:func:`prepare`), then the one lifecycle (:func:`raycpt.runs.command_run`)."""
-    from raycpt.runs import command_run
-
-    prep = prepare(cfg)
-    with command_run(prep.cfg, "select", run_name=f"select-{cfg.select.method}-{cfg.name}",
-                     params={"select.k_used": prep.k}) as run:
-        return execute(prep, run, progress=progress)
+    return run_job(SELECT, cfg, Options(progress=progress))

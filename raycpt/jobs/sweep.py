@@ -16,17 +16,30 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from raycpt.config import ExperimentConfig, config_with
+from raycpt.diagnostics.selectors import block_influence, weight_snr
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, grid_params, heldout_blocks, model_layers, run_grid,
-                              train_and_evaluate, warm_imports)
 from raycpt.io import atomic_write_json
-from raycpt.runs import command_run, memo
+from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, ahead_of_trials, grid_params, heldout_blocks, model_layers,
+                              no_shards, run_grid, train_and_evaluate, warm_imports)
+from raycpt.jobs.job import Options, RunSpec, Steps, run_job
+from raycpt.jobs.select import BATCH, corpus_blocks
+from raycpt.jobs.trace import run_trace
+from raycpt.models.adapters import lora_targets, lora_trainable_params
+from raycpt.models.sources import load_model
+from raycpt.models.stack import LayerStack
+from raycpt.report.sweep import report_options, write_summary
+from raycpt.report.sweep_outcomes import HELDOUT_DOCS_FILE
+from raycpt.runs import memo
+from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.splits import check_split, split_index
-from raycpt.strategies import split_plans, takes_split
+from raycpt.strategies import budget_plans, check_budget, split_plans, takes_split
+from raycpt.train.prepare import model_skeleton
+from raycpt.train.preflight import preflight, sweep_plans
+from raycpt.train.worker_eval import EVAL_RESULT_FILE
 
 
 @dataclass(frozen=True)
@@ -46,8 +59,6 @@ class TrialSpec:
 
     def run(self, trial: Trial) -> dict:
         """Train and evaluate this trial under its child run (in a Tune trial, or called directly)."""
-        from raycpt.train.worker_eval import EVAL_RESULT_FILE
-
         run = trial.run
         tcfg = trial_config(trial.cfg, self)
         if run.created or not run.run_id:
@@ -150,20 +161,29 @@ class SweepResult:
 
 @dataclass
 class SweepPlan:
-    """What :func:`prepare` checked: the effective config, the model and its depth, the trials, the held-out blocks."""
+    """What :func:`prepare` checked: the effective config, the model and its depth, the trials, the held-out blocks;
+    when the sweep started (its wall time counts the checks) and what waits for the base shards
+    (:func:`raycpt.jobs.grid.ahead_of_trials`)."""
 
     cfg: ExperimentConfig
     model_path: str
     num_layers: int
     specs: list[TrialSpec]
     heldout: Optional[list] = None
+    t0: float = field(default_factory=time.time)
+    shards_ready: Callable[[], dict] = no_shards
 
 
-def prepare(cfg: ExperimentConfig, console=None) -> SweepPlan:
+def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPlan:
     """Every check of a sweep, with no Ray and no MLflow: the splits against the model's depth and the trials
-    first, then the memory of the plans that will run (printed to ``console``: the first and the last split)."""
-    from raycpt.train.preflight import sweep_plans
-
+    first, then the memory of the plans that will run (printed to the console: the first and the last split).
+    ``options.values`` ``splits`` / ``strategies`` set ``sweep.splits`` / ``sweep.strategies`` (library callers)."""
+    options, t0 = options if options is not None else Options(), time.time()
+    console = options.console
+    if options.get("splits") is not None:
+        cfg.sweep.splits = list(options.get("splits"))
+    if options.get("strategies") is not None:
+        cfg.sweep.strategies = list(options.get("strategies"))
     model_path, num_layers = model_layers(cfg)
     s = cfg.sweep
     if is_auto(s.budget):  # the recommended train_shallow's count: the rows come after the trace (execute)
@@ -178,16 +198,19 @@ def prepare(cfg: ExperimentConfig, console=None) -> SweepPlan:
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
     prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
-    return SweepPlan(cfg, model_path, num_layers, specs, blocks)
+    return SweepPlan(cfg, model_path, num_layers, specs, blocks, t0=t0)
+
+
+def run_spec(plan: SweepPlan, options: Options) -> RunSpec:
+    """The sweep's run: the grid's params; Ray and the base shards start while it opens."""
+    return RunSpec(plan.cfg, "sweep", params=grid_params(plan.specs, {"num_layers": plan.num_layers}),
+                   around=ahead_of_trials(plan))
 
 
 def budget_numbers(skeleton, targets=()) -> dict:
     """What :func:`raycpt.strategies.budget_plans` needs, from a weightless copy of the model: parameters per
     layer, outside the layers (a tied matrix once), LoRA parameters per unit of rank on every layer, the largest
     rank (the smallest targeted width), the model's total."""
-    from raycpt.models.adapters import lora_targets, lora_trainable_params
-    from raycpt.models.stack import LayerStack
-
     stack = LayerStack.of(skeleton)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in stack.layers]
     total = sum(p.numel() for p in skeleton.parameters())
@@ -232,13 +255,6 @@ def budget_rows(cfg: ExperimentConfig, model_path: str) -> list[dict]:
     import numpy as np
     import torch
 
-    from raycpt.diagnostics.selectors import block_influence, weight_snr
-    from raycpt.jobs.select import BATCH, corpus_blocks
-    from raycpt.models.sources import load_model
-    from raycpt.models.stack import LayerStack
-    from raycpt.strategies import budget_plans, check_budget
-    from raycpt.train.prepare import model_skeleton
-
     nums = budget_numbers(model_skeleton(model_path), cfg.plan.lora_targets)
     budget = check_budget(parse_budget(cfg.sweep.budget), nums["layer_params"], nums["total"])
     model, tok = load_model(model_path, dtype="float32", device="cpu")
@@ -256,8 +272,6 @@ def budget_rows(cfg: ExperimentConfig, model_path: str) -> list[dict]:
 def check_memory(cfg: ExperimentConfig, console, plans: list) -> None:
     """The memory estimate of every plan the sweep will train (each printed), then one line naming every plan
     (with its split) that does not fit."""
-    from raycpt.train.preflight import preflight
-
     failed = []
     for pc in plans:
         try:
@@ -269,15 +283,12 @@ def check_memory(cfg: ExperimentConfig, console, plans: list) -> None:
         raise RaycptError(f"{len(failed)} of {len(plans)} sweep plans do not fit ({names}); {failed[0][1]}")
 
 
-def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_grid=lambda: None) -> SweepResult:
+def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
     """Trace once, run the grid, write the summary (inside the sweep's :func:`raycpt.runs.command_run`).
-    ``before_grid()``: called before the first trial (waits for what was prepared ahead of the trials); returns the
-    base shards it verified (``Grid.shared[SHARDS_CHECKED]``)."""
-    from raycpt.report.sweep import report_options, write_summary
-    from raycpt.report.sweep_outcomes import HELDOUT_DOCS_FILE
-    from raycpt.runtime import ray_session, stop_ray_soon
-
+    ``plan.shards_ready()`` is called before the first trial (waits for the base shards written ahead of the trials;
+    returns the ones it verified: ``Grid.shared[SHARDS_CHECKED]``)."""
     cfg, run_dir, s = plan.cfg, run.run_dir, plan.cfg.sweep
+    resume, console = options.resume, options.console
     shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", plan.heldout))
               if plan.heldout else None}
     if plan.heldout and getattr(plan.heldout, "documents", None):  # the document of each block: the summary's clusters
@@ -292,20 +303,19 @@ def execute(plan: SweepPlan, run, resume: bool = False, console=None, before_gri
         grid = Grid("sweep", plan.specs, shared=shared, cpus=s.cpus_per_trial, data_cpus=s.data_cpus_per_trial,
                     resources=s.trial_resources, max_concurrent=s.max_concurrent_trials,
                     max_steps=cfg.train.max_steps, model_path=plan.model_path)
-        grid.shared[SHARDS_CHECKED] = before_grid() or {}
+        grid.shared[SHARDS_CHECKED] = plan.shards_ready() or {}
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
         stop_ray_soon()  # Ray shuts down while the summary is written
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg))
         log_summary(run, summary["files"], trace, summary)
         run.state(done=True)
-    return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace)
+    return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace,
+                       wall_s=time.time() - plan.t0)
 
 
 def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
     """``--budget auto`` after the trace: the budget = the recommended train_shallow's count, then its rows."""
-    from raycpt.train.prepare import model_skeleton
-
     cfg, s = plan.cfg, plan.cfg.sweep
     sizes = budget_numbers(model_skeleton(plan.model_path), cfg.plan.lora_targets)["layer_params"]
     s.budget = auto_budget(trace["recommended_split"], sizes)
@@ -313,26 +323,15 @@ def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
     return plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds)
 
 
+SWEEP = Steps(prepare, execute, run_spec)
+
+
 def run_sweep(cfg: ExperimentConfig, splits: Optional[list[float]] = None, strategies: Optional[list[str]] = None,
               resume: bool = False, console=None) -> SweepResult:
     """The ``raycpt sweep`` command (see the module docstring): :func:`prepare`, then :func:`execute` in the
     command's run. ``splits`` / ``strategies`` set ``sweep.splits`` / ``sweep.strategies`` (library callers)."""
-    if splits is not None:
-        cfg.sweep.splits = list(splits)
-    if strategies is not None:
-        cfg.sweep.strategies = list(strategies)
-    from raycpt.runtime import ray_starting
-    from raycpt.train.publish import base_shards_ahead
-
-    t0 = time.time()
-    plan = prepare(cfg, console)
-    # the checks passed: Ray starts and the base shards are written while the MLflow run opens (issue 28)
-    with ray_starting(cfg.ray), base_shards_ahead(cfg, plan.model_path) as shards_ready, \
-            command_run(cfg, "sweep", resume=resume,
-                        params=grid_params(plan.specs, {"num_layers": plan.num_layers})) as run:
-        res = execute(plan, run, resume=resume, console=console, before_grid=shards_ready)
-    res.wall_s = time.time() - t0
-    return res
+    return run_job(SWEEP, cfg, Options(console=console, resume=resume,
+                                       values={"splits": splits, "strategies": strategies}))
 
 
 def _trace_once(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent) -> dict:
@@ -343,8 +342,6 @@ def _trace_once(cfg: ExperimentConfig, run_dir: Path, splits: list[float], paren
 
 
 def _trace(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent) -> dict:
-    from raycpt.jobs.trace import run_trace
-
     res = run_trace(cfg, run_dir=run_dir / "trace", splits=splits, parent=parent)
     return {"recommended_split": res.recommended_split,
             "split_scores": {f"{float(row['ratio']):g}": float(row["S"]) for row in res.split_table},

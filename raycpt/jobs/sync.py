@@ -25,6 +25,7 @@ from typing import Optional
 from raycpt.config import load_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
+from raycpt.jobs.job import NoRun, Options
 from raycpt.runs import read_state, write_state
 from raycpt.tracking import (LOST_FILE, Seen, ensure_store, project, read_records, record_kind,
                              tracking_uri as uri_of)
@@ -156,3 +157,11 @@ def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None) -> str:
     status = STATUS.get(read_state(run_dir).get("status", ""), "unchanged")
     return (f"synced {run_dir} into {'a new' if top[2] else 'its'} run {run_id} at {store.uri}: {sent} item(s) "
             f"added{f', {len(units)} nested run(s) ({new} new run(s))' if units else ''}, status {status}")
+
+
+def _sync(cfg, options: Options) -> str:
+    return sync_run(cfg, options.rest, options.get("tracking_uri"))
+
+
+RUNS_SYNC = NoRun(_sync)
+"""``raycpt runs sync``: a command that runs no experiment (it replays another command's folder)."""

@@ -34,11 +34,17 @@ from typing import Any, Optional
 import numpy as np
 
 from raycpt.config import ExperimentConfig, trace_dtype
-from raycpt.diagnostics.prompts import seam_note
+from raycpt.diagnostics.prompts import (EncodedPrompt, check_prompt_set, collate, encode_prompts, load_prompt_records,
+                                        pad_id_of, seam_note)
+from raycpt.diagnostics.tracer import trace_batch
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import model_layers
+from raycpt.jobs.job import Options, RunSpec, Steps, run_job
+from raycpt.models.sources import load_model
+from raycpt.models.stack import LayerStack
 from raycpt.report.progress import count_progress
-from raycpt.report.trace import aggregate
+from raycpt.report.trace import aggregate, write_artifacts
+from raycpt.runtime import cluster_address, ray_session
 from raycpt.splits import check_ratio, check_split
 
 
@@ -102,9 +108,6 @@ class TraceActor:
                  pad_id: int = 0):
         import torch
 
-        from raycpt.models.sources import load_model
-        from raycpt.models.stack import LayerStack
-
         if num_threads > 0:
             torch.set_num_threads(num_threads)
         device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
@@ -113,9 +116,6 @@ class TraceActor:
         self.top_k, self.eps, self.schedule, self.pad_id = top_k, eps, schedule, pad_id
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from raycpt.diagnostics.prompts import EncodedPrompt, collate
-        from raycpt.diagnostics.tracer import trace_batch
-
         prompts = [EncodedPrompt(index=int(i), group="", input_ids=np.asarray(ids).tolist(),
                                  context=np.asarray(ctx).tolist(), query=[], last=int(last))
                    for i, ids, ctx, last in zip(batch["index"], batch["input_ids"], batch["context"], batch["last"])]
@@ -142,8 +142,6 @@ def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, p
                   top_k: Optional[int] = None) -> _Prepared:
     """Every user-input check of a trace, with no Ray and no MLflow: returns the effective config,
     the resolved model path and depth, and the encoded prompts. Raises RaycptError (one line)."""
-    from raycpt.diagnostics.prompts import check_prompt_set, encode_prompts, load_prompt_records
-
     t = cfg.trace
     splits = list(t.splits if splits is None else splits)
     top_k = t.top_k if top_k is None else top_k
@@ -181,14 +179,10 @@ def in_process(cfg: ExperimentConfig) -> bool:
     """Whether the trace runs in this process: one actor (``trace.num_actors=1``) and no cluster named (a local
     Ray or none). A pool of one actor on this machine computes the same rows, after a Ray start, an actor start
     and a model load in that actor; on a cluster the pool places the actors (and their GPUs)."""
-    from raycpt.runtime import cluster_address
-
     return int(cfg.trace.num_actors) == 1 and cluster_address(cfg.ray) is None
 
 
 def _actor_kwargs(prep: _Prepared) -> dict:
-    from raycpt.diagnostics.prompts import pad_id_of
-
     t = prep.cfg.trace
     return dict(model_path=prep.model_path, dtype=trace_dtype(prep.cfg), top_k=t.top_k, eps=t.eps,
                 use_gpu=t.gpus_per_actor > 0, num_threads=max(1, int(round(t.cpus_per_actor))),
@@ -318,23 +312,25 @@ def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Opt
     Bad input raises :class:`RaycptError` before Ray or MLflow is touched (:func:`prepare_trace`);
     the work is :func:`execute`, inside the command's :func:`raycpt.runs.command_run`.
     """
-    from raycpt.runs import command_run
-
-    prep = prepare_trace(cfg, splits=splits, prompts=prompts, top_k=top_k)
-    with command_run(prep.cfg, "trace", run_dir=run_dir, parent=parent,
-                     run_name=f"trace-{prep.cfg.name}") as run:
-        return execute(prep, run, progress=progress)
+    return run_job(TRACE, cfg, Options(run_dir=run_dir, parent=parent, progress=progress,
+                                       values={"splits": splits, "prompts": prompts, "top_k": top_k}))
 
 
-prepare = prepare_trace
+def prepare(cfg: ExperimentConfig, options: Options) -> _Prepared:
+    """:func:`prepare_trace` with the options' ``splits`` / ``prompts`` / ``top_k`` (library callers; the CLI's
+    options set ``trace.*``)."""
+    return prepare_trace(cfg, splits=options.get("splits"), prompts=options.get("prompts"),
+                         top_k=options.get("top_k"))
 
 
-def execute(prep: _Prepared, run, progress: bool = True) -> TraceResult:
+def run_spec(prep: _Prepared, options: Options) -> RunSpec:
+    """The trace's run, of the effective config (``options.run_dir`` / ``parent``: nested in a sweep, a build)."""
+    return RunSpec(prep.cfg, "trace", name=f"trace-{prep.cfg.name}")
+
+
+def execute(prep: _Prepared, run, options: Options) -> TraceResult:
     """The actor pool over the prompts (Ray), then the profiles, S(b), artifacts and MLflow records."""
-    from raycpt.report.trace import write_artifacts
-    from raycpt.runtime import ray_session
-
-    cfg, run_dir = prep.cfg, run.run_dir
+    cfg, run_dir, progress = prep.cfg, run.run_dir, options.progress
     t0 = time.perf_counter()
     if in_process(cfg):  # one actor on this machine: no Ray start, no actor start (the same rows)
         rows = _rows_in_process(prep, progress)
@@ -369,3 +365,6 @@ def execute(prep: _Prepared, run, progress: bool = True) -> TraceResult:
                        grid_scores=agg["recommended"]["scores"], tp_layers=agg["tp_layers"],
                        answer_hit_rate=agg["hit_rate"], paths=paths, wall_s=wall_s,
                        seam_note=seam_note(prep.encoded))
+
+
+TRACE = Steps(prepare, execute, run_spec)

@@ -1,5 +1,5 @@
 """``raycpt train``: one plan trained under a Ray ``TorchTrainer`` (:func:`raycpt.train.launch.run_training`),
-inside the command's :func:`raycpt.runs.command_run`.
+inside the command's :func:`raycpt.runs.command_run`; and ``raycpt plan show``, the plan's layer map without training.
 
 :func:`prepare` checks the train settings, the eval tasks and the memory of the plan before any run folder;
 :func:`execute` trains (a finished run resumed with ``--resume`` is read back: the launcher's memo
@@ -8,38 +8,66 @@ inside the command's :func:`raycpt.runs.command_run`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from raycpt.config import ExperimentConfig
+from raycpt.jobs.job import NoRun, Options, RunSpec, Steps, run_job
+from raycpt.runtime import ray_session
+from raycpt.strategies import plan_table
+from raycpt.data.run_store import packed_corpus
+from raycpt.train.launch import run_training
+from raycpt.train.prepare import check_train_config, prepare_plan, resolve_model_path
+from raycpt.train.resume import check_resume_run
+from raycpt.train.preflight import preflight
 
 
-def prepare(cfg: ExperimentConfig, console=None):
+@dataclass
+class TrainPlan:
+    """What :func:`prepare` checked: the config and the packed store of its corpus."""
+
+    cfg: ExperimentConfig
+    store: Any
+
+
+def prepare(cfg: ExperimentConfig, options: Options) -> TrainPlan:
     """Every check before any run folder or MLflow run: the train settings, the plan and its memory estimate
-    (printed to ``console``), the corpus packed (once) and big enough for this run; the packed store."""
-    from raycpt.data.run_store import packed_corpus
-    from raycpt.train.prepare import check_train_config, resolve_model_path
-    from raycpt.train.preflight import preflight
-
+    (printed to the console), the corpus packed (once) and big enough for this run; the packed store."""
     check_train_config(cfg)
-    preflight(cfg, console)
-    return packed_corpus(cfg, resolve_model_path(cfg), quiet=console is None)
+    preflight(cfg, options.console)
+    return TrainPlan(cfg, packed_corpus(cfg, resolve_model_path(cfg), quiet=options.console is None))
 
 
-def execute(cfg: ExperimentConfig, run, resume: bool = False, progress: bool = True):
+def run_spec(plan: TrainPlan, options: Options) -> RunSpec:
+    """``--resume``: the newest train run of this config, refused in one line when its saved settings differ or its
+    newest checkpoint was trained on another pack of the corpus."""
+    cfg = plan.cfg
+    return RunSpec(cfg, "train", name=f"train-{cfg.name}",
+                   on_open=(lambda d: check_resume_run(d, cfg, plan.store)) if options.resume else None)
+
+
+def execute(plan: TrainPlan, run, options: Options):
     """Train in the run folder under the command's MLflow run; the :class:`raycpt.train.result.TrainResult`."""
-    from raycpt.runtime import ray_session
-    from raycpt.train.launch import run_training
+    with ray_session(plan.cfg.ray):
+        return run_training(plan.cfg, run, resume=options.resume, progress=options.progress)
 
-    with ray_session(cfg.ray):
-        return run_training(cfg, run, resume=resume, progress=progress)
+
+TRAIN = Steps(prepare, execute, run_spec)
 
 
 def run_train(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True):
-    """``raycpt train``: :func:`prepare`, then :func:`execute` in the command's run (``--resume``: the newest
-    train run of this config, refused in one line when its saved settings differ or its newest checkpoint was
-    trained on another pack of the corpus)."""
-    from raycpt.runs import command_run
-    from raycpt.train.resume import check_resume_run
+    """``raycpt train`` (see the module docstring)."""
+    return run_job(TRAIN, cfg, Options(console=console, resume=resume, progress=progress))
 
-    store = prepare(cfg, console)
-    with command_run(cfg, "train", resume=resume, run_name=f"train-{cfg.name}",
-                     on_open=(lambda d: check_resume_run(d, cfg, store)) if resume else None) as run:
-        return execute(cfg, run, resume=resume, progress=progress)
+
+def show_plan(cfg: ExperimentConfig, options: Options):
+    """``raycpt plan show``: ``(title, plan table)`` of ``cfg.plan`` on ``cfg.model`` (no training); the memory
+    estimate is printed."""
+    path = resolve_model_path(cfg)
+    plan, _counts, skeleton = prepare_plan(cfg, path)
+    tab = plan_table(skeleton, plan)
+    preflight(cfg, options.console)
+    return f"plan {plan.name} on {cfg.model.ref}", tab
+
+
+PLAN_SHOW = NoRun(show_plan)

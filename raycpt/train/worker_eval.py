@@ -34,7 +34,7 @@ class EvalRequest:
 
 
 
-def cast_weights(model, dtype: torch.dtype):
+def cast_weights(model, dtype):
     """``model``'s parameters in ``dtype``, in place; its buffers as they are: a model loaded in ``dtype`` keeps
     float32 buffers (RoPE's ``inv_freq``), and ``model.to(dtype)`` would round them, so that in-worker evaluation
     scored another function than the saved model (scripts/device_check.py's eval_same_model)."""

@@ -22,7 +22,7 @@ def test_compare_cli_end_to_end(ray_local, pair, capsys):
     """Table rows per layer, swaps, plots, MLflow run FINISHED; CKA of a model with itself is 1."""
     import mlflow
 
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     base, tuned, root = pair
     # no --prompts: the shipped WordNet glosses (no Debian package); overrides given like every command's
@@ -52,7 +52,7 @@ def test_compare_cli_end_to_end(ray_local, pair, capsys):
 def test_compare_bad_inputs_one_line(pair, tmp_path, capsys):
     from tiny import save_tiny
 
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     base, _, _ = pair
     three = save_tiny(tmp_path / "three", "llama", 3)
@@ -68,7 +68,7 @@ def test_compare_bad_inputs_one_line(pair, tmp_path, capsys):
 @pytest.mark.slow
 def test_contribution_cli_end_to_end(ray_local, pair, tmp_path, capsys):
     """base + full + one single-layer trial on a tiny model: ranking file in the elite format."""
-    from raycpt.cli import main
+    from raycpt.entry import main
     from raycpt.strategies import read_ranking
 
     base, _, _ = pair
@@ -98,7 +98,7 @@ def test_contribution_with_both_controls(ray_local, pair, tmp_path, capsys):
     best / the worst layer, and is reported; the sampled vote at T = 0 is the full model's greedy answer."""
     import mlflow
 
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     base, _, _ = pair
     rc = main(["contribution", f"model.ref={base}", f"tracking.run_root={tmp_path}", "train.max_steps=3",

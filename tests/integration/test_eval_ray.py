@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 
-from raycpt.cli import main
+from raycpt.entry import main
 from raycpt.config import EvalConfig
 from raycpt import evaluate as E
 

@@ -205,7 +205,7 @@ def test_raycpt_train_on_ray_runs_fsdp_on_cpu_logs_the_freeze_check_and_stops_an
     """The real launcher: Ray Train starts 2 CPU workers (gloo), raycpt shards them with FSDP2."""
     from mlflow.tracking import MlflowClient
 
-    from raycpt.cli import main
+    from raycpt.entry import main
     from test_train import _base
 
     base = _base(tmp_path, tiny_dir, distributed="fsdp", max_steps=2, checkpoint_every=2, max_failures=0)

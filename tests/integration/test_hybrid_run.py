@@ -16,7 +16,7 @@ def test_hybrid_run_end_to_end_and_resume(ray_local, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
     from safetensors.torch import load_file
 
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     donor = save_tiny(tmp_path / "donor", "llama", 4, 32, seed=1)
     cfg = {

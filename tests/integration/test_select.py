@@ -17,7 +17,7 @@ def _args(tmp_path, tiny_dir, *extra):
 
 
 def _run(tmp_path, tiny_dir, capsys, *extra):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     rc = main(_args(tmp_path, tiny_dir, *extra))
     out = capsys.readouterr().out
@@ -83,7 +83,7 @@ def test_select_bi_snr_random_through_the_cli(tiny_dir, tmp_path, capsys, monkey
     assert doc["top_k"] == [int(np.argmax(draw))]
     assert {r["layer"]: r["score"] for r in doc["ranking"]} == {i: pytest.approx(v) for i, v in enumerate(draw)}
 
-    from raycpt.cli import main  # the elite plan trains exactly the ranking's top-k
+    from raycpt.entry import main  # the elite plan trains exactly the ranking's top-k
 
     assert main(["plan", "show", f"model.ref={tiny_dir}", "plan.name=elite", "plan.k=1",
                  f"plan.ranking_file={path}"]) == 0
@@ -93,7 +93,7 @@ def test_select_bi_snr_random_through_the_cli(tiny_dir, tmp_path, capsys, monkey
 
 @pytest.mark.parametrize("k", ["0", "5"])
 def test_select_bad_k_is_one_line(tiny_dir, tmp_path, capsys, k):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     rc = main(_args(tmp_path, tiny_dir, "--method", "snr", "--k", k))
     err = capsys.readouterr().err
@@ -103,7 +103,7 @@ def test_select_bad_k_is_one_line(tiny_dir, tmp_path, capsys, k):
 
 
 def test_select_bad_method_is_one_line(tiny_dir, tmp_path, capsys):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     rc = main(_args(tmp_path, tiny_dir, "--method", "shortgpt"))
     err = capsys.readouterr().err

@@ -51,7 +51,7 @@ def test_budget_trials_train_what_they_promise(tiny_dir, tmp_path):
     ("auto sweep.trace_first=false", "error: --budget auto is the recommended train_shallow's count: it needs "
                                      "the trace (sweep.trace_first=true), or give a trainable-parameter count")])
 def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys, budget, line):
-    from raycpt.cli import main
+    from raycpt.entry import main
     from tiny import tiny_model
 
     model = tiny_model("llama", num_layers=4)

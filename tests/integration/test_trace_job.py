@@ -108,7 +108,7 @@ def test_trace_job_end_to_end(ray_local, tiny_dir, tmp_path, monkeypatch):
 
 
 def test_trace_cli_prints_table(ray_local, tiny_dir, tmp_path, monkeypatch, capsys):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     monkeypatch.chdir(tmp_path)
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:3])
@@ -130,7 +130,7 @@ def test_trace_cli_prints_table(ray_local, tiny_dir, tmp_path, monkeypatch, caps
     (["--top-k", "-1"], "top-k -1"),
 ])
 def test_trace_cli_bad_inputs_exit_2(tiny_dir, tmp_path, monkeypatch, capsys, args, msg):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     monkeypatch.chdir(tmp_path)
     files = {"BAD": ["{\"s1\": \"a;\", \"s2\": \" b->\", \"group\": \"g\"}", "{oops"], "EMPTY": []}

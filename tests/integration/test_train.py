@@ -113,7 +113,7 @@ def test_cli_resume_after_driver_sigkill(ray_local, tmp_path, tiny_dir):
 
 
 def test_bad_inputs_are_one_line_and_leave_no_running_run(ray_local, tmp_path, tiny_dir, capsys, monkeypatch):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

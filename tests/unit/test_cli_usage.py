@@ -95,7 +95,7 @@ def test_quiet_filter_drops_only_the_ray_noise(tmp_path):
              "and ID: 'ab' has constructor arguments in the object store and max_restarts > 0. If the arguments ...")
     code = ("import os, sys\n"
             "sys.argv = ['raycpt'] + sys.argv[1:] + ['--version']\n"
-            "from raycpt.cli import main\n"
+            "from raycpt.entry import main\n"
             "main()\n"
             f"os.write(2, {(noise + chr(10)).encode()!r})\n"
             "os.write(2, b'error: a real one\\n')\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raycpt.cli import main
+from raycpt.entry import main
 from raycpt.config import ExperimentConfig, apply_overrides, load_config, save_config
 from raycpt.errors import ConfigError, RaycptError
 

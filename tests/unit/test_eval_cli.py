@@ -7,7 +7,7 @@ import json
 import pytest
 
 from raycpt import evaluate as E
-from raycpt.cli import main
+from raycpt.entry import main
 
 
 def run(capsys, *argv):

@@ -179,6 +179,7 @@ def test_each_driver_prefetches_once_before_any_run_folder_or_ray(job, tiny_dir,
 
     monkeypatch.setattr(mod, "open_run_dir", stop, raising=False)
     monkeypatch.setattr(mod, "command_run", stop, raising=False)  # the run folder opens in runs.command_run
+    monkeypatch.setattr(importlib.import_module("raycpt.jobs.job"), "command_run", stop)  # called by run_job
     monkeypatch.setattr(mod, "ray_session", stop, raising=False)
     monkeypatch.setattr(runtime, "ray_session", stop)
     over = [f"model.ref={tiny_dir}", f"tracking.run_root={tmp_path / 'runs'}", "eval.tasks=[wordnet_mc]"]

@@ -326,7 +326,7 @@ def _yaml(tmp_path, donors, hybrid: dict, name="h.yaml") -> str:
 
 
 def test_cli_hybrid_build_prints_segment_map(donors, tmp_path, capsys):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     cfg = _yaml(tmp_path, donors, {"depth": 4, "new_kind": "qwen3"})
     assert main(["hybrid", "build", cfg, "--out", str(tmp_path / "out")]) == 0
@@ -351,7 +351,7 @@ def test_cli_hybrid_build_prints_segment_map(donors, tmp_path, capsys):
 ])
 def test_cli_bad_hybrid_specs_exit_2_with_one_line(donors, tmp_path, capsys, hybrid, overrides, expected):
     """Each bad spec ends `hybrid build` and `hybrid run` with one line and exit 2, before any run starts."""
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     for command in ("build", "run"):
         _bad_spec(main, donors, tmp_path, capsys, hybrid, overrides, expected, command)
@@ -448,7 +448,7 @@ def shorthand_segments_build(donor, init):
 
 
 def test_bad_init_is_one_line_exit_2(donors, tmp_path, capsys):
-    from raycpt.cli import main
+    from raycpt.entry import main
     from raycpt.models.hybrid_plans import plan_hybrid
 
     cfg = _yaml(tmp_path, donors, {"depth": 4, "init": "zeros"})

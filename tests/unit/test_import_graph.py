@@ -3,7 +3,8 @@
 The graph is read with ``ast`` from the source files (nothing is imported): every ``import x``,
 ``from x import y`` (``y`` counts as the module ``x.y`` when that is a module of the package) and
 relative import, at module level *and* inside functions, classes and ``if`` blocks, plus
-``importlib.import_module("raycpt...")`` with a literal name. An import placed inside a function to
+``importlib.import_module("raycpt...")`` and the CLI table's lazy references (``lazy("raycpt.jobs.sweep", "SWEEP")``,
+:func:`raycpt.usage.lazy`) with a literal module name. An import placed inside a function to
 dodge a cycle is therefore still an edge: the rule is "move the helper down", not "hide the import".
 
 Edges to a module's own ancestor packages are left out: Python runs a package's ``__init__`` before
@@ -14,10 +15,11 @@ within a layer the cycle check alone applies). The order follows ARCHITECTURE.md
 the code needs:
 
 1. ``raycpt`` (the package root: version, and the import that registers hybrid models),
-   ``raycpt.__main__``, ``raycpt.cli`` - the entry points: the command table (job, renderer, option ->
-   dotted key per row), nothing else.
+   ``raycpt.__main__``, ``raycpt.entry`` (the console entry and its one-line errors), ``raycpt.cli`` - the entry
+   points: the command table (job, renderer, option -> dotted key per row), nothing else.
 2. ``raycpt.jobs`` - where work runs on Ray (trace, compare, eval, sweep, contribution, hybrid, train; and
-   ``jobs.info``: the commands that run no experiment), each ``prepare(cfg)`` -> ``execute(plan, run)``.
+   ``jobs.info`` / ``jobs.data`` / ``jobs.sync``: the commands that run no experiment), each a ``Job``
+   (``jobs/job.py``): ``prepare(cfg, options)`` -> ``execute(plan, run, options)``, run by ``run_job``.
 3. ``raycpt.train`` - the TorchTrainer launcher, the worker loop and its per-step callbacks (drift).
 4. ``raycpt.evaluate`` (and ``raycpt.evaluate_prefetch``, hub data fetched once on the driver) and
    ``raycpt.tasks.utils`` - the lm-eval bridge (``tasks/utils.py`` is the
@@ -60,7 +62,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2] / "raycpt"
 
 # top to bottom; a module belongs to the layer of the longest prefix that names it
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("raycpt", "raycpt.__main__", "raycpt.cli"),
+    ("raycpt", "raycpt.__main__", "raycpt.entry", "raycpt.cli"),
     ("raycpt.jobs",),
     ("raycpt.train",),
     ("raycpt.evaluate", "raycpt.evaluate_prefetch", "raycpt.tasks.utils"),
@@ -119,7 +121,7 @@ def imports_of(source: str, module: str, is_package: bool, known: Iterable[str],
         elif isinstance(node, ast.Call):
             fn = node.func
             fname = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
-            if fname in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant) \
+            if fname in ("import_module", "__import__", "lazy") and node.args and isinstance(node.args[0], ast.Constant) \
                     and isinstance(node.args[0].value, str):
                 targets = [node.args[0].value]
         for t in targets:
@@ -209,6 +211,8 @@ def test_graph_reads_the_package():
     # spot checks against the source: a module-level import and a function-level one
     assert "raycpt.errors" in g["raycpt.config"]
     assert "raycpt.train.loop" in g["raycpt.train.launch"]
+    # the CLI table's lazy references: cli -> every job module its rows name
+    assert {"raycpt.jobs.sweep", "raycpt.jobs.info", "raycpt.jobs.data", "raycpt.jobs.sync"} <= g["raycpt.cli"]
 
 
 def test_every_module_has_a_layer():
@@ -246,6 +250,7 @@ SYNTHETIC = {
     "pkg/mid/b.py": "from . import a\n",                                  # relative: closes a cycle a <-> b
     "pkg/low.py": "import importlib\n\ndef g():\n    importlib.import_module('pkg.top')\n",  # upward, by string
     "pkg/leaf.py": "from pkg.low import g\nfrom pkg import __doc__\n",    # a name in a module; the root package
+    "pkg/mid/c.py": "JOB = lazy('pkg.top', 'JOB')\nNOT = lazy(name, 'X')\n",  # upward, by a lazy reference
 }
 SYNTHETIC_LAYERS = (("pkg", "pkg.top"), ("pkg.mid",), ("pkg.low",), ("pkg.leaf",))
 
@@ -256,10 +261,12 @@ def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
         (tmp_path / rel).write_text(text)
     g = import_graph(tmp_path / "pkg", "pkg")
     assert g == {"pkg": set(), "pkg.top": {"pkg.low"}, "pkg.mid": set(), "pkg.mid.a": {"pkg.mid.b"},
-                 "pkg.mid.b": {"pkg.mid.a"}, "pkg.low": {"pkg.top"}, "pkg.leaf": {"pkg.low"}}
+                 "pkg.mid.b": {"pkg.mid.a"}, "pkg.low": {"pkg.top"}, "pkg.leaf": {"pkg.low"},
+                 "pkg.mid.c": {"pkg.top"}}
     assert cycles(g) == [["pkg.low", "pkg.top"], ["pkg.mid.a", "pkg.mid.b"]]
     assert upward_imports(g, SYNTHETIC_LAYERS) == ["pkg.leaf (layer 4) imports pkg.low (layer 3)",
-                                                   "pkg.low (layer 3) imports pkg.top (layer 1)"]
+                                                   "pkg.low (layer 3) imports pkg.top (layer 1)",
+                                                   "pkg.mid.c (layer 2) imports pkg.top (layer 1)"]
     assert unlayered({**g, "other": set()}, SYNTHETIC_LAYERS) == ["other"]
 
 

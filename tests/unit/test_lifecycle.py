@@ -2,14 +2,14 @@
 an error, KILLED on Ctrl-C and on SIGTERM, with every child run it left RUNNING ended the same way and nothing
 left RUNNING, in a real SQLite MLflow store; ``state.json`` says so too.
 
-Each command runs through the real CLI (``raycpt.cli.main``) with its real ``prepare`` (tiny models, tiny
-settings); its ``execute`` is replaced by a stub that opens a child run under the command's run (as trials and
+Each command runs through the real CLI (``raycpt.entry.main``) with its real ``prepare`` (tiny models, tiny
+settings); its job's ``execute`` (the row's :class:`raycpt.jobs.job.Job`) is replaced by a stub that opens a child run under the command's run (as trials and
 per-model evaluations do) and then succeeds, raises, raises KeyboardInterrupt or sends this process SIGTERM -
 the fault injected right after the run opens, so the test needs no Ray and takes seconds per case."""
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import json
 import os
 import signal
@@ -22,9 +22,7 @@ import yaml
 
 from tiny import save_tiny
 
-JOBS = {"sweep": "raycpt.jobs.sweep", "contribution": "raycpt.jobs.contribution", "hybrid run": "raycpt.jobs.hybrid",
-        "trace": "raycpt.jobs.trace", "compare": "raycpt.jobs.compare", "eval": "raycpt.jobs.eval",
-        "train": "raycpt.jobs.train"}
+JOBS = ("sweep", "contribution", "hybrid run", "trace", "compare", "eval", "train")
 OUTCOMES = {"success": ("FINISHED", "finished", 0), "error": ("FAILED", "failed", 2),
             "ctrl-c": ("KILLED", "interrupted", 130), "sigterm": ("KILLED", "interrupted", 130)}
 
@@ -79,13 +77,13 @@ def _stub(outcome: str):
 def test_every_command_ends_its_runs_on_every_exit_path(command, outcome, models, tmp_path, monkeypatch, capsys):
     from mlflow.tracking import MlflowClient
 
-    import raycpt.report.render as render
-    from raycpt.cli import COMMANDS, main
+    from raycpt.cli import COMMANDS
+    from raycpt.entry import main
 
     status, state, code = OUTCOMES[outcome]
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(importlib.import_module(JOBS[command]), "execute", _stub(outcome))
-    monkeypatch.setattr(render, COMMANDS[command].render, lambda result, console: None)
+    monkeypatch.setattr(COMMANDS[command].job.resolve(), "execute", _stub(outcome))
+    monkeypatch.setitem(COMMANDS, command, dataclasses.replace(COMMANDS[command], render=lambda result, console: None))
     if outcome == "error":  # an unexpected error: the CLI lets it through, after the run has ended
         with pytest.raises(Injected):
             main(_argv(command, _config(tmp_path, models[0]), models))

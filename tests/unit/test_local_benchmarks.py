@@ -106,7 +106,7 @@ def test_bad_subject_file_is_one_line(tmp_path, text, match):
 
 
 def test_cli_missing_subject_file_exit_2(tmp_path, capsys):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     copy = tmp_path / "bench"
     shutil.copytree(DATA, copy)

@@ -109,7 +109,7 @@ def test_check_fits_names_the_biggest_term_and_its_knob():
 
 
 def _cli(*args):
-    exe = [sys.executable, "-c", "import sys; from raycpt.cli import _entry; sys.argv[0] = 'raycpt'; _entry()"]
+    exe = [sys.executable, "-c", "import sys; from raycpt.entry import _entry; sys.argv[0] = 'raycpt'; _entry()"]
     return subprocess.run(exe + list(args), capture_output=True, text=True, timeout=300)
 
 

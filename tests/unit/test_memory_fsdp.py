@@ -23,7 +23,7 @@ QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, nu
 
 
 def _cli(*args):
-    exe = [sys.executable, "-c", "import sys; from raycpt.cli import _entry; sys.argv[0] = 'raycpt'; _entry()"]
+    exe = [sys.executable, "-c", "import sys; from raycpt.entry import _entry; sys.argv[0] = 'raycpt'; _entry()"]
     return subprocess.run(exe + list(args), capture_output=True, text=True, timeout=300)
 
 

@@ -84,7 +84,7 @@ def test_eval_resolves_on_the_driver_with_the_revision(fake_hub, tmp_path, monke
 
 
 def test_cli_paths_pass_the_revision(fake_hub, tmp_path, capsys):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     assert main(["models", "pull", HUB_ID, "model.revision=v2-deep", f"model.cache_dir={tmp_path / 'c'}"]) == 0
     assert main(["plan", "show", f"model.ref={HUB_ID}", "model.revision=v2-deep", f"model.cache_dir={tmp_path / 'c'}",

@@ -142,7 +142,7 @@ def test_ranking_file_is_what_elite_trains(tmp_path):
 
 
 def test_ranking_from_another_depth_is_one_line_exit_2(tiny_dir, tmp_path, capsys):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     path = write_selection(tmp_path / "ranking30.json", "SmolLM2", "snr", random_scores(30, 0))
     rc = main(["plan", "show", f"model.ref={tiny_dir}", "plan.name=elite", "plan.k=2", f"plan.ranking_file={path}"])

@@ -311,7 +311,7 @@ def test_reference_errors(tmp_path):
 
 
 def test_cli_pull_and_list(tiny_gguf, tmp_path, capsys):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     path, _, _ = tiny_gguf
     assert main(["models", "pull", str(path), "--cache-dir", str(tmp_path / "c")]) == 0

@@ -234,7 +234,7 @@ def test_meta_device_counts_match_real_model():
 
 
 def test_plan_show_cli(tiny_dir, capsys):
-    from raycpt.cli import main
+    from raycpt.entry import main
 
     rc = main(["plan", "show", f"model.ref={tiny_dir}", "plan.name=train_deep", "plan.split=0.5"])
     out = capsys.readouterr().out

@@ -1,0 +1,38 @@
+"""``raycpt data prepare`` and ``raycpt data info``: the packed-token corpus store, packed once and listed (each a
+:class:`raycpt.jobs.job.NoRun`: no run folder of its own, no MLflow run)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from raycpt.config import ExperimentConfig
+from raycpt.data.corpus import check_corpus
+from raycpt.data.pack import find_packed
+from raycpt.data.store import list_stores, store_root
+from raycpt.jobs.job import NoRun, Options
+from raycpt.runtime import cluster_address, ray_session
+from raycpt.io import run_root
+from raycpt.data.run_store import pack_corpus
+from raycpt.train.prepare import resolve_model_path
+
+
+def prepare_store(cfg: ExperimentConfig, options: Options) -> None:
+    """Pack ``cfg.data.corpus`` once (``--rebuild``: again; any non-empty store is a valid pack: whether it is big
+    enough is a training run's check). Ray Data tasks on a cluster; on one machine a local process pool."""
+    rebuild = bool(options.get("rebuild"))
+    model_path = resolve_model_path(cfg)
+    hit = not rebuild and find_packed(cfg.data, model_path, run_root(cfg.tracking)) is not None
+    if not hit:
+        check_corpus(cfg.data)  # bad files are one line before Ray starts
+    with contextlib.nullcontext() if hit or not cluster_address(cfg.ray) else ray_session(cfg.ray):
+        pack_corpus(cfg, model_path, quiet=False, rebuild=rebuild)  # prints its one line
+
+
+def store_info(cfg: ExperimentConfig, options: Options):
+    """``(store folder, stores)`` under the config's store folder (data.store_dir or <run_root>/packed)."""
+    root = store_root(cfg.data, run_root(cfg.tracking))
+    return root, list_stores(root)
+
+
+DATA_PREPARE = NoRun(prepare_store)
+DATA_INFO = NoRun(store_info)
