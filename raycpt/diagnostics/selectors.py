@@ -31,6 +31,8 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 import torch
 
+from raycpt.strategies import write_ranking
+
 
 METHODS = ("bi", "snr", "layertracer", "random")
 METRICS = {"bi": "block_influence", "snr": "weight_snr", "layertracer": "ls_norm_minus_tp_norm",
@@ -152,8 +154,6 @@ def top_k(scores, k: int) -> list[int]:
 def write_selection(path, model: str, method: str, scores, k: Optional[int] = None,
                     extra: Optional[dict] = None) -> Path:
     """Write ``scores`` as a ranking file (best first) with the method, and ``k`` / the top-k when given."""
-    from raycpt.strategies import write_ranking
-
     s = np.asarray(scores, dtype=np.float64)
     more = {"method": method, **({"k": int(k), "top_k": top_k(s, k)} if k is not None else {}), **(extra or {})}
     return write_ranking(path, model, len(s), {i: float(v) for i, v in enumerate(s)}, metric=METRICS[method],
