@@ -420,14 +420,22 @@ def stale(found: Mapping[str, list[int]], allowed: Iterable[str]) -> list[str]:
     return sorted(set(allowed) - set(found))
 
 
+def _tops(found: Mapping[str, list[int]]) -> set[str]:
+    return {key.partition(":")[2].split(".")[0] for key in found}
+
+
 def test_third_party_imports_inside_functions_are_named():
-    bad = unlisted(lazy_imports(), "third-party", LAZY_THIRD_PARTY)
+    found = lazy_imports()
+    bad = unlisted(found, "third-party", LAZY_THIRD_PARTY)
     assert bad == [], "import these at the top, or name the module and its reason in LAZY_THIRD_PARTY"
+    assert sorted(set(LAZY_THIRD_PARTY) - _tops(found)) == [], "no function imports these any more: drop them"
 
 
 def test_stdlib_imports_inside_functions_go_to_the_top():
-    bad = unlisted(lazy_imports(skip=PENDING), "stdlib", LAZY_STDLIB)
+    found = lazy_imports(skip=PENDING)
+    bad = unlisted(found, "stdlib", LAZY_STDLIB)
     assert bad == [], "a stdlib module costs nothing to import: at the top (or its reason in LAZY_STDLIB)"
+    assert sorted(set(LAZY_STDLIB) - _tops(found)) == [], "no function imports these any more: drop them"
 
 
 def test_raycpt_imports_inside_functions_are_on_the_allow_list():
@@ -464,6 +472,7 @@ def test_lazy_import_checker_finds_function_level_imports(tmp_path):
     assert unlisted(found, "own", {"pkg/a.py:pkg.c"}, "pkg") == ["pkg/a.py:8: pkg.b", "pkg/a.py:17: pkg.b",
                                                                   "pkg/a.py:18: pkg.b"]
     assert stale(found, {"pkg/a.py:pkg.c", "pkg/b.py:pkg.a"}) == ["pkg/b.py:pkg.a"]
+    assert _tops(found) == {"os", "numpy", "pkg", "importlib", "yaml", "scipy"}
     assert lazy_imports(tmp_path / "pkg", "pkg", skip={"pkg/a.py"}).keys() == {"pkg/c.py:yaml.constructor",
                                                                               "pkg/c.py:scipy"}
     assert lazy_imports(tmp_path / "pkg", "pkg", skip={"pkg/"}) == {}
