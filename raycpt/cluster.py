@@ -16,15 +16,19 @@ This module imports only :mod:`raycpt.config` and :mod:`raycpt.errors` (tracking
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 from urllib.parse import urlparse
 
+from raycpt import __version__
 from raycpt.config import TrackingConfig
 from raycpt.errors import RaycptError, ServerUnreachable
 
@@ -54,9 +58,6 @@ def check_uri_scheme(uri: str) -> str:
 
 def probe_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     """One GET of the server's ``/health`` with a short timeout; raise one line if nothing answers."""
-    import urllib.error
-    import urllib.request
-
     url = uri.rstrip("/") + "/health"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - the user's own server
@@ -213,8 +214,6 @@ def git_commit() -> Optional[str]:
 
 def version_tags() -> dict[str, str]:
     """Tags for a parent run: raycpt, git commit, image, Ray, torch, CUDA, MLflow, transformers versions."""
-    import importlib.metadata as md
-
     import mlflow
     import ray
     import torch
@@ -222,7 +221,7 @@ def version_tags() -> dict[str, str]:
     try:
         raycpt_version = md.version("raycpt")
     except md.PackageNotFoundError:  # a working-dir job (ray job submit) of an uninstalled checkout
-        from raycpt import __version__ as raycpt_version
+        raycpt_version = __version__
     tags = {"raycpt.version": raycpt_version, "raycpt.ray_version": ray.__version__,
             "raycpt.torch_version": torch.__version__, "raycpt.cuda_version": torch.version.cuda or "none",
             "raycpt.mlflow_version": mlflow.__version__, "raycpt.python_version": sys.version.split()[0]}

@@ -7,6 +7,10 @@ stay ordinary exceptions so they keep their traceback.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+from pathlib import Path
 from typing import Optional
 
 
@@ -35,8 +39,6 @@ class ConfigError(RaycptError):
 def read_user_text(path, what: str) -> str:
     """The text of a file the user named, or one RaycptError line saying why not: not found, a
     directory where a file is expected, unreadable, or not UTF-8 text (a binary file)."""
-    from pathlib import Path
-
     p = Path(path)
     if p.is_dir():
         raise RaycptError(f"{what} {p} is a directory; expected a file")
@@ -68,10 +70,6 @@ def oserror_in_words(e: BaseException, path) -> Optional[OSError]:
     ("I/O error: No space left on device (os error 28)"), pyarrow's errno-less ``OSError`` - so that it becomes the
     one line (:func:`environment_error`); a quoted absolute path in the text names the file, else ``path``. None for
     any other error, and for an ``OSError`` that has its errno."""
-    import errno
-    import os
-    import re
-
     if isinstance(e, OSError) and e.errno is not None:
         return None
     text = str(e)
@@ -87,8 +85,6 @@ def oserror_in_words(e: BaseException, path) -> Optional[OSError]:
 
 def disk_full(path, spare: int = 1 << 20) -> bool:
     """Whether the file system holding ``path`` has less than ``spare`` bytes left for this user."""
-    import os
-
     try:
         st = os.statvfs(path)
     except OSError:
@@ -100,8 +96,6 @@ def non_retryable_oserror(e: Optional[BaseException]) -> Optional[OSError]:
     """The first ``OSError`` with an errno of :data:`NON_RETRYABLE_ERRNOS` in ``e``'s chain - ``__cause__``,
     ``__context__``, and what Ray hangs errors on (``.cause``, ``._base_exc``, a ``worker_failures`` dict of rank -> error) - or
     None. A worker failure of that kind is not worth another attempt of the training run."""
-    import errno
-
     seen, todo = set(), [e]
     while todo:
         cur = todo.pop(0)
@@ -119,8 +113,6 @@ def non_retryable_oserror(e: Optional[BaseException]) -> Optional[OSError]:
 def environment_error(e: BaseException):
     """The one line (a :class:`RaycptError`) for an ``OSError`` the environment caused - a full disk or quota, a
     read-only or unwritable folder, an I/O error - naming the path and the errno; None for any other error."""
-    import errno
-
     if not isinstance(e, OSError) or errno.errorcode.get(e.errno or -1) not in ENVIRONMENT_ERRNOS:
         return None
     where = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "") if e.filename else "a file"

@@ -18,8 +18,12 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
+from raycpt import runtime
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
+from raycpt.evaluate import hub_offline_reason, resolve_eval_tasks
+from raycpt.report.progress import count_progress
+from raycpt.tasks.local import subjects_of
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +34,6 @@ OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 def hub_configs(specs: Sequence) -> list[tuple[str, str]]:
     """``(dataset, subject config)`` of every hub task in ``specs`` (:class:`raycpt.evaluate.TaskSpec`), in
     order: what lm-eval's ``ceval-valid_*`` / ``cmmlu_*`` and raycpt's ``*_gen_*`` tasks load."""
-    from raycpt.tasks.local import subjects_of
-
     out: list[tuple[str, str]] = []
     for spec in specs:
         if spec.kind != "hub":
@@ -46,10 +48,6 @@ def prefetch_hub_datasets(eval_cfg: EvalConfig, progress: bool = True, console=N
     then make the next Ray job's workers offline; returns the env they get (``{}`` without hub tasks).
 
     One line (RaycptError) when a config cannot be loaded: the hub unreachable and the cache without it."""
-    from raycpt.evaluate import hub_offline_reason, resolve_eval_tasks
-    from raycpt.report.progress import count_progress
-    from raycpt.runtime import WORKER_ENV
-
     configs = hub_configs(resolve_eval_tasks(eval_cfg, check_hub=False))
     if not configs:
         return {}
@@ -70,5 +68,5 @@ def prefetch_hub_datasets(eval_cfg: EvalConfig, progress: bool = True, console=N
                                   ) from None
             advance(1)
     log.info("hub eval data: %d configs in the datasets cache; Ray workers run with %s", len(configs), OFFLINE_ENV)
-    WORKER_ENV.update(OFFLINE_ENV)
+    runtime.WORKER_ENV.update(OFFLINE_ENV)
     return dict(OFFLINE_ENV)

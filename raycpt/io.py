@@ -6,6 +6,7 @@ never leaves half a file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -22,8 +23,6 @@ def atomic_write_text(path: Path, text: str, in_place_when_full: bool = False) -
     such as a run's ``state.json`` then still says how the run ended on a full disk, where the atomic write
     cannot (measured on a real full tmpfs: the run stayed ``running``). Not atomic: only for files whose reader
     takes a torn file as absent."""
-    import errno
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")

@@ -17,19 +17,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import stat
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Optional
 
-from raycpt.cluster import check_store
+from raycpt.cluster import check_store, node_tags, version_tags
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
 from raycpt.runtime import sigterm_as_interrupt
-from raycpt.tracking import (append_record, clean_metrics, flatten, mark_lost, project, tracked, tracking_lost,
-                             tracking_uri)
+from raycpt.tracking import (append_record, clean_metrics, ensure_store, flatten, mark_lost, project, store_or_lost,
+                             tracked, tracking_lost, tracking_uri)
 
 OPENING = "opening"  # state.json status of a folder whose MLflow run does not exist yet
 
@@ -142,7 +144,6 @@ class AttemptClock:
         atomic_write_json(self.path, {"attempts": self.attempts})
 
     def __enter__(self) -> "AttemptClock":
-        import threading
         try:
             self.attempts = list(json.loads(self.path.read_text()).get("attempts", []))
         except (OSError, ValueError, AttributeError):
@@ -351,8 +352,6 @@ def open_child(cfg: ExperimentConfig, command: str, folder: Path, meta_file: str
     (``run_name``, ``tags``). ``created`` says whether this call made the run."""
     from mlflow.tracking import MlflowClient
 
-    from raycpt.cluster import node_tags
-
     meta_path = Path(folder) / meta_file
     Path(folder).mkdir(parents=True, exist_ok=True)
     saved = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
@@ -390,9 +389,6 @@ def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id
     folder lies inside another command's, e.g. a hybrid build's trace) runs locally when the tracking server is
     gone (:func:`raycpt.tracking.store_or_lost`): no run, ``raycpt runs sync`` makes it."""
     from mlflow.tracking import MlflowClient
-
-    from raycpt.cluster import version_tags
-    from raycpt.tracking import ensure_store, store_or_lost
 
     exp_id = store_or_lost(cfg.tracking, run_dir, time.time()) if nested else ensure_store(cfg.tracking)
     state = read_state(run_dir)
@@ -500,8 +496,6 @@ def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseEx
     run_id = read_state(run_dir).get("mlflow_run_id")
     if run_id is None:
         if fresh:
-            import shutil
-
             shutil.rmtree(run_dir, ignore_errors=True)
         return
     status = end_status(type(exc), exc)

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
+import ipaddress
 import logging
 import os
 import re
+import signal
+import socket
 import sys
 import threading
 from typing import Iterator
@@ -121,8 +125,6 @@ def loopback_only() -> Iterator[None]:
 
 
 def _is_loopback(host: str) -> bool:
-    import ipaddress
-
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -136,9 +138,6 @@ def private_worker_setup() -> None:
     torch binds that store to every interface and has no bind-address option; it does take an
     already-listening socket (``master_listen_fd``), which this gives it when the master address
     Ray Train hands out is loopback (always, with the local Ray of :func:`init_ray`)."""
-    import importlib
-    import socket
-
     try:  # never fail a worker's start over this: without it the store is as torch makes it
         rdzv = importlib.import_module("torch.distributed.rendezvous")  # (the package attribute is a function)
         from torch.distributed import TCPStore
@@ -175,9 +174,6 @@ def _sigterm_handler(signum, frame):
 def _reassert_sigterm() -> None:
     """Ray's core worker installs its own SIGTERM handler (it logs and aborts, leaving MLflow runs RUNNING) when
     the driver connects: put the command's back."""
-    import signal
-    import threading
-
     if _SIGTERM_HANDLERS and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _SIGTERM_HANDLERS[-1])
 
@@ -187,9 +183,6 @@ def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (``timeout``, ``kill``, a scheduler) raises KeyboardInterrupt in the main thread, so a command
     ends KILLED as on Ctrl-C; kept over Ray's own handler (:func:`init_ray`). The one place raycpt handles a
     signal (:func:`raycpt.runs.command_run` uses it); the old handler comes back after."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -27,6 +27,7 @@ Every interval is an :class:`Interval` (point, lo, hi, n, method, level, p).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator, Optional, Sequence
@@ -385,8 +386,6 @@ def spearman_test(x: Sequence[float], y: Sequence[float], alpha: float = 0.05, m
     """Spearman's rho of x and y with a two-sided permutation p-value: exact over all n! orderings of y
     when n <= ``max_exact``, Monte Carlo otherwise. ``testable`` is False when even a perfect rank agreement
     could not reach ``alpha`` (n = 3: the smallest two-sided p is 1/3); then ``p`` is None."""
-    import itertools
-
     from scipy.stats import rankdata
 
     rx, ry = rankdata(x), rankdata(y)

@@ -12,17 +12,20 @@ rest of the command local: the folder has it all. Inside Ray workers only rank 0
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 from raycpt.cluster import check_store
 from raycpt.config import TrackingConfig
-from raycpt.errors import RaycptError
-from raycpt.io import atomic_write_json, run_root
+from raycpt.errors import RaycptError, ServerUnreachable
+from raycpt.io import atomic_write_json, cache_root, run_root
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
@@ -65,8 +68,6 @@ def ensure_store(cfg: TrackingConfig) -> str:
 
 def _safe_uri(uri: str) -> str:
     """``uri`` without a password (``scheme://user:***@host/db``)."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(uri)
     if parts.password:
         return uri.replace(f":{parts.password}@", ":***@", 1)
@@ -126,8 +127,6 @@ def _store_template() -> Path:
     import mlflow
     import sqlalchemy
     from mlflow.store.db import utils as db_utils
-
-    from raycpt.io import cache_root
 
     folder = cache_root() / STORE_TEMPLATES
     folder.mkdir(parents=True, exist_ok=True)
@@ -195,8 +194,6 @@ def log_points(client, run_id: str, series) -> int:
     """``(key, step, value)`` points into a run, in batches of MLflow's 1000 per call (one call for a scan's 30
     layers instead of 30: 0.12 s -> 0.01 s per trial on SQLite, measured); only finite values, names as
     :func:`clean_metrics` makes them. Returns how many were logged."""
-    import time
-
     from mlflow.entities import Metric
 
     ts = int(time.time() * 1000)
@@ -268,8 +265,6 @@ def mark_lost(uri: str, since_step: Optional[int] = None, error: str = "", run_d
 
 def read_lost(run_dir) -> Optional[dict]:
     """A run folder's :data:`LOST_FILE` record, or None."""
-    import json
-
     try:
         return json.loads((Path(run_dir) / LOST_FILE).read_text())
     except (OSError, ValueError):
@@ -294,8 +289,6 @@ def store_or_lost(cfg: TrackingConfig, lost_dir, since: float = 0.0) -> Optional
     """The experiment id (:func:`ensure_store`), or None when the tracking server is gone: found so by this
     process, by another one of the same job (``lost_dir``'s :data:`LOST_FILE`, written at or after ``since``), or
     not answering now (then recorded in ``lost_dir``). A job's later units (sweep trials) then run locally."""
-    from raycpt.errors import ServerUnreachable
-
     if tracking_lost() or adopt_lost(lost_dir, since):
         return None
     try:
@@ -465,8 +458,6 @@ def _project_params(client, run_id: str, params: dict, seen: Optional[Seen]) -> 
 
 def read_records(folder: Path) -> list[dict]:
     """The records of a run folder, in order (a line cut short by a kill is left out)."""
-    import json
-
     path = Path(folder) / RECORDS
     out = []
     if path.is_file():
@@ -483,8 +474,6 @@ def read_records(folder: Path) -> list[dict]:
 def append_record(folder: Path, rec: dict) -> None:
     """One record appended to ``folder``'s :data:`RECORDS` (one write of one line: a kill leaves at most that
     line cut short, which :func:`read_records` skips)."""
-    import json
-
     Path(folder).mkdir(parents=True, exist_ok=True)
     line = json.dumps(rec, allow_nan=False, default=str) + "\n"
     with open(Path(folder) / RECORDS, "a", encoding="utf-8") as f:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from raycpt.errors import RaycptError
 
@@ -68,8 +69,6 @@ def stop_group(proc: subprocess.Popen, seen: list, grace_s: float = 10.0) -> Non
 def ui_command(uri: str, port: int) -> list[str]:
     """The ``mlflow ui`` command line: 127.0.0.1 only, no artifact proxy (MLflow's default serves a writable,
     unauthenticated ``<cwd>/mlartifacts``), new experiments' artifacts next to a SQLite store (not ``./mlruns``)."""
-    from pathlib import Path
-
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
            "--port", str(port), "--no-serve-artifacts"]
     if uri.startswith("sqlite:///"):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import typing
 
 from raycpt.config.experiment import ExperimentConfig
@@ -10,9 +12,6 @@ from raycpt.config.experiment import ExperimentConfig
 
 def field_docs(cls=ExperimentConfig) -> list[tuple[str, str, str]]:
     """(dotted name, default, doc) for every leaf field: the README's config reference."""
-    import ast
-    import inspect
-
     out = []
 
     def docs_of(c):

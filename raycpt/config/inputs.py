@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -33,8 +34,6 @@ class ReplayConfig:
     """Blocks per mixing window of the stream (the replay slots of each are placed by a seeded permutation)."""
 
     def __post_init__(self):
-        import math
-
         _check(isinstance(self.ratio, (int, float)) and math.isfinite(self.ratio) and 0.0 <= self.ratio < 1.0,
                "data.replay.ratio", self.ratio, "a share in [0, 1) (0 = no replay)")
         _check(self.window >= 1, "data.replay.window", self.window, "an integer >= 1")

@@ -32,6 +32,7 @@ import os
 import re
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
+from urllib.parse import quote
 
 import numpy as np
 
@@ -297,8 +298,6 @@ def hf_parquet_files(source: str) -> list[dict]:
     """The Parquet files of a hub dataset split, as ``{"url": "hf://...", "size": bytes}``: the
     dataset's own ``*.parquet`` files of that split, else the hub's Parquet conversion
     (``refs/convert/parquet``). Nothing is downloaded here; the pack tasks stream them."""
-    from urllib.parse import quote
-
     name, split = _hf_parts(source)
     if offline():
         raise _hf_error(source)

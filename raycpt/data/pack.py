@@ -15,23 +15,29 @@ once enough are counted) so each task knows how many of its documents to keep.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import json
 import logging
+import multiprocessing
 import os
 import shutil
+import signal
 import socket
+import sys
 import time
 import uuid
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from raycpt.data.corpus import check_corpus, chunk_documents, is_heldout
+from raycpt.data.corpus import check_corpus, chunk_documents, eos_id_of, is_heldout
 from raycpt.data.store import (FORMAT_VERSION, MANIFEST, StoreInfo, build_lock, changed_files, fingerprints,
                                log_build, read_store, store_key, store_root, tokenizer_hash)
 from raycpt.errors import RaycptError
+from raycpt.progress import progress_bar
 
 ENCODE_DOCS = 1024
 """Documents per ``encode_batch`` call inside a pack task."""
@@ -176,12 +182,7 @@ def die_with_parent(parent_pid: int) -> None:
     """A pack process's first act: ask Linux to SIGKILL it when the process that started it dies
     (``prctl(PR_SET_PDEATHSIG)``; a ``kill -9`` of ``raycpt data prepare`` then leaves no packer running),
     and exit at once when that parent is already gone. Elsewhere a no-op."""
-    import signal
-    import sys
-
     if sys.platform.startswith("linux"):
-        import ctypes
-
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
         except (OSError, AttributeError):  # pragma: no cover - no libc prctl
@@ -199,8 +200,6 @@ def _local_rows(fn_name: str, chunks: Sequence[dict], kwargs: dict, limits: Sequ
     if workers <= 1:
         yield from (_local_task(fn_name, c, kwargs, lim) for c, lim in zip(chunks, limits))
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
                              initargs=(os.getpid(),)) as pool:
@@ -245,8 +244,6 @@ def _cpus() -> int:
 @contextlib.contextmanager
 def _progress(total_chunks: int, enabled: bool):
     """Yields ``update(record)``: one chunk done, on raycpt's one counting bar, with the tokens/s so far."""
-    from raycpt.progress import progress_bar
-
     t0, tokens = time.time(), [0]
     with progress_bar("packing", total_chunks, enabled=enabled, unit="chunks", transient=True, rate="") as advance:
         def update(rec):
@@ -267,8 +264,6 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
         chunks = check_corpus(data_cfg)
         prints = fingerprints(data_cfg.corpus, full=_content_check(data_cfg))  # before reading: a change during the pack shows up next time
         tok = _tokenizer(tokenizer_path)
-        from raycpt.data.corpus import eos_id_of
-
         eos = eos_id_of(tok)
         dtype = "uint16" if len(tok) <= np.iinfo(np.uint16).max + 1 else "int32"
         limits = None

@@ -21,6 +21,7 @@ from typing import Any, Hashable, Mapping, Optional, Sequence
 import numpy as np
 
 from raycpt.errors import RaycptError
+from raycpt.stats import fieller_ratio, paired_accuracy_delta
 
 
 def contributions(scores: Mapping[int, float], base: float, full: float) -> dict[int, float]:
@@ -292,8 +293,6 @@ def vote_against_sampled(vote: Mapping[Hashable, Any], answers: Mapping[Hashable
     answer) minus the full model's ``k``-sample vote (:func:`sampled_answers` of ``answers``, then
     :func:`majority_vote`), in accuracy points with the exact McNemar p (:func:`raycpt.stats.paired_accuracy_delta`)
     over the questions of ``answers``."""
-    from raycpt.stats import paired_accuracy_delta
-
     lps = {q: a["logprobs"] for q, a in answers.items()}
     control = majority_vote(sampled_answers(lps, k, float(sample["temperature"]), int(sample["seed"])))
     qs = list(answers)
@@ -309,8 +308,6 @@ def elite_lr_control(full: Mapping[str, Any], top: Mapping[str, Any], bottom: Ma
     lr x1) and ``bottom`` (the k lowest-contribution layers, same k and scale) against ``full`` (every layer at
     lr x1). Scores and their differences; with per-question answers also the paired accuracy differences
     (exact McNemar p, :func:`raycpt.stats.paired_accuracy_delta`) top - full, bottom - full, top - bottom."""
-    from raycpt.stats import paired_accuracy_delta
-
     sf, st, sb = float(full["score"]), float(top["score"]), float(bottom["score"])
     out: dict = dict(full_score=sf, top_score=st, bottom_score=sb, top_minus_full=st - sf,
                      bottom_minus_full=sb - sf, top_minus_bottom=st - sb, top_layers=top.get("elite_layers"),
@@ -335,8 +332,6 @@ def contribution_intervals(base: Mapping[str, Any], full: Mapping[str, Any], sin
     over full minus base), with the guard a ratio needs: when full training's own gain over the base is
     not distinguishable from 0, or negative, the ratios (and their signs) mean nothing and no interval is
     given - ``contribution_guard`` says why. {} without per-question answers."""
-    from raycpt.stats import fieller_ratio, paired_accuracy_delta
-
     if not base.get("answers") or not full.get("answers"):
         return {}
     qs = [q for q in base["answers"] if q in full["answers"]]

@@ -22,6 +22,7 @@ import torch
 
 from raycpt.diagnostics.prompts import gloss_texts
 from raycpt.diagnostics.similarity import layer_l2_change, linear_cka, massive_rows
+from raycpt.models.stack import LayerStack
 
 PROBE_PROMPTS = 8
 PROBE_TOKENS = 32
@@ -40,8 +41,6 @@ def probe_ids(tokenizer, texts: list[str], max_len: int = PROBE_TOKENS) -> list[
 @torch.no_grad()
 def layer_states(model, ids: torch.Tensor) -> list[torch.Tensor]:
     """Residual stream after every decoder block, as ``(tokens, d)`` float32 CPU matrices (BOS dropped)."""
-    from raycpt.models.stack import LayerStack
-
     stack = LayerStack.of(model)
     was_training = model.training
     model.eval()
@@ -54,16 +53,12 @@ def layer_states(model, ids: torch.Tensor) -> list[torch.Tensor]:
 
 def layer_params(model) -> list[dict[str, torch.Tensor]]:
     """A float32 CPU copy of every decoder layer's parameters (name -> tensor)."""
-    from raycpt.models.stack import LayerStack
-
     return [{n: p.detach().float().cpu().clone() for n, p in layer.named_parameters()}
             for layer in LayerStack.of(model).layers]
 
 
 def drift_metrics(start_params, start_states, model, ids: torch.Tensor) -> dict[str, float]:
     """The drift metrics of ``model`` against the saved start (see the module docstring)."""
-    from raycpt.models.stack import LayerStack
-
     stack = LayerStack.of(model)
     out: dict[str, float] = {}
     dws, ckas = [], []

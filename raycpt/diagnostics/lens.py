@@ -14,6 +14,8 @@ from typing import Sequence
 
 import torch
 
+from raycpt.diagnostics.scores import topk_target_prob
+
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     """Logits for the divergences: float32 from a bf16/float16/float32 model, float64 kept from a float64 one (the
@@ -56,8 +58,6 @@ def target_probs(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor, targ
         logp = torch.log_softmax(logits.double(), dim=-1)
         out[s:s + chunk_rows] = logp.gather(1, tgt[s:s + chunk_rows, None])[:, 0].exp()
         if out_k is not None:  # 004 §4.1: each layer's own top-k (raycpt.diagnostics.scores.topk_target_prob)
-            from raycpt.diagnostics.scores import topk_target_prob
-
             out_k[s:s + chunk_rows] = topk_target_prob(logits, tgt[s:s + chunk_rows], top_k)
     if out_k is not None:
         return out.reshape(b, n_states), out_k.reshape(b, n_states)

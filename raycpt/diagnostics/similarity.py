@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from raycpt.errors import RaycptError
+from raycpt.models.stack import LayerStack
 
 ArrayLike = "np.ndarray | torch.Tensor"
 
@@ -190,8 +191,6 @@ def param_group(name: str) -> str:
 
 def check_compatible(model_a: nn.Module, model_b: nn.Module, what: str = "models") -> None:
     """Raise RaycptError unless both models share architecture, layer count and every parameter shape."""
-    from raycpt.models.stack import LayerStack
-
     sa, sb = LayerStack(model_a), LayerStack(model_b)
     if sa.model_type != sb.model_type:
         raise RaycptError(f"{what} have different architectures: {sa.model_type!r} vs {sb.model_type!r}; "
@@ -238,8 +237,6 @@ def layer_weight_change(layer_a: nn.Module, layer_b: nn.Module) -> dict[str, flo
 
 def weight_change(model_a: nn.Module, model_b: nn.Module) -> list[dict[str, float]]:
     """Per decoder layer: :func:`layer_weight_change` between ``model_a`` (base) and ``model_b`` (tuned)."""
-    from raycpt.models.stack import LayerStack
-
     check_compatible(model_a, model_b)
     sa, sb = LayerStack(model_a), LayerStack(model_b)
     return [layer_weight_change(sa.layers[i], sb.layers[i]) for i in range(sa.num_layers)]
@@ -256,8 +253,6 @@ def layer_l2_change(start: dict[str, torch.Tensor], layer: nn.Module) -> float:
 @torch.no_grad()
 def swap_layers(target: nn.Module, donor: nn.Module, layers: Iterable[int]) -> nn.Module:
     """Copy decoder layers ``layers`` of ``donor`` into ``target`` in place (parameters and buffers)."""
-    from raycpt.models.stack import LayerStack
-
     check_compatible(target, donor)
     st, sd = LayerStack(target), LayerStack(donor)
     for i in layers:
@@ -307,8 +302,6 @@ def collect_states(model: nn.Module, sequences: Sequence[Sequence[int]], batch_s
     whose outlier norm would otherwise dominate CKA and entropy). The probe scores every position
     t < T-1 against token t+1. Batches are right-padded with an attention mask (causal models: a
     token never sees the padding after it)."""
-    from raycpt.models.stack import LayerStack
-
     stack = LayerStack(model)
     device = next(model.parameters()).device
     n = stack.num_layers

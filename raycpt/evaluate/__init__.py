@@ -37,6 +37,7 @@ import socket
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
+from urllib.parse import urlparse
 
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
@@ -48,9 +49,11 @@ from raycpt.evaluate.spec import OFFLINE_TASK, TaskSpec
 from raycpt.evaluate.registry import BENCHMARKS_DIR, READERS, Benchmark, find_benchmark, read_benchmark, register_reader
 from raycpt.report.eval import write_results
 from raycpt.models.model_cache import cache_root
+from raycpt.models.sources import load_model
 from raycpt.models.wheels import fetch_pypi_file
 from raycpt.tasks import MMLU_CATEGORIES, SCORE_KEYS
 from raycpt.tasks.local import absolute_data_dir, check_local, task_folders
+from raycpt.usage import verbose
 
 WORDNET_MC_FILE = Path(__file__).resolve().parents[1] / "assets" / "wordnet_mc.jsonl"
 MODES = ("logit", "generate", "cloze")
@@ -252,7 +255,6 @@ def hub_offline_reason() -> Optional[str]:
             return f"{var}={os.environ[var]}"
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return None  # a proxy may reach it; let the download decide
-    from urllib.parse import urlparse
 
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http" else 80)
@@ -299,8 +301,6 @@ def evaluate_model(model_or_path: Any, eval_cfg: EvalConfig, tokenizer: Any = No
     modes = [m for m in MODES if m in eval_cfg.modes]
     t0 = time.perf_counter()
     if isinstance(model_or_path, (str, os.PathLike)):
-        from raycpt.models.sources import load_model
-
         source = str(model_or_path)
         model, tok = load_model(source, dtype=dtype, device=device)
         if tokenizer is not None:
@@ -457,8 +457,6 @@ def _safe(name: str) -> str:
 def _quiet_requests(lm) -> None:
     """Outside ``--verbose``, lm-eval's per-request tqdm bars ("Tokenizing inputs", "Running ... requests")
     are off: they pass ``disable=`` explicitly, so ``TQDM_DISABLE`` does not reach them."""
-    from raycpt.usage import verbose
-
     if verbose():
         return
     for name in ("loglikelihood", "loglikelihood_rolling", "generate_until"):

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+import yaml
+
 from raycpt.errors import RaycptError
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent / "benchmarks"
@@ -61,8 +63,6 @@ KEYS = ("name", "data", "reader", "kind", "logit", "generate", "cloze", "title")
 
 def read_benchmark(path) -> Benchmark:
     """One benchmark YAML -> :class:`Benchmark`; one line naming the file for anything wrong."""
-    import yaml
-
     p = Path(path).expanduser().resolve()
     try:
         doc = yaml.safe_load(p.read_text(encoding="utf-8"))

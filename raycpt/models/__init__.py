@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
+import warnings
 
 _AUTO = "transformers.models.auto.configuration_auto"
 
@@ -56,8 +57,6 @@ class _AfterAutoConfig(importlib.abc.MetaPathFinder):
             try:
                 _register_config()
             except Exception as e:  # pragma: no cover - never break the user's transformers import
-                import warnings
-
                 warnings.warn(f"raycpt: could not register the hybrid config class: {e!r}")
 
         spec.loader.exec_module = exec_module

@@ -26,6 +26,7 @@ from typing import Iterable, Optional, Sequence
 import torch
 
 from raycpt.errors import RaycptError
+from raycpt.models.stack import LayerStack
 
 ADAPTER_DIR = "adapter"
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -42,8 +43,6 @@ def lora_targets(model, layers: Iterable[int], targets: Sequence[str] = ()) -> l
     """``(full module name, module)`` of every ``nn.Linear`` that gets an adapter: inside decoder layers
     ``layers``, whose leaf name is in ``targets`` (empty = every linear module of the layer). RaycptError
     when a target name matches no linear module of some layer."""
-    from raycpt.models.stack import LayerStack
-
     stack = LayerStack.of(model)
     names = {id(m): n for n, m in model.named_modules()}
     out = []

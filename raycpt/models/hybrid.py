@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from typing import Optional
 
 import torch
@@ -134,8 +135,6 @@ class RaycptHybridPreTrainedModel(PreTrainedModel):
             return
         super()._init_weights(module)
         if all(hasattr(module, a) for a in ("A_log", "D", "dt_bias")):
-            import math
-
             heads = module.A_log.shape[0]
             module.A_log.copy_(torch.log(torch.arange(1, heads + 1, dtype=torch.float32)))
             module.D.fill_(1.0)

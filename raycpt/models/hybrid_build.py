@@ -3,11 +3,15 @@ layers initialised (identity on the residual stream by default), saved atomicall
 
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from raycpt.errors import RaycptError
@@ -140,17 +144,11 @@ def build_hybrid(plan: HybridPlan, dtype: torch.dtype = torch.float32, progress:
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc="assemble hybrid", unit="segment")
 
 
 def save_hybrid(model: PreTrainedModel, tokenizer, folder: str | Path) -> Path:
     """Write model (safetensors) + tokenizer into ``folder`` atomically (write aside, rename)."""
-    import os
-    import shutil
-    import uuid
-
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp")

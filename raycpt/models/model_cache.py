@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,9 +182,6 @@ def _describe_folder(folder: Path) -> dict:
 
 
 def _safetensors_numel(path: Path) -> int:
-    import math
-    import struct
-
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))

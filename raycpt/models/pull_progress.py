@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Optional
 
 
@@ -43,8 +44,6 @@ class _Progress:
             if erase and self._p.console.is_terminal:
                 self._p.live.transient = True  # rich clears a transient display from the terminal when it stops
             elif erase:  # a pipe or a file: rich would write its final render (and a blank line) now; drop it
-                import io
-
                 self._p.console.file = io.StringIO()
             else:
                 self._finish()

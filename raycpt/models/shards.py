@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+from raycpt.io import sha256_file
+
 SHARDS_FILE = "shards.json"
 SHARDS_FORMAT = "raycpt.base-shards/1"
 TRAINED_FILE = "model-trained.safetensors"
@@ -41,8 +43,6 @@ def group_of(name: str) -> str:
 
 
 def _sha256(path: Path) -> str:
-    from raycpt.io import sha256_file
-
     return sha256_file(path)
 
 

@@ -33,6 +33,9 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import nn
 
+from raycpt.errors import RaycptError
+
+
 @dataclass(frozen=True)
 class Architecture:
     """THE architecture table's row: where a transformers architecture keeps its parts (the layer view),
@@ -128,8 +131,6 @@ class LayerStack:
         self.config = model.config
         model_type = getattr(model.config, "model_type", None)
         if model_type not in ARCHITECTURES:
-            from raycpt.errors import RaycptError
-
             raise RaycptError(
                 f"unsupported architecture {model_type!r}: LayerStack knows {', '.join(sorted(ARCHITECTURES))}")
         spec = ARCHITECTURES[model_type]

@@ -6,6 +6,8 @@ without any model or Ray.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -169,9 +171,6 @@ def markdown_table(rows: Sequence[dict], columns: Optional[Iterable[str]] = None
 
 def write_csv(rows: Sequence[dict], path: Path) -> Path:
     """CSV of ``rows`` (union of keys, in first-seen order), written atomically."""
-    import csv
-    import io
-
     cols: list[str] = []
     for r in rows:
         for k in r:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 from rich.table import Table
 
 from raycpt.report.figures import save_figure
@@ -37,6 +36,7 @@ def plot_profiles(results: Sequence[dict], path: Path) -> Path:
     """``results``: dicts with ``name``, ``layer_kinds``, ``trainable_layers`` and
     ``trace: {tp_norm, ls_norm}`` (what :func:`raycpt.jobs.hybrid.run_hybrid` collects)."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -5,6 +5,13 @@ Data in, text out; every table is drawn here (or by the job's own report module)
 
 from __future__ import annotations
 
+import math
+import sys
+
+from raycpt.errors import RaycptError
+from raycpt.report.eval import render_table
+from raycpt.report.hybrid import counts_line, segment_table
+
 PLAIN = dict(markup=False, highlight=False, soft_wrap=True)
 
 
@@ -52,8 +59,6 @@ def render_compare(res, console) -> None:
 
 
 def render_eval(out, console) -> None:
-    from raycpt.report.eval import render_table
-
     results, run_dir, files = out
     for t in render_table(results):
         console.print(t)
@@ -94,8 +99,6 @@ def render_contribution(res, console) -> None:
 
 
 def render_hybrid_build(out, console) -> None:
-    from raycpt.report.hybrid import counts_line, segment_table
-
     root, built = out
     for b in built:
         console.print(segment_table(b))
@@ -184,7 +187,6 @@ def render_models(models, console) -> None:
 
 def render_stores(out, console) -> None:
     from raycpt.data.store import builds_logged, changed_files
-    from raycpt.errors import RaycptError
 
     root, stores = out
     if not stores:
@@ -204,8 +206,6 @@ def render_stores(out, console) -> None:
 
 def render_text(text: str, console) -> None:
     """Plain stdout (``config show``: rich would wrap long values and break the YAML)."""
-    import sys
-
     sys.stdout.write(text)
 
 
@@ -219,8 +219,6 @@ def render_nothing(_result, console) -> None:
 
 
 def render_select(res, console) -> None:
-    import math
-
     from rich.table import Table
 
     table = Table("layer", "score", "top-k", title=f"{res.method} scores, {res.num_layers} layers")

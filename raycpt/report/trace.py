@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from raycpt.diagnostics.scores import (boundary_score, boundary_score_interval, profiles, recommend_split, split_table,
+                                       splits_like_best, tp_interval)
 from raycpt.report.figures import save_figure
 from raycpt.splits import split_index
 
@@ -71,8 +73,6 @@ def add_s_intervals(table: Sequence[dict], ratio_rows: np.ndarray, djs_rows: np.
     """Set ``S_lo`` / ``S_hi`` and ``like_best`` (over prompts, :func:`raycpt.diagnostics.scores.boundary_score_interval`
     and :func:`~raycpt.diagnostics.scores.splits_like_best`) on every S(b)-table row, in place: a jackknife-t
     interval for ``aggregate="scaled"`` (the one whose coverage is checked), BCa bootstrap otherwise."""
-    from raycpt.diagnostics.scores import boundary_score_interval, splits_like_best
-
     bs = [row["split_layer"] for row in table]
     method = "jackknife_t" if aggregate == "scaled" else "bca"
     ivs = boundary_score_interval(ratio_rows, djs_rows, bs, resamples, seed, aggregate=aggregate, method=method)
@@ -237,8 +237,6 @@ def aggregate(prep, rows: dict[str, np.ndarray]) -> dict:
 
     ``prep``: the trace's checked inputs (``cfg.trace``, ``records``, ``encoded``, ``splits``, ``tokenizer``)."""
     import pandas as pd
-
-    from raycpt.diagnostics.scores import boundary_score, profiles, recommend_split, split_table, tp_interval
 
     t = prep.cfg.trace
     groups = [r.group for r in prep.records]

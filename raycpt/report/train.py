@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -77,8 +78,6 @@ def plot_loss_curve(steps: list[int], losses: list[float], out: Path, title: Opt
 def plot_drift(history: list[dict], out: Path) -> Optional[Path]:
     """Heatmaps (layer x step) of the weight change and of 1 - CKA (``DriftCallback``'s history);
     None when the history holds no per-layer weight change."""
-    import re
-
     import numpy as np
 
     keys = sorted({k for h in history for k in h if re.fullmatch(r"drift\.dW\.L\d+", k)})

@@ -26,6 +26,14 @@ def _part_flags(plan: LayerPlan) -> Callable[[str], bool]:
     return trains
 
 
+def stack_of(model):
+    """``LayerStack.of(model)``: the one place the plans meet the model modules, imported here with a model in hand
+    (``raycpt.models.stack`` imports torch, and ``import raycpt`` imports the plan registry)."""
+    from raycpt.models.stack import LayerStack
+
+    return LayerStack.of(model)
+
+
 def _check_depth(plan: LayerPlan, stack) -> None:
     if stack.num_layers != plan.num_layers:
         raise ValueError(f"plan {plan.name!r} was built for {plan.num_layers} layers, the model has {stack.num_layers}")
@@ -37,9 +45,7 @@ def apply_plan(model, plan: LayerPlan) -> dict[str, int]:
     The only place in raycpt that writes ``requires_grad``. Parameters outside the stack's parts
     (rare) train only under ``full``. Returns ``{"trainable": n, "frozen": m, "total": n + m}``
     counting shared (tied) tensors once."""
-    from raycpt.models.stack import LayerStack
-
-    stack = LayerStack.of(model)
+    stack = stack_of(model)
     _check_depth(plan, stack)
     trains = _part_flags(plan)
     parts = stack.named_parts()
@@ -86,9 +92,7 @@ def _strip_wrappers(name: str) -> str:
 
 def param_layer_index(model) -> dict[str, Optional[int]]:
     """Parameter name (as ``model.named_parameters()`` gives it) -> decoder layer index, None outside layers."""
-    from raycpt.models.stack import LayerStack
-
-    stack = LayerStack.of(model)
+    stack = stack_of(model)
     by_id: dict[int, Optional[int]] = {}
     for part, params in stack.named_parts().items():
         idx = int(part.split(".")[1]) if part.startswith("layers.") else None
@@ -133,9 +137,7 @@ def plan_table(model, plan: LayerPlan) -> dict:
     ``{"rows": [{"part", "layer", "trainable", "lr_scale", "params"}], "trainable": n, "frozen": m,
     "total": n + m, "layer_map": "TT..", "notes": [...]}``. Counts do not need real weights (a model
     built on the meta device works) and count a tied matrix once, under ``embed``."""
-    from raycpt.models.stack import LayerStack
-
-    stack = LayerStack.of(model)
+    stack = stack_of(model)
     _check_depth(plan, stack)
     trains = _part_flags(plan)
     rows, trainable, frozen = [], 0, 0

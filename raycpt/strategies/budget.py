@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from raycpt.errors import RaycptError
+from raycpt.models.expansion import expand_trainable_params
 from raycpt.strategies.lisa import lisa_trainable_params
 
 
@@ -37,8 +38,6 @@ def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank
     ranking, ``random-k`` per seed (:func:`raycpt.diagnostics.selectors.random_scores`' draw: the top-k of
     ``default_rng(seed).random(N)``), ``lisa`` at gamma, ``lora`` at rank r on every layer, ``expand`` at P."""
     import numpy as np
-
-    from raycpt.models.hybrid_expand import expand_trainable_params
 
     sizes = [int(x) for x in layer_params]
     n = len(sizes)

@@ -4,6 +4,7 @@ the adapter and LISA settings, and the checks that a plan trains something."""
 from __future__ import annotations
 
 from raycpt.errors import RaycptError
+from raycpt.strategies.apply import stack_of
 from raycpt.strategies.plan import LayerPlan
 from raycpt.strategies.registry import PLANS, _check_layer
 
@@ -68,7 +69,5 @@ def _extras(pcfg, name: str, layers) -> dict:
 
 
 def plan_for_model(pcfg, model) -> LayerPlan:
-    from raycpt.models.stack import LayerStack, tied_embeddings
-
-    stack = LayerStack.of(model)
-    return build_plan(pcfg, stack.num_layers, tied_embeddings=tied_embeddings(stack))
+    stack = stack_of(model)
+    return build_plan(pcfg, stack.num_layers, tied_embeddings=stack.tied_embeddings)

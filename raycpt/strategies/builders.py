@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from raycpt.errors import RaycptError
+from raycpt.models.expansion import expand_positions
 from raycpt.splits import check_split, rule_line
 from raycpt.strategies.rankings import read_ranking
 from raycpt.strategies.registry import PlanSpec, _check_layer, register_plan
@@ -129,8 +130,6 @@ def _lisa(pcfg, n: int) -> PlanSpec:
 @register_plan("expand")
 def _expand(pcfg, n: int) -> PlanSpec:
     """Built on the EXPANDED model (N + P layers; the launcher builds it, ``expanded_model_folder``)."""
-    from raycpt.models.hybrid_expand import expand_positions
-
     p = pcfg.expand_blocks
     if n - p < p:
         raise RaycptError(f"plan.expand_blocks={p}: block expansion inserts between 1 and {n - p} blocks into a "

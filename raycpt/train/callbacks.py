@@ -27,6 +27,8 @@ import torch
 
 from raycpt.diagnostics.drift import PROBE_PROMPTS, drift_metrics, layer_params, layer_states, probe_ids, probe_texts
 from raycpt.io import atomic_write_json
+from raycpt.models.sources import load_model
+from raycpt.report.train import plot_drift
 from raycpt.strategies import LayerPlan
 from raycpt.train.parallel import uses_fsdp
 
@@ -121,7 +123,6 @@ class DriftCallback(StepCallback):
             self._skip = "drift skipped: with FSDP the unwrapped model holds only parameter shards"
             state.log({"drift.skipped": 1.0})
             return
-        from raycpt.models.sources import load_model
 
         start, _ = load_model(self.model_path, dtype="float32", device="cpu")  # the run's starting weights
         self._start_params = layer_params(start)
@@ -148,7 +149,6 @@ class DriftCallback(StepCallback):
     def on_train_end(self, state: LoopState) -> None:
         if state.rank != 0 or not self._history or state.run_dir is None:
             return
-        from raycpt.report.train import plot_drift
 
         path = atomic_write_json(Path(state.run_dir) / "drift.json", self._history)
         png = plot_drift(self._history, Path(state.run_dir) / "drift.png")

@@ -33,6 +33,7 @@ Ray Tune's restore, which unpickles ``tuner.pkl``, is guarded by
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -44,6 +45,7 @@ from typing import Any, Optional
 
 import torch
 
+from raycpt import errors  # disk_full and oserror_in_words looked up when called
 from raycpt.errors import RaycptError
 from raycpt.models.adapters import ADAPTER_DIR, merged_state_dict, save_adapter_folder
 from raycpt.models.shards import read_shards, write_referencing_weights
@@ -245,17 +247,13 @@ def disk_errors_as_oserror(folder):
     """A write into ``folder`` that fails as a full disk or an unwritable folder, told in words only
     (:func:`raycpt.errors.oserror_in_words`) or as torch.save's bare ``RuntimeError`` on a file system with no
     space left (:func:`raycpt.errors.disk_full`), raises that ``OSError`` instead (the one line)."""
-    import errno
-
-    from raycpt.errors import disk_full, oserror_in_words
-
     try:
         yield
     except Exception as e:  # noqa: BLE001 - only a disk that refused is translated
-        err = oserror_in_words(e, folder)
+        err = errors.oserror_in_words(e, folder)
         if isinstance(e, OSError) and e.errno is not None and not e.filename:  # pyarrow's: the errno, no path
             err = OSError(e.errno, e.strerror or os.strerror(e.errno), str(folder))
-        if err is None and not isinstance(e, OSError) and disk_full(folder):
+        if err is None and not isinstance(e, OSError) and errors.disk_full(folder):
             err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
         if err is None:
             raise

@@ -11,6 +11,7 @@ then travels to the controller), which :func:`raycpt_failure_policy` replaces fo
 from __future__ import annotations
 
 import contextlib
+from unittest import mock
 
 from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy
 from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
@@ -31,8 +32,6 @@ class OneLineFailurePolicy(DefaultFailurePolicy):
 def raycpt_failure_policy():
     """Inside: every ``TorchTrainer.fit()`` of this process uses :class:`OneLineFailurePolicy` (a Ray without the
     hook keeps its own policy)."""
-    from unittest import mock
-
     from ray.train.v2.api import data_parallel_trainer as dpt
 
     if not hasattr(dpt, "create_failure_policy"):

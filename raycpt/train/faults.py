@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -44,7 +45,6 @@ class FaultHooks:
         """``oserror_step``: the checkpoint write of that step fails, half-written (see the class docstring)."""
         if self.faults.get("oserror_step") != step:
             return
-        import errno
 
         code = getattr(errno, str(self.faults.get("oserror_errno", "ENOSPC")))
         Path(folder, "train_state.json").write_text("{")  # what a disk that filled mid-write leaves

@@ -11,6 +11,7 @@ uses; only process start and checkpoint storage differ.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from raycpt.train.loop import run_loop
 from raycpt.train.session import LocalSession, _Collectives, newest_checkpoint
 
 
@@ -72,10 +74,6 @@ def spawn(fn: Callable, world: int, *args, threads: int = 1) -> None:
 def run_jobs(rank: int, world: int, jobs: list[dict]) -> None:
     """Each job ``{"config": loop config, "blocks": path of a .npy, "checkpoint_root", "out": json path}``
     runs :func:`raycpt.train.loop.run_loop` on this rank; rank 0 writes the summary to ``out``."""
-    import json
-
-    from raycpt.train.loop import run_loop
-
     for job in jobs:
         session = GlooSession(np.load(job["blocks"]), Path(job["checkpoint_root"]))
         out = run_loop(job["config"], session)

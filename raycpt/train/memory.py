@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from raycpt.errors import RaycptError
-from raycpt.models.stack import TABLE, tied_embeddings
+from raycpt.models.adapters import is_adapter_param
+from raycpt.models.stack import TABLE, LayerStack, tied_embeddings
 from raycpt.strategies import LayerPlan
 from raycpt.train.parallel import uses_fsdp
 
@@ -111,8 +112,6 @@ class ModelShape:
 
 def model_shape(model) -> ModelShape:
     """The shape of a (meta-device or real) causal LM."""
-    from raycpt.models.stack import LayerStack
-
     conf = model.config
     stack = LayerStack.of(model)
     family = FAMILY.get(conf.model_type)
@@ -121,7 +120,6 @@ def model_shape(model) -> ModelShape:
     heads = conf.num_attention_heads
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     tied = tied_embeddings(stack)
-    from raycpt.models.adapters import is_adapter_param
 
     adapters = tuple(sum(p.numel() for n, p in layer.named_parameters() if is_adapter_param(n))
                      for layer in stack.layers)

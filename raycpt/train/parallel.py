@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from raycpt.errors import RaycptError
+from raycpt.models.stack import LayerStack
 
 
 def uses_fsdp(distributed: str, world_size: int) -> bool:
@@ -54,8 +55,6 @@ def shard_fsdp(model, device: torch.device, bf16: bool):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-
-    from raycpt.models.stack import LayerStack
 
     model.to(device)
     # the mesh of this run's device type (not whatever accelerator the host has: a CPU run on a GPU node is gloo)

@@ -18,6 +18,7 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig, PlanConfig
 from raycpt.errors import RaycptError
+from raycpt.evaluate import resolve_eval_tasks
 from raycpt.strategies import takes_split
 from raycpt.train.prepare import prepare_plan, resolve_model_path
 from raycpt.train.parallel import check_parallel
@@ -51,8 +52,6 @@ def preflight(cfg: ExperimentConfig, console=None, plans: Optional[list[PlanConf
     """Check the eval tasks and modes (one line for a bad one, before any trial starts: a trial would
     only find out after training), then estimate (and print) each plan's peak memory per worker; raise
     when one does not fit."""
-    from raycpt.evaluate import resolve_eval_tasks
-
     resolve_eval_tasks(cfg.eval)
     path = resolve_model_path(cfg)
     out = []

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from raycpt.models.stack import LayerStack
+
 GPU_PEAK_TFLOPS: dict[str, float] = {
     # dense bf16 tensor-core peaks from the vendors' data sheets (no sparsity)
     "H200": 989.0, "H100 SXM": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.0, "H800": 989.0,
@@ -25,8 +27,6 @@ GPU_PEAK_TFLOPS: dict[str, float] = {
 
 def flops_per_token(model, plan, seq_len: int) -> float:
     """Training FLOPs per token of one step under ``plan`` (see the module docstring)."""
-    from raycpt.models.stack import LayerStack
-
     stack = LayerStack.of(model)
     conf = model.config
     heads = getattr(conf, "num_attention_heads", None)  # None: no attention to count (Mamba2, raycpt hybrids)

@@ -28,7 +28,7 @@ from typing import Iterable, Optional
 import torch
 
 from raycpt.errors import RaycptError
-from raycpt.models.stack import tied_embeddings
+from raycpt.models.stack import LayerStack, tied_embeddings
 from raycpt.strategies import LayerPlan, adapter_ids
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -76,8 +76,6 @@ def _planned_parts(plan: LayerPlan, parts: Iterable[str], tied: bool = False) ->
 
 def parts_of(model) -> dict[str, list[torch.nn.Parameter]]:
     """Parameters by part (shared tensors once, under the first part: a tied head under ``embed``)."""
-    from raycpt.models.stack import LayerStack
-
     return LayerStack.of(model).named_parts()
 
 
@@ -88,8 +86,6 @@ def _optimizer_ids(optimizer) -> set[int]:
 def build_table(model, plan: LayerPlan, optimizer, grads: Optional[dict[int, bool]] = None,
                 changed: Optional[set[int]] = None) -> list[PartCheck]:
     """The per-part rows of ``model`` (the plain or FSDP2-sharded model, not a DDP wrapper)."""
-    from raycpt.models.stack import LayerStack
-
     stack = LayerStack.of(model)
     parts = stack.named_parts()
     planned = _planned_parts(plan, parts, tied=tied_embeddings(stack))

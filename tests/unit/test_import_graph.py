@@ -48,11 +48,17 @@ Names in parentheses are modules other branches add; a module no layer names fai
 :func:`test_every_module_has_a_layer`, so a new top-level module must be placed here on purpose.
 The test ends with a self-test on a synthetic graph: a checker that finds nothing cannot pass for
 one that works.
+
+Imports inside functions are allow-listed below the graph checks: the third-party modules that may wait until a
+function runs (``LAZY_THIRD_PARTY``, the reason per module), the stdlib exceptions (``LAZY_STDLIB``) and the
+imports of raycpt's own modules that cannot be at the top of their file (``LAZY_RAYCPT``, "file:module" -> the
+reason, at most ``MAX_LAZY_RAYCPT``), each with its own self-test on a synthetic package.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -274,3 +280,206 @@ def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
                                           ("raycpt.report.eval", 4), ("raycpt.tasks", 10), ("raycpt.io", 11)])
 def test_longest_prefix_names_the_layer(module, layer):
     assert layer_of(module, LAYERS) == layer
+
+
+# ------------------------------------------------------------------------------------ imports inside functions
+#
+# An import belongs at the top of its file, where a reader sees what the file needs. Inside a function stay only
+# (a) third-party modules named in LAZY_THIRD_PARTY, each with the reason it waits (import time, an optional or
+# platform-only dependency, an attribute a test replaces), (b) the stdlib modules of LAZY_STDLIB, and (c) the few
+# imports of raycpt's own modules named in LAZY_RAYCPT ("file:imported module"), each with the reason the import
+# cannot be at the top: at most MAX_LAZY_RAYCPT of them in the whole package.
+
+#: third-party modules that may be imported inside a function: top-level package -> why it waits
+LAZY_THIRD_PARTY: dict[str, str] = {
+    "torch": "1-2 s to import: `import raycpt`, the config, the CLI and a job's Ray driver (the work runs in "
+             "workers) must not load it",
+    "transformers": "seconds to import (and it imports torch): only where a model, config or tokenizer is loaded",
+    "ray": "seconds to import: only where a job talks to Ray; light commands (models list, config show) never do",
+    "mlflow": "about 1 s to import: only where a run is logged; tests replace mlflow.tracking.MlflowClient and "
+              "mlflow's fluent functions, which a call-time import sees",
+    "lm_eval": "seconds to import, and it loads its task registry: only when an evaluation runs",
+    "peft": "imports transformers and torch: only when LoRA adapters are injected, saved or merged",
+    "safetensors": "its torch half imports torch: only where weights are read or written",
+    "huggingface_hub": "heavy (requests; its constants read the environment at import): only where the hub is "
+                       "asked; tests replace snapshot_download, HfApi / HfFileSystem methods and its constants",
+    "datasets": "seconds to import (pyarrow, pandas): only where hub eval data is loaded; tests replace "
+                "datasets.load_dataset and datasets.config values",
+    "pyarrow": "a large native library: only where a Parquet corpus is read",
+    "pandas": "about 0.5 s to import: only for the trace's Parquet tables",
+    "scipy": "scipy.stats takes about 0.3 s: only where an interval or a test needs a distribution",
+    "matplotlib": "about 0.5 s, and the Agg backend must be chosen before pyplot: only where a figure is drawn",
+    "numpy": "kept out of the modules `import raycpt` loads (the plan registry) and of the light report modules",
+    "psutil": "a native module: only where processes or system metrics are read",
+    "rich": "the CLI loads rich.console only; tables and progress bars load when something is drawn",
+    "typer": "the CLI's: the library does not need it, usage.py reads its click's exception classes only to "
+             "word a usage error",
+    "click": "typer's click (older typer): read only to word a usage error, like typer",
+    "yaml": "config show in jobs/info.py (raycpt.config imports it at its top anyway)",
+    "tokenizers": "the fast tokenizer backend: only in a corpus pack task",
+    "sqlalchemy": "MLflow's SQL store: only when the SQLite store template is made",
+}
+
+#: stdlib modules that may stay inside a function (any other goes to the top): module -> why
+LAZY_STDLIB: dict[str, str] = {
+    "fcntl": "POSIX only: the file locks (store build, MLflow store, checkpoint publish) take it when they lock, so "
+             "importing the modules does not depend on the platform having it",
+}
+
+#: raycpt's own modules imported inside a function: "file:imported module" -> why not at the top
+LAZY_RAYCPT: dict[str, str] = {
+    "raycpt/models/__init__.py:raycpt.models.hybrid":
+        "the lazy registration of the hybrid model: runs when transformers' auto-model module loads; at the top "
+        "`import raycpt` would import torch and transformers' modeling code",
+    "raycpt/models/__init__.py:raycpt.models.hybrid_config":
+        "the same for AutoConfig: the hybrid config class subclasses transformers' PretrainedConfig",
+    "raycpt/strategies/apply.py:raycpt.models.stack":
+        "`import raycpt` imports the plan registry and models.stack imports torch: stack_of() imports it with a "
+        "model in hand (the one place the plans meet the model modules)",
+    "raycpt/strategies/apply.py:raycpt.models.adapters":
+        "models.adapters imports torch (see above): adapter_ids() runs with a model in hand",
+    "raycpt/report/render.py:raycpt.report.sweep_format":
+        "render.py prints every command's result, light ones too (models list, config show): the sweep's tables "
+        "import raycpt.stats, which imports numpy",
+    "raycpt/report/render.py:raycpt.report.sweep_rich": "as raycpt.report.sweep_format (numpy, for the sweep only)",
+    "raycpt/report/render.py:raycpt.report.trace":
+        "report.trace imports diagnostics.scores, which imports torch: only for the trace's table",
+    "raycpt/report/render.py:raycpt.data.store":
+        "data.store imports data.corpus, which imports numpy: only for the stores list",
+}
+MAX_LAZY_RAYCPT = 20
+
+# being moved by the CLI and launcher changes of issue 40; removed when they land
+PENDING = {"raycpt/cli.py", "raycpt/jobs/", "raycpt/train/launch.py"}
+
+
+def function_imports(source: str, module: str, is_package: bool, known: Iterable[str] = ()
+                     ) -> list[tuple[int, str]]:
+    """``(line, module)`` of every import inside a function of ``source`` (methods and nested functions too):
+    ``import x.y`` names ``x.y``; ``from x import y`` names ``x``, or ``x.y`` when that is one of the ``known``
+    modules; a relative import is resolved; ``importlib.import_module`` / ``__import__`` with a literal name count."""
+    known = set(known)
+    out: list[tuple[int, str]] = []
+
+    def names(node) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve_relative(module, is_package, node.level, node.module) if node.level else node.module
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+            return subs if len(subs) == len(node.names) else [base, *subs]
+        if isinstance(node, ast.Call):
+            fn = node.func
+            fname = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
+            if fname in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str):
+                return [node.args[0].value]
+        return []
+
+    def walk(node, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if inside:
+                out.extend((child.lineno, n) for n in names(child))
+            walk(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    walk(ast.parse(source), False)
+    return sorted(out)
+
+
+def lazy_imports(package_dir: Path = PACKAGE_DIR, package: str = "raycpt", skip: Iterable[str] = ()
+                 ) -> dict[str, list[int]]:
+    """``{"file:module": [lines]}`` of the imports inside functions of the package, ``file`` relative to the
+    package's parent; files under a ``skip`` entry (a file, or a folder ending in ``/``) are left out."""
+    skip = tuple(skip)
+    mods = module_names(package_dir, package)
+    out: dict[str, list[int]] = {}
+    for m, f in mods.items():
+        rel = f.relative_to(package_dir.parent).as_posix()
+        if any(rel == s or (s.endswith("/") and rel.startswith(s)) for s in skip):
+            continue
+        for line, name in function_imports(f.read_text(encoding="utf-8"), m, f.name == "__init__.py", mods):
+            out.setdefault(f"{rel}:{name}", []).append(line)
+    return out
+
+
+def _kind(name: str, package: str) -> str:
+    top = name.split(".")[0]
+    return "own" if top == package else "stdlib" if top in sys.stdlib_module_names else "third-party"
+
+
+def unlisted(found: Mapping[str, list[int]], kind: str, allowed: Iterable[str], package: str = "raycpt"
+             ) -> list[str]:
+    """``"file:line: module"`` of every function-level import of ``kind`` (``"own"``: keyed by ``file:module``;
+    ``"stdlib"``, ``"third-party"``: by top-level module) that ``allowed`` does not name."""
+    allowed = set(allowed)
+    out = []
+    for key, lines in sorted(found.items()):
+        rel, _, name = key.partition(":")
+        if _kind(name, package) != kind:
+            continue
+        if (key if kind == "own" else name.split(".")[0]) not in allowed:
+            out += [f"{rel}:{line}: {name}" for line in lines]
+    return out
+
+
+def stale(found: Mapping[str, list[int]], allowed: Iterable[str]) -> list[str]:
+    """The ``file:module`` entries of an allow-list that no function-level import needs any more."""
+    return sorted(set(allowed) - set(found))
+
+
+def _tops(found: Mapping[str, list[int]]) -> set[str]:
+    return {key.partition(":")[2].split(".")[0] for key in found}
+
+
+def test_third_party_imports_inside_functions_are_named():
+    found = lazy_imports()
+    bad = unlisted(found, "third-party", LAZY_THIRD_PARTY)
+    assert bad == [], "import these at the top, or name the module and its reason in LAZY_THIRD_PARTY"
+    assert sorted(set(LAZY_THIRD_PARTY) - _tops(found)) == [], "no function imports these any more: drop them"
+
+
+def test_stdlib_imports_inside_functions_go_to_the_top():
+    found = lazy_imports(skip=PENDING)
+    bad = unlisted(found, "stdlib", LAZY_STDLIB)
+    assert bad == [], "a stdlib module costs nothing to import: at the top (or its reason in LAZY_STDLIB)"
+    assert sorted(set(LAZY_STDLIB) - _tops(found)) == [], "no function imports these any more: drop them"
+
+
+def test_raycpt_imports_inside_functions_are_on_the_allow_list():
+    found = lazy_imports(skip=PENDING)
+    assert unlisted(found, "own", LAZY_RAYCPT) == [], \
+        "import at the top; if that makes a cycle or an upward edge, move the helper down"
+    assert stale({k: v for k, v in found.items() if _kind(k.partition(":")[2], "raycpt") == "own"},
+                 LAZY_RAYCPT) == []
+    assert len(LAZY_RAYCPT) <= MAX_LAZY_RAYCPT
+    assert sum(len(v) for k, v in found.items() if k in LAZY_RAYCPT) <= MAX_LAZY_RAYCPT
+    assert all(reason.strip() for reason in [*LAZY_RAYCPT.values(), *LAZY_THIRD_PARTY.values(),
+                                             *LAZY_STDLIB.values()])
+
+
+SYNTHETIC_LAZY = {
+    "pkg/__init__.py": "",
+    "pkg/a.py": ("import json\nfrom pkg import b\n\n\ndef f():\n    import os\n    import numpy as np\n"
+                 "    from pkg import b\n    from . import c\n\n\nclass K:\n    import re\n\n    def m(self):\n"
+                 "        import importlib\n        importlib.import_module('pkg.b')\n        from pkg.b import thing\n"),
+    "pkg/b.py": "thing = 1\n",
+    "pkg/c.py": "def g():\n    def h():\n        import yaml.constructor\n    return lambda: __import__('scipy')\n",
+}
+
+
+def test_lazy_import_checker_finds_function_level_imports(tmp_path):
+    for rel, text in SYNTHETIC_LAZY.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    found = lazy_imports(tmp_path / "pkg", "pkg")  # module-level and class-level imports are not counted
+    assert found == {"pkg/a.py:os": [6], "pkg/a.py:numpy": [7], "pkg/a.py:pkg.b": [8, 17, 18], "pkg/a.py:pkg.c": [9],
+                     "pkg/a.py:importlib": [16], "pkg/c.py:yaml.constructor": [3], "pkg/c.py:scipy": [4]}
+    assert unlisted(found, "third-party", {"numpy"}, "pkg") == ["pkg/c.py:4: scipy", "pkg/c.py:3: yaml.constructor"]
+    assert unlisted(found, "stdlib", {"os"}, "pkg") == ["pkg/a.py:16: importlib"]
+    assert unlisted(found, "own", {"pkg/a.py:pkg.c"}, "pkg") == ["pkg/a.py:8: pkg.b", "pkg/a.py:17: pkg.b",
+                                                                  "pkg/a.py:18: pkg.b"]
+    assert stale(found, {"pkg/a.py:pkg.c", "pkg/b.py:pkg.a"}) == ["pkg/b.py:pkg.a"]
+    assert _tops(found) == {"os", "numpy", "pkg", "importlib", "yaml", "scipy"}
+    assert lazy_imports(tmp_path / "pkg", "pkg", skip={"pkg/a.py"}).keys() == {"pkg/c.py:yaml.constructor",
+                                                                              "pkg/c.py:scipy"}
+    assert lazy_imports(tmp_path / "pkg", "pkg", skip={"pkg/"}) == {}
