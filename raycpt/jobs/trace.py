@@ -25,6 +25,8 @@ set ``trace.gpus_per_actor=1`` and ``trace.num_actors`` to the GPU count).
 from __future__ import annotations
 
 import dataclasses
+import gc
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -202,8 +204,6 @@ def _in_prompt_order(parts: list[dict[str, np.ndarray]], n: int) -> dict[str, np
 def _rows_in_process(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
     """The trace's one actor in this process (:func:`in_process`): the same :class:`TraceActor`, called on
     ``trace.batch_size`` prompts at a time in length order; torch's thread count is restored afterwards."""
-    import gc
-
     import torch
 
     items = _dataset_items(prep.encoded)
@@ -228,8 +228,6 @@ def _rows_in_process(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
 def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
     """Run the actor pool over the prompts; return per-prompt arrays in prompt order."""
     import ray
-
-    import logging
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # the progress bar below says what runs
     t = prep.cfg.trace

@@ -38,9 +38,9 @@ from raycpt.report.progress import StepProgress
 from raycpt.report.train import plot_loss_curve, read_events, read_step_records
 from raycpt.runs import command_run, config_params, ended_state, read_state, write_state
 from raycpt.strategies import LayerPlan
-from raycpt.tracking import adopt_lost
-from raycpt.tracking import tracking_uri
+from raycpt.tracking import adopt_lost, tracking_uri
 from raycpt.train.callbacks import callbacks_for
+from raycpt.train.checkpoint import weights_dtype
 from raycpt.train.failures import raycpt_failure_policy
 from raycpt.train.loop import STATUS_FILE, train_loop_per_worker
 from raycpt.train.manifest import read_manifest
@@ -143,8 +143,6 @@ def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=No
         loop_config = _loop_config(cfg, run_dir, prep, run, ray_name, faults, callbacks, evaluate)
         loop_config["local_mode"] = local_mode(cfg, in_process)
         if loop_config["local_mode"] and _base_shards(cfg, prep):  # checkpoints link the frozen layers too
-            from raycpt.train.checkpoint import weights_dtype
-
             dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
             loop_config["base_shards"] = str(_base_shards(cfg, prep)(dtype))
         clock = {"fit_start": time.time(), "local_mode": loop_config["local_mode"]}  # the phases' wall times

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -180,8 +181,6 @@ def base_shards_ahead(cfg: ExperimentConfig, model_path: str):
     (:func:`raycpt.models.shards.checked_shards`, for the grid's ``shared`` dict: a trial process then trusts them
     while their files are unchanged); call it before the first trial. A failure here is the first trial's to meet
     again and report (it writes and verifies the shards itself); leaving the block waits for the thread."""
-    import threading
-
     if not local_mode(cfg, in_process=True):
         yield lambda: {}
         return

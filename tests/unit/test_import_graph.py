@@ -349,8 +349,6 @@ LAZY_RAYCPT: dict[str, str] = {
 }
 MAX_LAZY_RAYCPT = 20
 
-# being moved by the CLI and launcher changes of issue 40; removed when they land
-PENDING = {"raycpt/cli.py", "raycpt/jobs/", "raycpt/train/launch.py"}
 
 
 def function_imports(source: str, module: str, is_package: bool, known: Iterable[str] = ()
@@ -439,14 +437,14 @@ def test_third_party_imports_inside_functions_are_named():
 
 
 def test_stdlib_imports_inside_functions_go_to_the_top():
-    found = lazy_imports(skip=PENDING)
+    found = lazy_imports()
     bad = unlisted(found, "stdlib", LAZY_STDLIB)
     assert bad == [], "a stdlib module costs nothing to import: at the top (or its reason in LAZY_STDLIB)"
     assert sorted(set(LAZY_STDLIB) - _tops(found)) == [], "no function imports these any more: drop them"
 
 
 def test_raycpt_imports_inside_functions_are_on_the_allow_list():
-    found = lazy_imports(skip=PENDING)
+    found = lazy_imports()
     assert unlisted(found, "own", LAZY_RAYCPT) == [], \
         "import at the top; if that makes a cycle or an upward edge, move the helper down"
     assert stale({k: v for k, v in found.items() if _kind(k.partition(":")[2], "raycpt") == "own"},
