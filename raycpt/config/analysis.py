@@ -115,6 +115,11 @@ class CompareConfig:
         _check(self.batch_size >= 1, "compare.batch_size", self.batch_size, "an integer >= 1")
 
 
+SELECTOR_NAMES = ("bi", "snr", "layertracer", "random")
+"""The names of :data:`raycpt.diagnostics.selectors.SELECTORS` (the config sits below the diagnostics: a unit test
+holds the two equal)."""
+
+
 @dataclass
 class SelectConfig:
     """``raycpt select``: a layer selector's scores per layer -> a ranking file (its CLI options override these)."""
@@ -134,7 +139,6 @@ class SelectConfig:
     """snr: divide each matrix's SNR by its largest singular value, as Spectrum's script does."""
 
     def __post_init__(self):
-        _check(self.method in ("bi", "snr", "layertracer", "random"), "select.method", self.method,
-               "one of bi, snr, layertracer, random")
+        _check(self.method in SELECTOR_NAMES, "select.method", self.method, f"one of {', '.join(SELECTOR_NAMES)}")
         _check(self.samples >= 1, "select.samples", self.samples, "an integer >= 1")
         _check(self.seq_len is None or self.seq_len >= 2, "select.seq_len", self.seq_len, "an integer >= 2 or null")

@@ -10,6 +10,7 @@ run, in ``<run>/trace``. Bad input (``--k`` outside 1..N, a bad trace setting) i
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,8 @@ import numpy as np
 
 from raycpt.config import ExperimentConfig
 from raycpt.data.corpus import eos_id_of, iter_documents, pack_token_lists, spread_sample
-from raycpt.diagnostics.selectors import (METRICS, block_influence, layertracer_scores, random_scores, top_k,
-                                          weight_snr, write_selection)
+from raycpt.diagnostics.selectors import (METRICS, SELECTORS, SelectorInputs, select_scores, top_k,
+                                          write_selection)
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import model_layers
 from raycpt.jobs.job import Options, RunSpec, Steps, run_job
@@ -97,46 +98,34 @@ def corpus_blocks(cfg: ExperimentConfig, tokenizer) -> np.ndarray:
     return blocks
 
 
-def _bi(prep: _Prepared, progress: bool) -> tuple[np.ndarray, str]:
-    import torch
-
+def selector_inputs(prep: _Prepared, run, progress: bool) -> tuple[SelectorInputs, str]:
+    """What the chosen selector needs (:attr:`raycpt.diagnostics.selectors.Selector.needs`), computed once, and a
+    one-line note of what its scores are computed on."""
+    cfg, sel = prep.cfg, SELECTORS[prep.cfg.select.method]
+    base = dict(num_layers=prep.num_layers, seed=cfg.select.seed, normalize=cfg.select.normalize, batch=BATCH)
+    if sel.needs == "trace":
+        res = run_trace(prep.trace.cfg, run_dir=run.run_dir / "trace", parent=run, progress=progress)
+        return SelectorInputs(tp_norm=res.tp_norm, ls_norm=res.ls_norm, **base), (
+            f"LS^ - TP^ of a trace on {res.num_prompts} prompts (recommended split r = {res.recommended_split:g})")
+    if sel.needs == "seed":
+        return SelectorInputs(**base), f"seeded uniform draw, seed {cfg.select.seed}"
     model, tok = load_model(prep.model_path, dtype="float32", device="cpu")
-    blocks = corpus_blocks(prep.cfg, tok)
-    stack = LayerStack(model)
-    parts = []
-    with count_progress("select bi", len(blocks), progress, unit="blocks") as advance:
-        for s in range(0, len(blocks), BATCH):
-            ids = torch.as_tensor(blocks[s:s + BATCH], dtype=torch.long)
-            parts.append(block_influence(model, stack.layers, [(ids, None)]))
-            advance(len(ids))
-    sizes = [min(BATCH, len(blocks) - s) for s in range(0, len(blocks), BATCH)]
-    scores = np.average(np.stack(parts), axis=0, weights=sizes)  # every block has the same token count
-    return scores, f"{len(blocks)} corpus blocks of {blocks.shape[1]} tokens"
-
-
-def _snr(prep: _Prepared) -> tuple[np.ndarray, str]:
-    model, _ = load_model(prep.model_path, dtype="float32", device="cpu")
-    norm = prep.cfg.select.normalize
-    return weight_snr(LayerStack(model).layers, normalize=norm), ("SNR / s_max per matrix" if norm else
-                                                                  "SNR per matrix") + ", mean over the layer"
-
-
-def _layertracer(prep: _Prepared, run, progress: bool) -> tuple[np.ndarray, str]:
-    res = run_trace(prep.trace.cfg, run_dir=run.run_dir / "trace", parent=run, progress=progress)
-    return layertracer_scores(res.tp_norm, res.ls_norm), (f"LS^ - TP^ of a trace on {res.num_prompts} prompts "
-                                                          f"(recommended split r = {res.recommended_split:g})")
+    layers = LayerStack(model).layers
+    if sel.needs == "weights":
+        return SelectorInputs(model=model, layers=layers, **base), ("SNR / s_max per matrix" if cfg.select.normalize
+                                                                    else "SNR per matrix") + ", mean over the layer"
+    blocks = corpus_blocks(cfg, tok)
+    return SelectorInputs(model=model, layers=layers, blocks=blocks, **base), (
+        f"{len(blocks)} corpus blocks of {blocks.shape[1]} tokens")
 
 
 def scores_of(prep: _Prepared, run, progress: bool = True) -> tuple[np.ndarray, str]:
-    """The selector's ``(N,)`` scores and a one-line note of what they were computed on."""
-    method = prep.cfg.select.method
-    if method == "bi":
-        return _bi(prep, progress)
-    if method == "snr":
-        return _snr(prep)
-    if method == "layertracer":
-        return _layertracer(prep, run, progress)
-    return random_scores(prep.num_layers, prep.cfg.select.seed), f"seeded uniform draw, seed {prep.cfg.select.seed}"
+    """The selector's ``(N,)`` scores (:func:`raycpt.diagnostics.selectors.select_scores`, the one path) and a
+    one-line note of what they were computed on."""
+    inputs, note = selector_inputs(prep, run, progress)
+    total = len(inputs.blocks) if inputs.blocks is not None else 0
+    with count_progress(f"select {prep.cfg.select.method}", total, progress and total > 0, unit="blocks") as advance:
+        return select_scores(prep.cfg.select.method, dataclasses.replace(inputs, advance=advance)), note
 
 
 def run_spec(prep: _Prepared, options: Options) -> RunSpec:

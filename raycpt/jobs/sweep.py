@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raycpt.config import ExperimentConfig, config_with
-from raycpt.diagnostics.selectors import block_influence, weight_snr
+from raycpt.diagnostics.selectors import SelectorInputs, ranking_order, select_scores
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.io import atomic_write_json
@@ -250,21 +250,15 @@ def parse_budget(value) -> int:
 
 def budget_rows(cfg: ExperimentConfig, model_path: str) -> list[dict]:
     """The equal-budget trials: the budget checked against the model first (one line), then the BI and SNR
-    rankings computed on the driver (:mod:`raycpt.diagnostics.selectors`, as ``raycpt select`` does), then
-    :func:`raycpt.strategies.budget_plans`."""
-    import numpy as np
-    import torch
-
+    rankings computed on the driver by the registered selectors (:func:`raycpt.diagnostics.selectors.select_scores`,
+    the path ``raycpt select`` takes), best first, then :func:`raycpt.strategies.budget_plans`."""
     nums = budget_numbers(model_skeleton(model_path), cfg.plan.lora_targets)
     budget = check_budget(parse_budget(cfg.sweep.budget), nums["layer_params"], nums["total"])
     model, tok = load_model(model_path, dtype="float32", device="cpu")
     layers = LayerStack(model).layers
-    blocks = corpus_blocks(cfg, tok)
-    bi = block_influence(model, layers, [(torch.as_tensor(blocks[i:i + BATCH], dtype=torch.long), None)
-                                         for i in range(0, len(blocks), BATCH)])  # tokens pooled over the batches
-    snr = weight_snr(layers)
-    order = {m: sorted(range(len(v)), key=lambda i: (0, -v[i], i) if np.isfinite(v[i]) else (1, 0.0, i))
-             for m, v in (("bi", bi), ("snr", snr))}
+    inputs = SelectorInputs(num_layers=len(layers), model=model, layers=layers, blocks=corpus_blocks(cfg, tok),
+                            batch=BATCH)
+    order = {m: ranking_order(select_scores(m, inputs)) for m in ("bi", "snr")}
     return budget_plans(budget, nums["layer_params"], nums["non_layer_params"], nums["lora_per_rank"],
                         nums["max_rank"], rankings=order)
 

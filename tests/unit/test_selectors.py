@@ -190,3 +190,36 @@ def test_budget_out_of_range_is_one_line(budget, msg):
 
     with pytest.raises(RaycptError, match=msg.replace("(", r"\(").replace(")", r"\)")):
         budget_plans(budget, [10, 20, 30, 40], 5, 3, 8)
+
+
+def test_the_registry_is_the_one_path_and_the_configs_names():
+    """Every selector ``raycpt select`` and ``--budget`` use is registered once; the config accepts exactly its
+    names (the config sits below the diagnostics, so it spells them: held equal here); the registered Block
+    Influence over equal-length corpus blocks, 2 at a time, equals one hand mean of 1 - cos over all 5 x 7 tokens;
+    the best-first order puts NaN and an infinity last, ties by the lower layer."""
+    from raycpt.config.analysis import SELECTOR_NAMES, SelectConfig
+    from raycpt.diagnostics.selectors import METHODS, METRICS, SELECTORS, SelectorInputs, ranking_order, select_scores
+    from raycpt.errors import RaycptError
+
+    assert tuple(SELECTORS) == METHODS == SELECTOR_NAMES == ("bi", "snr", "layertracer", "random")
+    assert METRICS == {"bi": "block_influence", "snr": "weight_snr", "layertracer": "ls_norm_minus_tp_norm",
+                       "random": "random"}
+    with pytest.raises(RaycptError, match="select.method"):
+        SelectConfig(method="gradnorm")
+    model = tiny_model("llama", num_layers=3, hidden=32, seed=4)
+    blocks = np.random.default_rng(0).integers(4, 128, size=(5, 7))
+    seen = []
+    x = SelectorInputs(num_layers=3, model=model, layers=model.model.layers, blocks=blocks, batch=2,
+                       advance=seen.append)
+    bi = select_scores("bi", x)
+    assert seen == [2, 2, 1]
+    with torch.no_grad():
+        hs = model(input_ids=torch.as_tensor(blocks), output_hidden_states=True).hidden_states
+    for layer in range(2):
+        a, b = hs[layer].numpy().reshape(-1, 32), hs[layer + 1].numpy().reshape(-1, 32)
+        assert bi[layer] == pytest.approx(_hand_bi(a, b, np.ones(len(a))), rel=1e-5)
+    assert np.array_equal(select_scores("snr", x), weight_snr(model.model.layers))
+    assert np.array_equal(select_scores("random", x), np.random.default_rng(0).random(3))
+    assert ranking_order([0.5, float("nan"), 0.5, float("inf"), 0.9]) == [4, 0, 2, 1, 3]
+    with pytest.raises(RuntimeError, match="for 2 layers"):  # profiles of another depth: refused, not ranked
+        select_scores("layertracer", SelectorInputs(num_layers=2, tp_norm=[0.0, 1.0, 0.5], ls_norm=[1.0, 0.0, 0.5]))
