@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raycpt import cli
+from raycpt.entry import main
 from raycpt.cluster import check_cluster_file
 from raycpt.config import load_config
 from raycpt.errors import RaycptError
@@ -92,7 +92,7 @@ def test_a_region_other_than_provider_region_is_refused(tmp_path, capsys):
     assert flagged == sorted(ecr + efs + ami), problems
     assert all("provider.region is us-west-2" in p for p in problems)
     # in-process, through the CLI's own entry: exit 2, the lines on stderr
-    assert cli.main(["cluster", "check", str(y)]) == 2
+    assert main(["cluster", "check", str(y)]) == 2
     assert capsys.readouterr().err.count("provider.region is us-west-2") == len(problems)
 
 
@@ -114,14 +114,15 @@ def test_each_kind_of_placeholder_is_one_line(tmp_path, line, what):
     assert check_cluster_file(f) == []
 
 
-def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
-    with pytest.raises(RaycptError, match="cannot read it"):
-        check_cluster_file(tmp_path / "missing.yaml")
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("a: [1, 2\n")
-    with pytest.raises(RaycptError, match=r"not a YAML file \(line \d+\)"):
-        check_cluster_file(bad)
-    assert cli.main(["cluster", "check", str(bad)]) == 2
+@pytest.mark.parametrize("name, text, why", [("missing.yaml", None, "cannot read it"),
+                                             ("bad.yaml", "a: [1, 2\n", r"not a YAML file \(line \d+\)")])
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, name, text, why):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(RaycptError, match=why):
+        check_cluster_file(path)
+    assert main(["cluster", "check", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
