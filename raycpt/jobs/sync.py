@@ -26,11 +26,13 @@ from raycpt.config import load_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.jobs.job import NoRun, Options
-from raycpt.runs import read_state, write_state
+from raycpt.runs import END_STATE, read_state, write_state
 from raycpt.tracking import (LOST_FILE, Seen, ensure_store, project, read_records, record_kind,
                              tracking_uri as uri_of)
 
-STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "nonfinite": "FAILED"}
+STATUS = {**{state: status for status, state in END_STATE.items()}, "nonfinite": "FAILED"}
+"""A folder's ``state.json`` status -> its run's MLflow status: :data:`raycpt.runs.END_STATE` read backwards (a
+run stopped on a non-finite loss ended FAILED)."""
 SYNCED = "synced.json"
 """In a run folder: the run it was synced into in each store other than its own (``{uri: run id}``)."""
 

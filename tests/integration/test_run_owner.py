@@ -115,20 +115,61 @@ def test_a_sweep_has_one_owner_per_run_and_its_folder_replays_to_the_same_record
     assert _tree(other) == synced
 
 
-@pytest.mark.parametrize("command", ["trace", "train"])
-def test_a_single_run_command_replays_to_the_same_records(command, tmp_path, tiny_dir):
-    counts = tmp_path / "counts.txt"
-    env = _env(counts)
+def _one_owner_and_replay(tmp_path, argv, prefix, env, units):
+    """Run ``argv`` through the console script; every run it made was created once and ended once, FINISHED; its
+    folder synced into an empty store equals the live store (params, every metric point, files, status); ``units``
+    runs nest under the command's."""
     runs = tmp_path / "runs"
-    over = [f"model.ref={tiny_dir}", f"data.corpus=[{_corpus(tmp_path)}]", "data.seq_len=32", "train.max_steps=2",
-            "train.micro_batch_size=2", "trace.max_prompts=8", "trace.batch_size=8", f"tracking.run_root={runs}",
-            "name=one"]
-    _cli([command, *over], env)
-    calls = _counts(counts)
-    assert len(calls) == 1 and [c for c, _ in next(iter(calls.values()))] == ["create", "end"], calls
-    run_dir = next(runs.glob(f"{command}-one-*"))
-    other = f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}"
-    (tmp_path / "other").mkdir()
-    _cli(["runs", "sync", str(run_dir), "--tracking-uri", other], env)
-    live, synced = _tree(f"sqlite:///{runs / 'mlflow.db'}"), _tree(other)
-    assert synced == live and next(iter(live.values()))["metrics"]
+    _cli(argv, env)
+    calls = _counts(tmp_path / "counts.txt")
+    live = _tree(f"sqlite:///{runs / 'mlflow.db'}")
+    assert len(calls) == len(live) == 1 + units, (len(calls), sorted(live))
+    for run_id, seq in calls.items():
+        assert [c for c, _ in seq] == ["create", "end"] and seq[-1][1] == "FINISHED", (run_id, seq)
+    run_dir = next(runs.glob(f"{prefix}-*"))
+    other = tmp_path / "other"
+    other.mkdir()
+    _cli(["runs", "sync", str(run_dir), "--tracking-uri", f"sqlite:///{other / 'mlflow.db'}"], env)
+    synced = _tree(f"sqlite:///{other / 'mlflow.db'}")
+    assert sorted(synced) == sorted(live)
+    for key in live:
+        assert synced[key] == live[key], key
+    assert any(v["metrics"] for v in live.values())
+
+
+def _over(tmp_path, tiny_dir, name):
+    return [f"model.ref={tiny_dir}", f"data.corpus=[{_corpus(tmp_path)}]", "data.seq_len=32", "train.max_steps=2",
+            "train.micro_batch_size=2", "train.checkpoint_every=2", "trace.max_prompts=8", "trace.batch_size=8",
+            "eval.tasks=[wordnet_mc]", "eval.modes=[logit]", "eval.limit=4", "eval.batch_size=4",
+            f"tracking.run_root={tmp_path / 'runs'}", f"name={name}"]
+
+
+@pytest.mark.parametrize("command", ["trace", "train", "select", "eval", "compare"])
+def test_every_single_model_command_has_one_owner_per_run_and_replays(command, tmp_path, tiny_dir):
+    """trace, train, select (the random selector), eval of two models (one child run each) and compare of two
+    models: each run made once and ended once; its folder replays to the same records."""
+    from tiny import save_tiny
+
+    other = str(save_tiny(tmp_path / "other-model", seed=7))
+    argv, units = {"trace": (["trace"], 0), "train": (["train"], 0), "select": (["select", "--method", "random"], 0),
+                   "eval": (["eval", "--checkpoints", f"{tiny_dir},{other}"], 2),
+                   "compare": (["compare", str(tiny_dir), other, "compare.max_prompts=4", "compare.max_len=16",
+                                "compare.swap_blocks=0"], 0)}[command]
+    _one_owner_and_replay(tmp_path, [*argv, *_over(tmp_path, tiny_dir, "one")], f"{command}-one",
+                          _env(tmp_path / "counts.txt"), units)
+
+
+@pytest.mark.slow
+def test_a_contribution_scan_has_one_owner_per_run_and_replays(tmp_path, tiny_dir):
+    """base + full + one single-layer trial: four runs (the scan, three trials), each made and ended once."""
+    argv = ["contribution", *_over(tmp_path, tiny_dir, "scan"), "data.max_documents=50", "contribution.score=heldout_loss",
+            "contribution.heldout_docs=8", "--layers", "1"]
+    _one_owner_and_replay(tmp_path, argv, "contribution-scan", _env(tmp_path / "counts.txt"), 3)
+
+
+@pytest.mark.slow
+def test_a_hybrid_run_has_one_owner_per_run_and_replays(tmp_path, tiny_dir):
+    """One build (new_shallow): the command's run, the build's, and the build's trace nested under it."""
+    argv = ["hybrid", "run", *_over(tmp_path, tiny_dir, "hyb"), "hybrid.depth=4", "hybrid.new_kind=mamba2",
+            "hybrid.builds=[new_shallow]", "trace.splits=[0.5]", "trace.max_prompts=4", "trace.top_k=5"]
+    _one_owner_and_replay(tmp_path, argv, "hybrid-hyb", _env(tmp_path / "counts.txt"), 2)
