@@ -144,7 +144,8 @@ def _over(tmp_path, tiny_dir, name):
             f"tracking.run_root={tmp_path / 'runs'}", f"name={name}"]
 
 
-@pytest.mark.parametrize("command", ["trace", "train", "select", "eval", "compare"])
+@pytest.mark.parametrize("command", ["trace", "train", *(pytest.param(c, marks=pytest.mark.slow)
+                                                          for c in ("select", "eval", "compare"))])
 def test_every_single_model_command_has_one_owner_per_run_and_replays(command, tmp_path, tiny_dir):
     """trace, train, select (the random selector), eval of two models (one child run each) and compare of two
     models: each run made once and ended once; its folder replays to the same records."""
