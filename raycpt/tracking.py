@@ -11,6 +11,7 @@ rest of the command local: the folder has it all. Inside Ray workers only rank 0
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -352,7 +353,7 @@ class Seen:
         self.client, self.run_id = client, run_id
         self._params: Optional[dict] = None
         self._tags: Optional[dict] = None
-        self._history: dict[str, set] = {}
+        self._history: dict[str, collections.Counter] = {}
         self._artifacts: dict[str, set] = {}
 
     def params(self) -> dict:
@@ -365,9 +366,12 @@ class Seen:
         self.params()
         return self._tags
 
-    def points(self, key: str) -> set:
+    def points(self, key: str) -> "collections.Counter":
+        """The run's ``(step, value)`` points of ``key``, counted: a point the folder holds twice (logged twice live)
+        is in the store twice, so a replay matches the store point for point."""
         if key not in self._history:
-            self._history[key] = {(m.step, m.value) for m in self.client.get_metric_history(self.run_id, key)}
+            self._history[key] = collections.Counter((m.step, m.value)
+                                                     for m in self.client.get_metric_history(self.run_id, key))
         return self._history[key]
 
     def artifacts(self, folder: Optional[str]) -> set:
@@ -394,10 +398,8 @@ def project(client, run_id: str, rec: dict, base: Path, seen: Optional[Seen] = N
     if kind in ("metrics", "points"):
         pts = ([(k, int(rec.get("step") or 0), v) for k, v in rec["metrics"].items()] if kind == "metrics"
                else [tuple(p) for p in rec["points"]])
-        if seen is not None:
-            pts = [(k, s, v) for k, s, v in pts if (s, float(v)) not in seen.points(k)]
-            for k, s, v in pts:
-                seen.points(k).add((s, float(v)))
+        if seen is not None:  # each point the store has already stands for one of the folder's
+            pts = [(k, s, v) for k, s, v in pts if not _consume(seen.points(k), (s, float(v)))]
         return log_points(client, run_id, pts)
     if kind == "tags":
         from mlflow.entities import RunTag
@@ -429,6 +431,14 @@ def project(client, run_id: str, rec: dict, base: Path, seen: Optional[Seen] = N
         client.log_text(run_id, rec["text"], rec["file"])
         return 1
     return 0
+
+
+def _consume(counts: "collections.Counter", point) -> bool:
+    """Whether ``point`` is among ``counts`` (then one of it is used up)."""
+    if counts[point] > 0:
+        counts[point] -= 1
+        return True
+    return False
 
 
 def _project_params(client, run_id: str, params: dict, seen: Optional[Seen]) -> int:

@@ -152,3 +152,26 @@ def test_two_syncs_at_once_make_each_run_once(tmp_path):
     full = next(r for r in runs if r.info.run_name == "full")
     assert _content(client, full.info.run_id)[1] == {"loss": [(1, 3.0)], "heldout_loss": [(0, 2.75)]}
     assert sorted("0 item(s) added" in o[0] for o in outs) == [False, True]  # the second found it all there
+
+
+def test_a_point_recorded_twice_is_in_the_store_twice_after_a_replay_and_once_more_adds_none(tmp_path):
+    """Live logging keeps a point the job logged twice (a build's final loss from its training and its own end
+    records): the store then holds it twice, and a replay, counting what the store has, makes the same history."""
+    from raycpt.tracking import Seen, project
+
+    client, exp = _client(tmp_path)
+    live, replay = (client.create_run(exp).info.run_id for _ in range(2))
+    recs = [{"metrics": {"final_loss": 2.5}, "step": 0}, {"metrics": {"final_loss": 2.5, "x": 1.0}, "step": 0}]
+    for rec in recs:
+        project(client, live, rec, tmp_path)
+    sent = []
+    for _ in range(2):
+        seen = Seen(client, replay)
+        sent.append(sum(project(client, replay, rec, tmp_path, seen) for rec in recs))
+    assert sent == [3, 0]
+
+    def history(run_id, key):
+        return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+    assert history(live, "final_loss") == history(replay, "final_loss") == [(0, 2.5), (0, 2.5)]
+    assert history(replay, "x") == [(0, 1.0)]
