@@ -76,3 +76,13 @@ def check_ratio(r, what: str = "split") -> float:
         raise RaycptError(f"{what}={r!r} is outside (0, 1): expected a ratio strictly between 0 and 1 "
                           f"(shallow = layers [0, floor(r*N + 1/2)))")
     return float(r)
+
+
+def equal_count_split(r, splits, num_layers: int):
+    """The split r' among ``splits`` at which train_deep trains as many decoder layers as train_shallow at ``r``:
+    shallow trains b = floor(r*N + 1/2), deep at r' trains N - floor(r'*N + 1/2); None when no listed split
+    gives N - b' = b (on 30 layers 0.33 pairs with 0.66: 10 and 30 - 20; on 28 it does not: 9 against
+    28 - 18 = 10, where 1/3 and 2/3 do: 9 and 28 - 19). The nearest to 1 - r first when several do."""
+    b = split_index(r, num_layers)
+    same = [s for s in splits if num_layers - split_index(s, num_layers) == b]
+    return min(same, key=lambda s: abs(float(s) - (1 - float(r)))) if same else None

@@ -10,8 +10,9 @@ Which method is calibrated where is shown by ``benchmarks/bench_calibration.py``
   32-400 questions with few discordant pairs, where the percentile bootstrap falls to ~0.90).
 * :func:`ratio_delta_t` - a token-weighted mean difference of paired held-out blocks with a t-interval
   and p-value over documents (clusters), or over blocks without document ids.
-* :func:`seed_question_interval` - several seeds: seed and question noise under a stated model;
-  :func:`seed_interval` - the t-interval over seeds alone.
+* :func:`pooled_run_test` - several seeds: a strategy against another, run-to-run noise pooled over the
+  sweep's runs (:func:`pooled_run_variance`) plus the shared units' sampling noise;
+  :func:`seed_interval` - the t-interval over seeds alone (a row's value).
 * :func:`holm`, :func:`benjamini_hochberg`, :func:`adjust` - multiplicity control (the graphical, gated
   Holm of the sweep verdict is in :mod:`raycpt.report.verdict`).
 * :func:`bca_interval`, :func:`spearman_test` (exact permutation p, or "not testable" when even a perfect
@@ -307,33 +308,62 @@ def adjust(pvalues: Sequence[Optional[float]], method: str = "holm") -> list[Opt
     return ADJUST[method](pvalues)
 
 
-# ------------------------------------------------------------------------------ clustered and two-level intervals
-def seed_question_interval(per_seed: Sequence[float], per_unit_diffs: Sequence[Sequence[float]],
-                           level: float = LEVEL) -> Interval:
-    """The mean over k seeds of a paired difference with an interval for seed *and* question noise.
+# ------------------------------------------------------------------------------ run-to-run noise (several seeds)
+def pooled_run_variance(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """The run-to-run variance of a metric pooled over a sweep's rows: the squared deviations of every run's
+    value from its own row's mean, summed over rows, over df = sum (k_i - 1) (a row of one run adds nothing).
+    Stated model: run noise is exchangeable across plans (one variance for every row). (nan, 0) when no row
+    has two runs."""
+    ss, df = 0.0, 0
+    for g in groups:
+        v = np.asarray([x for x in g if x is not None and not math.isnan(x)], dtype=np.float64)
+        if v.size > 1:
+            ss += float(np.sum((v - v.mean()) ** 2))
+            df += int(v.size) - 1
+    return (ss / df if df else math.nan), df
 
-    Stated model: d_s = Delta + e_s + u, with e_s the seed (training) noise, independent across seeds, and u
-    the question-sampling error, common to every seed because all seeds answer the same questions. So
-    Var(mean d) = s_seed^2 / k + Var(mean of D_i) with D_i the per-question difference averaged over seeds
-    (its variance estimated as var(D_i) / n; it also holds the seed noise once more: conservative).
-    Welch-Satterthwaite degrees of freedom; ``per_unit_diffs`` is (k, n)."""
+
+def pooled_run_p(point, k_a, k_b, run_var, run_df, unit_var, unit_df, level: float = LEVEL):
+    """(half-width, p) of the strategy test below; vectorised over numpy arrays of any of its inputs."""
     from scipy.stats import t
 
-    d = np.asarray(per_seed, dtype=np.float64)
-    u = np.asarray(per_unit_diffs, dtype=np.float64)
-    k, n = u.shape
-    mean = float(d.mean())
-    v_seed = float(d.var(ddof=1)) / k if k > 1 else 0.0
-    big_d = u.mean(axis=0)
-    v_q = float(big_d.var(ddof=1)) / n if n > 1 else 0.0
-    se2 = v_seed + v_q
-    if se2 <= 0:
-        return Interval(mean, mean, mean, k, "seeds x questions", level, 1.0 if mean == 0 else 0.0)
-    terms = (v_seed ** 2 / (k - 1) if k > 1 else 0.0) + (v_q ** 2 / (n - 1) if n > 1 else 0.0)
-    df = se2 ** 2 / terms if terms > 0 else 1e6
-    half = float(t.ppf((1.0 + level) / 2.0, df)) * math.sqrt(se2)
-    return Interval(mean, mean - half, mean + half, k, "seeds x questions", level,
-                    float(2 * t.sf(abs(mean) / math.sqrt(se2), df)))
+    se = np.sqrt(np.asarray(run_var, dtype=np.float64) * (1.0 / np.asarray(k_a) + 1.0 / np.asarray(k_b))
+                 + np.asarray(unit_var, dtype=np.float64))
+    df = np.minimum(np.asarray(run_df, dtype=np.float64), np.asarray(unit_df, dtype=np.float64))
+    half = t.ppf((1.0 + level) / 2.0, df) * se
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(se > 0, 2 * t.sf(np.abs(point) / se, df), np.where(np.asarray(point) == 0, 1.0, 0.0))
+    return half, p
+
+
+def pooled_run_test(point: float, k_a: int, k_b: int, run_var: float, run_df: int, unit_var: float = 0.0,
+                    unit_df: float = math.inf, level: float = LEVEL, method: str = "runs pooled") -> Interval:
+    """Strategy a minus strategy b: ``point`` = mean of a's k_a runs minus mean of b's k_b runs, with an
+    interval and p-value for run-to-run *and* unit-sampling noise.
+
+    Model: run value = strategy mean + run offset (variance ``run_var``, the same for every plan, estimated by
+    :func:`pooled_run_variance` with ``run_df`` degrees of freedom over the whole sweep) + the sampling error
+    of the units (documents, questions) every run shares; ``unit_var`` is that error's variance for the
+    difference of the run-averaged units (``unit_df`` its degrees of freedom). se^2 = run_var (1/k_a + 1/k_b)
+    + unit_var, Student t with df = min(run_df, unit_df): a sum of two independent variance estimates
+    referred to t on the smaller df is conservative (Mickey & Brown 1966), where Welch-Satterthwaite's df
+    grows when the run variance is small by chance. Pooling gives run_df = sum (k_i - 1) (14 for 7 rows x 3
+    seeds) where a per-pair test has k - 1 = 2."""
+    half, p = pooled_run_p(point, k_a, k_b, run_var, run_df, unit_var, unit_df, level)
+    half, p = float(half), float(p)
+    return Interval(point, point - half, point + half, int(k_a + k_b), method, level, p)
+
+
+def mean_sampling_variance(diffs: Sequence[float], strata: Optional[Sequence] = None) -> tuple[float, int]:
+    """The sampling variance of a mean of per-unit differences and its df: var(d) / n with n - 1 df; with
+    ``strata``, of the unweighted mean of the strata means: sum_c var_c / n_c / C^2 with n - C df."""
+    d = np.asarray(diffs, dtype=np.float64)
+    if strata is None:
+        return (float(d.var(ddof=1)) / d.size if d.size > 1 else 0.0), max(d.size - 1, 0)
+    s = np.asarray(list(strata), dtype=object)
+    groups = [d[s == g] for g in dict.fromkeys(s.tolist())]
+    var = sum(float(x.var(ddof=1)) / x.size if x.size > 1 else 0.0 for x in groups) / len(groups) ** 2
+    return var, max(d.size - len(groups), 0)
 
 
 # ------------------------------------------------------------------------------ BCa and rank correlation
@@ -410,15 +440,10 @@ def spearman_test(x: Sequence[float], y: Sequence[float], alpha: float = 0.05, m
     return out
 
 
-def ratio_delta_t(a: Sequence[float], b: Sequence[float], clusters: Optional[Sequence] = None, weights=None,
-                  level: float = LEVEL, scale: float = 1.0) -> Interval:
-    """The weighted mean difference of paired units (held-out block losses, token-weighted) with a t-interval
-    and p-value over *clusters* (documents; each unit its own cluster without them): the ratio estimator
-    R = sum_j D_j / sum_j W_j over the clusters' sums, its linearised variance
-    sum_j (D_j - R W_j)^2 / (k (k - 1) mean(W)^2), k - 1 degrees of freedom. Blocks of one document share
-    its difficulty; treating them as independent under-covers (``bench_calibration.py`` shows both)."""
-    from scipy.stats import t
-
+def ratio_delta_se(a: Sequence[float], b: Sequence[float], clusters: Optional[Sequence] = None,
+                   weights=None) -> tuple[float, float, int]:
+    """(R, se, k) of :func:`ratio_delta_t`: the ratio estimator over the k clusters and its linearised standard
+    error (NaN with one cluster)."""
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
     w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64)
@@ -430,16 +455,29 @@ def ratio_delta_t(a: Sequence[float], b: Sequence[float], clusters: Optional[Seq
     dj = np.bincount(inv, weights=w * (x - y), minlength=k)
     wj = np.bincount(inv, weights=w, minlength=k)
     r = float(dj.sum() / wj.sum())
+    if k < 2:
+        return r, math.nan, k
+    return r, math.sqrt(float(np.sum((dj - r * wj) ** 2)) / (k * (k - 1))) / float(wj.mean()), k
+
+
+def ratio_delta_t(a: Sequence[float], b: Sequence[float], clusters: Optional[Sequence] = None, weights=None,
+                  level: float = LEVEL, scale: float = 1.0) -> Interval:
+    """The weighted mean difference of paired units (held-out block losses, token-weighted) with a t-interval
+    and p-value over *clusters* (documents; each unit its own cluster without them): the ratio estimator
+    R = sum_j D_j / sum_j W_j over the clusters' sums, its linearised variance
+    sum_j (D_j - R W_j)^2 / (k (k - 1) mean(W)^2), k - 1 degrees of freedom. Blocks of one document share
+    its difficulty; treating them as independent under-covers (``bench_calibration.py`` shows both)."""
+    from scipy.stats import t
+
+    r, se, k = ratio_delta_se(a, b, clusters, weights)
     what = "t over blocks" if clusters is None else "t over documents"
     if k < 2:
         return Interval(scale * r, math.nan, math.nan, k, what, level)
-    se = math.sqrt(float(np.sum((dj - r * wj) ** 2)) / (k * (k - 1))) / float(wj.mean())
     if se == 0:
         return Interval(scale * r, scale * r, scale * r, k, what, level, 1.0 if r == 0 else 0.0)
     q = float(t.ppf((1.0 + level) / 2.0, k - 1))
     p = float(2 * t.sf(abs(r) / se, k - 1))
     return Interval(scale * r, scale * (r - q * se), scale * (r + q * se), k, what, level, p)
-
 
 
 def stratified_mcnemar_p(a: Sequence[float], b: Sequence[float], strata: Sequence) -> float:

@@ -78,17 +78,18 @@ def report_options(cfg) -> dict:
 
 def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[str] = ("wordnet_mc",),
                   general: Sequence[str] = ("mmlu",), resamples: int = DEFAULT_RESAMPLES,
-                  report: Optional[dict] = None) -> dict:
+                  report: Optional[dict] = None, num_layers: Optional[int] = None) -> dict:
     """The summary's numbers (pure): per-task tables, split gains, the verdict (adjusted marks, primary,
     best), domain versus general, S(b) against the gain, flat records. ``trials`` carry their per-question
     ``outcomes`` and held-out block losses (:func:`load_outcomes`) for tests and intervals; without them the
-    deltas are shown without either. ``report``: ``{"primary", "adjust", "alpha"}`` (``ReportConfig``)."""
+    deltas are shown without either. ``report``: ``{"primary", "adjust", "alpha"}`` (``ReportConfig``); ``num_layers``: the model's depth, which
+    pairs train_shallow at r with train_deep at 1 - r at equal layer counts (without it: equal trainable counts)."""
     report = {**DEFAULT_REPORT, **(report or {})}
     tables = summary_table(trials, resamples=resamples)
     split_scores = (trace or {}).get("split_scores", {})
     split_ci = (trace or {}).get("split_intervals", {})
-    gains = {task: split_gains(trials, split_scores, task, split_intervals=split_ci, resamples=resamples)
-             for task in tables}
+    gains = {task: split_gains(trials, split_scores, task, split_intervals=split_ci, resamples=resamples,
+                               num_layers=num_layers) for task in tables}
     tasks = list(domain) + [t for t in general if t not in domain]
     decision = apply_verdict(tables, gains, tasks, report)
     decision["best"] = primary_best(trials, tables, report, resamples=resamples)
@@ -120,7 +121,7 @@ def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_
     out = Path(run_dir) / "summary"
     out.mkdir(parents=True, exist_ok=True)
     full = [load_outcomes(t) for t in trials]
-    summary = build_summary(full, trace, domain, general, report=report)
+    summary = build_summary(full, trace, domain, general, report=report, num_layers=num_layers)
     files = [atomic_write_text(out / "deltas.csv", _csv(summary["records"]))]
     for task, rows in summary["tables"].items():
         files.append(atomic_write_text(out / f"table_{task}.csv", _csv(delta_records({task: rows}))))

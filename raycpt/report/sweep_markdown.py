@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from raycpt.report.sweep_format import (CATEGORY_LABEL, MODE_LETTER, _fmt_p, _fmt_s, _fmt_value, _loss_columns,
                                         _row_categories, fmt_delta, table_modes)
+from raycpt.report.sweep_seeds import STRATEGY, checkpoint_line
 from raycpt.report.sweep_stats import largest_s_b
 from raycpt.report.verdict import HELDOUT
 
@@ -68,8 +69,8 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
     letters = " / ".join(MODE_LETTER.get(m, m) for m in modes)
     lines = [f"**{task}** — S(b) from the trace [95% interval over prompts, trace.sb_aggregate] next to the realised gain "
              f"of train_shallow (average, percentage points, {letters}) [95% interval]", "",
-             f"| split | b | S(b) [95%] | shallow−full {letters} | shallow−deep {letters} | held-out loss shallow−full "
-             "| held-out loss shallow−deep |", "|---|---|---|---|---|---|---|"]
+             f"| split r | b | S(b) [95%] | shallow−full {letters} | shallow(r)−deep(1−r) {letters} | held-out loss "
+             "shallow−full | held-out loss shallow(r)−deep(1−r) |", "|---|---|---|---|---|---|---|"]
 
     def pick(g, key):
         return {"delta": g.get(key), "lo": g.get(f"{key}_lo"), "hi": g.get(f"{key}_hi"), "sign": g.get(f"{key}_sign")}
@@ -89,9 +90,13 @@ def verdict_markdown(summary: dict) -> list[str]:
     marks are controlled and what every interval covers, and whether S(b) could be put to a test."""
     v = summary.get("verdict") or {}
     md = ["**Verdict**", ""]
+    line = checkpoint_line(summary)
+    if line:
+        md.append(line)
     prim = [c for c in v.get("comparisons", []) if c.get("primary")]
     if prim:
-        md.append(f"Primary comparison ({v.get('primary')}) against full, adjusted:")
+        what = "strategies (run-to-run noise inside)" if v.get("claim") == STRATEGY else "checkpoints"
+        md.append(f"Primary comparison ({v.get('primary')}) against full, adjusted - {what}:")
         for c in prim:
             word = {1: "▲ better", -1: "▼ worse", 0: "no clear change", None: "no test"}[c["sign"]]
             if c["task"] == HELDOUT and c["sign"]:
@@ -103,12 +108,16 @@ def verdict_markdown(summary: dict) -> list[str]:
                   "every comparison is in one Holm family.")
     b = v.get("best")
     if b:
-        md.append(f"Best on {b['metric']}: **{b['best']}** (beats every other row, Bonferroni over {b['pairs']} "
+        of = "" if b.get("claim") == STRATEGY else " (this run of each plan)"
+        md.append(f"Best on {b['metric']}{of}: **{b['best']}** (beats every other row, Bonferroni over {b['pairs']} "
                   f"pairs, largest p = {_fmt_p(b['p'])})" if b["best"] else
-                  f"Best on {b['metric']}: no clear best - the top row {b['top']} does not beat the runner-up "
+                  f"Best on {b['metric']}{of}: no clear best - the top row {b['top']} does not beat the runner-up "
                   f"{b['runner_up']} (or another row) at {v.get('alpha', 0.05):g} / {b['pairs']} pairs "
                   f"(largest pairwise p = {_fmt_p(b['p'])})")
     md += _split_words(summary)
+    for task, gains in (summary.get("split_gains") or {}).items():
+        md += [f"Shallow vs deep ({task}), r = {g['split']:g}: {g['deep_missing']}." for g in gains
+               if g.get("deep_missing")]
     for task, s in (summary.get("sb_vs_gain") or {}).items():
         md.append(f"S(b) against the realised gain ({task}, {s['gain']}): {s['words']}.")
     md.append("")

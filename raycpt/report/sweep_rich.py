@@ -133,7 +133,8 @@ def rich_gains_table(task: str, gains: list[dict]):
             key = f"shallow_vs_{label}"
             for j, m in enumerate(modes):
                 cells = [f"{g['split']:g}" if first else "", str(g["b"] if g["b"] is not None else "-") if first else "",
-                         s_txt if first else "", label if j == 0 else "", MODE_LETTER.get(m, m), _two_lines(g, f"{key}_{m}")]
+                         s_txt if first else "", ("deep 1-r" if label == "deep" else label) if j == 0 else "",
+                         MODE_LETTER.get(m, m), _two_lines(g, f"{key}_{m}")]
                 if held:
                     cells.append(_two_lines(g, f"{key}_heldout", 3, lower_is_better=True) if j == 0 else "")
                 table.add_row(*cells)

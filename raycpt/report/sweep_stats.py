@@ -3,8 +3,8 @@ with a 95% interval, the realised gains of each split, and what the runs table a
 
 Tests and intervals (:mod:`raycpt.stats`): one seed - exact McNemar with the score interval over
 questions (per-question records of each trial's ``eval_result.json``, matched by question id), a t over
-documents (or blocks) for the held-out loss; several seeds (``sweep.seeds``) - the seeds x questions
-interval. The ``sign`` set here is the interval's alone; the verdict (:mod:`raycpt.report.sweep_verdict`)
+documents (or blocks) for the held-out loss: checkpoint comparisons; with run-to-run noise measured (some row
+has two runs: ``sweep.seeds``) - the strategy test of :mod:`raycpt.report.sweep_seeds`. The ``sign`` set here is the interval's alone; the verdict (:mod:`raycpt.report.sweep_verdict`)
 replaces it by the adjusted decision.
 """
 
@@ -16,8 +16,12 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from raycpt.report.sweep_outcomes import load_outcomes
-from raycpt.stats import (DEFAULT_RESAMPLES, Interval, paired_accuracy_delta, ratio_delta_t, seed_interval,
-                          seed_question_interval, stratified_mcnemar_p, stratified_paired_delta)
+from raycpt.splits import equal_count_split
+import numpy as np
+
+from raycpt.report.sweep_seeds import (METHOD_RUNS, has_run_noise, heldout_units, question_units, run_noise)
+from raycpt.stats import (DEFAULT_RESAMPLES, Interval, paired_accuracy_delta, pooled_run_test, ratio_delta_t,
+                          seed_interval, stratified_mcnemar_p, stratified_paired_delta)
 
 CATEGORY_ORDER = ["stem", "social_science", "humanities", "other", "average", "overall"]
 MODES = ("generate", "logit", "cloze")  # display order; any other mode in the records follows, sorted
@@ -72,15 +76,6 @@ def question_delta(a: dict, b: dict, task: str, cat: str, mode: str, resamples: 
     return paired_accuracy_delta(x, y, scale=100.0)
 
 
-def question_diffs(a: dict, b: dict, task: str, cat: str, mode: str) -> Optional[dict]:
-    """Per-question differences (a - b, points) keyed by question id, for the seeds x questions interval."""
-    m = _matched(a, b, task, cat, mode)
-    if m is None:
-        return None
-    ids, x, y, _ = m
-    return {q: 100.0 * (int(u) - int(v)) for q, u, v in zip(ids, x, y)}
-
-
 def heldout_delta(a: dict, b: dict, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Optional[Interval]:
     """Held-out loss of ``a`` minus ``b``, token-weighted over the held-out blocks, with a t-interval over
     documents (``heldout_docs``: the document of each block, when the result carries them; over blocks
@@ -91,13 +86,6 @@ def heldout_delta(a: dict, b: dict, resamples: int = DEFAULT_RESAMPLES, seed: in
     docs = a.get("heldout_docs")
     docs = docs if docs is not None and len(docs) == len(la) else None
     return ratio_delta_t(la, lb, clusters=docs, weights=a.get("heldout_weights"))
-
-
-def heldout_diffs(a: dict, b: dict) -> Optional[dict]:
-    la, lb = a.get("heldout_blocks"), b.get("heldout_blocks")
-    if not la or not lb or len(la) != len(lb):
-        return None
-    return {i: float(x) - float(y) for i, (x, y) in enumerate(zip(la, lb))}
 
 
 # ------------------------------------------------------------------------------------------ trials and seeds
@@ -126,32 +114,32 @@ def _delta(iv: Optional[Interval], point: Optional[float]) -> dict:
 
 def compare(runs_a: dict, runs_b: dict, value: Callable[[dict], Optional[float]],
             interval: Callable[[dict, dict], Optional[Interval]],
-            units: Optional[Callable[[dict, dict], Optional[dict]]] = None) -> dict:
-    """``value(a) - value(b)`` for two cells' runs, paired by seed.
+            units: Optional[Callable[[list, list], Optional[tuple]]] = None, noise: Optional[dict] = None) -> dict:
+    """``value(a) - value(b)`` for two rows' runs.
 
-    One shared seed: that difference with ``interval(a, b)`` (question or block sampling). Several: the
-    mean of the per-seed differences; with ``units(a, b)`` (per-unit differences keyed by unit id, the
-    same units in every seed) the seeds x questions interval (:func:`raycpt.stats.seed_question_interval`,
-    seed and question noise), else a t-interval over seeds (seed noise only). Returns ``{"delta", "lo",
-    "hi", "sign", "method", "n", "p"}`` (:func:`_delta`)."""
-    pairs = []
-    for sd in runs_a:
-        if sd in runs_b:
-            va, vb = value(runs_a[sd]), value(runs_b[sd])
-            if va is not None and vb is not None:
-                pairs.append((sd, va - vb))
-    if not pairs:
+    With run-to-run noise measured (``noise``: :func:`raycpt.report.sweep_seeds.run_noise`, df > 0 - some row
+    of the sweep has two runs): a strategy claim, the mean of a's runs minus the mean of b's with
+    :func:`raycpt.stats.pooled_run_test` (``units(runs_a, runs_b)``: the (variance, df) of the shared units'
+    sampling error, documents or questions, and the method's name; without it the run noise alone). Without: one run each, that
+    difference with ``interval(a, b)`` (a checkpoint comparison: document or question sampling), paired by
+    seed. Returns ``{"delta", "lo", "hi", "sign", "method", "n", "p"}`` (:func:`_delta`)."""
+    va = [(sd, value(t)) for sd, t in runs_a.items()]
+    vb = [(sd, value(t)) for sd, t in runs_b.items()]
+    va, vb = [(sd, v) for sd, v in va if v is not None], [(sd, v) for sd, v in vb if v is not None]
+    if not va or not vb:
         return _delta(None, None)
-    if len(pairs) == 1:
-        sd, d = pairs[0]
-        return _delta(interval(runs_a[sd], runs_b[sd]), d)
-    per_unit = [units(runs_a[sd], runs_b[sd]) for sd, _ in pairs] if units else None
-    if per_unit and all(per_unit) and all(set(u) == set(per_unit[0]) for u in per_unit):
-        keys = sorted(per_unit[0], key=str)
-        iv = seed_question_interval([d for _, d in pairs], [[u[k] for k in keys] for u in per_unit])
-    else:
-        iv = seed_interval([d for _, d in pairs])
-    return _delta(iv, iv.point)
+    if has_run_noise(noise):
+        point = float(np.mean([v for _, v in va]) - np.mean([v for _, v in vb]))
+        u = units([runs_a[sd] for sd, _ in va], [runs_b[sd] for sd, _ in vb]) if units else None
+        var, df, method = u or (0.0, math.inf, METHOD_RUNS)
+        iv = pooled_run_test(point, len(va), len(vb), noise["var"], noise["df"], var, df, method=method)
+        return _delta(iv, point)
+    shared = [sd for sd, _ in va if sd in runs_b and value(runs_b[sd]) is not None]
+    if len(shared) != 1:
+        return _delta(None, None) if not shared else _delta(None, float(np.mean(
+            [value(runs_a[sd]) - value(runs_b[sd]) for sd in shared])))
+    sd = shared[0]
+    return _delta(interval(runs_a[sd], runs_b[sd]), value(runs_a[sd]) - value(runs_b[sd]))
 
 
 def _cell_value(task: str, cat: str, mode: str) -> Callable[[dict], Optional[float]]:
@@ -198,7 +186,9 @@ def summary_table(trials: list[dict], baseline: str = "full", resamples: int = D
     tables: dict[str, list[dict]] = {}
     for task in tasks:
         cats, modes = _task_cells(groups, task)
-        rows = [_summary_row(g, base, task, cats, modes, resamples, seed) for g in groups.values()]
+        noise = {(c, m): run_noise(groups, _cell_value(task, c, m)) for c in cats for m in modes}
+        noise[HELD] = run_noise(groups, _held)
+        rows = [_summary_row(g, base, task, cats, modes, resamples, seed, noise) for g in groups.values()]
         for c in cats:
             for m in modes:
                 vals = [r["cells"][c][m]["value"] for r in rows if m in r["cells"].get(c, {})]
@@ -209,8 +199,15 @@ def summary_table(trials: list[dict], baseline: str = "full", resamples: int = D
     return tables
 
 
+HELD = "heldout_loss"
+
+
+def _held(t: dict) -> Optional[float]:
+    return t.get("heldout_loss")
+
+
 def _summary_row(g: dict, base: Optional[dict], task: str, cats: list[str], modes: list[str], resamples: int,
-                 seed: int) -> dict:
+                 seed: int, noise: dict) -> dict:
     is_base = base is None or g is base
     row_cells: dict[str, dict[str, dict[str, Any]]] = {}
     for c in cats:
@@ -222,66 +219,85 @@ def _summary_row(g: dict, base: Optional[dict], task: str, cats: list[str], mode
             d = _delta(None, None) if is_base else compare(
                 g["runs"], base["runs"], value,
                 lambda a, b, c=c, m=m: question_delta(a, b, task, c, m, resamples, seed),
-                lambda a, b, c=c, m=m: question_diffs(a, b, task, c, m))
+                lambda ra, rb, c=c, m=m: question_units(ra, rb, task, c, m), noise[(c, m)])
             row_cells.setdefault(c, {})[m] = {**cell, **d}
-    held = (lambda t: t.get("heldout_loss"))
+    held = _held
     return {"name": g["name"], "strategy": g["strategy"], "split": g["split"], "seeds": list(g["runs"]),
             "cells": row_cells, "final_loss": _mean_of(g["runs"], lambda t: t.get("final_loss"))["value"],
             "heldout_loss": _mean_of(g["runs"], held)["value"],
             "heldout_delta": None if is_base else compare(g["runs"], base["runs"], held,
                                                           lambda a, b: heldout_delta(a, b, resamples, seed),
-                                                          heldout_diffs)}
+                                                          heldout_units, noise[HELD])}
 
 
 def _avg(trial: dict, task: str, mode: str) -> Optional[float]:
     return parse_cells(trial["scores"]).get(task, {}).get("average", {}).get(mode)
 
 
+def _deep_partner(sh: Optional[dict], groups: dict, num_layers: Optional[int]) -> Optional[dict]:
+    """The train_deep row training as many decoder layers as train_shallow row ``sh`` (deep at 1 - r):
+    :func:`raycpt.splits.equal_count_split` with the model's depth; without it, the deep row with the same
+    trainable-parameter count (equal layer counts of one architecture); without counts, the deep row at
+    r' = 1 - r."""
+    deep = [g for g in groups.values() if g["strategy"] == "train_deep" and g.get("split") is not None]
+    if sh is None or not deep:
+        return None
+    if num_layers:
+        r2 = equal_count_split(sh["split"], [g["split"] for g in deep], num_layers)
+        return next((g for g in deep if g["split"] == r2), None) if r2 is not None else None
+    count = budget_count(next(iter(sh["runs"].values())))
+    if count:
+        return next((g for g in deep if budget_count(next(iter(g["runs"].values()))) == count), None)
+    return next((g for g in deep if abs(float(g["split"]) - (1 - float(sh["split"]))) < 1e-9), None)
+
+
 def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, baseline: str = "full",
                 split_intervals: Optional[dict[str, list]] = None, resamples: int = DEFAULT_RESAMPLES,
-                seed: int = 0) -> list[dict]:
-    """For each split: S(b) from the trace (with its bootstrap-over-prompts interval ``S_b_lo`` /
+                seed: int = 0, num_layers: Optional[int] = None) -> list[dict]:
+    """For each split r: S(b) from the trace (with its bootstrap-over-prompts interval ``S_b_lo`` /
     ``S_b_hi``) next to the realised gains (average score, every mode) with their intervals.
 
-    ``shallow_vs_full_<mode>`` = train_shallow - full, ``shallow_vs_deep_<mode>`` = train_shallow -
-    train_deep (each with ``_lo``, ``_hi``, ``_sign``: :func:`compare`); a positive S(b) predicts positive
-    ``shallow_vs_deep``. With held-out losses, ``*_heldout`` are the loss differences (negative = shallow lower)."""
+    ``shallow_vs_full_<mode>`` = train_shallow at r - full; ``shallow_vs_deep_<mode>`` = train_shallow at r -
+    train_deep at 1 - r, the deep row that trains the same number of layers (``deep_split``; position at equal
+    counts: at the same r the two differ in count as well as position). ``deep_missing`` says so when the sweep
+    has no such deep row. Each with ``_lo``, ``_hi``, ``_sign`` (:func:`compare`); a positive S(b) predicts a
+    positive ``shallow_vs_deep``. With held-out losses, ``*_heldout`` (negative = shallow lower)."""
     groups = group_trials(trials)
     full = groups.get(baseline)
     modes = _modes(set(_task_cells(groups, task)[1]) | {"generate", "logit"})
+    noise = {m: run_noise(groups, lambda t, m=m: _avg(t, task, m)) for m in modes}
+    noise[HELD] = run_noise(groups, _held)
     rows = []
     for r in sorted({g["split"] for g in groups.values() if g.get("split") is not None}):
         sh = next((g for g in groups.values() if g["strategy"] == "train_shallow" and g["split"] == r), None)
-        dp = next((g for g in groups.values() if g["strategy"] == "train_deep" and g["split"] == r), None)
+        dp = _deep_partner(sh, groups, num_layers)
         key = f"{float(r):g}"
         ci = (split_intervals or {}).get(key) or [None, None]
-        row: dict[str, Any] = {"split": r, "b": (sh or dp or {}).get("b"), "S_b": split_scores.get(key),
+        row: dict[str, Any] = {"split": r, "b": (sh or {}).get("b"), "S_b": split_scores.get(key),
                                "S_b_lo": ci[0], "S_b_hi": ci[1], "modes": modes,
-                               "shallow_name": (sh or {}).get("name"), "deep_name": (dp or {}).get("name")}
+                               "shallow_name": (sh or {}).get("name"), "deep_name": (dp or {}).get("name"),
+                               "deep_split": (dp or {}).get("split"), "deep_missing": None}
+        if sh is not None and dp is None:
+            row["deep_missing"] = (f"no train_deep row trains the {sh.get('b') or 'same number of'} layers "
+                                   f"train_shallow at r = {float(r):g} trains (deep at r' = 1 - r = {1 - float(r):g} "
+                                   "would): shallow vs deep not compared")
         for label, other in (("shallow_vs_full", full), ("shallow_vs_deep", dp)):
             for m in modes:
                 row.update(_gain(sh, other, f"{label}_{m}", lambda t, m=m: _avg(t, task, m),
                                  lambda a, b, m=m: question_delta(a, b, task, "average", m, resamples, seed),
-                                 lambda a, b, m=m: question_diffs(a, b, task, "average", m)))
-            row.update(_gain(sh, other, f"{label}_heldout", lambda t: t.get("heldout_loss"),
-                             lambda a, b: heldout_delta(a, b, resamples, seed), heldout_diffs))
+                                 lambda ra, rb, m=m: question_units(ra, rb, task, "average", m), noise[m]))
+            row.update(_gain(sh, other, f"{label}_heldout", _held,
+                             lambda a, b: heldout_delta(a, b, resamples, seed), heldout_units, noise[HELD]))
         rows.append(row)
     return rows
 
 
-def _gain(sh: Optional[dict], other: Optional[dict], key: str, value, interval, units) -> dict:
+def _gain(sh: Optional[dict], other: Optional[dict], key: str, value, interval, units, noise) -> dict:
     """One realised gain of a split as flat keys: ``key`` (delta), ``_lo``, ``_hi``, ``_sign``, ``_p``,
-    ``_method`` and ``_seeds`` (the per-seed deltas, for S(b) against the gain)."""
-    d = compare(sh["runs"], other["runs"], value, interval, units) if sh and other else _delta(None, None)
-    per_seed = []
-    if sh and other:
-        for sd in sh["runs"]:
-            if sd in other["runs"]:
-                va, vb = value(sh["runs"][sd]), value(other["runs"][sd])
-                if va is not None and vb is not None:
-                    per_seed.append(va - vb)
+    ``_method``."""
+    d = compare(sh["runs"], other["runs"], value, interval, units, noise) if sh and other else _delta(None, None)
     return {key: d["delta"], f"{key}_lo": d["lo"], f"{key}_hi": d["hi"], f"{key}_sign": d["sign"],
-            f"{key}_p": d["p"], f"{key}_method": d["method"], f"{key}_seeds": per_seed}
+            f"{key}_p": d["p"], f"{key}_method": d["method"]}
 
 
 def budget_count(t: dict) -> Optional[int]:

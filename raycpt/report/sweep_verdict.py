@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from raycpt.report import verdict
-from raycpt.report.sweep_stats import (_cell_value, _mean_of, compare, group_trials, heldout_delta, heldout_diffs,
-                                       question_delta, question_diffs)
+from raycpt.report.sweep_seeds import CHECKPOINT, STRATEGY, claim_of, heldout_units, question_units, run_noise
+from raycpt.report.sweep_stats import _cell_value, _mean_of, compare, group_trials, heldout_delta, question_delta
 from raycpt.report.verdict import HELDOUT
 from raycpt.stats import DEFAULT_RESAMPLES, spearman_test
 
@@ -23,7 +23,7 @@ def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[d
         if d.get("delta") is None:
             return
         e = fam.setdefault(key, {"a": key[0], "b": key[1], "task": task, "mode": mode, "delta": d["delta"],
-                                 "p": d.get("p"), "cells": [], "flat": []})
+                                 "p": d.get("p"), "claim": claim_of(d.get("method")), "cells": [], "flat": []})
         e["primary"] = key[1] == baseline and verdict.is_primary(e, primary)
         if cell is not None:
             e["cells"].append(cell)
@@ -50,7 +50,7 @@ def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[d
 
 
 def _flat(g: dict, key: str) -> dict:
-    return {"delta": g.get(key), "p": g.get(f"{key}_p")}
+    return {"delta": g.get(key), "p": g.get(f"{key}_p"), "method": g.get(f"{key}_method")}
 
 
 def _clear_marks(tables: dict, gains: dict) -> None:
@@ -70,18 +70,23 @@ def _clear_marks(tables: dict, gains: dict) -> None:
 
 def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict, baseline: str = "full") -> dict:
     """Decide the family (adjusted p-values, marks) and write the decisions into the cells they rest on.
-    Returns ``{"comparisons", "primary", "adjust", "alpha", "family_size"}``."""
+    Returns ``{"comparisons", "primary", "claim", "adjust", "alpha", "family_size"}``; ``claim`` (each
+    comparison's too): ``strategy`` when the tests hold run-to-run noise (:mod:`raycpt.report.sweep_seeds`),
+    ``checkpoint`` when the sweep has one run per row."""
     primary = verdict.parse_primary(report.get("primary"))
     _clear_marks(tables, gains)
     fam = _family(tables, gains, tasks, primary, baseline)
     decided = verdict.decide(fam, report.get("adjust", "holm"), report.get("alpha", verdict.ALPHA))
     for d in decided:
         for cell in d["cells"]:
-            cell.update(sign=d["sign"], p_adj=d["p_adj"], role=d["role"])
+            cell.update(sign=d["sign"], p_adj=d["p_adj"], role=d["role"], claim=d["claim"])
         for g, key in d["flat"]:
-            g.update({f"{key}_sign": d["sign"], f"{key}_p_adj": d["p_adj"], f"{key}_role": d["role"]})
+            g.update({f"{key}_sign": d["sign"], f"{key}_p_adj": d["p_adj"], f"{key}_role": d["role"],
+                      f"{key}_claim": d["claim"]})
     comps = [{k: v for k, v in d.items() if k not in ("cells", "flat")} for d in decided]
+    claims = {c["claim"] for c in comps if c["p"] is not None}
     return {"comparisons": comps, "primary": report.get("primary"), "primary_found": any(c["primary"] for c in comps),
+            "claim": STRATEGY if STRATEGY in claims else (CHECKPOINT if claims else None),
             "adjust": report.get("adjust", "holm"), "alpha": report.get("alpha", verdict.ALPHA),
             "family_size": sum(c["p"] is not None for c in comps)}
 
@@ -95,11 +100,13 @@ def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str =
         return None
     groups = group_trials(trials)
     if primary["task"] == HELDOUT:
-        values = {n: _mean_of(g["runs"], lambda t: t.get("heldout_loss"))["value"] for n, g in groups.items()}
+        value = (lambda t: t.get("heldout_loss"))
+        values = {n: _mean_of(g["runs"], value)["value"] for n, g in groups.items()}
+        noise = run_noise(groups, value)
 
-        def pair_p(a, b):
-            return compare(groups[a]["runs"], groups[b]["runs"], lambda t: t.get("heldout_loss"),
-                           lambda x, y: heldout_delta(x, y, resamples), heldout_diffs)["p"]
+        def pair(a, b):
+            return compare(groups[a]["runs"], groups[b]["runs"], value,
+                           lambda x, y: heldout_delta(x, y, resamples), heldout_units, noise)
         higher = False
     else:
         task, mode = primary["task"], primary["mode"]
@@ -107,16 +114,24 @@ def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str =
             return None
         value = _cell_value(task, "average", mode)
         values = {n: _mean_of(g["runs"], value)["value"] for n, g in groups.items()}
+        noise = run_noise(groups, value)
 
-        def pair_p(a, b):
+        def pair(a, b):
             return compare(groups[a]["runs"], groups[b]["runs"], value,
                            lambda x, y: question_delta(x, y, task, "average", mode, resamples),
-                           lambda x, y: question_diffs(x, y, task, "average", mode))["p"]
+                           lambda ra, rb: question_units(ra, rb, task, "average", mode), noise)
         higher = True
     if sum(v is not None for v in values.values()) < 2:
         return None
+    methods = []
+
+    def pair_p(a, b):
+        d = pair(a, b)
+        methods.append(d["method"])
+        return d["p"]
     best = verdict.best_row(values, pair_p, report.get("alpha", verdict.ALPHA), higher)
     best["metric"] = report.get("primary")
+    best["claim"] = STRATEGY if methods and all(claim_of(m) == STRATEGY for m in methods) else CHECKPOINT
     if best["best"] is not None:
         for rows in tables.values():
             for r in rows:
@@ -130,23 +145,27 @@ def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str =
 
 
 def sb_against_gain(gains: list[dict], mode: Optional[str], alpha: float = verdict.ALPHA) -> dict:
-    """S(b) against the realised gain of train_shallow over train_deep (``mode``; the held-out loss, sign
-    flipped, when None): Spearman's rho over (split, seed) points with an exact permutation p-value, or
-    "too few splits to test" when even a perfect agreement could not reach ``alpha``."""
+    """S(b) against the realised gain of train_shallow at r over train_deep at 1 - r (equal trainable layer
+    counts; ``mode``; the held-out loss, sign flipped, when None): Spearman's rho over the splits, one point per
+    split (its gain: the mean over runs, so a split's seeds are not counted as independent points), with an
+    exact permutation p-value, or "too few splits to test" when even a perfect agreement could not reach
+    ``alpha`` (fewer than 5 splits). Splits without an equal-count deep row are left out and counted."""
     key = "shallow_vs_deep_heldout" if mode is None else f"shallow_vs_deep_{mode}"
-    xs, ys = [], []
+    xs, ys, missing = [], [], 0
     for g in gains:
         if g.get("S_b") is None:
             continue
-        for d in g.get(f"{key}_seeds") or []:
-            xs.append(g["S_b"])
-            ys.append(-d if mode is None else d)
-    splits = len({x for x in xs})
+        if g.get(key) is None:
+            missing += g.get("deep_missing") is not None
+            continue
+        xs.append(g["S_b"])
+        ys.append(-g[key] if mode is None else g[key])
     res = spearman_test(xs, ys, alpha) if len(xs) >= 3 else {"n": len(xs), "rho": None, "p": None,
                                                             "testable": False, "method": "exact permutation"}
-    res.update(splits=splits, points=len(xs), gain=key)
-    res["words"] = (f"Spearman rho = {res['rho']:+.2f} over {len(xs)} (split, seed) points, {res['method']} "
-                    f"p = {res['p']:.3g}" if res["testable"] else
-                    f"too few splits to test ({splits} split{'s' * (splits != 1)} x {len(xs) // max(splits, 1)} "
-                    f"seed(s): no ordering of {len(xs)} points reaches p < {alpha:g})")
+    res.update(splits=len(xs), points=len(xs), gain=key, missing_partner=missing)
+    tail = f"; {missing} split(s) without an equal-count train_deep row left out" if missing else ""
+    res["words"] = (f"Spearman rho = {res['rho']:+.2f} over {len(xs)} splits (shallow at r against deep at 1 - r), "
+                    f"{res['method']} p = {res['p']:.3g}{tail}" if res["testable"] else
+                    f"too few splits to test ({len(xs)} split{'s' * (len(xs) != 1)} with an equal-count pair: no "
+                    f"ordering of {len(xs)} points reaches p < {alpha:g}){tail}")
     return res

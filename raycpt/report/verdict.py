@@ -162,10 +162,18 @@ def best_row(values: dict[str, float], pair_p, alpha: float = ALPHA, higher_is_b
 
 # ------------------------------------------------------------------------------------------ words
 NOISE = {
-    "exact McNemar + score interval": "question sampling (one seed: two checkpoints on the same questions)",
-    "seeds x questions": "seed and question sampling (stated model: seed noise + question noise common to seeds)",
+    "exact McNemar + score interval": ("question sampling only (one run per row: two checkpoints on the same "
+                                       "questions, not two strategies)"),
+    "runs pooled + documents": ("run-to-run noise (a strategy claim: the run variance pooled over every run of the "
+                                "sweep, one variance for all plans, t on its df) and document sampling of the held-out "
+                                "set (blocks averaged over a row's runs, documents as clusters)"),
+    "runs pooled + questions": ("run-to-run noise (a strategy claim: the run variance pooled over every run of the "
+                                "sweep, one variance for all plans, t on its df) and question sampling (each "
+                                "question's share right over a row's runs)"),
+    "runs pooled": "run-to-run noise pooled over the sweep's runs (a strategy claim) on a fixed question set",
     "t over seeds": "seed noise on a fixed question set (no per-question records)",
-    "t over documents": "document sampling of the held-out set (the blocks of a document taken as one unit)",
+    "t over documents": ("document sampling of the held-out set only (the blocks of a document taken as one unit; "
+                         "one run per row: two checkpoints, not two strategies)"),
     "t over blocks": "block sampling of the held-out set (no document ids: blocks taken as independent)",
     "stratified paired bootstrap": "question sampling within categories (exploratory; coverage not shown)",
     "paired bootstrap": "question sampling (percentile bootstrap; exploratory)",

@@ -251,12 +251,47 @@ def test_spearman_exact_permutation_against_enumeration_and_too_few_splits():
     assert not three["testable"] and three["p"] is None and three["rho"] == pytest.approx(1.0)
 
 
-def test_seed_question_interval_reduces_to_the_question_part_with_identical_seeds():
+def test_pooled_run_variance_and_test_against_scipy_t_by_hand():
+    """Issue 36: three rows of 3, 3 and 2 runs. Pooled variance by hand: row means 2, 5, 1.5; squared
+    deviations 1 + 0 + 1, 4 + 0 + 4, 0.25 + 0.25 -> 10.5 over df 2 + 2 + 1 = 5 -> 2.1. The test of row 2 against
+    row 1 (means 5 - 2 = 3): se^2 = 2.1 (1/3 + 1/3) + unit variance 0.3, t on min(5, 40) = 5 df - scipy's t."""
     from scipy.stats import t as student
 
-    from raycpt.stats import seed_question_interval
+    from raycpt.stats import pooled_run_test, pooled_run_variance
 
-    d = np.array([1.0, 0.0, 0.0, 1.0, -1.0, 1.0, 0.0, 1.0])
-    iv = seed_question_interval([d.mean()] * 3, [d] * 3)  # no seed spread: the one-sample t over questions
-    half = student.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-    assert (iv.lo, iv.hi) == pytest.approx((d.mean() - half, d.mean() + half))
+    var, df = pooled_run_variance([[1.0, 2.0, 3.0], [3.0, 5.0, 7.0], [1.0, 2.0], [9.0], []])
+    assert (var, df) == (pytest.approx(2.1), 5)
+    assert pooled_run_variance([[1.0], [2.0]])[1] == 0  # one run per row: no run noise estimate
+    se = np.sqrt(2.1 * 2 / 3 + 0.3)
+    iv = pooled_run_test(3.0, 3, 3, var, df, 0.3, 40)
+    half = student.ppf(0.975, 5) * se
+    assert (iv.lo, iv.hi) == pytest.approx((3.0 - half, 3.0 + half))
+    assert iv.p == pytest.approx(2 * student.sf(3.0 / se, 5))
+    # scipy's pooled two-sample t (equal variances) when the run noise is all there is: rows 1 and 2 alone
+    from scipy.stats import ttest_ind
+
+    two = pooled_run_test(3.0, 3, 3, *pooled_run_variance([[1.0, 2.0, 3.0], [3.0, 5.0, 7.0]]))
+    assert two.p == pytest.approx(ttest_ind([3.0, 5.0, 7.0], [1.0, 2.0, 3.0]).pvalue)
+
+
+def test_mean_sampling_variance_plain_and_stratified_by_hand():
+    from raycpt.stats import mean_sampling_variance
+
+    d = [1.0, 3.0, 2.0, 6.0]
+    assert mean_sampling_variance(d) == (pytest.approx(np.var(d, ddof=1) / 4), 3)
+    # strata a: [1, 3] (var 2), b: [2, 6] (var 8): (2/2 + 8/2) / 2^2 = 1.25 on 4 - 2 = 2 df
+    assert mean_sampling_variance(d, ["a", "a", "b", "b"]) == (pytest.approx(1.25), 2)
+
+
+def test_equal_count_split_on_28_and_30_layers():
+    """Shallow at r trains b = floor(r N + 1/2) layers, deep at r' trains N - floor(r' N + 1/2); by hand:
+    30 layers: 0.33 -> 10 (deep at 0.66: 30 - 20 = 10), 0.5 -> 15 (deep 0.5: 15), 0.66 -> 20 (deep 0.33: 20).
+    28 layers: 0.33 -> 9, deep at 0.66 trains 28 - 18 = 10 and deep at 0.33 28 - 9 = 19: no partner for 0.33 or
+    0.66; 0.5 -> 14 = 28 - 14. With 1/3, 2/3: 9 = 28 - 19 and 19 = 28 - 9."""
+    from raycpt.splits import equal_count_split
+
+    grid = [0.33, 0.5, 0.66]
+    assert [equal_count_split(r, grid, 30) for r in grid] == [0.66, 0.5, 0.33]
+    assert [equal_count_split(r, grid, 28) for r in grid] == [None, 0.5, None]
+    thirds = [1 / 3, 1 / 2, 2 / 3]
+    assert [equal_count_split(r, thirds, 28) for r in thirds] == [2 / 3, 1 / 2, 1 / 3]

@@ -281,25 +281,32 @@ def test_seeds_give_mean_and_t_interval_per_cell_by_hand():
     rows = {r["name"]: r for r in build_summary(trials, None, resamples=500)["tables"]["wn"]}
     assert set(rows) == {"full", "train_shallow-r0.5"} and rows["full"]["seeds"] == [0, 1, 2]
     cell = rows["train_shallow-r0.5"]["cells"]["overall"]["logit"]
-    # was the t-interval over seeds alone (seed noise on a fixed question set); the issue (24) asks for seed x
-    # question noise: var = var over seeds of the deltas / 3 + var of the per-question deltas averaged over
-    # seeds / 80 (questions 40-42 ahead in every seed, 43 in two, 44 in one), Welch-Satterthwaite df
+    # issue 36: a strategy claim. Run values: full 25, 26.25, 27.5 and shallow 28.75, 31.25, 33.75 points; the
+    # run variance pooled over both rows: (1.25^2 * 2 + 2.5^2 * 2) / (2 + 2) = 3.90625 on 4 df; the question
+    # part: per question the share right over a row's runs, shallow minus full (questions 40-42 ahead in every
+    # seed, 43 in two, 44 in one), var / 80 on 79 df; t on min(4, 79) = 4 df
     big_d = np.zeros(N)
     big_d[40:43], big_d[43], big_d[44] = 100.0, 200.0 / 3, 100.0 / 3
-    v_seed = np.var([3.75, 5.0, 6.25], ddof=1) / 3
+    v_run = (2 * 1.25 ** 2 + 2 * 2.5 ** 2) / 4 * (1 / 3 + 1 / 3)
     v_q = np.var(big_d, ddof=1) / N
-    df = (v_seed + v_q) ** 2 / (v_seed ** 2 / 2 + v_q ** 2 / (N - 1))
-    half = student.ppf(0.975, df) * math.sqrt(v_seed + v_q)
+    half = student.ppf(0.975, 4) * math.sqrt(v_run + v_q)
     assert (cell["delta"], cell["lo"], cell["hi"]) == pytest.approx((5.0, 5.0 - half, 5.0 + half))
-    assert cell["p"] == pytest.approx(2 * student.sf(5.0 / math.sqrt(v_seed + v_q), df))
-    assert cell["method"] == "seeds x questions" and cell["n"] == 3 and cell["raw_sign"] == 1
+    assert cell["p"] == pytest.approx(2 * student.sf(5.0 / math.sqrt(v_run + v_q), 4))
+    assert cell["method"] == "runs pooled + questions" and cell["n"] == 6
+    assert cell["lo"] < 0 and cell["raw_sign"] == 0  # 4 df from two rows of 3 seeds: 5 points is not enough
     avg = rows["train_shallow-r0.5"]["cells"]["average"]["logit"]  # the family's member: one comparison
-    assert avg["p_adj"] == pytest.approx(cell["p"]) and avg["sign"] == (1 if cell["p"] < 0.05 else 0)
-    # a wider spread over seeds (2.5, 5, 7.5 points) holds 0: no mark, whatever the mean
+    assert avg["claim"] == "strategy" and avg["sign"] == (1 if avg["p_adj"] < 0.05 else 0)
+    # the run noise alone (no per-unit records): t on the pooled df, checked against scipy's t
     from raycpt.report.sweep_stats import compare
 
-    wide = compare({0: 2.5, 1: 5.0, 2: 7.5}, {0: 0.0, 1: 0.0, 2: 0.0}, lambda v: v, lambda a, b: None)
-    assert wide["delta"] == pytest.approx(5.0) and wide["lo"] < 0 and wide["sign"] == 0
+    wide = compare({0: 2.5, 1: 5.0, 2: 7.5}, {0: 0.0, 1: 0.0, 2: 0.0}, lambda v: v, lambda a, b: None,
+                   noise={"var": 6.25, "df": 2})
+    half_w = student.ppf(0.975, 2) * math.sqrt(6.25 * 2 / 3)
+    assert (wide["lo"], wide["hi"]) == pytest.approx((5.0 - half_w, 5.0 + half_w)) and wide["lo"] < 0
+    assert wide["p"] == pytest.approx(2 * student.sf(5.0 / math.sqrt(6.25 * 2 / 3), 2))
+    # one run per row and no row with two: a checkpoint comparison, no strategy test
+    one = compare({0: 5.0}, {0: 0.0}, lambda v: v, lambda a, b: None, noise={"var": math.nan, "df": 0})
+    assert one["delta"] == 5.0 and one["p"] is None
     # the value: mean over seeds (full: 20, 21, 22 of 80 right) with its t half-width
     fv = rows["full"]["cells"]["overall"]["logit"]
     half_v = student.ppf(0.975, 2) * np.std([25.0, 26.25, 27.5], ddof=1) / math.sqrt(3)
@@ -445,7 +452,7 @@ def test_summary_names_the_splits_s_b_cannot_tell_apart():
     trace = {"split_scores": {"0.5": 0.45}, "split_intervals": {"0.5": [0.3, 0.5]}, "split_like_best": {"0.5": True}}
     md = summary_markdown(build_summary(trials, trace, ["wn"], [], resamples=200))
     assert "Largest S(b) among the sweep's splits: r = 0.5; the data single it out" in md
-    assert "too few splits to test (1 split x 1 seed(s)" in md
+    assert "too few splits to test (1 split with an equal-count pair" in md
     md = summary_markdown(build_summary(trials, {k: v for k, v in trace.items() if k != "split_like_best"},
                                         ["wn"], [], resamples=200))
     assert "argmax of point estimates" in md
@@ -480,3 +487,43 @@ def test_trials_table_tokens_peak_memory_and_lisa_per_step_count():
     console = Console(width=80, record=True)
     console.print(rich_trials_table(trials))
     assert "shared one process" in console.export_text()  # full and lisa-g1 both have a peak from pid 7
+
+
+def _grid_trials():
+    """full, shallow and deep at 0.33 / 0.66 (one seed): each row's logit answers right on its own count."""
+    rows = [("full", "full", None, 30), ("train_shallow-r0.33", "train_shallow", 0.33, 50),
+            ("train_deep-r0.33", "train_deep", 0.33, 20), ("train_shallow-r0.66", "train_shallow", 0.66, 40),
+            ("train_deep-r0.66", "train_deep", 0.66, 10)]
+    return [_run(n, s, r, 0, {"wn": {"logit": (np.arange(N) < k).astype(int)}}, FULL_BLK + k / 1000)
+            for n, s, r, k in rows]
+
+
+def test_shallow_vs_deep_pairs_equal_layer_counts_on_30_and_says_so_on_28():
+    """Issue 36: shallow at r against deep at 1 - r. On 30 layers 0.33 pairs with deep 0.66 (10 layers each):
+    50 - 10 of 80 right = 50 points; 0.66 with deep 0.33: 40 - 20 of 80 = 25 points. On 28 layers neither pairs
+    (9 against 10, 18 against 19) and the verdict says so."""
+    g30 = {g["split"]: g for g in split_gains(_grid_trials(), {}, "wn", num_layers=30)}
+    assert g30[0.33]["deep_name"] == "train_deep-r0.66" and g30[0.66]["deep_name"] == "train_deep-r0.33"
+    assert g30[0.33]["shallow_vs_deep_logit"] == pytest.approx(100 * 40 / N)
+    assert g30[0.66]["shallow_vs_deep_logit"] == pytest.approx(100 * 20 / N)
+    assert g30[0.33]["shallow_vs_deep_heldout"] == pytest.approx((50 - 10) / 1000)
+    g28 = {g["split"]: g for g in split_gains(_grid_trials(), {}, "wn", num_layers=28)}
+    assert g28[0.33]["deep_name"] is None and g28[0.33]["shallow_vs_deep_logit"] is None
+    assert "deep at r' = 1 - r = 0.67" in g28[0.33]["deep_missing"]
+    md = summary_markdown(build_summary(_grid_trials(), None, ["wn"], [], resamples=200, num_layers=28))
+    assert "Shallow vs deep (wn), r = 0.33: no train_deep row trains" in md
+
+
+def test_one_seed_verdict_compares_checkpoints_and_prints_the_seeds_command():
+    s = build_summary(_grid_trials(), None, ["wn"], [], resamples=200, report={"primary": "heldout_loss"})
+    assert s["verdict"]["claim"] == "checkpoint"
+    assert {c["claim"] for c in s["verdict"]["comparisons"]} == {"checkpoint"}
+    md = summary_markdown(s)
+    assert "One run per row" in md and "sweep.seeds=[0,1,2]" in md and "(this run of each plan)" in md
+    # two seeds of full alone are a measured noise floor: every comparison becomes a strategy test
+    extra = _run("full-s1", "full", None, 1, {"wn": {"logit": (np.arange(N) < 31).astype(int)}}, FULL_BLK + 0.031)
+    extra["group"] = "full"
+    s2 = build_summary(_grid_trials() + [extra], None, ["wn"], [], resamples=200, report={"primary": "heldout_loss"})
+    assert s2["verdict"]["claim"] == "strategy" and "One run per row" not in summary_markdown(s2)
+    held = next(c for c in s2["verdict"]["comparisons"] if c["primary"] and c["a"] == "train_shallow-r0.33")
+    assert held["claim"] == "strategy"
