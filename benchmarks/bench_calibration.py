@@ -129,6 +129,115 @@ def run_sweeps(n: int, flip: float, gain: float, seed: int) -> tuple[float, floa
     return share, 1.96 * np.sqrt(max(share * (1 - share), 1e-12) / n)
 
 
+# ------------------------------------------------------------------------------------------ run-to-run noise
+# Issue 36. The run-to-run SD of the held-out loss measured on the default (docs/analysis.md: 5 seeds of full and
+# of train_shallow at 0.5), and the per-block noise between two runs of one plan on the same blocks (the residual
+# once each run's offset is removed), from the same runs.
+RUN_SD = 0.015
+BLOCK_SD = 0.03
+OFFSETS = (0.0, 0.5, 1.0, 2.0)
+SHAPES = {  # the default (configs/default.yaml) and configs/paper-check.yaml, primary heldout_loss in both
+    "default": {"tasks": {"wordnet_mc": 48}, "docs": 128, "blocks": 2, "seeds": (0,), "general": []},
+    "paper-check": {"tasks": {"wordnet_mc": 400, "mmlu": 114}, "docs": 128, "blocks": 2, "seeds": (0, 1, 2),
+                    "general": ["mmlu"]},
+}
+HELD_REPORT = {"primary": "heldout_loss", "adjust": "holm", "alpha": 0.05}
+
+
+def simulate_runs(rng: np.random.Generator, shape: dict, offset_sd: float, gain_sd: float = 0.0,
+                  flip: float = 0.01) -> list[dict]:
+    """One sweep of ``shape``: every (row, seed) a training run. Answers: one shared base model, each run
+    flipping them independently (``flip``). Held-out blocks: a shared document effect + the run's own offset
+    (N(0, (offset_sd x RUN_SD)^2), the same on all its blocks: what a separate training run does) + block noise
+    (BLOCK_SD); ``GAIN_ROW`` truly ``gain_sd`` run SDs lower."""
+    docs = np.repeat(np.arange(shape["docs"]), shape["blocks"])
+    base_blocks = 3.5 + 0.3 * rng.standard_normal(shape["docs"])[docs]
+    base = {t: {m: rng.random(n) < BASE_ACC[m] for m in MODES} for t, n in shape["tasks"].items()}
+    one = len(shape["seeds"]) == 1
+    trials = []
+    for name, strategy, split in CELLS:
+        for sd in shape["seeds"]:
+            correct = {t: {m: (b ^ (rng.random(b.size) < flip)).astype(int) for m, b in by.items()}
+                       for t, by in base.items()}
+            shift = offset_sd * RUN_SD * rng.standard_normal() - (gain_sd * RUN_SD if name == GAIN_ROW else 0.0)
+            blocks = base_blocks + shift + BLOCK_SD * rng.standard_normal(docs.size)
+            t = _trial(name if one else f"{name}-s{sd}", strategy, split, correct, blocks, docs)
+            trials.append({**t, "group": name, "seed": sd})
+    return trials
+
+
+def strategy_claims(summary: dict) -> bool:
+    """Any mark or best that the verdict states as a claim about strategies (run-to-run noise inside)."""
+    v = summary["verdict"]
+    if any(c.get("sign") and c.get("claim") == "strategy" for c in v["comparisons"]):
+        return True
+    return bool(v.get("best") and v["best"].get("best") and v["best"].get("claim") == "strategy")
+
+
+def held_detected(summary: dict) -> bool:
+    return any(c["a"] == GAIN_ROW and c.get("primary") and c.get("sign") == -1 and c.get("claim") == "strategy"
+               for c in summary["verdict"]["comparisons"])
+
+
+def run_noise_sweeps(n: int, shape: str, offset: float, gain: float, seed: int) -> tuple[float, float, float]:
+    """(share of sweeps with a strategy claim - or, with ``gain``, detecting it -, its 95% MC half-width, the
+    share with any mark at all, checkpoint marks included)."""
+    rng = np.random.default_rng(seed)
+    sh = SHAPES[shape]
+    hits, marks = [], []
+    for _ in range(n):
+        s = build_summary(simulate_runs(rng, sh, offset, gain), None, ["wordnet_mc"], sh["general"], resamples=200,
+                          report=HELD_REPORT)
+        hits.append(held_detected(s) if gain else strategy_claims(s))
+        marks.append(claims(s))
+    share = float(np.mean(hits))
+    return share, 1.96 * np.sqrt(max(share * (1 - share), 1e-12) / n), float(np.mean(marks))
+
+
+def seed_test_size(reps: int, seed: int = 0, rows: int = 7, k: int = 3, nominal: float = 0.05 / 6
+                   ) -> tuple[float, tuple, int]:
+    """The strategy test (:func:`raycpt.stats.pooled_run_test` as the sweep builds it: the run variance pooled
+    over ``rows`` x ``k`` runs, the unit variance of the run-averaged per-unit differences) under its own
+    model with no true difference: run offsets (SD 1), a row x unit interaction (the rows' true per-unit
+    differences, mean 0 over the population) and run x unit noise. Rejection rate at ``nominal`` (0.05 / 6, a
+    Holm level), worst over 48 / 256 / 2,560 units and the unit noise at 0.1, 1 and 10 x the run variance."""
+    from raycpt.stats import mean_sampling_variance, pooled_run_p, pooled_run_variance
+
+    rng = np.random.default_rng(seed)
+    worst = (-1.0, None)
+    for n in (48, 256, 2560):
+        for share in (0.1, 1.0, 10.0):
+            s_unit = np.sqrt(share * n)  # the per-unit SD that makes the unit part `share` x the run variance
+            pts, rv, rdf, uv, udf = [], [], [], [], []
+            for _ in range(reps):
+                g = 0.5 * s_unit * rng.standard_normal((2, 1, n))  # row x unit (true, shared by the row's runs)
+                x = g + rng.standard_normal((2, k, 1)) + 0.5 * s_unit * rng.standard_normal((2, k, n))
+                y = x.mean(axis=2)  # each run's value
+                others = rng.standard_normal((rows - 2, k)) + 0.5 * s_unit / np.sqrt(n) * rng.standard_normal((rows - 2, k))
+                var, df = pooled_run_variance(list(y) + list(others))
+                u, udf_ = mean_sampling_variance(x[0].mean(axis=0) - x[1].mean(axis=0))
+                pts.append(y[0].mean() - y[1].mean()), rv.append(var), rdf.append(df), uv.append(u), udf.append(udf_)
+            _, p = pooled_run_p(np.array(pts), k, k, np.array(rv), np.array(rdf), np.array(uv), np.array(udf))
+            rate = float(np.mean(p < nominal))
+            worst = max(worst, (rate, (n, share)), key=lambda w: w[0])
+    return worst[0], worst[1], reps
+
+
+def mde_seeds3(n: int, seed: int, grid=(2.5, 3.0, 3.5, 4.0, 5.0)) -> tuple[float, list]:
+    """The smallest true held-out gain (in run SDs) that the primary comparison marks with power >= 0.8 at
+    paper-check's shape (3 seeds), after the gated Holm: power on ``grid``, linear interpolation at 0.8."""
+    powers = []
+    for j, x in enumerate(grid):
+        pw, hw, _ = run_noise_sweeps(n, "paper-check", 1.0, x, seed + j)
+        powers.append((x, pw, hw))
+        if pw >= 0.8:
+            break
+    for (x0, p0, _), (x1, p1, _) in zip(powers, powers[1:]):
+        if p0 < 0.8 <= p1:
+            return x0 + (0.8 - p0) / (p1 - p0) * (x1 - x0), powers
+    return (powers[0][0] if powers[0][1] >= 0.8 else float("inf")), powers
+
+
 # ------------------------------------------------------------------------------------------ intervals
 def exact_paired_coverage(n: int, p10: float, p01: float) -> float:
     """P(the score interval holds p10 - p01), summed exactly over the trinomial's (n10, n01) outcomes."""
@@ -214,9 +323,10 @@ def heldout_coverage(reps: int, per_doc: int = 20, docs: int = 128, seed: int = 
     return hit_doc / reps, hit_blk / reps
 
 
-def result(name: str, value: float, op: str, target: float, extra: str = "") -> bool:
+def result(name: str, value: float, op: str, target: float, extra: str = "", digits: int = 0) -> bool:
     ok = value <= target if op == "<=" else value >= target
-    print(f"RESULT {name} {value:.4f} target {op} {target:g} {'PASS' if ok else 'FAIL'}" + (f"  # {extra}" if extra else ""),
+    goal = f"{target:.{digits}f}" if digits else f"{target:g}"
+    print(f"RESULT {name} {value:.4f} target {op} {goal} {'PASS' if ok else 'FAIL'}" + (f"  # {extra}" if extra else ""),
           flush=True)
     return ok
 
@@ -227,6 +337,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweeps", type=int, default=200, help="null sweeps and power sweeps (each)")
     ap.add_argument("--flip", type=float, default=0.01, help="per-answer flip probability of each trial")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--run-sweeps", type=int, default=60, help="sweeps per offset / per gain of the run-noise checks")
     args = ap.parse_args(argv)
     n = 4 if args.smoke else max(200, args.sweeps)
     t0 = time.perf_counter()
@@ -258,8 +369,30 @@ def main(argv=None) -> int:
               flush=True)
     hd, hb = heldout_coverage(50 if args.smoke else 2000)
     result("heldout_ci_coverage", hd, ">=", 0.93, f"t over 128 documents x 20 blocks; over blocks: {hb:.3f}")
+    run_noise_results(args)
     print(f"INFO wall {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
+
+
+def run_noise_results(args) -> None:
+    """The four issue-36 lines: nulls with run-level offsets at the default's and paper-check's shape, the
+    strategy test's size, and the smallest held-out gain the 3-seed design detects."""
+    for shape, name in (("default", "null_false_claim_rate_run_noise"), ("paper-check", "null_false_claim_rate_seeds3")):
+        m = 1 if args.smoke else args.run_sweeps
+        rates = [(run_noise_sweeps(m, shape, off, 0.0, args.seed + 10 + k), off) for k, off in enumerate(OFFSETS)]
+        (worst, hw, _), at = max(rates, key=lambda r: r[0][0])
+        marks = ", ".join(f"{off:g} SD: {r[2]:.2f}" for r, off in rates)
+        result(name, worst, "<=", 0.05, f"{m} null sweeps per offset (0, 0.5, 1, 2 x run SD {RUN_SD:g}), worst at "
+               f"{at:g} SD, +-{hw:.3f} (95% MC); share with any mark, checkpoint marks included: {marks}")
+    size, where, reps = seed_test_size(200 if args.smoke else 20000, args.seed)
+    result("seed_test_size", size, "<=", 0.0100, digits=4,
+           extra=f"{reps} null comparisons per cell, 7 rows x 3 seeds (14 df), worst "
+           f"at {where[0]} units, unit noise {where[1]:g} x run variance, "
+           f"+-{1.96 * np.sqrt(max(size * (1 - size), 1e-12) / reps):.4f} (95% MC)")
+    mde, powers = mde_seeds3(1 if args.smoke else args.run_sweeps, args.seed + 30)
+    result("mde_seeds3", mde, "<=", 4.0, f"paper-check shape, 3 seeds, run offsets at 1 SD; power "
+           + ", ".join(f"{x:g} SD: {p:.2f} +-{h:.2f}" for x, p, h in powers)
+           + f" ({1 if args.smoke else args.run_sweeps} sweeps each)")
 
 
 if __name__ == "__main__":
