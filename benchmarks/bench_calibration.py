@@ -154,6 +154,8 @@ BLOCK_SD = 0.050
 OFFSETS = (0.0, 0.5, 1.0, 2.0)
 SHAPES = {  # the default (configs/default.yaml) and configs/paper-check.yaml, primary heldout_loss in both
     "default": {"tasks": {"wordnet_mc": 48}, "docs": 128, "blocks": 2, "seeds": (0,), "general": []},
+    "default+floor": {"tasks": {"wordnet_mc": 48}, "docs": 128, "blocks": 2, "seeds": (0,), "general": [],
+                      "floor": (1, 2)},  # sweep.floor_seeds=[1,2]: full twice more, every other row once
     "paper-check": {"tasks": {"wordnet_mc": 400, "mmlu": 114}, "docs": 128, "blocks": 2, "seeds": (0, 1, 2),
                     "general": ["mmlu"]},
 }
@@ -186,6 +188,10 @@ def simulate_runs(rng: np.random.Generator, shape: dict, offset_sd: float, gain_
             blocks = base_blocks + shift + BLOCK_SD * rng.standard_normal(docs.size)
             t = _trial(name if one else f"{name}-s{sd}", strategy, split, correct, blocks, docs)
             trials.append({**t, "group": name, "seed": sd})
+    for sd in shape.get("floor", ()):  # the noise floor: more runs of full alone, the same cell
+        correct = {t: {m: (b ^ (rng.random(b.size) < flip)).astype(int) for m, b in by.items()} for t, by in base.items()}
+        blocks = base_blocks + offset_of(shape, offset_sd) * rng.standard_normal() + BLOCK_SD * rng.standard_normal(docs.size)
+        trials.append({**_trial(f"full-s{sd}", "full", None, correct, blocks, docs), "group": "full", "seed": sd})
     return trials
 
 
@@ -368,7 +374,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweeps", type=int, default=200, help="null sweeps and power sweeps (each)")
     ap.add_argument("--flip", type=float, default=0.01, help="per-answer flip probability of each trial")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--run-sweeps", type=int, default=60, help="sweeps per offset / per gain of the run-noise checks")
+    ap.add_argument("--run-sweeps", type=int, default=300, help="null sweeps per shape and offset of the run-noise checks")
+    ap.add_argument("--mde-sweeps", type=int, default=100, help="sweeps per gain of the 3-seed MDE")
     args = ap.parse_args(argv)
     n = 4 if args.smoke else max(200, args.sweeps)
     t0 = time.perf_counter()
@@ -408,22 +415,33 @@ def main(argv=None) -> int:
 def run_noise_results(args) -> None:
     """The four issue-36 lines: nulls with run-level offsets at the default's and paper-check's shape, the
     strategy test's size, and the smallest held-out gain the 3-seed design detects."""
-    for shape, name in (("default", "null_false_claim_rate_run_noise"), ("paper-check", "null_false_claim_rate_seeds3")):
+    for shapes, name in ((("default", "default+floor"), "null_false_claim_rate_run_noise"),
+                         (("paper-check",), "null_false_claim_rate_seeds3")):
         m = 1 if args.smoke else args.run_sweeps
-        rates = [(run_noise_sweeps(m, shape, off, 0.0, args.seed + 10 + k), off) for k, off in enumerate(OFFSETS)]
-        (worst, hw, _), at = max(rates, key=lambda r: r[0][0])
-        marks = ", ".join(f"{off:g} SD: {r[2]:.2f}" for r, off in rates)
-        result(name, worst, "<=", 0.05, f"{m} null sweeps per offset (0, 0.5, 1, 2 x run SD {RUN_SD:g}), worst at "
-               f"{at:g} SD, +-{hw:.3f} (95% MC); share with any mark, checkpoint marks included: {marks}")
+        rates = [(run_noise_sweeps(m, shape, off, 0.0, args.seed + 10 + 10 * j + k), shape, off)
+                 for j, shape in enumerate(shapes) for k, off in enumerate(OFFSETS)]
+        (worst, hw, _), at_shape, at = max(rates, key=lambda r: r[0][0])
+        per = "; ".join(f"{shape}: " + ", ".join(f"{off:g} SD {r[0]:.3f}" for r, sh, off in rates if sh == shape)
+                        for shape in shapes)
+        marks = ", ".join(f"{off:g} SD: {r[2]:.2f}" for r, sh, off in rates if sh == shapes[0])
+        result(name, worst, "<=", 0.05, f"{m} null sweeps per shape and offset (0, 0.5, 1, 2 x run SD {RUN_SD:g}), "
+               f"worst {at_shape} at {at:g} SD, +-{hw:.3f} (95% MC); strategy claims {per}; {shapes[0]}'s share "
+               f"with any mark, checkpoint marks included: {marks}")
+    if not args.smoke:  # what the floor buys: 2 df of run noise from full alone
+        pw = [(g, *run_noise_sweeps(args.mde_sweeps, "default+floor", 1.0, g, args.seed + 40 + j)[:2])
+              for j, g in enumerate((10.0, 20.0, 30.0))]
+        print("INFO default+floor (sweep.floor_seeds=[1,2]) power of the primary strategy test at run SD 1 x RUN_SD: "
+              + ", ".join(f"gain {g:g} SD: {p:.2f} +-{h:.2f}" for g, p, h in pw) + f" ({args.mde_sweeps} sweeps each)",
+              flush=True)
     size, where, reps = seed_test_size(200 if args.smoke else 20000, args.seed)
     result("seed_test_size", size, "<=", 0.0100, digits=4,
            extra=f"{reps} null comparisons per cell, 7 rows x 3 seeds (14 df), worst "
            f"at {where[0]} units, unit noise {where[1]:g} x run variance, "
            f"+-{1.96 * np.sqrt(max(size * (1 - size), 1e-12) / reps):.4f} (95% MC)")
-    mde, powers = mde_seeds3(1 if args.smoke else args.run_sweeps, args.seed + 30)
+    mde, powers = mde_seeds3(1 if args.smoke else args.mde_sweeps, args.seed + 30)
     result("mde_seeds3", mde, "<=", 4.0, "paper-check shape, 3 seeds, run offsets at 1 SD; power "
            + ", ".join(f"{x:g} SD: {p:.2f} +-{h:.2f}" for x, p, h in powers)
-           + f" ({1 if args.smoke else args.run_sweeps} sweeps each)")
+           + f" ({1 if args.smoke else args.mde_sweeps} sweeps each)")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,11 @@ class SweepConfig:
     seeds: Optional[list[int]] = None
     """Run every trial once per seed (``train.seed`` of that run; trial ``<name>-s<seed>``); the summary shows
     the mean and a 95% t-interval over seeds. None = one run per trial at ``train.seed``."""
+    floor_seeds: Optional[list[int]] = None
+    """Extra runs of ``full`` alone at these seeds (trials ``full-s<seed>``; every other row runs once at
+    ``train.seed``): a measured run-to-run noise floor, so a one-seed sweep's marks become claims about the
+    strategies under a stated model (run noise the same for every plan; docs/analysis.md). Two extra runs add
+    2 degrees of freedom. None = no floor: the verdict then compares checkpoints and says so."""
 
     def __post_init__(self):
         if self.seeds is not None:
@@ -60,6 +65,15 @@ class SweepConfig:
                    "a non-empty list of distinct integers, or null (one run per trial at train.seed)")
             dup = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
             _check(not dup, "sweep.seeds", self.seeds, f"distinct integers (seed {dup[0] if dup else ''} is listed twice)")
+        if self.floor_seeds is not None:
+            f = self.floor_seeds
+            _check(len(f) > 0 and all(isinstance(x, int) and not isinstance(x, bool) for x in f)
+                   and len(set(f)) == len(f), "sweep.floor_seeds", f,
+                   "a non-empty list of distinct integers (extra seeds of full), or null")
+            _check(self.seeds is None, "sweep.floor_seeds", f,
+                   "null when sweep.seeds is set (every row then has several runs already)")
+            _check(self.include_full or "full" in self.strategies, "sweep.floor_seeds", f,
+                   "null when the sweep has no full row (the floor is extra runs of full)")
         for r in self.splits:
             _check(isinstance(r, (int, float)) and 0 < r < 1, "sweep.splits", r, "ratios strictly between 0 and 1")
         _check(self.max_concurrent_trials >= 1, "sweep.max_concurrent_trials", self.max_concurrent_trials,

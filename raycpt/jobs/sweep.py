@@ -105,19 +105,36 @@ def log_trial_result(trial: Trial, result: dict) -> None:
 
 
 def plan_grid(splits: list[float], strategies: list[str], num_layers: int, include_full: bool = True,
-              recipes: Optional[dict[str, dict]] = None, seeds: Optional[list[int]] = None) -> list[TrialSpec]:
+              recipes: Optional[dict[str, dict]] = None, seeds: Optional[list[int]] = None,
+              floor_seeds: Optional[list[int]] = None, base_seed: Optional[int] = None) -> list[TrialSpec]:
     """The trials of a sweep, validated against the model depth; duplicates dropped.
 
     With ``seeds`` every trial runs once per seed, named ``<name>-s<seed>`` (seed-major: the whole grid
-    at the first seed, then at the next, so an interrupted sweep has complete tables early).
+    at the first seed, then at the next, so an interrupted sweep has complete tables early). With
+    ``floor_seeds`` (``sweep.floor_seeds``) ``full`` also runs at each of them (``full-s<seed>``, after the
+    grid), one cell with the ``full`` run at ``base_seed`` (``train.seed``), which they must not repeat.
 
     Raises RaycptError (one line, :func:`raycpt.splits.check_split`) for a split that is not a ratio in
     (0, 1) or leaves a side empty for this model, an unknown strategy, or an empty grid."""
     specs = _plan_cells(splits, strategies, num_layers, include_full, recipes or {})
+    if floor_seeds:
+        return _with_floor(specs, floor_seeds, base_seed)
     if seeds is None:
         return specs
     return [dataclasses.replace(t, name=f"{t.name}-s{int(sd)}", seed=int(sd), group=t.name)
             for sd in seeds for t in specs]
+
+
+def _with_floor(specs: list[TrialSpec], floor_seeds: list[int], base_seed: Optional[int]) -> list[TrialSpec]:
+    """The grid plus ``full`` at every floor seed, all of full's runs one cell (group ``full``)."""
+    if base_seed is not None and base_seed in floor_seeds:
+        raise RaycptError(f"sweep.floor_seeds: {list(floor_seeds)} repeats train.seed ({base_seed}), whose full run "
+                          "the grid has already; give other seeds")
+    full = next((t for t in specs if t.name == "full"), None)
+    if full is None:
+        raise RaycptError("sweep.floor_seeds: the grid has no full row to run again (sweep.include_full=true)")
+    specs = [dataclasses.replace(t, seed=base_seed, group="full") if t is full else t for t in specs]
+    return specs + [dataclasses.replace(full, name=f"full-s{int(sd)}", seed=int(sd), group="full") for sd in floor_seeds]
 
 
 def _plan_cells(splits: list[float], strategies: list[str], num_layers: int, include_full: bool,
@@ -193,7 +210,8 @@ def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPl
         s.strategies = []
     elif s.budget is not None:  # the equal-budget trials replace the strategies (as recipes: the config says them)
         use_budget_rows(cfg, budget_rows(cfg, model_path), console)
-    specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds)
+    specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds, s.floor_seeds,
+                      cfg.train.seed)
     check_memory(cfg, console, sweep_plans(cfg))
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
@@ -314,7 +332,8 @@ def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
     sizes = budget_numbers(model_skeleton(plan.model_path), cfg.plan.lora_targets)["layer_params"]
     s.budget = auto_budget(trace["recommended_split"], sizes)
     use_budget_rows(cfg, budget_rows(cfg, plan.model_path), console)
-    return plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds)
+    return plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds, s.floor_seeds,
+                     cfg.train.seed)
 
 
 SWEEP = Steps(prepare, execute, run_spec)

@@ -25,6 +25,7 @@ METHOD_QUESTIONS = "runs pooled + questions"
 METHOD_RUNS = "runs pooled"
 POOLED_METHODS = (METHOD_HELDOUT, METHOD_QUESTIONS, METHOD_RUNS)
 SEEDS_HINT = "sweep.seeds=[0,1,2]"
+FLOOR_HINT = "sweep.floor_seeds=[1,2]"
 
 
 def claim_of(method: Optional[str]) -> Optional[str]:
@@ -96,5 +97,5 @@ def checkpoint_line(summary: dict) -> Optional[str]:
         return None
     return ("One run per row: every ▲ / ▼ and best mark below compares these checkpoints (document and question "
             "sampling only), not the strategies - run-to-run noise is not measured. For a claim about the "
-            f"strategies run several seeds: raycpt sweep CONFIG {SEEDS_HINT} (or extra seeds of one plan as a "
-            "noise floor; docs/analysis.md).")
+            f"strategies run several seeds: raycpt sweep CONFIG {SEEDS_HINT}, or two more runs of full as a "
+            f"noise floor: {FLOOR_HINT} (docs/analysis.md).")

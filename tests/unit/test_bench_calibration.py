@@ -65,3 +65,15 @@ def test_seed_test_size_is_at_most_its_target():
     0.0100 (2000 comparisons per cell; MC half-width ~0.004)."""
     size, _, _ = _bench().seed_test_size(2000, seed=5)
     assert size <= 0.0100 + 0.004, size
+
+
+def test_a_noise_floor_of_full_alone_makes_strategy_claims_that_hold_their_size():
+    """sweep.floor_seeds=[1,2] at the default's shape: 2 df of run noise from full's three runs. Null sweeps
+    with run offsets at 2 run SDs claim in at most 2 of 10 (expected <= 0.5 at the 5% target; P(X > 2) < 0.02),
+    and a held-out gain of 40 run SDs (0.31 nats, the size of the default's shallow-vs-full gaps) is a strategy
+    claim in most sweeps: a floor that never claims fails."""
+    b = _bench()
+    null, _, _ = b.run_noise_sweeps(10, "default+floor", 2.0, 0.0, seed=31)
+    assert null * 10 <= 2, null
+    power, _, _ = b.run_noise_sweeps(6, "default+floor", 1.0, 40.0, seed=32)
+    assert power >= 0.66, power

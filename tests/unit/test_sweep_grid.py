@@ -96,3 +96,29 @@ def test_seeded_spec_survives_the_ray_boundary():
 
     (s,) = [t for t in plan_grid([0.5], ["train_deep"], 12, seeds=[1]) if t.strategy == "train_deep"]
     assert TrialSpec(**dataclasses.asdict(s)) == s
+
+
+def test_floor_seeds_add_runs_of_full_alone_as_one_cell():
+    """sweep.floor_seeds (issue 36): full again at each floor seed, after the grid; full's runs one cell."""
+    specs = plan_grid([0.5], ["train_shallow", "train_deep"], 12, floor_seeds=[1, 2], base_seed=0)
+    assert [s.name for s in specs] == ["full", "train_shallow-r0.5", "train_deep-r0.5", "full-s1", "full-s2"]
+    assert [(s.seed, s.group) for s in specs] == [(0, "full"), (None, None), (None, None), (1, "full"), (2, "full")]
+    cfg = ExperimentConfig()
+    assert [trial_config(cfg, s).train.seed for s in specs] == [0, 0, 0, 1, 2]
+    with pytest.raises(RaycptError, match=r"repeats train.seed \(0\)"):
+        plan_grid([0.5], ["train_shallow"], 12, floor_seeds=[0, 1], base_seed=0)
+    with pytest.raises(RaycptError, match="no full row"):
+        plan_grid([0.5], ["train_shallow"], 12, include_full=False, floor_seeds=[1], base_seed=0)
+
+
+@pytest.mark.parametrize("over, says", [
+    (["sweep.floor_seeds=[]"], "non-empty list of distinct integers"),
+    (["sweep.floor_seeds=[1,1]"], "non-empty list of distinct integers"),
+    (["sweep.floor_seeds=[1]", "sweep.seeds=[0,1,2]"], "null when sweep.seeds is set"),
+])
+def test_floor_seeds_bad_values_are_one_line(over, says):
+    from raycpt.config import load_config
+
+    with pytest.raises(RaycptError, match=says) as e:
+        load_config(None, over)
+    assert "\n" not in str(e.value) and "sweep.floor_seeds" in str(e.value)
