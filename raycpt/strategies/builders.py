@@ -121,8 +121,9 @@ def _lisa(pcfg, n: int) -> PlanSpec:
     g, k = pcfg.lisa_layers, pcfg.lisa_interval
     if g > n:
         raise RaycptError(f"plan.lisa_layers={g}: LISA cannot draw {g} layers of a {n}-layer model")
+    every = f"every {k} steps" if k is not None else "every max(1, train.max_steps // 4) steps (plan.lisa_interval null)"
     return PlanSpec(range(n), train_embeddings=True, train_final_norm=True, train_head=True,
-                    notes=[f"lisa: every {k} steps a seeded draw of {g} of the {n} layers trains (seed "
+                    notes=[f"lisa: {every} a seeded draw of {g} of the {n} layers trains (seed "
                            f"{pcfg.lisa_seed}); embeddings, final norm and head always train; AdamW state of the "
                            "layers is reset at each draw, theirs kept (LMFlow's LISATrainer)"])
 

@@ -30,6 +30,8 @@ class LayerPlan:
     stay frozen."""
     lora_rank: int = 0
     lora_alpha: float = 0.0
+    lora_rslora: bool = False
+    """rsLoRA: the update is scaled by alpha / sqrt(r) (peft's ``use_rslora``) instead of alpha / r."""
     lora_targets: tuple[str, ...] = ()
     """Leaf names of the linear modules that get adapters; empty = every linear module of the layer."""
     lisa_layers: int = 0
@@ -80,7 +82,7 @@ class LayerPlan:
                                  ("head", self.train_head)) if on]
         parts.append("also " + ", ".join(extra) if extra else "embeddings/final_norm/head frozen")
         if self.adapter == "lora":
-            parts.append(f"LoRA r={self.lora_rank} alpha={self.lora_alpha:g} on "
+            parts.append(f"{'rsLoRA' if self.lora_rslora else 'LoRA'} r={self.lora_rank} alpha={self.lora_alpha:g} on "
                          f"{', '.join(self.lora_targets) or 'every linear module'} of those layers (their weights frozen)")
         if self.is_lisa:
             parts.append(f"LISA: {self.lisa_layers} of those layers per {self.lisa_interval} steps (seed {self.lisa_seed})")
