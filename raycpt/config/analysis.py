@@ -115,7 +115,7 @@ class CompareConfig:
         _check(self.batch_size >= 1, "compare.batch_size", self.batch_size, "an integer >= 1")
 
 
-SELECTOR_NAMES = ("bi", "snr", "layertracer", "random")
+SELECTOR_NAMES = ("bi", "snr", "layertracer", "random", "elo", "gradnorm")
 """The names of :data:`raycpt.diagnostics.selectors.SELECTORS` (the config sits below the diagnostics: a unit test
 holds the two equal)."""
 
@@ -125,14 +125,15 @@ class SelectConfig:
     """``raycpt select``: a layer selector's scores per layer -> a ranking file (its CLI options override these)."""
 
     method: str = "bi"
-    """Selector: bi (Block Influence on corpus blocks), snr (weight-only Spectrum SNR), layertracer (LS^ - TP^ of
-    a trace) or random (seeded)."""
+    """Selector: bi (Block Influence on corpus blocks), snr (weight-only SNR, the mean over a layer's matrices),
+    layertracer (LS^ - TP^ of a trace), random (seeded), elo (first and last layers first) or gradnorm (per-layer
+    gradient norm of the LM loss on corpus blocks, AdaGradSelect-style)."""
     k: Optional[int] = None
     """Top-k layers named in the ranking file (its ``top_k``) and the plot; null = half the layers."""
     samples: int = 16
-    """bi: corpus blocks of ``select.seq_len`` tokens (data.corpus, the model's tokenizer) the cosines average over."""
+    """bi, gradnorm: corpus blocks of ``select.seq_len`` tokens (data.corpus, the model's tokenizer) the cosines average over."""
     seq_len: Optional[int] = None
-    """bi: tokens per block; null = data.seq_len."""
+    """bi, gradnorm: tokens per block; null = data.seq_len."""
     seed: int = 0
     """random: the seed of the draw (and of the spread sample of bi's documents)."""
     normalize: bool = False

@@ -73,6 +73,12 @@ class PlanConfig:
     ``max(1, train.max_steps // 4)``: at least 4 draws (3 switches) in any run."""
     lisa_seed: int = 0
     """``lisa``: seed of the draws; draw j is a pure function of (lisa_seed, j)."""
+    elo_layers: int = 1
+    """``elo`` (ELO, EACL 2026): the first and the last this many decoder layers train (1 = layers 0 and N-1)."""
+    matrices: list[str] = field(default_factory=list)
+    """``spectrum``: the decoder-layer matrices that train, each ``<layer>.<module path>`` (e.g.
+    ``3.self_attn.q_proj``: that module's weight and bias); the input embeddings and the LM head train too
+    (Spectrum's rule). ``raycpt sweep --budget`` fills it from Spectrum's per-type SNR selection."""
     expand_blocks: int = 2
     """``expand`` (LLaMA-Pro block expansion): P identity copies inserted, one after each of P equal groups of
     layers; only they train."""
@@ -84,6 +90,11 @@ class PlanConfig:
         _check(self.lisa_layers >= 1, "plan.lisa_layers", self.lisa_layers, "an integer >= 1")
         _check(self.lisa_interval is None or self.lisa_interval >= 1, "plan.lisa_interval", self.lisa_interval,
                "an integer >= 1, or null (train.max_steps // 4)")
+        for m in self.matrices:
+            head, _, rest = str(m).partition(".")
+            _check(head.isdigit() and bool(rest), "plan.matrices", m, "entries <layer>.<module path>, e.g. "
+                   "3.self_attn.q_proj")
+        _check(self.elo_layers >= 1, "plan.elo_layers", self.elo_layers, "an integer >= 1")
         _check(self.expand_blocks >= 1, "plan.expand_blocks", self.expand_blocks, "an integer >= 1")
         close = difflib.get_close_matches(self.name, list(PLANS), n=1)
         _check(self.name in PLANS, "plan.name", self.name,

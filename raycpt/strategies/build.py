@@ -49,7 +49,8 @@ def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=N
         raise RaycptError(f"plan {name!r} trains nothing: no layer, and embeddings, final norm and head are frozen")
     return LayerPlan(name=name, num_layers=num_layers, trainable_layers=layers, lr_scales=scales,
                      train_embeddings=bool(emb), train_final_norm=bool(norm), train_head=bool(head),
-                     tied_embeddings=bool(tied_embeddings), notes=tuple(notes), **_extras(pcfg, name, layers, max_steps))
+                     tied_embeddings=bool(tied_embeddings), notes=tuple(notes), matrices=dict(spec.matrices),
+                     **_extras(pcfg, name, layers, max_steps))
 
 
 def _extras(pcfg, name: str, layers, max_steps=None) -> dict:

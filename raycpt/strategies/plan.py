@@ -38,6 +38,9 @@ class LayerPlan:
     """``lisa``: gamma layers drawn per interval out of ``trainable_layers`` (the candidates); 0 = not LISA."""
     lisa_interval: int = 0
     lisa_seed: int = 0
+    matrices: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """A matrix-level plan (Spectrum): trainable layer -> the module paths that train in it (weight and bias); a
+    trainable layer not named here trains whole."""
 
     @property
     def frozen_layers(self) -> tuple[int, ...]:
@@ -86,6 +89,8 @@ class LayerPlan:
                          f"{', '.join(self.lora_targets) or 'every linear module'} of those layers (their weights frozen)")
         if self.is_lisa:
             parts.append(f"LISA: {self.lisa_layers} of those layers per {self.lisa_interval} steps (seed {self.lisa_seed})")
+        if self.matrices:
+            parts.append(f"only {sum(map(len, self.matrices.values()))} named matrices of those layers")
         scaled = {i: s for i, s in self.lr_scales.items() if s != 1.0}
         if scaled:
             parts.append("lr scales " + ", ".join(f"{i}:{s:g}" for i, s in sorted(scaled.items())))
@@ -97,6 +102,7 @@ class LayerPlan:
         d["lr_scales"] = {str(k): v for k, v in self.lr_scales.items()}
         d["notes"] = list(self.notes)
         d["lora_targets"] = list(self.lora_targets)
+        d["matrices"] = {str(k): list(v) for k, v in self.matrices.items()}
         return d
 
     @classmethod
@@ -106,4 +112,5 @@ class LayerPlan:
         d["lr_scales"] = {int(k): float(v) for k, v in d.get("lr_scales", {}).items()}
         d["notes"] = tuple(d.get("notes", ()))
         d["lora_targets"] = tuple(d.get("lora_targets", ()))
+        d["matrices"] = {int(k): tuple(v) for k, v in d.get("matrices", {}).items()}
         return cls(**d)
