@@ -180,6 +180,25 @@ def test_budget_plans_by_hand():
     name = f"random0-top{k}"
     assert rows[name]["settings"]["plan.layers"] == sorted(int(i) for i in order[:k])
     assert len(rows) == 7
+    assert "plan.lisa_interval" not in rows["lisa-g1"]["settings"]  # derived from the run (max_steps // 4)
+    assert "plan.lora_alpha" not in rows["lora-r8"]["settings"]  # alpha null = 2r
+    lr = {r["name"]: r for r in budget_plans(47, [10, 20, 30, 40], 5, 3, 8, random_seeds=(), lora_lr=3e-4)}
+    assert lr["lora-r8"]["settings"]["train.lr"] == 3e-4 and "train.lr" not in lr["lisa-g1"]["settings"]
+
+
+def test_spectrum_budget_row_by_hand():
+    """Two types over 4 layers; embeddings + head 20. Percent q picks int(4q/100) per type: 25 -> 1 each, 50 -> 2
+    each, 75 -> 3, 100 -> 4. Counts 20 + {1: 7+3, 2: 7+7+3+3, ...}: budget 41 is nearest 2 each (40)."""
+    from raycpt.diagnostics.spectrum import spectrum_pick
+    from raycpt.strategies.budget import spectrum_row
+
+    snr = {(i, "a"): v for i, v in enumerate([0.1, 0.9, float("inf"), 0.5])}
+    snr.update({(i, "b"): v for i, v in enumerate([0.3, float("nan"), 0.2, 0.1])})
+    sizes = {k: 7 if k[1] == "a" else 3 for k in snr}
+    row = spectrum_row(41, {"pick": lambda q: spectrum_pick(snr, q), "sizes": sizes, "base": 20})
+    assert row["name"] == "spectrum-p50" and row["trainable"] == 40
+    # a: inf (layer 2) then 0.9 (layer 1); b: 0.3 (layer 0), 0.2 (layer 2), NaN last
+    assert row["settings"] == {"plan.name": "spectrum", "plan.matrices": ["0.b", "1.a", "2.a", "2.b"]}
 
 
 @pytest.mark.parametrize("budget,msg", [(9, "below one layer's parameters (10)"),
