@@ -48,6 +48,13 @@ class ContributionConfig:
     """After the scan, two more trials: every layer trains, the top ``elite_k`` layers by contribution at lr x
     ``elite_lr_scale`` (plan elite, ``elite_pick: top``) and its control, the bottom ``elite_k`` (``elite_pick:
     bottom``); both against ``full`` with the paired McNemar test."""
+    lr_grid: Optional[list[float]] = None
+    """Seed 003's tuned-learning-rate baseline: before the scan, ``full`` trains at ``train.lr`` x each multiplier
+    (Tune folder ``tune-lr``); the one with the lowest loss on a validation slice (``validation_docs`` documents,
+    never trained on, none a held-out test document) sets ``train.lr`` for every scan trial, so single layers run at
+    the strongest full baseline's rate. null = the scan runs at ``train.lr``."""
+    validation_docs: int = 64
+    """Documents of the validation slice ``lr_grid`` picks on."""
     elite_k: int = 5
     """Layers at the raised LR in each of the two elite trials (2 x elite_k <= the scanned layers)."""
     elite_lr_scale: float = 2.0
@@ -58,6 +65,11 @@ class ContributionConfig:
                "a number >= 0 (0 = the argmax answer)")
         _check(self.sample_seed >= 0, "contribution.sample_seed", self.sample_seed, "an integer >= 0")
         _check(self.elite_k >= 1, "contribution.elite_k", self.elite_k, "an integer >= 1")
+        if self.lr_grid is not None:
+            _check(len(self.lr_grid) > 0 and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
+                                                 for m in self.lr_grid), "contribution.lr_grid", self.lr_grid,
+                   "positive learning-rate multipliers, e.g. [0.333, 1, 3], or null")
+        _check(self.validation_docs >= 1, "contribution.validation_docs", self.validation_docs, "an integer >= 1")
         _check(self.elite_lr_scale > 0, "contribution.elite_lr_scale", self.elite_lr_scale, "a positive number")
         if isinstance(self.layers, str) and self.layers != "all":
             k = self.layers.split(":", 1)[1] if self.layers.startswith("every:") else ""

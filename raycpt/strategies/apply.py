@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from raycpt.errors import RaycptError
 from raycpt.strategies.plan import LayerPlan
 
 
@@ -38,8 +39,6 @@ def matrix_split(model, plan: LayerPlan) -> tuple[set[int], set[int]]:
     """A matrix-level plan (``plan.matrices``): ``(restricted, chosen)``, the ids of every parameter of the layers
     it names and of those among them that train (the named modules' weight and bias). Both empty otherwise;
     a module a layer does not have is a one-line error."""
-    from raycpt.errors import RaycptError
-
     restricted, chosen = set(), set()
     if not plan.matrices:
         return restricted, chosen
