@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from raycpt.data.corpus import (HeldoutBlocks, block_documents, eos_id_of, heldout_documents, is_heldout,
-                                iter_documents, pack_token_lists)
+from raycpt.data.corpus import HeldoutBlocks, heldout_documents, is_heldout, iter_documents, pack_documents
 from raycpt.errors import RaycptError
 
 
@@ -44,15 +43,8 @@ def validation_documents(data_cfg, num_docs: int, heldout_docs: int) -> list[str
 def validation_blocks(data_cfg, tokenizer_path: str, num_docs: int, heldout_docs: int) -> HeldoutBlocks:
     """:func:`validation_documents` packed into ``data.seq_len`` blocks the way training packs (``.documents``: the
     document of each block)."""
-    from transformers import AutoTokenizer
-
-    docs = validation_documents(data_cfg, num_docs, heldout_docs)
-    tok = AutoTokenizer.from_pretrained(tokenizer_path)
-    ids = tok(docs, add_special_tokens=False)["input_ids"]
-    blocks = pack_token_lists(ids, data_cfg.seq_len, eos_id_of(tok))
-    if len(blocks) == 0:
-        raise RaycptError(f"sweep.validation_docs={num_docs}: its documents give no full block of "
-                          f"data.seq_len={data_cfg.seq_len} tokens; raise sweep.validation_docs")
-    out = HeldoutBlocks([list(map(int, b)) for b in blocks])
-    out.documents = block_documents(ids, data_cfg.seq_len)
+    blocks, docs = pack_documents(validation_documents(data_cfg, num_docs, heldout_docs), data_cfg, tokenizer_path,
+                                  f"sweep.validation_docs={num_docs}", "sweep.validation_docs")
+    out = HeldoutBlocks(blocks)
+    out.documents = docs
     return out
