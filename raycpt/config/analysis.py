@@ -48,6 +48,13 @@ class ContributionConfig:
     """After the scan, two more trials: every layer trains, the top ``elite_k`` layers by contribution at lr x
     ``elite_lr_scale`` (plan elite, ``elite_pick: top``) and its control, the bottom ``elite_k`` (``elite_pick:
     bottom``); both against ``full`` with the paired McNemar test."""
+    lr_grid: Optional[list[float]] = None
+    """Seed 003's tuned-learning-rate baseline: before the scan, ``full`` trains at ``train.lr`` x each multiplier
+    (Tune folder ``tune-lr``); the one with the lowest loss on a validation slice (``validation_docs`` documents,
+    never trained on, none a held-out test document) sets ``train.lr`` for every scan trial, so single layers run at
+    the strongest full baseline's rate. null = the scan runs at ``train.lr``."""
+    validation_docs: int = 64
+    """Documents of the validation slice ``lr_grid`` picks on."""
     elite_k: int = 5
     """Layers at the raised LR in each of the two elite trials (2 x elite_k <= the scanned layers)."""
     elite_lr_scale: float = 2.0
@@ -58,6 +65,11 @@ class ContributionConfig:
                "a number >= 0 (0 = the argmax answer)")
         _check(self.sample_seed >= 0, "contribution.sample_seed", self.sample_seed, "an integer >= 0")
         _check(self.elite_k >= 1, "contribution.elite_k", self.elite_k, "an integer >= 1")
+        if self.lr_grid is not None:
+            _check(len(self.lr_grid) > 0 and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
+                                                 for m in self.lr_grid), "contribution.lr_grid", self.lr_grid,
+                   "positive learning-rate multipliers, e.g. [0.333, 1, 3], or null")
+        _check(self.validation_docs >= 1, "contribution.validation_docs", self.validation_docs, "an integer >= 1")
         _check(self.elite_lr_scale > 0, "contribution.elite_lr_scale", self.elite_lr_scale, "a positive number")
         if isinstance(self.layers, str) and self.layers != "all":
             k = self.layers.split(":", 1)[1] if self.layers.startswith("every:") else ""
@@ -115,7 +127,7 @@ class CompareConfig:
         _check(self.batch_size >= 1, "compare.batch_size", self.batch_size, "an integer >= 1")
 
 
-SELECTOR_NAMES = ("bi", "snr", "layertracer", "random")
+SELECTOR_NAMES = ("bi", "snr", "layertracer", "random", "elo", "gradnorm")
 """The names of :data:`raycpt.diagnostics.selectors.SELECTORS` (the config sits below the diagnostics: a unit test
 holds the two equal)."""
 
@@ -125,14 +137,15 @@ class SelectConfig:
     """``raycpt select``: a layer selector's scores per layer -> a ranking file (its CLI options override these)."""
 
     method: str = "bi"
-    """Selector: bi (Block Influence on corpus blocks), snr (weight-only Spectrum SNR), layertracer (LS^ - TP^ of
-    a trace) or random (seeded)."""
+    """Selector: bi (Block Influence on corpus blocks), snr (weight-only SNR, the mean over a layer's matrices),
+    layertracer (LS^ - TP^ of a trace), random (seeded), elo (first and last layers first) or gradnorm (per-layer
+    gradient norm of the LM loss on corpus blocks, AdaGradSelect-style)."""
     k: Optional[int] = None
     """Top-k layers named in the ranking file (its ``top_k``) and the plot; null = half the layers."""
     samples: int = 16
-    """bi: corpus blocks of ``select.seq_len`` tokens (data.corpus, the model's tokenizer) the cosines average over."""
+    """bi, gradnorm: corpus blocks of ``select.seq_len`` tokens (data.corpus, the model's tokenizer) the cosines average over."""
     seq_len: Optional[int] = None
-    """bi: tokens per block; null = data.seq_len."""
+    """bi, gradnorm: tokens per block; null = data.seq_len."""
     seed: int = 0
     """random: the seed of the draw (and of the spread sample of bi's documents)."""
     normalize: bool = False

@@ -56,26 +56,45 @@ class PlanConfig:
     embeddings, final norm and head train as ``train_*`` say (also under ``full``); merged for evaluation."""
     lora_rank: int = 16
     """LoRA rank r (at most the smaller side of every targeted linear layer)."""
-    lora_alpha: float = 32.0
-    """LoRA alpha: the adapter's update is scaled by alpha / r."""
+    lora_alpha: Optional[float] = None
+    """LoRA alpha: the adapter's update is scaled by alpha / r (alpha / sqrt(r) with ``lora_rslora``); null = 2 x
+    ``lora_rank`` (alpha tied to the rank: a scale of 2 at every rank, the usual LoRA setting), so a budget row's
+    large rank does not shrink the update."""
+    lora_rslora: bool = False
+    """rsLoRA (Kalajdzievski 2023, peft's ``use_rslora``): scale by alpha / sqrt(r) instead of alpha / r."""
     lora_targets: list[str] = field(default_factory=list)
     """Linear modules inside a decoder layer that get adapters, by leaf name (e.g. ``[q_proj, v_proj]``); empty =
     every linear layer of the plan's decoder layers."""
     lisa_layers: int = 2
     """``lisa``: gamma, the decoder layers drawn to train in each interval (embeddings, final norm, head always train)."""
-    lisa_interval: int = 20
-    """``lisa``: K, optimizer steps between draws (steps 1..K use draw 0, K+1..2K draw 1, ...)."""
+    lisa_interval: Optional[int] = None
+    """``lisa``: K, optimizer steps between draws (steps 1..K use draw 0, K+1..2K draw 1, ...); it must be below
+    ``train.max_steps`` (else LISA never switches: refused in one line). null = derived from the run,
+    ``max(1, train.max_steps // 4)``: at least 4 draws (3 switches) in any run."""
     lisa_seed: int = 0
     """``lisa``: seed of the draws; draw j is a pure function of (lisa_seed, j)."""
+    elo_layers: int = 1
+    """``elo`` (ELO, EACL 2026): the first and the last this many decoder layers train (1 = layers 0 and N-1)."""
+    matrices: list[str] = field(default_factory=list)
+    """``spectrum``: the decoder-layer matrices that train, each ``<layer>.<module path>`` (e.g.
+    ``3.self_attn.q_proj``: that module's weight and bias); the input embeddings and the LM head train too
+    (Spectrum's rule). ``raycpt sweep --budget`` fills it from Spectrum's per-type SNR selection."""
     expand_blocks: int = 2
     """``expand`` (LLaMA-Pro block expansion): P identity copies inserted, one after each of P equal groups of
     layers; only they train."""
 
     def __post_init__(self):
         _check(self.lora_rank >= 1, "plan.lora_rank", self.lora_rank, "an integer >= 1")
-        _check(self.lora_alpha > 0, "plan.lora_alpha", self.lora_alpha, "a positive number")
+        _check(self.lora_alpha is None or self.lora_alpha > 0, "plan.lora_alpha", self.lora_alpha,
+               "a positive number, or null (2 x plan.lora_rank)")
         _check(self.lisa_layers >= 1, "plan.lisa_layers", self.lisa_layers, "an integer >= 1")
-        _check(self.lisa_interval >= 1, "plan.lisa_interval", self.lisa_interval, "an integer >= 1")
+        _check(self.lisa_interval is None or self.lisa_interval >= 1, "plan.lisa_interval", self.lisa_interval,
+               "an integer >= 1, or null (train.max_steps // 4)")
+        for m in self.matrices:
+            head, _, rest = str(m).partition(".")
+            _check(head.isdigit() and bool(rest), "plan.matrices", m, "entries <layer>.<module path>, e.g. "
+                   "3.self_attn.q_proj")
+        _check(self.elo_layers >= 1, "plan.elo_layers", self.elo_layers, "an integer >= 1")
         _check(self.expand_blocks >= 1, "plan.expand_blocks", self.expand_blocks, "an integer >= 1")
         close = difflib.get_close_matches(self.name, list(PLANS), n=1)
         _check(self.name in PLANS, "plan.name", self.name,

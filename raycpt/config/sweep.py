@@ -26,6 +26,17 @@ class SweepConfig:
     and deep plans, BI- and SNR-top-k, random-k (3 seeds), LISA, LoRA and expand at the settings nearest it
     (:func:`raycpt.strategies.budget_plans`), replacing ``strategies``; ``auto`` = train_shallow's count at the
     trace's recommended split; null = the split grid."""
+    lr_grid: Optional[list[float]] = None
+    """Equal tuning: learning-rate multipliers every trial runs at (trial ``<name>-lr<m>``, ``train.lr`` x m, and
+    LoRA's usual rate x m for the LoRA row); each method's run with the lowest loss on the validation slice
+    (``validation_docs``, disjoint from the held-out test documents) is the one the summary reports, the grid and
+    the choice beside it. null = [1/3, 1, 3] with ``--budget`` and no grid otherwise; [1] = no grid."""
+    lora_lr_scale: float = 10.0
+    """LoRA's usual learning rate relative to ``train.lr`` (LoRA runs at about 10x full fine-tuning's rate): the
+    budget's LoRA row trains at ``train.lr`` x this (its grid centre)."""
+    validation_docs: int = 64
+    """Documents of the validation slice the learning-rate grid picks on: never trained on, none of them a held-out
+    test document (``raycpt.data.validation``)."""
     max_concurrent_trials: int = 1
     """Tune trials running at once."""
     cpus_per_trial: float = 1.0
@@ -74,6 +85,14 @@ class SweepConfig:
                    "null when sweep.seeds is set (every row then has several runs already)")
             _check(self.include_full or "full" in self.strategies, "sweep.floor_seeds", f,
                    "null when the sweep has no full row (the floor is extra runs of full)")
+        if self.lr_grid is not None:
+            _check(len(self.lr_grid) > 0 and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
+                                                 for m in self.lr_grid) and len(set(self.lr_grid)) == len(self.lr_grid),
+                   "sweep.lr_grid", self.lr_grid, "distinct positive learning-rate multipliers, e.g. [0.333, 1, 3], "
+                   "or null")
+        _check(self.lora_lr_scale > 0, "sweep.lora_lr_scale", self.lora_lr_scale, "a positive multiplier")
+        _check(isinstance(self.validation_docs, int) and self.validation_docs >= 1, "sweep.validation_docs",
+               self.validation_docs, "an integer >= 1")
         for r in self.splits:
             _check(isinstance(r, (int, float)) and 0 < r < 1, "sweep.splits", r, "ratios strictly between 0 and 1")
         _check(self.max_concurrent_trials >= 1, "sweep.max_concurrent_trials", self.max_concurrent_trials,
@@ -105,3 +124,10 @@ class ReportConfig:
                                                                       and parts[1] in ("logit", "generate", "cloze")),
                "report.primary", self.primary, "'task/mode' with mode logit, generate or cloze (e.g. "
                "wordnet_mc/logit), 'heldout_loss', or ''")
+
+
+def lr_multipliers(s: SweepConfig) -> list[float]:
+    """The learning-rate multipliers a sweep runs (``sweep.lr_grid``; null: [1/3, 1, 3] with a budget, else [1])."""
+    if s.lr_grid is not None:
+        return [float(m) for m in s.lr_grid]
+    return [1 / 3, 1.0, 3.0] if s.budget is not None else [1.0]

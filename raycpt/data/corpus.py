@@ -530,9 +530,16 @@ def heldout_blocks_and_documents(data_cfg, tokenizer_path: str, num_docs: int, s
                                  raise_key: str = "the held-out document count") -> tuple[list[list[int]], list]:
     """:func:`heldout_blocks` and, per block, the index of its document among the held-out documents (the
     clusters of the held-out loss's interval, :func:`block_documents`)."""
+    return pack_documents(heldout_documents(data_cfg, num_docs, setting), data_cfg, tokenizer_path, setting,
+                          raise_key)
+
+
+def pack_documents(docs: list[str], data_cfg, tokenizer_path: str, setting: str,
+                   raise_key: str) -> tuple[list[list[int]], list]:
+    """``docs`` packed into ``data.seq_len`` blocks the way training packs them (joined with EOS), and the index of
+    each block's document (:func:`block_documents`); RaycptError naming ``setting`` when no full block results."""
     from transformers import AutoTokenizer
 
-    docs = heldout_documents(data_cfg, num_docs, setting)
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     ids = tok(docs, add_special_tokens=False)["input_ids"]
     blocks = pack_token_lists(ids, data_cfg.seq_len, eos_id_of(tok))

@@ -70,6 +70,49 @@ def spearman(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[float, flo
     return float(res.statistic), float(res.pvalue)
 
 
+def _ranks(x) -> np.ndarray:
+    """Average ranks (1-based; ties share their mean rank)."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    r = np.empty(len(x))
+    r[order] = np.arange(1, len(x) + 1)
+    for v in np.unique(x):
+        tie = x == v
+        r[tie] = r[tie].mean()
+    return r
+
+
+def l2_control(contribution: Mapping[int, float], l2_full: Mapping[int, float], n_perm: int = 20000,
+               seed: int = 0) -> dict:
+    """Seed 003's L2 control as a statistic: do the layers that contribute most (trained alone) simply move most
+    under full training? Spearman's rho between ``contribution(l)`` and full training's per-layer weight change
+    ``||W_l - W_l(base)||`` over the layers both have (finite), with a two-sided permutation p-value (every
+    pairing when n <= 8, else ``n_perm`` seeded permutations, p = (1 + #{|rho*| >= |rho|}) / (1 + n_perm)); and
+    how uniform full's changes are (coefficient of variation, max / min), the seed's "0.5 to 0.8" reading."""
+    common = sorted(l for l in set(contribution) & set(l2_full)
+                    if math.isfinite(float(contribution[l])) and math.isfinite(float(l2_full[l])))
+    if len(common) < 3:
+        return {"unavailable": f"{len(common)} layers with both a contribution and a full-training L2 change "
+                               "(needs 3)"}
+    a, b = _ranks([contribution[l] for l in common]), _ranks([l2_full[l] for l in common])
+    rho = float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else float("nan")
+    n = len(common)
+    if n <= 8:
+        perms = np.array(list(itertools.permutations(range(n))))
+        method = f"exact over all {len(perms)} pairings"
+    else:
+        rng = np.random.default_rng(int(seed))
+        perms = np.array([rng.permutation(n) for _ in range(int(n_perm))])
+        method = f"{int(n_perm)} seeded permutations"
+    null = np.array([np.corrcoef(a, b[p])[0, 1] for p in perms])
+    hits = int(np.sum(np.abs(null) >= abs(rho) - 1e-12))
+    p = hits / len(perms) if n <= 8 else (1 + hits) / (1 + len(perms))
+    l2 = np.array([float(l2_full[l]) for l in common])
+    return {"rho": rho, "p": float(p), "n": n, "method": method, "layers": common,
+            "l2_full_cv": float(l2.std(ddof=1) / l2.mean()) if l2.mean() > 0 else float("nan"),
+            "l2_full_max_over_min": float(l2.max() / l2.min()) if l2.min() > 0 else float("inf")}
+
+
 def newly_solved(base_correct: Mapping[Hashable, bool], model_correct: Mapping[Hashable, bool]) -> set:
     """Questions the model answers correctly that the base model got wrong."""
     return {q for q, ok in model_correct.items() if ok and not base_correct.get(q, False)}
@@ -235,7 +278,8 @@ def analyze_scan(base: Mapping[str, Any], full: Mapping[str, Any], singles: Mapp
     (``{question: {"pred": x, "gold": y, "correct": bool}}``) and ``l2`` (per-layer
     ``||W - W_base||_F`` of that model, a list over layers). ``singles`` maps layer -> result.
 
-    Returns the :func:`summarize_scan` fields plus ``l2_single`` / ``l2_full`` ({layer: value}),
+    Returns the :func:`summarize_scan` fields plus ``l2_single`` / ``l2_full`` ({layer: value}), ``l2_control``
+    (:func:`l2_control`: Spearman of contribution against full's L2 change, permutation p-value),
     ``jaccard`` (mean pairwise Jaccard of the newly solved questions of the top-k single-layer
     models, and the pairs), ``vote`` (majority vote of the top-k models vs the best single model and
     full, accuracies in percent on the same questions), ``sampled_vote`` (with ``sample`` = ``{temperature,
@@ -247,6 +291,7 @@ def analyze_scan(base: Mapping[str, Any], full: Mapping[str, Any], singles: Mapp
     out["scores"] = scores
     out["l2_single"] = {int(l): float(r["l2"][int(l)]) for l, r in singles.items() if r.get("l2")}
     out["l2_full"] = {i: float(v) for i, v in enumerate(full.get("l2") or [])}
+    out["l2_control"] = l2_control(out["contribution"], out["l2_full"])
     k = max(1, min(top_k, len(ranking)))
     top = ranking[:k]
     out["top_k"] = top

@@ -19,6 +19,12 @@ Each selector returns an ``(N,)`` float array; :func:`write_selection` writes it
   Task-Particle profiles of a trace). Then ``S(b) = mean score[0:b) - mean score[b:N)`` exactly (eq. 7
   regrouped), so the layers S(b) wants on the train side (sensitive, not task-executing) rank first.
 * **Random**: a seeded uniform draw per layer (``numpy.random.default_rng(seed)``), the control.
+* **ELO** (EACL 2026): the first and the last layers; the score is the distance from the middle layer.
+* **Gradient norm** (AdaGradSelect, arXiv 2512.15764): per layer, the L2 norm of the LM loss's gradient with
+  respect to the layer's parameters on corpus blocks, averaged over the batches.
+
+Spectrum as its authors run it (per weight type, not per layer) is :mod:`raycpt.diagnostics.spectrum`; ``snr``
+here is the layer-level variant (the mean over a layer's matrices), kept under its own name.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import numpy as np
 import torch
 
+from raycpt.errors import RaycptError
 from raycpt.strategies import write_ranking
 
 
@@ -216,6 +223,60 @@ def _random(x: SelectorInputs) -> np.ndarray:
 def random_scores(num_layers: int, seed: int) -> np.ndarray:
     """A seeded uniform score per layer: the random-k control (same seed, same ranking)."""
     return np.random.default_rng(int(seed)).random(int(num_layers))
+
+
+# ------------------------------------------------------------------------------------ ELO, gradient norms
+def elo_scores(num_layers: int) -> np.ndarray:
+    """ELO (EACL 2026, train the first and the last layers): ``|l - (N - 1) / 2|``, the distance from the middle,
+    so the top-2 are layers 0 and N-1 and a larger k adds the next layers in from both edges (ties: lower first)."""
+    n = int(num_layers)
+    if n < 2:
+        raise RaycptError(f"select elo: ELO trains the first and the last layer; this model has {n} layer(s)")
+    return np.abs(np.arange(n, dtype=np.float64) - (n - 1) / 2.0)
+
+
+@register_selector("elo", "distance_from_middle", "seed")
+def _elo(x: SelectorInputs) -> np.ndarray:
+    return elo_scores(x.num_layers)
+
+
+def layer_grad_norms(model, layers, ids: torch.Tensor) -> np.ndarray:
+    """Per decoder layer, the L2 norm of the gradient of the language-model loss on ``ids`` (labels = inputs)
+    with respect to all of that layer's parameters; the model's weights are not changed and its gradients are
+    cleared."""
+    params = [list(layer.parameters()) for layer in layers]
+    flat = [p for ps in params for p in ps]
+    saved = [p.requires_grad for p in flat]
+    try:
+        for p in flat:
+            p.requires_grad_(True)
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        grads = torch.autograd.grad(loss, flat, allow_unused=True)
+    finally:
+        for p, r in zip(flat, saved):
+            p.requires_grad_(r)
+    out, k = np.zeros(len(params)), 0
+    for i, ps in enumerate(params):
+        sq = 0.0
+        for g in grads[k:k + len(ps)]:
+            if g is not None:
+                sq += float(g.detach().double().pow(2).sum())
+        out[i], k = math.sqrt(sq), k + len(ps)
+    return out
+
+
+@register_selector("gradnorm", "gradient_norm", "blocks")
+def gradient_norm_scores(x: SelectorInputs) -> np.ndarray:
+    """AdaGradSelect-style (arXiv 2512.15764): the per-layer gradient norm of the LM loss, averaged over the corpus
+    blocks ``x.batch`` at a time (weighted by the batches' block counts); the layers whose loss gradient is
+    largest train first."""
+    parts, sizes = [], []
+    for s in range(0, len(x.blocks), x.batch):
+        ids = torch.as_tensor(np.asarray(x.blocks[s:s + x.batch]), dtype=torch.long)
+        parts.append(layer_grad_norms(x.model, x.layers, ids))
+        sizes.append(len(ids))
+        x.advance(len(ids))
+    return np.average(np.stack(parts), axis=0, weights=sizes)
 
 
 # ------------------------------------------------------------------------------------ rankings

@@ -34,14 +34,17 @@ from raycpt.diagnostics.contribution import (analyze_scan, answers_of, elite_lr_
                                              spearman)
 from raycpt.diagnostics.similarity import weight_change
 from raycpt.errors import RaycptError
+from raycpt.data.validation import validation_blocks
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.io import atomic_write_json
 from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, ahead_of_trials, grid_params, heldout_blocks, model_layers,
                               no_shards, run_grid, train_and_evaluate, warm_imports)
 from raycpt.jobs.job import Options, RunSpec, Steps, run_job
+from raycpt.jobs.sweep import validation_loss
 from raycpt.models.shards import layer_l2_by_reference
 from raycpt.models.sources import load_model
 from raycpt.report.contribution import write_outputs
+from raycpt.report.tuning import pick_by_validation, tuning_lines
 from raycpt.runs import read_state
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.strategies import ranked_pick, read_ranking, write_ranking
@@ -58,6 +61,8 @@ class ScanTrial:
     name: str
     kind: str
     layer: Optional[int] = None
+    lr_mult: Optional[float] = None
+    """``contribution.lr_grid``: the multiplier of a ``full`` run of the tuned-learning-rate baseline's grid."""
 
     def run(self, trial: Trial) -> dict:
         """Train (unless base), evaluate and measure this trial under its child run."""
@@ -82,7 +87,9 @@ class ScanTrial:
         result = {"name": self.name, "kind": self.kind, "layer": self.layer, "score": score, "score_key": key,
                   "gold_prob": gold_prob_of(questions), "heldout_loss": heldout, "cells": cells,
                   "answers": answers_of(questions, tcfg.eval.modes[0]), "l2": l2, "model_dir": model_dir,
-                  "wall_s": trial.elapsed, "mlflow_run_id": run.run_id, **info}
+                  "wall_s": trial.elapsed, "mlflow_run_id": run.run_id, **info,
+                  **({"lr_mult": self.lr_mult, "lr": tcfg.train.lr, "tune": "full",
+                      "validation_loss": validation_loss(trial)} if self.lr_mult is not None else {})}
         self._log(trial, result)
         if self.kind != "base" and not tcfg.contribution.keep_models:
             shutil.rmtree(trial.dir / "train" / "ray", ignore_errors=True)
@@ -159,6 +166,8 @@ def scan_trial_config(cfg: ExperimentConfig, spec: ScanTrial, ranking_file: Opti
                 "plan.elite_lr_scale": c.elite_lr_scale}
     else:
         plan = {"plan.name": "single", "plan.layer": spec.layer} if spec.kind == "single" else {"plan.name": "full"}
+    if spec.lr_mult is not None:
+        plan["train.lr"] = cfg.train.lr * spec.lr_mult
     return config_with(cfg, {**store, **plan})
 
 
@@ -303,10 +312,14 @@ def execute_scan(plan: ContributionPlan, run, resume: bool = False, console=None
                 data_cpus=c.data_cpus_per_trial, max_concurrent=c.max_concurrent_trials, max_steps=cfg.train.max_steps,
                 model_path=plan.model_path)
     with ray_session(cfg.ray, meanwhile=warm_imports):
+        # the tuned baseline first: the scan's trials (full, single layers, elite) then run at its rate
+        tuning = _tune_lr(plan, run, shared, resume, console) if c.lr_grid else None
         trials = run_grid(run, grid, resume=resume, console=console)
         if not c.elite_lr_control:
             stop_ray_soon()  # the last grid ran: Ray shuts down while the analysis and the report are written
         analysis, trials, ranking_file = _analyze(cfg, run_dir, trials, plan.num_layers, plan.against)
+        if tuning:
+            analysis["lr_tuning"] = tuning
         if c.elite_lr_control:
             elite = Grid("contribution", elite_trials(), shared={**shared, "ranking_file": str(ranking_file)},
                          cpus=c.cpus_per_trial, data_cpus=c.data_cpus_per_trial, max_concurrent=c.max_concurrent_trials,
@@ -322,6 +335,29 @@ def execute_scan(plan: ContributionPlan, run, resume: bool = False, console=None
     run.state(done=True, wall_s=wall)
     return ContributionResult(run_dir=run_dir, analysis=analysis, trials=trials, ranking_file=ranking_file,
                               files=files, wall_s=wall, parent_run_id=run.run_id, num_layers=plan.num_layers)
+
+
+def _tune_lr(plan: ContributionPlan, run, shared: dict, resume: bool, console) -> dict:
+    """Seed 003's tuned-learning-rate baseline: ``full`` at ``train.lr`` x every ``contribution.lr_grid`` multiplier
+    (Tune folder ``tune-lr``), the lowest validation loss picked (:func:`raycpt.report.tuning.pick_by_validation`);
+    ``plan.cfg.train.lr`` becomes the picked rate. Returns the grid's table row."""
+    cfg, c = plan.cfg, plan.cfg.contribution
+    val = validation_blocks(cfg.data, plan.model_path, c.validation_docs,
+                            c.heldout_docs if c.score == "heldout_loss" else 0)
+    shared = {**shared, "validation_path": str(atomic_write_json(run.run_dir / "validation_blocks.json", val))}
+    specs = [ScanTrial(f"full-lr{m:.3g}", "full", lr_mult=float(m)) for m in c.lr_grid]
+    grid = Grid("contribution", specs, shared=shared, cpus=c.cpus_per_trial, data_cpus=c.data_cpus_per_trial,
+                max_concurrent=c.max_concurrent_trials, max_steps=cfg.train.max_steps, model_path=plan.model_path,
+                tune_name="tune-lr")
+    _, table = pick_by_validation(list(run_grid(run, grid, resume=resume, console=console).values()))
+    row = table[0]
+    if row["picked_lr"] is None:
+        raise RaycptError("contribution.lr_grid: no full run of the grid has a finite validation loss")
+    cfg.train.lr = float(row["picked_lr"])
+    run.log_params({"tuned_lr/full": cfg.train.lr})
+    if console is not None:
+        console.print("\n".join(tuning_lines(table, f"{len(val)} validation blocks")), markup=False)
+    return row
 
 
 CONTRIBUTION = Steps(prepare, execute, run_spec)

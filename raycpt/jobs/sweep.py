@@ -13,16 +13,20 @@ into the run folder and the parent run. With ``sweep.seeds`` every trial runs on
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raycpt.config import ExperimentConfig, config_with
+from raycpt.config.sweep import lr_multipliers
+from raycpt.data.validation import validation_blocks
 from raycpt.diagnostics.selectors import SelectorInputs, ranking_order, select_scores
+from raycpt.diagnostics.spectrum import spectrum_pick, spectrum_snr
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
-from raycpt.io import atomic_write_json
+from raycpt.io import atomic_write_json, atomic_write_text
 from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, ahead_of_trials, grid_params, heldout_blocks, model_layers,
                               no_shards, run_grid, train_and_evaluate, warm_imports)
 from raycpt.jobs.job import Options, RunSpec, Steps, run_job
@@ -33,6 +37,7 @@ from raycpt.models.sources import load_model
 from raycpt.models.stack import LayerStack
 from raycpt.report.sweep import report_options, write_summary
 from raycpt.report.sweep_outcomes import HELDOUT_DOCS_FILE
+from raycpt.report.tuning import pick_by_validation, tuning_lines, tuning_markdown
 from raycpt.runs import memo
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.splits import check_split, split_index
@@ -56,6 +61,10 @@ class TrialSpec:
     """``train.seed`` of this run (``sweep.seeds``); None = the sweep config's ``train.seed``."""
     group: Optional[str] = None
     """The summary cell this run is one seed of (the name without ``-s<seed>``); None = ``name``."""
+    lr_mult: Optional[float] = None
+    """``sweep.lr_grid``: this run's learning-rate multiplier (its recipe sets ``train.lr``); None = no grid."""
+    base_name: Optional[str] = None
+    """``sweep.lr_grid``: the name without ``-lr<m>``, which the picked run is reported under."""
 
     def run(self, trial: Trial) -> dict:
         """Train and evaluate this trial under its child run (in a Tune trial, or called directly)."""
@@ -75,6 +84,8 @@ class TrialSpec:
             "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run.run_id,
             "heldout_loss": heldout, "peak_memory_mb": train.peak_memory_mb,
             "trainable_per_step": train.trainable_per_step, "pid": train.pid,
+            **({"tune": self.group or self.name, "lr_mult": self.lr_mult, "base_name": self.base_name,
+                "lr": tcfg.train.lr, "validation_loss": validation_loss(trial)} if self.lr_mult is not None else {}),
         }
         log_trial_result(trial, result)
         return result
@@ -89,12 +100,31 @@ class TrialSpec:
         run.set_tags({"seed": str(seed)})
 
 
+def validation_loss(trial: Trial) -> Optional[float]:
+    """The validation-slice loss the trial's evaluation wrote (``sweep.lr_grid``), None without one."""
+    f = trial.dir / "eval" / EVAL_RESULT_FILE
+    return json.loads(f.read_text()).get("validation_loss") if f.is_file() else None
+
+
+def with_lr_grid(specs: list[TrialSpec], mults: list[float], base_lr: float) -> list[TrialSpec]:
+    """Every trial once per learning-rate multiplier ``m`` (``<name>-lr<m>``, ``train.lr`` = its recipe's rate or
+    ``base_lr``, times m); one multiplier of 1 = the trials unchanged."""
+    if [float(m) for m in mults] == [1.0]:
+        return specs
+    return [dataclasses.replace(t, name=f"{t.name}-lr{m:.3g}", lr_mult=float(m), base_name=t.name,
+                                group=t.group or t.name,
+                                recipe={**t.recipe, "train.lr": float(t.recipe.get("train.lr", base_lr)) * float(m)})
+            for t in specs for m in mults]
+
+
 def trial_metrics(result: dict) -> dict:
     """The metrics a sweep trial's child run gets at its end, from its ``result.json`` (``raycpt runs sync`` logs
     the same)."""
     heldout = result.get("heldout_loss")
+    val = result.get("validation_loss")
     return {**result["scores"], "wall_time_s": result["wall_s"], "tokens_per_s": result["tokens_per_s"],
-            "trainable_params": result["trainable_params"], **({"heldout_loss": heldout} if heldout is not None else {})}
+            "trainable_params": result["trainable_params"], **({"heldout_loss": heldout} if heldout is not None else {}),
+            **({"validation_loss": val} if val is not None else {})}
 
 
 def log_trial_result(trial: Trial, result: dict) -> None:
@@ -188,6 +218,8 @@ class SweepPlan:
     specs: list[TrialSpec]
     heldout: Optional[list] = None
     t0: float = field(default_factory=time.time)
+    validation: Optional[list] = None
+    """The validation slice's blocks (``sweep.lr_grid``: the learning rate is picked on them)."""
     shards_ready: Callable[[], dict] = no_shards
 
 
@@ -210,13 +242,15 @@ def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPl
         s.strategies = []
     elif s.budget is not None:  # the equal-budget trials replace the strategies (as recipes: the config says them)
         use_budget_rows(cfg, budget_rows(cfg, model_path), console)
-    specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds, s.floor_seeds,
-                      cfg.train.seed)
+    specs = with_lr_grid(plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds,
+                                   s.floor_seeds, cfg.train.seed), lr_multipliers(s), cfg.train.lr)
     check_memory(cfg, console, sweep_plans(cfg))
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
+    val = validation_blocks(cfg.data, model_path, s.validation_docs, s.heldout_docs) \
+        if lr_multipliers(s) != [1.0] else None
     prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
-    return SweepPlan(cfg, model_path, num_layers, specs, blocks, t0=t0)
+    return SweepPlan(cfg, model_path, num_layers, specs, blocks, t0=t0, validation=val)
 
 
 def run_spec(plan: SweepPlan, options: Options) -> RunSpec:
@@ -234,6 +268,7 @@ def budget_numbers(skeleton, targets=()) -> dict:
     total = sum(p.numel() for p in skeleton.parameters())
     mods = lora_targets(skeleton, range(stack.num_layers), targets)
     return {"layer_params": sizes, "non_layer_params": total - sum(sizes), "total": total,
+            "embed_head_params": total - sum(sizes) - sum(p.numel() for p in stack.final_norm.parameters()),
             "lora_per_rank": lora_trainable_params(skeleton, 1, range(stack.num_layers), targets),
             "max_rank": min(min(m.in_features, m.out_features) for _, m in mods)}
 
@@ -267,8 +302,8 @@ def parse_budget(value) -> int:
 
 
 def budget_rows(cfg: ExperimentConfig, model_path: str) -> list[dict]:
-    """The equal-budget trials: the budget checked against the model first (one line), then the BI and SNR
-    rankings computed on the driver by the registered selectors (:func:`raycpt.diagnostics.selectors.select_scores`,
+    """The equal-budget trials: the budget checked against the model first (one line), then the rankings of
+    :data:`BUDGET_SELECTORS` and Spectrum's per-type SNR computed on the driver by the registered selectors (:func:`raycpt.diagnostics.selectors.select_scores`,
     the path ``raycpt select`` takes), best first, then :func:`raycpt.strategies.budget_plans`."""
     nums = budget_numbers(model_skeleton(model_path), cfg.plan.lora_targets)
     budget = check_budget(parse_budget(cfg.sweep.budget), nums["layer_params"], nums["total"])
@@ -276,9 +311,23 @@ def budget_rows(cfg: ExperimentConfig, model_path: str) -> list[dict]:
     layers = LayerStack(model).layers
     inputs = SelectorInputs(num_layers=len(layers), model=model, layers=layers, blocks=corpus_blocks(cfg, tok),
                             batch=BATCH)
-    order = {m: ranking_order(select_scores(m, inputs)) for m in ("bi", "snr")}
+    order = {name: ranking_order(select_scores(m, inputs)) for name, m in BUDGET_SELECTORS.items()}
     return budget_plans(budget, nums["layer_params"], nums["non_layer_params"], nums["lora_per_rank"],
-                        nums["max_rank"], rankings=order)
+                        nums["max_rank"], rankings=order, lora_lr=cfg.train.lr * cfg.sweep.lora_lr_scale,
+                        spectrum=spectrum_inputs(layers, nums["embed_head_params"]))
+
+
+BUDGET_SELECTORS = {"bi": "bi", "snr_layer": "snr", "gradnorm": "gradnorm", "elo": "elo"}
+"""Budget row prefix -> registered selector whose top-k it trains (``snr_layer``: the layer-level mean SNR, not
+Spectrum, whose per-type row is :func:`spectrum_inputs`')."""
+
+
+def spectrum_inputs(layers, embed_head: int) -> dict:
+    """What :func:`raycpt.strategies.budget.spectrum_row` needs: Spectrum's pick at a percent, each matrix's
+    parameters (weight and bias), the embeddings + head count it always trains."""
+    snr = spectrum_snr(layers)
+    sizes = {(i, t): sum(p.numel() for p in layers[i].get_submodule(t).parameters(recurse=False)) for i, t in snr}
+    return {"pick": lambda q: spectrum_pick(snr, q), "sizes": sizes, "base": embed_head}
 
 
 def check_memory(cfg: ExperimentConfig, console, plans: list) -> None:
@@ -305,6 +354,8 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
               if plan.heldout else None}
     if plan.heldout and getattr(plan.heldout, "documents", None):  # the document of each block: the summary's clusters
         atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(plan.heldout.documents))
+    if plan.validation:
+        shared["validation_path"] = str(atomic_write_json(run_dir / "validation_blocks.json", plan.validation))
     with ray_session(cfg.ray, meanwhile=warm_imports):
         trace = None
         if s.trace_first:
@@ -318,12 +369,38 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
         grid.shared[SHARDS_CHECKED] = plan.shards_ready() or {}
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
         stop_ray_soon()  # Ray shuts down while the summary is written
+        trials, tuning = pick_by_validation(trials)
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg))
+        if tuning:
+            summary["tuning"] = record_tuning(run, run_dir, tuning, plan, console)
         log_summary(run, summary["files"], trace, summary)
         run.state(done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace,
                        wall_s=time.time() - plan.t0)
+
+
+def record_tuning(run, run_dir: Path, tuning: list[dict], plan: SweepPlan, console=None) -> list[dict]:
+    """The learning-rate grid and each method's pick: printed, ``summary/tuning.md`` (and appended to
+    ``summary.md``), ``summary/tuning.json``, and on the sweep's run a table, a ``tuned_lr/<method>`` param each
+    and the validation loss of every grid point as a metric."""
+    blocks = plan.validation or []
+    note = (f"{len(blocks)} blocks of {len(set(getattr(blocks, 'documents', [])))} documents, none trained on, none a "
+            "held-out test document")
+    if console is not None:
+        console.print("\n".join(tuning_lines(tuning, note)), markup=False, highlight=False)
+    text = tuning_markdown(tuning, note)
+    md = run_dir / "summary" / "tuning.md"
+    atomic_write_text(md, text)
+    whole = run_dir / "summary" / "summary.md"
+    if whole.is_file():
+        atomic_write_text(whole, whole.read_text(encoding="utf-8") + "\n" + text)
+    run.log_artifact(atomic_write_json(run_dir / "summary" / "tuning.json", tuning), "summary")
+    run.log_artifact(md, "summary")
+    run.log_params({f"tuned_lr/{r['method']}": r["picked_lr"] for r in tuning if r["picked_lr"] is not None})
+    run.log_metrics({f"validation_loss/{r['method']}/lr{g['lr']:.3g}": g["validation_loss"] for r in tuning
+                     for g in r["grid"] if g["validation_loss"] == g["validation_loss"]})
+    return tuning
 
 
 def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
@@ -332,8 +409,8 @@ def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
     sizes = budget_numbers(model_skeleton(plan.model_path), cfg.plan.lora_targets)["layer_params"]
     s.budget = auto_budget(trace["recommended_split"], sizes)
     use_budget_rows(cfg, budget_rows(cfg, plan.model_path), console)
-    return plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds, s.floor_seeds,
-                     cfg.train.seed)
+    return with_lr_grid(plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds,
+                                  s.floor_seeds, cfg.train.seed), lr_multipliers(s), cfg.train.lr)
 
 
 SWEEP = Steps(prepare, execute, run_spec)

@@ -78,7 +78,8 @@ def lora_trainable_params(model, rank: int, layers: Iterable[int], targets: Sequ
 
 
 def inject_lora(model, plan) -> list[str]:
-    """Add LoRA adapters (rank ``plan.lora_rank``, alpha ``plan.lora_alpha``, no dropout, no bias) to the
+    """Add LoRA adapters (rank ``plan.lora_rank``, alpha ``plan.lora_alpha``, scale alpha / r or with
+    ``plan.lora_rslora`` alpha / sqrt(r), no dropout, no bias) to the
     targeted linear modules of ``plan.trainable_layers``, in place; returns their full names. The adapters
     follow the base weights' device and dtype; ``B`` starts at zero."""
     from peft import LoraConfig, inject_adapter_in_model
@@ -87,7 +88,7 @@ def inject_lora(model, plan) -> list[str]:
     check_rank(mods, plan.lora_rank)
     names = [n for n, _ in mods]
     conf = LoraConfig(r=int(plan.lora_rank), lora_alpha=float(plan.lora_alpha), target_modules=names,
-                      lora_dropout=0.0, bias="none")
+                      lora_dropout=0.0, bias="none", use_rslora=bool(getattr(plan, "lora_rslora", False)))
     inject_adapter_in_model(conf, model, adapter_name=NAME)
     return names
 

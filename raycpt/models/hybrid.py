@@ -123,11 +123,14 @@ class RaycptHybridPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         """Generic init, plus what the layer kinds need that it does not cover.
 
-        Rotary modules (non-persistent buffers only) are rebuilt from their own config; Mamba2
+        Rotary modules (non-persistent buffers only) are rebuilt from their own config, a scaled embedding's
+        ``embed_scale`` (non-persistent) from its ``scalar_embed_scale``; Mamba2
         mixers get the S4D-real ``A_log``, ``D = 1`` and the ``dt_bias`` of their architectures.
         Assembly (:func:`build_hybrid`) overwrites every parameter with a donor's or with a fresh
         layer built by its own architecture's init, so this runs only for ``from_config``.
         """
+        if hasattr(module, "scalar_embed_scale") and hasattr(module, "embed_scale"):  # Gemma's scaled embedding
+            module.embed_scale.fill_(module.scalar_embed_scale)  # a non-persistent buffer: never in a checkpoint
         if "RotaryEmbedding" in type(module).__name__ and hasattr(module, "config"):
             fresh = type(module)(module.config)
             for name, buf in fresh.named_buffers(recurse=False):

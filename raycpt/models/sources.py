@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from raycpt.errors import RaycptError
+from raycpt.models.buffers import restore_buffers
 from raycpt.models.model_cache import (SOURCE_JSON, ModelInfo, _clean_stale_work_dirs, _describe_folder,
                                        _describe_in_place, _info_from_meta, _publish, _read_meta, _sha256_file,
                                        _still_fresh, cache_path, cache_root)
@@ -157,7 +158,9 @@ def list_models(cache_dir: str | os.PathLike | None = None) -> list[dict]:
 
 def load_model(ref_or_path: str, dtype: str = "auto", device: str | None = None, cache_dir: str | None = None,
                revision: Optional[str] = None):
-    """Load ``(model, tokenizer)`` from any model reference (resolved first) or folder, in eval mode."""
+    """Load ``(model, tokenizer)`` from any model reference (resolved first) or folder, in eval mode, with every
+    non-persistent buffer rebuilt (:func:`raycpt.models.buffers.restore_buffers`): a reload gives the saved
+    model's function whatever its class's ``_init_weights`` skips."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -165,7 +168,9 @@ def load_model(ref_or_path: str, dtype: str = "auto", device: str | None = None,
     path = Path(str(ref_or_path)).expanduser()
     if not (path.is_dir() and (path / "config.json").is_file()):
         path = Path(resolve_model(str(ref_or_path), cache_dir=cache_dir, revision=revision).path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, device)).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, device))
+    restore_buffers(model)  # non-persistent buffers (Gemma 3's embed_scale) as a fresh model computes them
+    model = model.to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)
     return model, tok
 

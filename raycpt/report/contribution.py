@@ -76,8 +76,9 @@ def _paired(d: dict) -> str:
 
 
 def control_lines(a: dict) -> list[str]:
-    """The markdown of seed 003's two controls: the top-k vote against the full model's k-sample vote, and the
-    elite-LR recipe against its bottom-k control (both against ``full``)."""
+    """The markdown of seed 003's controls: the top-k vote against the full model's k-sample vote, the L2 control's
+    statistic, the tuned-learning-rate baseline (``contribution.lr_grid``) and the elite-LR recipe against its
+    bottom-k control (both against ``full``)."""
     lines: list[str] = []
     sv = a.get("sampled_vote")
     if sv and "unavailable" in sv:
@@ -88,6 +89,21 @@ def control_lines(a: dict) -> list[str]:
                   f"top-{sv['k']} vote {a['vote']['vote_acc']:.2f} vs full's sampled vote {sv['vote_acc']:.2f} "
                   f"(one sample {sv['sample_acc']:.2f}, greedy {sv['greedy_acc']:.2f}) on {sv['num_questions']} "
                   f"questions; vote - sampled vote: {_paired(sv['paired'])}"]
+    lc = a.get("l2_control")
+    if lc and "unavailable" in lc:
+        lines += ["", f"L2 control: not computed ({lc['unavailable']})."]
+    elif lc:
+        lines += ["", "## Control: do the high-contribution layers simply move most under full training?", "",
+                  f"Spearman rho between contribution and full training's per-layer L2 change = {lc['rho']:+.3f} over "
+                  f"{lc['n']} layers, two-sided permutation p = {lc['p']:.3g} ({lc['method']}); full's L2 changes: "
+                  f"coefficient of variation {lc['l2_full_cv']:.3f}, max / min {lc['l2_full_max_over_min']:.2f}"]
+    t = a.get("lr_tuning")
+    if t:
+        grid = ", ".join(f"{g['lr']:.3g}{'*' if g['lr_mult'] == t['picked_mult'] else ''} "
+                         f"(val {g['validation_loss']:.4f})" for g in t["grid"])
+        lines += ["", "## Baseline: full at a tuned learning rate", "",
+                  f"full trained at {grid}; the lowest validation loss picked lr {t['picked_lr']:.3g}"
+                  + (" (at the grid's edge)" if t["edge"] else "") + ", which every scan trial used"]
     e = a.get("elite_lr_control")
     if e:
         lines += ["", f"## Control: elite LR x{e['lr_scale']:g} on the top-{e['k']} vs the bottom-{e['k']} layers",

@@ -30,6 +30,10 @@ elite           the top-k layers of a ranking file (see :func:`write_ranking`), 
                 ``plan.elite_lr_scale``; ``plan.elite_train_rest`` also trains the others at scale 1;
                 ``plan.elite_pick=bottom`` takes the k lowest-scored layers instead (003's control)
 middle          the middle k layers: [(N - k) // 2, (N - k) // 2 + k) (28 layers, k=5 -> 11..15)
+lisa            every K steps a seeded draw of gamma layers (LISA); embeddings, final norm, head always
+expand          LLaMA-Pro block expansion: only the P inserted identity copies train
+spectrum        Spectrum per weight type: the matrices ``plan.matrices`` names + embeddings and head
+elo             ELO: the first and the last ``plan.elo_layers`` layers
 ==============  ===============================================================================
 
 ``plan.lr_scales`` ({layer: multiplier}) combine with any plan; a scale on a frozen layer is
@@ -39,8 +43,8 @@ ignored with a note.
 from __future__ import annotations
 
 from raycpt.splits import split_index  # noqa: F401 - re-exported
-from raycpt.strategies.apply import (adapter_ids, apply_plan, count_params, param_groups, param_layer_index,
-                                     plan_table)
+from raycpt.strategies.apply import (adapter_ids, apply_plan, count_params, matrix_split, param_groups,
+                                     param_layer_index, plan_table)
 from raycpt.strategies.budget import budget_plans, check_budget
 from raycpt.strategies.build import build_plan, plan_for_model
 from raycpt.strategies.builders import block_sizes, ranked_pick  # importing it registers the plans
@@ -51,7 +55,7 @@ from raycpt.strategies.registry import PLANS, PlanSpec, register_plan, split_pla
 
 __all__ = [
     "LayerPlan", "PLANS", "PlanSpec", "RANKING_FORMAT", "adapter_ids", "apply_plan", "block_sizes", "budget_plans",
-    "build_plan", "check_budget", "count_params", "lisa_draw", "lisa_interval_index",
+    "build_plan", "check_budget", "count_params", "matrix_split", "lisa_draw", "lisa_interval_index",
     "lisa_trainable_params", "param_groups", "param_layer_index", "plan_for_model", "plan_table", "ranked_pick",
     "read_ranking", "register_plan", "split_index", "split_plans", "takes_split", "write_ranking",
 ]

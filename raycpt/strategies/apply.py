@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from raycpt.errors import RaycptError
 from raycpt.strategies.plan import LayerPlan
 
 
@@ -34,6 +35,27 @@ def stack_of(model):
     return LayerStack.of(model)
 
 
+def matrix_split(model, plan: LayerPlan) -> tuple[set[int], set[int]]:
+    """A matrix-level plan (``plan.matrices``): ``(restricted, chosen)``, the ids of every parameter of the layers
+    it names and of those among them that train (the named modules' weight and bias). Both empty otherwise;
+    a module a layer does not have is a one-line error."""
+    restricted, chosen = set(), set()
+    if not plan.matrices:
+        return restricted, chosen
+    layers = stack_of(model).layers
+    for i, modules in plan.matrices.items():
+        found = set()
+        for name, p in layers[i].named_parameters():
+            restricted.add(id(p))
+            owner = name.rsplit(".", 1)[0]
+            if owner in modules:
+                chosen.add(id(p))
+                found.add(owner)
+        if set(modules) - found:
+            raise RaycptError(f"plan.matrices: layer {i} has no module {sorted(set(modules) - found)[0]!r}")
+    return restricted, chosen
+
+
 def _check_depth(plan: LayerPlan, stack) -> None:
     if stack.num_layers != plan.num_layers:
         raise ValueError(f"plan {plan.name!r} was built for {plan.num_layers} layers, the model has {stack.num_layers}")
@@ -53,13 +75,14 @@ def apply_plan(model, plan: LayerPlan) -> dict[str, int]:
     if plan.adapter == "lora" and not adapters:
         raise ValueError(f"plan {plan.name!r} trains LoRA adapters but the model has none: inject them first "
                          "(raycpt.models.adapters.inject_lora)")
+    restricted, chosen = matrix_split(model, plan)
     for p in model.parameters():
         p.requires_grad_(False)
     for part, params in parts.items():
         if trains(part):
             only_adapters = plan.adapter == "lora" and part.startswith("layers.")
             for p in params:
-                if not only_adapters or id(p) in adapters:
+                if (not only_adapters or id(p) in adapters) and (id(p) not in restricted or id(p) in chosen):
                     p.requires_grad_(True)
     return count_params(model)
 
@@ -142,11 +165,14 @@ def plan_table(model, plan: LayerPlan) -> dict:
     trains = _part_flags(plan)
     rows, trainable, frozen = [], 0, 0
     adapters = adapter_ids(model)
+    restricted, chosen = matrix_split(model, plan)
     for part, params in stack.named_parts().items():
         on = trains(part)
         n = sum(p.numel() for p in params)
         lora = sum(p.numel() for p in params if id(p) in adapters)
         n_train = (lora if plan.adapter == "lora" and part.startswith("layers.") else n) if on else 0
+        if on and any(id(p) in restricted for p in params):
+            n_train = sum(p.numel() for p in params if id(p) in chosen)
         layer = int(part.split(".")[1]) if part.startswith("layers.") else None
         rows.append({"part": part, "layer": layer, "trainable": bool(on),
                      "lr_scale": (plan.lr_scale(layer) if layer is not None else 1.0) if on else None,

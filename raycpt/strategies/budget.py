@@ -24,8 +24,21 @@ def check_budget(budget: int, layer_params, total_params: int) -> int:
     return budget
 
 
+def spectrum_row(budget: int, spectrum: dict) -> dict:
+    """Spectrum's row: the percent (1..100) whose per-type pick (:func:`raycpt.diagnostics.spectrum.spectrum_pick`
+    semantics: the top ``int(n * percent / 100)`` of each type) plus the embeddings and head is nearest ``budget``.
+    ``spectrum``: ``{"pick": percent -> [(layer, type)], "sizes": {(layer, type): parameters}, "base": embeddings
+    + head}``."""
+    pick, sizes, base = spectrum["pick"], spectrum["sizes"], int(spectrum["base"])
+    count = lambda q: base + sum(sizes[m] for m in pick(q))  # noqa: E731
+    q = _nearest(range(1, 101), count, budget)
+    return {"name": f"spectrum-p{q}", "trainable": count(q),
+            "settings": {"plan.name": "spectrum", "plan.matrices": [f"{i}.{t}" for i, t in sorted(pick(q))]}}
+
+
 def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank: int, max_rank: int,
-                 rankings: Optional[dict] = None, random_seeds=(0, 1, 2)) -> list[dict]:
+                 rankings: Optional[dict] = None, random_seeds=(0, 1, 2), lora_lr: Optional[float] = None,
+                 spectrum: Optional[dict] = None) -> list[dict]:
     """The trials of an equal-budget comparison: per row ``{"name", "settings", "trainable"}`` (settings: dotted
     config keys -> typed values, a sweep recipe), each plan at the
     setting whose trainable count is nearest ``budget`` (ties: the smaller setting).
@@ -36,7 +49,9 @@ def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank
     layers best first (e.g. ``{"bi": [...], "snr": [...]}``): their top-k, k nearest by cumulative count.
     Rows: ``train_shallow`` at b (layers [0, b)), ``train_deep`` at b' (layers [b', N)), ``<method>-top-k`` per
     ranking, ``random-k`` per seed (:func:`raycpt.diagnostics.selectors.random_scores`' draw: the top-k of
-    ``default_rng(seed).random(N)``), ``lisa`` at gamma, ``lora`` at rank r on every layer, ``expand`` at P."""
+    ``default_rng(seed).random(N)``), ``lisa`` at gamma (its period derived from the run: ``plan.lisa_interval``
+    null), ``lora`` at rank r on every layer (alpha 2r; at ``lora_lr`` when given: LoRA's usual rate), ``expand``
+    at P, and with ``spectrum`` (:func:`spectrum_row`) Spectrum's per-type selection at the nearest percent."""
     import numpy as np
 
     sizes = [int(x) for x in layer_params]
@@ -64,8 +79,11 @@ def budget_plans(budget: int, layer_params, non_layer_params: int, lora_per_rank
     rows += [{"name": f"lisa-g{g}", "settings": {"plan.name": "lisa", "plan.lisa_layers": g},
               "trainable": lisa_trainable_params(sizes, non_layer_params, g)},
              {"name": f"lora-r{r}", "settings": {"plan.name": "full", "plan.full_non_layers": False,
-                                                 "plan.adapter": "lora", "plan.lora_rank": r},
+                                                 "plan.adapter": "lora", "plan.lora_rank": r,
+                                                 **({"train.lr": float(lora_lr)} if lora_lr else {})},
               "trainable": r * int(lora_per_rank)},
              {"name": f"expand-p{p}", "settings": {"plan.name": "expand", "plan.expand_blocks": p},
               "trainable": expand_trainable_params(sizes, p)}]
+    if spectrum:
+        rows.append(spectrum_row(budget, spectrum))
     return rows

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from raycpt.errors import RaycptError
 from raycpt.strategies.apply import stack_of
+from raycpt.strategies.lisa import lisa_period
 from raycpt.strategies.plan import LayerPlan
 from raycpt.strategies.registry import PLANS, _check_layer
 
 
-def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False) -> LayerPlan:
-    """Turn ``cfg.plan`` into a :class:`LayerPlan` for a model with ``num_layers`` decoder layers.
+def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=None) -> LayerPlan:
+    """Turn ``cfg.plan`` into a :class:`LayerPlan` for a model with ``num_layers`` decoder layers
+    (``max_steps``: ``train.max_steps``, which LISA's period is checked against or derived from).
 
     Raises RaycptError (one line) for an unknown plan, layers out of range, a split with an empty
     side, or a plan in which nothing trains."""
@@ -47,23 +49,26 @@ def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False) -> LayerPla
         raise RaycptError(f"plan {name!r} trains nothing: no layer, and embeddings, final norm and head are frozen")
     return LayerPlan(name=name, num_layers=num_layers, trainable_layers=layers, lr_scales=scales,
                      train_embeddings=bool(emb), train_final_norm=bool(norm), train_head=bool(head),
-                     tied_embeddings=bool(tied_embeddings), notes=tuple(notes), **_extras(pcfg, name, layers))
+                     tied_embeddings=bool(tied_embeddings), notes=tuple(notes), matrices=dict(spec.matrices),
+                     **_extras(pcfg, name, layers, max_steps))
 
 
-def _extras(pcfg, name: str, layers) -> dict:
-    """The adapter and LISA fields of a plan (none for a plain plan)."""
+def _extras(pcfg, name: str, layers, max_steps=None) -> dict:
+    """The adapter and LISA fields of a plan (none for a plain plan): LoRA's alpha (null: 2r) and rsLoRA switch,
+    LISA's period (:func:`raycpt.strategies.lisa.lisa_period`)."""
     out: dict = {}
     if getattr(pcfg, "adapter", "none") == "lora":
         if name == "lisa":
             raise RaycptError("plan.adapter=lora with plan.name=lisa: LISA trains whole layers; use one or the other")
         if not layers:
             raise RaycptError(f"plan.adapter=lora: plan {name!r} names no decoder layer to put adapters on")
-        out.update(adapter="lora", lora_rank=int(pcfg.lora_rank), lora_alpha=float(pcfg.lora_alpha),
-                   lora_targets=tuple(pcfg.lora_targets))
+        alpha = 2.0 * int(pcfg.lora_rank) if pcfg.lora_alpha is None else float(pcfg.lora_alpha)
+        out.update(adapter="lora", lora_rank=int(pcfg.lora_rank), lora_alpha=alpha,
+                   lora_rslora=bool(getattr(pcfg, "lora_rslora", False)), lora_targets=tuple(pcfg.lora_targets))
     if name == "lisa":
         if pcfg.lr_scales:
             raise RaycptError("plan.lr_scales with plan.name=lisa: LISA trains every layer at lr x1")
-        out.update(lisa_layers=int(pcfg.lisa_layers), lisa_interval=int(pcfg.lisa_interval),
+        out.update(lisa_layers=int(pcfg.lisa_layers), lisa_interval=lisa_period(pcfg.lisa_interval, max_steps),
                    lisa_seed=int(pcfg.lisa_seed))
     return out
 

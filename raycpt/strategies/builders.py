@@ -1,5 +1,5 @@
 """The registered plans, in registration order (the order ``plan.name``'s error and ``raycpt plan show`` list
-them): full, train_shallow, train_deep, blocks, layers, single, middle, elite, lisa, expand."""
+them): full, train_shallow, train_deep, blocks, layers, single, middle, elite, lisa, expand, spectrum, elo."""
 
 from __future__ import annotations
 
@@ -121,8 +121,9 @@ def _lisa(pcfg, n: int) -> PlanSpec:
     g, k = pcfg.lisa_layers, pcfg.lisa_interval
     if g > n:
         raise RaycptError(f"plan.lisa_layers={g}: LISA cannot draw {g} layers of a {n}-layer model")
+    every = f"every {k} steps" if k is not None else "every max(1, train.max_steps // 4) steps (plan.lisa_interval null)"
     return PlanSpec(range(n), train_embeddings=True, train_final_norm=True, train_head=True,
-                    notes=[f"lisa: every {k} steps a seeded draw of {g} of the {n} layers trains (seed "
+                    notes=[f"lisa: {every} a seeded draw of {g} of the {n} layers trains (seed "
                            f"{pcfg.lisa_seed}); embeddings, final norm and head always train; AdamW state of the "
                            "layers is reset at each draw, theirs kept (LMFlow's LISATrainer)"])
 
@@ -137,3 +138,32 @@ def _expand(pcfg, n: int) -> PlanSpec:
     new = expand_positions(n - p, p)
     return PlanSpec(new, notes=[f"expand: {p} identity copies (o_proj, down_proj zeroed) at layers {new} of the "
                                 f"expanded {n}; the {n - p} original layers are frozen"])
+
+
+@register_plan("spectrum")
+def _spectrum(pcfg, n: int) -> PlanSpec:
+    """Spectrum (per weight type): the matrices ``plan.matrices`` names, plus the input embeddings and the LM head
+    (the authors' script always unfreezes both); the final norm and the other tensors of those layers stay frozen."""
+    chosen: dict[int, list[str]] = {}
+    for m in pcfg.matrices:
+        layer, _, module = str(m).partition(".")
+        chosen.setdefault(_check_layer(int(layer), n, "plan.matrices layer"), []).append(module)
+    if not chosen:
+        raise RaycptError("plan.matrices is empty: the spectrum plan trains the matrices it names (raycpt sweep "
+                          "--budget fills it from Spectrum's per-type SNR selection)")
+    count = sum(len(v) for v in chosen.values())
+    return PlanSpec(sorted(chosen), train_embeddings=True, train_final_norm=False, train_head=True,
+                    matrices={i: tuple(sorted(set(v))) for i, v in chosen.items()},
+                    notes=[f"spectrum: {count} matrices in {len(chosen)} layers train, plus the input embeddings and "
+                           "the LM head (Spectrum's rule); every other tensor is frozen"])
+
+
+@register_plan("elo")
+def _elo(pcfg, n: int) -> PlanSpec:
+    """ELO (EACL 2026): only the first and the last ``plan.elo_layers`` decoder layers train (1: layers 0, N-1)."""
+    k = pcfg.elo_layers
+    if 2 * k > n:
+        raise RaycptError(f"plan.elo_layers={k}: the elo plan trains the first and the last {k} layers, {2 * k} of "
+                          f"this {n}-layer model's {n}; use plan.elo_layers <= {n // 2}")
+    layers = sorted(set(range(k)) | set(range(n - k, n)))
+    return PlanSpec(layers, notes=[f"elo: the first and the last {k} layer(s), {layers}"])

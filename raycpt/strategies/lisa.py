@@ -30,3 +30,19 @@ def lisa_trainable_params(layer_params, non_layer_params: int, gamma: int) -> in
     if not 1 <= gamma <= len(sizes):
         raise RaycptError(f"lisa: gamma={gamma} must be between 1 and the {len(sizes)} layers")
     return sum(sizes[:gamma]) + int(non_layer_params)
+
+
+def lisa_period(interval, max_steps) -> int:
+    """LISA's K for a run of ``max_steps`` optimizer steps: ``interval`` when given (it must be below
+    ``max_steps``: with K >= max_steps the first draw trains the whole run and LISA never switches), else
+    ``max(1, max_steps // 4)``, at least 4 draws (3 switches). ``max_steps`` None: ``interval`` is needed."""
+    if interval is None:
+        if max_steps is None:
+            raise RaycptError("plan.lisa_interval is null: K is derived from train.max_steps, which this caller "
+                              "did not give; set plan.lisa_interval")
+        return max(1, int(max_steps) // 4)
+    if max_steps is not None and int(interval) >= int(max_steps):
+        raise RaycptError(f"plan.lisa_interval={interval} is not below train.max_steps={max_steps}: LISA would train "
+                          f"its first draw for the whole run and never switch; use plan.lisa_interval <= "
+                          f"{max(1, int(max_steps) - 1)} or null (max_steps // 4 = {max(1, int(max_steps) // 4)})")
+    return int(interval)

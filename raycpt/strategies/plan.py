@@ -30,12 +30,17 @@ class LayerPlan:
     stay frozen."""
     lora_rank: int = 0
     lora_alpha: float = 0.0
+    lora_rslora: bool = False
+    """rsLoRA: the update is scaled by alpha / sqrt(r) (peft's ``use_rslora``) instead of alpha / r."""
     lora_targets: tuple[str, ...] = ()
     """Leaf names of the linear modules that get adapters; empty = every linear module of the layer."""
     lisa_layers: int = 0
     """``lisa``: gamma layers drawn per interval out of ``trainable_layers`` (the candidates); 0 = not LISA."""
     lisa_interval: int = 0
     lisa_seed: int = 0
+    matrices: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """A matrix-level plan (Spectrum): trainable layer -> the module paths that train in it (weight and bias); a
+    trainable layer not named here trains whole."""
 
     @property
     def frozen_layers(self) -> tuple[int, ...]:
@@ -80,10 +85,12 @@ class LayerPlan:
                                  ("head", self.train_head)) if on]
         parts.append("also " + ", ".join(extra) if extra else "embeddings/final_norm/head frozen")
         if self.adapter == "lora":
-            parts.append(f"LoRA r={self.lora_rank} alpha={self.lora_alpha:g} on "
+            parts.append(f"{'rsLoRA' if self.lora_rslora else 'LoRA'} r={self.lora_rank} alpha={self.lora_alpha:g} on "
                          f"{', '.join(self.lora_targets) or 'every linear module'} of those layers (their weights frozen)")
         if self.is_lisa:
             parts.append(f"LISA: {self.lisa_layers} of those layers per {self.lisa_interval} steps (seed {self.lisa_seed})")
+        if self.matrices:
+            parts.append(f"only {sum(map(len, self.matrices.values()))} named matrices of those layers")
         scaled = {i: s for i, s in self.lr_scales.items() if s != 1.0}
         if scaled:
             parts.append("lr scales " + ", ".join(f"{i}:{s:g}" for i, s in sorted(scaled.items())))
@@ -95,6 +102,7 @@ class LayerPlan:
         d["lr_scales"] = {str(k): v for k, v in self.lr_scales.items()}
         d["notes"] = list(self.notes)
         d["lora_targets"] = list(self.lora_targets)
+        d["matrices"] = {str(k): list(v) for k, v in self.matrices.items()}
         return d
 
     @classmethod
@@ -104,4 +112,5 @@ class LayerPlan:
         d["lr_scales"] = {int(k): float(v) for k, v in d.get("lr_scales", {}).items()}
         d["notes"] = tuple(d.get("notes", ()))
         d["lora_targets"] = tuple(d.get("lora_targets", ()))
+        d["matrices"] = {int(k): tuple(v) for k, v in d.get("matrices", {}).items()}
         return cls(**d)

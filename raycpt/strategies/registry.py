@@ -20,6 +20,8 @@ class PlanSpec:
     train_embeddings: Optional[bool] = None
     train_final_norm: Optional[bool] = None
     train_head: Optional[bool] = None
+    matrices: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """Layer -> the module paths that train in it (a matrix-level plan, Spectrum); a layer not named trains whole."""
 
 
 PLANS: dict[str, Callable[[Any, int], PlanSpec]] = CONFIG_PLANS  # the one registry, which the config checks

@@ -37,3 +37,11 @@ def lisa_switch(w: _Worker, step: int) -> bool:
                         "layers": list(new.trainable_layers), "trainable": w.counts["trainable"]})
     return True
 
+
+
+def lisa_step_metrics(step_plan) -> dict:
+    """LISA: the layers this step trained, as the step's metrics ``lisa/layer_<j>`` (the j-th of the draw, in
+    layer order): every step's draw is in the trial's records and its MLflow run; {} for any other plan."""
+    if not step_plan.is_lisa:
+        return {}
+    return {f"lisa/layer_{j}": float(i) for j, i in enumerate(step_plan.trainable_layers)}

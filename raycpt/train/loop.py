@@ -66,7 +66,7 @@ from raycpt.train.checkpoint import checkpoint, load_master_weights, load_optim_
 from raycpt.train.rng import set_rng_state
 from raycpt.train.callbacks import LoopState
 from raycpt.train.faults import FaultHooks
-from raycpt.train.lisa import lisa_switch
+from raycpt.train.lisa import lisa_step_metrics, lisa_switch
 from raycpt.train.metrics_log import MetricsLogger
 from raycpt.train.parallel import unwrap, uses_fsdp
 from raycpt.train import verify
@@ -341,7 +341,7 @@ def _step(w: _Worker, data, step: int) -> dict:
     peak = w.peak.read_mb()
     return {"loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": dt, "step_cpu_s": cpu,
             "tokens_per_s": _tokens_per_step(w) / dt, "epoch": epoch,
-            **({"peak_memory_mb": round(peak, 1)} if peak is not None else {}),
+            **({"peak_memory_mb": round(peak, 1)} if peak is not None else {}), **lisa_step_metrics(w.step_plan),
             **throughput_metrics(_tokens_per_step(w), w.world, dt, w.flops_per_token, w.peak_flops)}
 
 

@@ -9,7 +9,8 @@ counted under ``embed``, which then trains when either flag is on); parameters o
 
 Adapters (``plan.adapter: lora``): in a planned layer only its LoRA tensors are planned; its base weights count
 as frozen, so "frozen bitwise unchanged" covers them; a planned layer without adapters, or adapters on a part
-the plan does not name, is a mismatch. LISA: the loop checks the plan of each interval (:meth:`LayerPlan.at_step`,
+the plan does not name, is a mismatch. A matrix-level plan (``plan.matrices``, Spectrum): in a layer it names only
+the named modules' tensors are planned. LISA: the loop checks the plan of each interval (:meth:`LayerPlan.at_step`,
 the seeded draw) on the first step of every interval, so what trained equals the draw, interval by interval.
 
 A mismatch raises :class:`~raycpt.errors.RaycptError` with one line naming the first part that
@@ -29,7 +30,7 @@ import torch
 
 from raycpt.errors import RaycptError
 from raycpt.models.stack import LayerStack, tied_embeddings
-from raycpt.strategies import LayerPlan, adapter_ids
+from raycpt.strategies import LayerPlan, adapter_ids, matrix_split
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -91,12 +92,15 @@ def build_table(model, plan: LayerPlan, optimizer, grads: Optional[dict[int, boo
     planned = _planned_parts(plan, parts, tied=tied_embeddings(stack))
     in_opt = _optimizer_ids(optimizer)
     adapters = adapter_ids(model)
+    restricted, chosen = matrix_split(model, plan)
     lora = plan.adapter == "lora"
     rows = []
     for part, params in parts.items():
         n_adapt = sum(id(p) in adapters for p in params)
         layer_with_adapters = lora and part.startswith("layers.") and planned[part]
         n_plan = (n_adapt if layer_with_adapters else len(params)) if planned[part] else 0
+        if planned[part] and any(id(p) in restricted for p in params):  # a matrix-level plan: its named modules
+            n_plan = sum(id(p) in chosen for p in params)
         rows.append(PartCheck(part=part, tensors=len(params), planned=n_plan,
                               trainable=sum(bool(p.requires_grad) for p in params),
                               in_optimizer=sum(id(p) in in_opt for p in params),

@@ -11,7 +11,7 @@ def _cfg(tmp_path, tiny_dir, budget):
     from raycpt.config import load_config
 
     return load_config(None, [f"model.ref={tiny_dir}", f"tracking.run_root={tmp_path / 'runs'}", "data.seq_len=16",
-                              "select.samples=4", f"sweep.budget={budget}"])
+                              "select.samples=4", f"sweep.budget={budget}", "sweep.lr_grid=[1]"])
 
 
 def test_budget_trials_train_what_they_promise(tiny_dir, tmp_path):
@@ -24,11 +24,13 @@ def test_budget_trials_train_what_they_promise(tiny_dir, tmp_path):
     cfg = _cfg(tmp_path, tiny_dir, 2 * layer)
     plan = prepare(cfg)
     names = [t.name for t in plan.specs]
-    assert names[0] == "full" and len(names) == 1 + 10  # shallow, deep, bi, snr, 3 random, lisa, lora, expand
+    # shallow, deep, bi, snr_layer, gradnorm, elo, 3 random, lisa, lora, expand, spectrum
+    assert names[0] == "full" and len(names) == 1 + 13
     # LISA trains gamma layers + the tied embedding (128 x 32) + the final norm (32): gamma 1 -> layer + 4128,
     # gamma 2 -> 2 layers + 4128 (nearer 2 layers, as a layer here has 9280 parameters)
     assert layer == 9280
-    assert {"layertracer-shallow", "layertracer-deep", "bi-top2", "snr-top2", "lisa-g2", "expand-p2"} <= set(names)
+    assert {"layertracer-shallow", "layertracer-deep", "bi-top2", "snr_layer-top2", "gradnorm-top2", "elo-top2",
+            "lisa-g2", "expand-p2"} <= set(names)
     # LoRA per unit of rank, by hand: hidden 32, 4 heads of 8, 2 kv heads, MLP 64 -> q 32+32, k 32+16, v 32+16,
     # o 32+32, gate 32+64, up 32+64, down 64+32 = 512 per layer, 2048 on 4 layers; 2 layers = 2 * layer params
     lora = next(n for n in names if n.startswith("lora-r"))
@@ -36,8 +38,8 @@ def test_budget_trials_train_what_they_promise(tiny_dir, tmp_path):
     by_name = {t.name: t for t in plan.specs}
     for name in names[1:]:
         tcfg = trial_config(plan.cfg, by_name[name])
-        if name.startswith(("lisa", "expand")):  # LISA draws per interval; expand trains an expanded model
-            continue
+        if name.startswith(("lisa", "expand", "spectrum")):  # LISA draws per interval; expand trains an expanded
+            continue  # model; Spectrum trains embeddings + head + its matrices (tests/unit/test_spectrum.py)
         _, counts, _ = prepare_plan(tcfg, plan.model_path)
         want = 2 * layer if not name.startswith("lora") else int(lora[6:]) * 2048
         assert counts["trainable"] == want, (name, counts["trainable"], want)
@@ -78,7 +80,7 @@ def _e2e_config(tiny_dir, tmp_path, budget):
         "train.micro_batch_size=2", "train.checkpoint_every=2", "train.cpus_per_worker=0.5", "train.max_failures=0",
         "eval.limit=4", "eval.max_gen_toks=4", "eval.batch_size=4", "trace.max_prompts=8", "trace.batch_size=8",
         "trace.cpus_per_actor=0.5", f"tracking.run_root={tmp_path / 'runs'}", "sweep.cpus_per_trial=0.5",
-        "select.samples=4", f"sweep.budget={budget}"])
+        "select.samples=4", f"sweep.budget={budget}", "sweep.lr_grid=[1]"])
 
 
 @pytest.mark.slow
@@ -92,7 +94,7 @@ def test_budget_auto_sweep_trains_at_the_recommended_shallow_count(tiny_dir, tmp
     res = run_sweep(_e2e_config(tiny_dir, tmp_path, "auto"))
     b = split_index(res.trace["recommended_split"], 4)
     got = {t["name"]: t["trainable_params"] for t in res.trials}
-    assert len(got) == 11 and got["layertracer-shallow"] == b * layer
+    assert len(got) == 14 and got["layertracer-shallow"] == b * layer
 
 
 @pytest.mark.slow
@@ -107,8 +109,8 @@ def test_budget_sweep_end_to_end(tiny_dir, tmp_path, ray_local):
     cfg = _e2e_config(tiny_dir, tmp_path, 2 * layer)
     res = run_sweep(cfg)
     got = {t["name"]: t["trainable_params"] for t in res.trials}
-    assert len(got) == 11 and got["full"] == 4 * layer  # sweep.equal_footing: full trains the layers only
-    for name in ("layertracer-shallow", "layertracer-deep", "bi-top2", "snr-top2", "expand-p2"):
+    assert len(got) == 14 and got["full"] == 4 * layer  # sweep.equal_footing: full trains the layers only
+    for name in ("layertracer-shallow", "layertracer-deep", "bi-top2", "snr_layer-top2", "elo-top2", "expand-p2"):
         assert got[name] == 2 * layer, (name, got[name])
     lora = next(n for n in got if n.startswith("lora-r"))
     assert got[lora] == int(lora[6:]) * 2048

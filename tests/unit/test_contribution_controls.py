@@ -128,3 +128,68 @@ def test_vote_against_sampled_hand_example():
     assert out["lo"] < 50.0 < out["hi"]
     worse = C.vote_against_sampled({q: "B" for q in answers}, answers, 3, {"temperature": 0.0, "seed": 5})
     assert worse["delta"] == pytest.approx(-25.0) and worse["p"] == 1.0  # q0 right only under the control
+
+
+# ------------------------------------------------------------------------------------ seed 003's L2 control
+@pytest.mark.parametrize("n", [6, 12])
+def test_l2_control_is_spearman_with_a_permutation_p_value(n):
+    """rho equals scipy's Spearman; p equals scipy's permutation test over pairings (exact for n <= 8; for n = 12
+    within the Monte-Carlo error of 20,000 permutations of both)."""
+    from scipy import stats
+
+    rng = np.random.default_rng(n)
+    contrib = {i: float(v) for i, v in enumerate(rng.normal(size=n))}
+    l2 = {i: 0.5 + 0.3 * float(v) + 0.2 * contrib[i] for i, v in enumerate(rng.random(n))}
+    got = C.l2_control(contrib, l2, n_perm=20000)
+    x, y = [contrib[i] for i in range(n)], [l2[i] for i in range(n)]
+    assert got["rho"] == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+    def rho(a, b, axis=-1):  # Spearman along the last axis (vectorized: scipy's resamples in one call)
+        ra, rb = stats.rankdata(a, axis=axis), stats.rankdata(b, axis=axis)
+        ra, rb = ra - ra.mean(axis, keepdims=True), rb - rb.mean(axis, keepdims=True)
+        return (ra * rb).sum(axis) / np.sqrt((ra ** 2).sum(axis) * (rb ** 2).sum(axis))
+
+    ref = stats.permutation_test((x, y), rho, permutation_type="pairings", vectorized=True,
+                                 n_resamples=math.inf if n <= 8 else 20000, alternative="two-sided", random_state=1)
+    assert got["p"] == pytest.approx(ref.pvalue, abs=1e-12 if n <= 8 else 0.015)
+    vals = np.array(y)
+    assert got["l2_full_cv"] == pytest.approx(vals.std(ddof=1) / vals.mean())
+    assert got["l2_full_max_over_min"] == pytest.approx(vals.max() / vals.min())
+
+
+def test_l2_control_with_too_few_layers_says_so_and_the_report_prints_it():
+    from raycpt.report.contribution import control_lines
+
+    assert "unavailable" in C.l2_control({0: 1.0, 1: 2.0}, {0: 0.5, 1: 0.6})
+    a = {"l2_control": C.l2_control({i: float(i) for i in range(5)}, {i: 1.0 + i for i in range(5)})}
+    assert a["l2_control"]["rho"] == pytest.approx(1.0) and a["l2_control"]["p"] == pytest.approx(2 / 120)
+    assert "rho between contribution and full training's per-layer L2 change = +1.000 over 5 layers" in \
+        "\n".join(control_lines(a))
+
+
+def test_the_tuned_learning_rate_baseline_sets_the_scans_rate(monkeypatch, tmp_path):
+    """``contribution.lr_grid``: full runs at train.lr x each multiplier; the lowest validation loss (not the
+    held-out one) sets train.lr for the scan; the trial configs carry the multiplied rate."""
+    from raycpt.config import load_config
+    from raycpt.jobs import contribution as J
+
+    cfg = load_config(None, ["contribution.lr_grid=[0.5, 1, 2]", "train.lr=1e-4"])
+    assert [J.scan_trial_config(cfg, J.ScanTrial("f", "full", lr_mult=m)).train.lr for m in (0.5, 2.0)] == \
+        pytest.approx([5e-5, 2e-4])
+    fake = {f"full-lr{m:g}": {"name": f"full-lr{m:g}", "tune": "full", "lr_mult": m, "lr": 1e-4 * m,
+                              "validation_loss": v, "heldout_loss": h}
+            for m, v, h in ((0.5, 4.2, 3.0), (1.0, 4.1, 4.1), (2.0, 4.3, 4.3))}
+    monkeypatch.setattr(J, "run_grid", lambda *a, **k: fake)
+    monkeypatch.setattr(J, "validation_blocks", lambda *a, **k: [[1, 2, 3]])
+
+    class Run:
+        run_dir = tmp_path
+        params = {}
+
+        def log_params(self, p):
+            self.params.update(p)
+
+    plan = J.ContributionPlan(cfg, "unused", 4, [0, 1], None, None)
+    run = Run()
+    row = J._tune_lr(plan, run, {}, False, None)
+    assert row["picked_mult"] == 1.0 and cfg.train.lr == pytest.approx(1e-4) and run.params == {"tuned_lr/full": 1e-4}
+    assert (tmp_path / "validation_blocks.json").is_file()

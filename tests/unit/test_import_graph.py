@@ -300,6 +300,7 @@ LAZY_THIRD_PARTY: dict[str, str] = {
               "mlflow's fluent functions, which a call-time import sees",
     "lm_eval": "seconds to import, and it loads its task registry: only when an evaluation runs",
     "peft": "imports transformers and torch: only when LoRA adapters are injected, saved or merged",
+    "accelerate": "imports torch: only where a loaded model's non-persistent buffers are rebuilt (models/buffers.py)",
     "safetensors": "its torch half imports torch: only where weights are read or written",
     "huggingface_hub": "heavy (requests; its constants read the environment at import): only where the hub is "
                        "asked; tests replace snapshot_download, HfApi / HfFileSystem methods and its constants",

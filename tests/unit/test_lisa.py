@@ -90,6 +90,9 @@ def test_each_interval_trains_its_draw_and_resets_layer_state(tiny_dir, tmp_path
     events = [json.loads(line) for line in (tmp_path / "train_metrics.jsonl").read_text().splitlines()]
     draws = [(e["step"], e["layers"]) for e in events if e.get("event") == "lisa_draw"]
     assert draws == [(3, list(lisa_draw(3, 1, range(N), G))), (5, list(lisa_draw(3, 2, range(N), G)))]
+    steps = {e["step"]: e for e in events if "loss" in e}  # every step's draw among its metrics (lisa/layer_j)
+    assert {s: [int(steps[s][f"lisa/layer_{j}"]) for j in range(G)] for s in range(1, 7)} == \
+        {s: list(lisa_draw(3, (s - 1) // K, range(N), G)) for s in range(1, 7)}
     # the count one step trains, as the sweep's table shows it: G layers + the always-trained tensors, by hand
     from raycpt.report.train import read_events
     from raycpt.strategies import LayerPlan
@@ -159,9 +162,25 @@ def test_the_memory_estimate_counts_the_largest_draw():
 
     with torch.device("meta"):
         model = T.AutoModelForCausalLM.from_config(tiny_config("llama", 4))
-    plan = build_plan(PlanConfig(name="lisa", lisa_layers=2), 4, tied_embeddings=True)
+    plan = build_plan(PlanConfig(name="lisa", lisa_layers=2, lisa_interval=20), 4, tied_embeddings=True)
     layer = sum(p.numel() for p in model.model.layers[0].parameters())
     non_layer = model.model.embed_tokens.weight.numel() + model.model.norm.weight.numel()  # tied head: once
     est = estimate_memory(model_shape(model), plan, seq_len=16, micro_batch=2)
     assert est.terms["gradients"] == 4.0 * (2 * layer + non_layer) == 4.0 * lisa_trainable_params([layer] * 4,
                                                                                                   non_layer, 2)
+
+
+def test_lisa_period_is_derived_from_the_run_or_refused_when_it_never_switches():
+    from raycpt.strategies.lisa import lisa_period
+
+    assert [lisa_period(None, m) for m in (1, 3, 8, 100)] == [1, 1, 2, 25]  # max(1, max_steps // 4), by hand
+    plan = build_plan(PlanConfig(name="lisa", lisa_layers=1), 4, max_steps=8)
+    assert plan.lisa_interval == 2
+    draws = {lisa_interval_index(s, plan.lisa_interval) for s in range(1, 9)}
+    assert len(draws) - 1 == 3  # the default 8-step run switches 3 times
+    assert build_plan(PlanConfig(name="lisa", lisa_interval=7), 4, max_steps=8).lisa_interval == 7
+    for k in (8, 20):
+        with pytest.raises(RaycptError, match=f"plan.lisa_interval={k} is not below train.max_steps=8"):
+            build_plan(PlanConfig(name="lisa", lisa_interval=k), 4, max_steps=8)
+    with pytest.raises(RaycptError, match="derived from train.max_steps"):
+        build_plan(PlanConfig(name="lisa"), 4)

@@ -249,3 +249,19 @@ def test_bf16_training_checkpoints_merged_bf16_weights_and_resumes_exactly(tiny_
     cfg_b = copy.deepcopy(cfg)
     cfg_b.update(run_dir=str(tmp_path / "b"), resume_from=str(ck2))
     assert run_loop(cfg_b, LocalSession(blocks, tmp_path / "b" / "ck"))["losses"] == full["losses"]
+
+
+@pytest.mark.parametrize("rank", [2, 8])
+def test_alpha_defaults_to_twice_the_rank_and_rslora_scales_by_sqrt_r(rank):
+    """peft's own ``scaling`` of every injected module: alpha / r = 2 at any rank with alpha null (2r);
+    alpha / sqrt(r) = 2 sqrt(r) with rsLoRA."""
+    from peft.tuners.lora import LoraLayer
+
+    for rslora, want in ((False, 2.0), (True, 2.0 * rank / rank ** 0.5)):
+        model = tiny_model("llama", num_layers=4)
+        plan = build_plan(PlanConfig(name="blocks", pattern="0110", adapter="lora", lora_rank=rank,
+                                     lora_rslora=rslora), 4)
+        assert plan.lora_alpha == 2.0 * rank
+        inject_lora(model, plan)
+        scales = [float(m.scaling["default"]) for _, m in model.named_modules() if isinstance(m, LoraLayer)]
+        assert len(scales) == 2 * 7 and scales == pytest.approx([want] * len(scales))

@@ -180,6 +180,25 @@ def test_budget_plans_by_hand():
     name = f"random0-top{k}"
     assert rows[name]["settings"]["plan.layers"] == sorted(int(i) for i in order[:k])
     assert len(rows) == 7
+    assert "plan.lisa_interval" not in rows["lisa-g1"]["settings"]  # derived from the run (max_steps // 4)
+    assert "plan.lora_alpha" not in rows["lora-r8"]["settings"]  # alpha null = 2r
+    lr = {r["name"]: r for r in budget_plans(47, [10, 20, 30, 40], 5, 3, 8, random_seeds=(), lora_lr=3e-4)}
+    assert lr["lora-r8"]["settings"]["train.lr"] == 3e-4 and "train.lr" not in lr["lisa-g1"]["settings"]
+
+
+def test_spectrum_budget_row_by_hand():
+    """Two types over 4 layers; embeddings + head 20. Percent q picks int(4q/100) per type: 25 -> 1 each, 50 -> 2
+    each, 75 -> 3, 100 -> 4. Counts 20 + {1: 7+3, 2: 7+7+3+3, ...}: budget 41 is nearest 2 each (40)."""
+    from raycpt.diagnostics.spectrum import spectrum_pick
+    from raycpt.strategies.budget import spectrum_row
+
+    snr = {(i, "a"): v for i, v in enumerate([0.1, 0.9, float("inf"), 0.5])}
+    snr.update({(i, "b"): v for i, v in enumerate([0.3, float("nan"), 0.2, 0.1])})
+    sizes = {k: 7 if k[1] == "a" else 3 for k in snr}
+    row = spectrum_row(41, {"pick": lambda q: spectrum_pick(snr, q), "sizes": sizes, "base": 20})
+    assert row["name"] == "spectrum-p50" and row["trainable"] == 40
+    # a: inf (layer 2) then 0.9 (layer 1); b: 0.3 (layer 0), 0.2 (layer 2), NaN last
+    assert row["settings"] == {"plan.name": "spectrum", "plan.matrices": ["0.b", "1.a", "2.a", "2.b"]}
 
 
 @pytest.mark.parametrize("budget,msg", [(9, "below one layer's parameters (10)"),
@@ -201,11 +220,12 @@ def test_the_registry_is_the_one_path_and_the_configs_names():
     from raycpt.diagnostics.selectors import METHODS, METRICS, SELECTORS, SelectorInputs, ranking_order, select_scores
     from raycpt.errors import RaycptError
 
-    assert tuple(SELECTORS) == METHODS == SELECTOR_NAMES == ("bi", "snr", "layertracer", "random")
+    assert tuple(SELECTORS) == METHODS == SELECTOR_NAMES == ("bi", "snr", "layertracer", "random", "elo",
+                                                              "gradnorm")
     assert METRICS == {"bi": "block_influence", "snr": "weight_snr", "layertracer": "ls_norm_minus_tp_norm",
-                       "random": "random"}
+                       "random": "random", "elo": "distance_from_middle", "gradnorm": "gradient_norm"}
     with pytest.raises(RaycptError, match="select.method"):
-        SelectConfig(method="gradnorm")
+        SelectConfig(method="adagrad")
     model = tiny_model("llama", num_layers=3, hidden=32, seed=4)
     blocks = np.random.default_rng(0).integers(4, 128, size=(5, 7))
     seen = []
@@ -223,3 +243,41 @@ def test_the_registry_is_the_one_path_and_the_configs_names():
     assert ranking_order([0.5, float("nan"), 0.5, float("inf"), 0.9]) == [4, 0, 2, 1, 3]
     with pytest.raises(RuntimeError, match="for 2 layers"):  # profiles of another depth: refused, not ranked
         select_scores("layertracer", SelectorInputs(num_layers=2, tp_norm=[0.0, 1.0, 0.5], ls_norm=[1.0, 0.0, 0.5]))
+
+
+def test_elo_ranks_the_first_and_the_last_layers_first():
+    from raycpt.diagnostics.selectors import elo_scores, ranking_order
+    from raycpt.errors import RaycptError
+
+    assert list(elo_scores(5)) == [2.0, 1.0, 0.0, 1.0, 2.0]  # |l - 2|, by hand
+    assert top_k(elo_scores(30), 2) == [0, 29]
+    assert ranking_order(elo_scores(6))[:4] == [0, 5, 1, 4]  # ties: the lower layer first
+    with pytest.raises(RaycptError, match="has 1 layer"):
+        elo_scores(1)
+
+
+def test_gradient_norm_selector_equals_per_layer_gradient_norms_by_hand():
+    """Per batch: the LM loss recomputed here (shifted cross-entropy of the logits, by hand), its gradient per
+    parameter by backward(), the layer's norm sqrt(sum g^2) in numpy; averaged over batches weighted by size."""
+    from raycpt.diagnostics.selectors import SelectorInputs, select_scores
+
+    model = tiny_model("llama", num_layers=3, hidden=32, seed=5)
+    blocks = np.random.default_rng(1).integers(4, 128, size=(5, 8))
+    frozen_before = [p.requires_grad for p in model.parameters()]
+    got = select_scores("gradnorm", SelectorInputs(num_layers=3, model=model, layers=model.model.layers,
+                                                   blocks=blocks, batch=2))
+    assert [p.requires_grad for p in model.parameters()] == frozen_before
+    want, weights = [], []
+    for s in range(0, 5, 2):
+        ids = torch.as_tensor(blocks[s:s + 2])
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        loss.backward()
+        want.append([math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in layer.parameters()))
+                     for layer in model.model.layers])
+        weights.append(len(ids))
+    model.zero_grad(set_to_none=True)
+    hand = np.average(np.array(want), axis=0, weights=weights)
+    assert got == pytest.approx(hand, rel=1e-6)
+    assert len(set(np.round(got, 8))) == 3  # the layers differ: the check can tell them apart

@@ -79,8 +79,8 @@ def test_layer_map_on_model(arch, spec, n, layers):
 
 
 def test_every_registered_plan_is_covered():
-    # elite: its own tests below; lisa, expand: tests/unit/test_lisa.py, test_expand.py (built on their own terms)
-    assert {c[0]["name"] for c in CASES} | {"elite", "lisa", "expand"} == set(PLANS)
+    # elite: its own tests below; lisa, expand, spectrum, elo: test_lisa.py, test_expand.py, test_spectrum.py, and below
+    assert {c[0]["name"] for c in CASES} | {"elite", "lisa", "expand", "spectrum", "elo"} == set(PLANS)
 
 
 @pytest.mark.parametrize("n,r,b", [(30, 0.5, 15), (30, 0.33, 10), (30, 0.66, 20), (28, 0.5, 14), (5, 0.5, 3),
@@ -246,3 +246,10 @@ def test_plan_show_cli(tiny_dir, capsys):
     rc = main(["plan", "show", f"model.ref={tiny_dir}", "plan.name=single", "plan.layer=4"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err == "error: plan.layer=4 is out of range: this model has layers 0..3"
+
+
+def test_elo_plan_trains_the_first_and_the_last_layers():
+    assert build_plan(PlanConfig(name="elo"), 30).trainable_layers == (0, 29)
+    assert build_plan(PlanConfig(name="elo", elo_layers=2), 6).trainable_layers == (0, 1, 4, 5)
+    with pytest.raises(RaycptError, match="plan.elo_layers=4: .* 8 of this 6-layer model"):
+        build_plan(PlanConfig(name="elo", elo_layers=4), 6)
