@@ -33,10 +33,13 @@ failures). In brackets: the fault ``--inject`` puts in.
 7. ``fsdp_one_device``: raycpt's FSDP2 (:func:`raycpt.train.parallel.shard_fsdp`) on a one-device mesh (NCCL on a
    GPU, gloo on the CPU): parameters become DTensors, the loss equals the unwrapped model's, after a step frozen
    tensors are unchanged and trainable ones moved. [one layer left unsharded]
-8. ``driver_memory`` (CUDA only): ``torch.cuda.mem_get_info``: the driver's used memory covers the caching
+8. ``reload_exact``: every architecture row saved and reloaded through the launcher's path on the device (float32):
+   bitwise logits, and its block expansion starts at the base loss. [the loader's buffer restore doubles the
+   non-persistent buffers instead]
+9. ``driver_memory`` (CUDA only): ``torch.cuda.mem_get_info``: the driver's used memory covers the caching
    allocator's reserved memory, and what is left over (context, cuBLAS workspaces) is within 0.3-4 GB of the
    estimator's 1.5 GB context term. [the reserved memory reported 2x]
-9. ``train_killed_worker`` (Ray): ``raycpt train`` through Ray on one worker, SIGKILLed before step 3, restarted from
+10. ``train_killed_worker`` (Ray): ``raycpt train`` through Ray on one worker, SIGKILLed before step 3, restarted from
    the step-2 checkpoint: the same losses as an uninterrupted run. [no restart allowed: max_failures 0]
 
 What a single GPU cannot show: FSDP over NCCL across GPUs (``train.distributed=fsdp`` needs >= 2 workers); its gloo
@@ -74,13 +77,16 @@ from raycpt.train.session import LocalSession  # noqa: E402
 from raycpt.train.steps import FrozenPrefix, forward_backward, make_optimizer, make_scheduler  # noqa: E402
 from raycpt.train.worker_eval import cast_weights  # noqa: E402
 from raycpt.train.step_options import loss_chunk_tokens  # noqa: E402
+from raycpt.train.prepare import resolve_model_path  # noqa: E402
+import raycpt.models.sources as model_sources  # noqa: E402
+from tiny import ARCHS, save_tiny, tiny_model  # noqa: E402  (tests/tiny.py: the suite's tiny configs)
 
 PAPER = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
              num_key_value_heads=8, head_dim=128, max_position_embeddings=32768, tie_word_embeddings=True)
 TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=True)
 FAULTS = ("facts", "memory", "gradients", "round_trip", "eval_same_model", "trace_dtype", "fsdp_one_device",
-          "driver_memory", "train_killed_worker")
+          "driver_memory", "reload_exact", "train_killed_worker")
 RESIDENT_BAND, PEAK_BAND, TRACE_JS_MAX, CONTEXT_BAND_GB = 0.10, 0.25, 0.01, (0.3, 4.0)
 RESULTS: list[dict] = []
 INJECT: set[str] = set()
@@ -408,6 +414,49 @@ def train_killed_worker(root: Path, tiny: bool) -> None:
            f"losses {'equal' if same else 'DIFFER'} after the restart: {clean.losses} vs {killed.losses}")
 
 
+def reload_exact(root: Path, device: torch.device) -> None:
+    """Every architecture row of the table (tests/tiny.py's ARCHS), saved and reloaded through the launcher's path
+    (``resolve_model_path`` -> ``load_model``) on this device in float32: bitwise the saved model's logits; its
+    block expansion (``plan.name=expand``) starts at the base model's loss (rel. 1e-6). On the GPU this is the
+    machine's own transformers (5.17 there) and CUDA kernels; Gemma 3's non-persistent ``embed_scale`` came back
+    as uninitialised memory before ``raycpt.models.buffers``."""
+    ids = torch.randint(4, 128, (2, 12), generator=torch.Generator().manual_seed(7)).to(device)
+    restore = model_sources.restore_buffers
+    if "reload_exact" in INJECT:  # the fault: a loader whose buffer restore damages them instead
+        model_sources.restore_buffers = lambda m: [b.mul_(2) for b in _non_persistent(m) if b.is_floating_point()]
+    try:
+        bad = _reload_all(root, device, ids)
+    finally:
+        model_sources.restore_buffers = restore
+    report("reload_exact", not bad, "; ".join(bad) if bad else f"{len(ARCHS)} architectures reload bitwise and "
+           "their expansions start at the base loss", archs=list(ARCHS))
+
+
+def _reload_all(root: Path, device: torch.device, ids) -> list[str]:
+    bad = []
+    for arch in ARCHS:
+        folder = save_tiny(root / f"reload-{arch}", arch=arch, num_layers=4)
+        saved = tiny_model(arch, num_layers=4).to(device)
+        with torch.no_grad():
+            want, base_loss = saved(ids).logits, saved(ids, labels=ids).loss.item()
+        for over in ([], ["plan.name=expand", "plan.expand_blocks=2"]):
+            cfg = load_config(None, [f"model.ref={folder}", f"model.cache_dir={root / 'cache'}", *over])
+            again = load_model(resolve_model_path(cfg), dtype="float32", device=str(device))[0]
+            with torch.no_grad():
+                if over:
+                    got = again(ids, labels=ids).loss.item()
+                    if abs(got - base_loss) > 1e-6 * abs(base_loss):
+                        bad.append(f"{arch} expanded loss {got:.6f} vs {base_loss:.6f}")
+                elif not torch.equal(again(ids).logits, want):
+                    bad.append(f"{arch} logits {(again(ids).logits - want).abs().max().item():.2e} apart")
+    return bad
+
+
+def _non_persistent(model) -> list:
+    return [mod._buffers[b] for mod in model.modules() for b in getattr(mod, "_non_persistent_buffers_set", ())
+            if mod._buffers.get(b) is not None]
+
+
 def guarded(name: str, fn, *args) -> None:
     """Run a check; a module this machine lacks is a SKIP naming it, any other error the check's FAIL."""
     try:
@@ -426,6 +475,7 @@ def run_checks(args, device: torch.device) -> None:
     guarded("driver_memory", driver_memory, device)
     with tempfile.TemporaryDirectory(prefix="raycpt-device-check-") as tmp:
         guarded("bf16_checkpoint_round_trip", round_trip_and_eval, Path(tmp), args.tiny)
+        guarded("reload_exact", reload_exact, Path(tmp), device)
         if args.skip_ray:
             skip("train_killed_worker", "--skip-ray: a worker killed under Ray Train needs Ray")
         else:

@@ -14,14 +14,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "device_check.py"
 PLANS = ("full", "train_shallow", "train_deep")
 CHECKS = {"facts", "trace_dtype", "fsdp_one_device", "driver_memory", "bf16_checkpoint_round_trip",
-          "eval_same_model", "train_killed_worker"} | {f"{k}_{p}" for k in ("memory", "gradients") for p in PLANS}
+          "eval_same_model", "reload_exact", "train_killed_worker"} | {f"{k}_{p}" for k in ("memory", "gradients") for p in PLANS}
 CUDA_ONLY = {"driver_memory"}
 # fault -> the checks it must make FAIL (nothing else may fail)
 FAULTS = {"facts": {"facts"}, "memory": {f"memory_{p}" for p in PLANS},
           # a layer without gradients also gets no AdamW moments: what stays allocated is short of the terms too
           "gradients": {f"{k}_{p}" for k in ("gradients", "memory") for p in PLANS}, "round_trip": {"bf16_checkpoint_round_trip"},
           "eval_same_model": {"eval_same_model"}, "trace_dtype": {"trace_dtype"},
-          "fsdp_one_device": {"fsdp_one_device"}}
+          "fsdp_one_device": {"fsdp_one_device"}, "reload_exact": {"reload_exact"}}
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
 
 
