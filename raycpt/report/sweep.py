@@ -73,6 +73,9 @@ def report_options(cfg) -> dict:
         "NOT equal footing: full also trains the embeddings, final norm and head, the other rows "
         f"{'train ' + ', '.join(parts) if parts else 'freeze them'}; a delta against full mixes the layer choice "
         "with training those (sweep.equal_footing=true compares layers alone)")
+    if cfg.sweep.budget is not None and cfg.sweep.equal_footing:
+        footing += ("; except where a method's authors train them: LISA's rows train the embeddings, final norm "
+                    "and head at every step, Spectrum's the embeddings and head (both inside the budget's count)")
     return {"primary": cfg.report.primary, "adjust": cfg.report.adjust, "alpha": cfg.report.alpha, "footing": footing}
 
 

@@ -430,6 +430,14 @@ def test_equal_footing_full_differs_from_the_layer_plans_only_in_layers():
     assert "NOT equal footing" in report_options(off)["footing"]
     s = build_summary(_one_seed_trials(), None, ["wn"], ["gen_bench"], resamples=200, report=report_options(cfg))
     assert any(line.startswith("Plans: equal footing") for line in s["verdict"]["legend"])
+    # --budget: LISA and Spectrum train non-layer parts by their authors' rule, and the legend says so
+    lisa = build_plan(PlanConfig(name="lisa", lisa_layers=1, lisa_interval=2), 30, tied_embeddings=True)
+    spec = build_plan(PlanConfig(name="spectrum", matrices=["0.self_attn.q_proj"]), 30, tied_embeddings=True)
+    assert (lisa.train_embeddings, lisa.train_final_norm, lisa.train_head) == (True, True, True)
+    assert (spec.train_embeddings, spec.train_head) == (True, True)
+    assert "LISA" not in report_options(cfg)["footing"]
+    budget = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, budget="auto"))
+    assert "LISA's rows train the embeddings, final norm and head" in report_options(budget)["footing"]
 
 
 def test_load_outcomes_finds_the_sweeps_heldout_documents(tmp_path):
