@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
@@ -169,9 +170,30 @@ def mp_edge(sigma: float, shape: tuple[int, int]) -> float:
     return float(sigma) * (1.0 + math.sqrt(beta))
 
 
+_SVALS: dict[int, tuple] = {}  # id(weight) -> (weakref to it, content key, singular values)
+
+
+def singular_values(weight: torch.Tensor) -> torch.Tensor:
+    """float64 singular values of a 2-D weight, computed once per tensor and content: ``--budget`` ranks layers by
+    their mean SNR and Spectrum ranks the same matrices per type, one SVD each. An entry counts only for the very
+    tensor it was made from (a weak reference, so a reused id misses) and its content: the version counter,
+    storage and float64 sum and sum of squares (a weight changed in place, through ``.data`` too, is decomposed
+    again). At most 4,096 entries are kept."""
+    w = weight.detach().to(torch.float64).cpu()
+    key = (weight._version, weight.data_ptr(), float(w.sum()), float((w * w).sum()))
+    hit = _SVALS.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1] == key:
+        return hit[2]
+    s = torch.linalg.svdvals(w)
+    if len(_SVALS) >= 4096:
+        _SVALS.clear()
+    _SVALS[id(weight)] = (weakref.ref(weight), key, s)
+    return s
+
+
 def matrix_snr(weight: torch.Tensor, normalize: bool = False) -> float:
     """Spectrum's SNR of one 2-D matrix (see the module docstring); float64 singular values."""
-    s = torch.linalg.svdvals(weight.detach().to(torch.float64).cpu())
+    s = singular_values(weight)
     q25, q75 = torch.quantile(s, 0.25).item(), torch.quantile(s, 0.75).item()
     edge = mp_edge((q75 - q25) / 1.349, tuple(weight.shape))
     signal, noise = float(s[s > edge].sum()), float(s[s <= edge].sum())

@@ -281,3 +281,25 @@ def test_gradient_norm_selector_equals_per_layer_gradient_norms_by_hand():
     hand = np.average(np.array(want), axis=0, weights=weights)
     assert got == pytest.approx(hand, rel=1e-6)
     assert len(set(np.round(got, 8))) == 3  # the layers differ: the check can tell them apart
+
+
+def test_singular_values_are_computed_once_per_weight_and_again_when_it_changes(monkeypatch):
+    """--budget's layer SNR and Spectrum share one SVD per matrix; a weight changed in place (through .data too)
+    is decomposed again and gives the fresh numpy value, never the stale one."""
+    import numpy as np
+
+    from raycpt.diagnostics import selectors
+
+    calls = []
+    real = torch.linalg.svdvals
+    monkeypatch.setattr(torch.linalg, "svdvals", lambda x: calls.append(1) or real(x))
+    w = torch.nn.Parameter(torch.randn(12, 8, generator=torch.Generator().manual_seed(0)))
+    first = matrix_snr(w)
+    assert matrix_snr(w, normalize=True) == pytest.approx(first / float(np.linalg.svd(w.detach().double().numpy(),
+                                                                                      compute_uv=False).max()))
+    assert len(calls) == 1
+    w.data.mul_(3.0)  # .data: no version bump
+    w.data[0, 0] += 5.0
+    want = np.linalg.svd(w.detach().double().numpy(), compute_uv=False)
+    assert selectors.singular_values(w).numpy() == pytest.approx(want, rel=1e-12)
+    assert len(calls) == 2
