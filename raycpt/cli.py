@@ -172,7 +172,7 @@ def run_row(name: str, args: Optional[List[str]], options: dict):
     options that set no config key as :class:`raycpt.jobs.job.Options`), render its result."""
     row = COMMANDS[name]
     words = list(args or []) + list(options.pop("config", None) or [])
-    what = "one REF," if row.rest == 1 else f"{row.rest_help.split(' (')[0]} and"
+    what = "" if not row.rest else f"{row.rest_help.split(' (')[0]}{',' if row.rest == 1 else ' and'}"
     path, overrides, rest = sort_words(words, rest=row.rest, what=what)
     extra, kwargs = overrides_of(row, options)
     cfg = load(([path] if path else []) + overrides, extra, check=row.check)
