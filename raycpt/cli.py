@@ -40,6 +40,9 @@ ARGS_HELP = "CONFIG.yaml (optional; default = built-in embedded default) then do
 S, I, F, B = Optional[str], Optional[int], Optional[float], bool
 RESUME = Opt("resume", B, "continue the newest run of this command and config; finished work is not redone",
              default=False)
+ACCEPT = Opt("accept_changes", B, "with --resume: continue even though settings differ from the run folder's "
+             "config.yaml (it then records the new ones); without it a change is refused, naming the keys",
+             flag="--accept-changes", default=False)
 SPLITS = "split ratios, e.g. 0.33,0.5,0.66"
 COMMANDS: dict[str, Row] = {
     "sweep": Row(lazy("raycpt.jobs.sweep", "SWEEP"), R.render_sweep, "Trace, then train + evaluate full and every "
@@ -51,7 +54,7 @@ COMMANDS: dict[str, Row] = {
                          "sweep.keep_checkpoints", lambda v: "true", flag="--keep-checkpoints", default=False),
                      Opt("budget", S, "equal-budget comparison at this trainable-parameter count (sets "
                          "sweep.budget)", "sweep.budget"),
-                     RESUME)),
+                     RESUME, ACCEPT)),
     "trace": Row(lazy("raycpt.jobs.trace", "TRACE"), R.render_trace, "LayerTracer: Task Particle and Layer-wise "
                  "Sensitivity per layer, S(b) per split, recommended split.", (
                      Opt("prompts", S, "JSONL of {s1, s2, group} records (default trace.prompts = "
@@ -102,7 +105,7 @@ COMMANDS: dict[str, Row] = {
     "hybrid run": Row(lazy("raycpt.jobs.hybrid", "HYBRID_RUN"), R.render_hybrid_run, "Build every hybrid, train its "
                       "trainable segments (Ray Train), evaluate and trace it; print Table 4.", (RESUME,)),
     "train": Row(lazy("raycpt.jobs.train", "TRAIN"), R.render_train, "Continued pre-training of cfg.model with layer "
-                 "plan cfg.plan on cfg.data under a Ray TorchTrainer.", (RESUME,)),
+                 "plan cfg.plan on cfg.data under a Ray TorchTrainer.", (RESUME, ACCEPT)),
     "plan show": Row(lazy("raycpt.jobs.train", "PLAN_SHOW"), R.render_plan, "Print the layer map of cfg.plan for "
                      "cfg.model (which layers train, trainable/frozen counts) without training."),
     "models list": Row(lazy("raycpt.jobs.info", "MODELS_LIST"), R.render_models, "List the models in the cache.", (

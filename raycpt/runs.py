@@ -99,6 +99,35 @@ def resume_changes(run_dir: Path, cfg: ExperimentConfig, sections=("model", "dat
             if a.get(k) != b.get(k) and k not in neutral]
 
 
+SWEEP_SECTIONS = ("model", "data", "trace", "plan", "train", "eval", "sweep", "report")
+"""What defines a sweep's work (its trials, evaluations and summary): a ``--resume`` compares all of it."""
+SWEEP_NEUTRAL = RESUME_NEUTRAL + (
+    "train.cpus_per_worker", "trace.num_actors", "trace.cpus_per_actor", "trace.gpus_per_actor", "trace.batch_size",
+    "eval.batch_size", "eval.cpus_per_task", "eval.gpus_per_task", "sweep.max_concurrent_trials",
+    "sweep.cpus_per_trial", "sweep.data_cpus_per_trial", "sweep.trial_resources", "sweep.keep_checkpoints")
+"""Keys that place or keep work without changing it (resources, concurrency, what is kept)."""
+
+
+def check_resume_config(run_dir: Path, cfg: ExperimentConfig, sections=("model", "data", "plan", "train"),
+                        neutral=RESUME_NEUTRAL, accept: bool = False, why: str = "") -> list[str]:
+    """``--resume`` continues a run with the settings it was made with: one line naming every changed key (the
+    first three, and how many more) unless ``accept`` (``--accept-changes``: a deliberate continuation), in which
+    case the folder's ``config.yaml`` becomes ``cfg`` and ``state.json`` keeps the list (``config_changes``).
+    ``why``: what a change would break, said in the line. The changes (empty: none)."""
+    changed = resume_changes(run_dir, cfg, sections, neutral)
+    if not changed:
+        return []
+    if not accept:
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise RaycptError(f"--resume: {run_dir} was made with other settings: {'; '.join(changed[:3])}{more}. "
+                          f"{why + ' ' if why else ''}Drop the change, start a new run without --resume, or pass "
+                          "--accept-changes to continue this run with the new settings")
+    earlier = list(read_state(run_dir).get("config_changes") or [])
+    save_config(cfg, Path(run_dir) / "config.yaml")
+    write_state(run_dir, config_changes=earlier + [{"time": time.time(), "changes": changed}])
+    return changed
+
+
 def read_state(run_dir: Path) -> dict:
     p = Path(run_dir) / "state.json"
     try:

@@ -141,3 +141,130 @@ def test_a_raycpt_error_that_ray_data_carries_only_as_text_is_one_line():
     assert str(err) == ("data.corpus: /c.jsonl at byte 15350: field 'text' is a number (5), not a string "
                         "(data.text_field names the text)")
     assert _raycpt_cause(RuntimeError("a bug")) is None  # a bug stays a bug
+
+
+# ------------------------------------------------------------------------------- an older train_result.json
+
+def test_a_finished_run_whose_result_lacks_tokens_per_s_reads_it_from_its_step_records(tmp_path):
+    """``train --resume`` of a finished run whose ``train_result.json`` lacks ``tokens_per_s`` (an older or
+    hand-edited record) was a 48-line KeyError (and turned the finished run FAILED)."""
+    from raycpt.train.result import _result_from_files
+
+    saved = {"final_model_dir": str(tmp_path / "final_model"), "losses": [4.0, 3.5, 3.0], "steps": [1, 2, 3],
+             "wall_s": 12.5, "trainable_params": 10, "frozen_params": 20, "plan": {"name": "full"}}
+    (tmp_path / "train_result.json").write_text(json.dumps(saved))
+    records = [{"step": s, "loss": l, "tokens_per_s": r, "step_time_s": 0.1}
+               for s, l, r in ((1, 4.0, 50.0), (2, 3.5, 200.0), (3, 3.0, 100.0))]
+    res = _result_from_files(tmp_path, {"status": "finished"}, records)
+    assert res.tokens_per_s == 100.0  # the median of 50, 200, 100 (by hand)
+    assert res.losses == [4.0, 3.5, 3.0] and res.wall_s == 12.5 and res.reused
+    del saved["trainable_params"]
+    (tmp_path / "train_result.json").write_text(json.dumps(saved))
+    with pytest.raises(RaycptError, match=r"train_result.json lacks tokens_per_s, trainable_params \(an older"):
+        _result_from_files(tmp_path, {}, [])
+
+
+# ------------------------------------------------------------------------------- resume checks everything
+
+def _saved_run(tmp_path, overrides):
+    from raycpt.config import save_config
+
+    run_dir = tmp_path / "sweep-x-1"
+    run_dir.mkdir()
+    save_config(load_config(None, overrides), run_dir / "config.yaml")
+    return run_dir
+
+
+def test_a_sweep_resume_with_a_changed_key_is_one_line_naming_it(tmp_path):
+    from raycpt.runs import SWEEP_NEUTRAL, SWEEP_SECTIONS, check_resume_config, read_state
+
+    run_dir = _saved_run(tmp_path, ["train.lr=3e-05"])
+    before = (run_dir / "config.yaml").read_text()
+    new = load_config(None, ["train.lr=1e-03"])
+    with pytest.raises(RaycptError) as e:
+        check_resume_config(run_dir, new, SWEEP_SECTIONS, SWEEP_NEUTRAL, why="Its finished trials ...")
+    assert str(e.value).startswith(f"--resume: {run_dir} was made with other settings: train.lr: 3e-05 -> 0.001. "
+                                   "Its finished trials ...")
+    assert "--accept-changes" in str(e.value) and "\n" not in str(e.value)
+    assert (run_dir / "config.yaml").read_text() == before  # nothing rewritten by a refusal
+    # eval, trace, sweep and report settings define a sweep's work too; resources and concurrency do not
+    for key in ("eval.limit=7", "sweep.splits=[0.25]", "trace.max_prompts=3", "report.alpha=0.1", "data.seq_len=16"):
+        with pytest.raises(RaycptError, match=key.split("=")[0]):
+            check_resume_config(run_dir, load_config(None, ["train.lr=3e-05", key]), SWEEP_SECTIONS, SWEEP_NEUTRAL)
+    assert check_resume_config(run_dir, load_config(None, ["train.lr=3e-05", "sweep.max_concurrent_trials=2",
+                                                           "ray.num_cpus=3"]), SWEEP_SECTIONS, SWEEP_NEUTRAL) == []
+    # --accept-changes: a deliberate continuation; the folder's config then says what runs, the state what changed
+    assert check_resume_config(run_dir, new, SWEEP_SECTIONS, SWEEP_NEUTRAL, accept=True) == \
+        ["train.lr: 3e-05 -> 0.001"]
+    assert load_config(run_dir / "config.yaml").train.lr == 1e-3
+    assert read_state(run_dir)["config_changes"][0]["changes"] == ["train.lr: 3e-05 -> 0.001"]
+
+
+class _Store:
+    def __init__(self, key, identity, build="b"):
+        self.key, self.identity, self.build_id = key, identity, build
+
+
+def test_a_resume_after_the_replay_corpus_was_re_packed_is_refused_naming_it(tmp_path):
+    from raycpt.train.resume import check_resume_data
+
+    ckpt = tmp_path / "checkpoint_000002"
+    ckpt.mkdir()
+    (ckpt / "train_state.json").write_text(json.dumps({"data": {
+        "store_key": "k1", "store_identity": "p1", "replay_store_key": "r1", "replay_store_identity": "ri1"}}))
+    check_resume_data(ckpt, _Store("k1", "p1"), _Store("r1", "ri1"))  # the same packs: resumes
+    with pytest.raises(RaycptError) as e:
+        check_resume_data(ckpt, _Store("k1", "p1"), _Store("r1", "ri2"))
+    assert f"checkpoint {ckpt} was trained on other data (data.replay.corpus: corpus ri1, now ri2" in str(e.value)
+    assert "`raycpt data prepare [CONFIG] [overrides] --rebuild`, which packs data.corpus and data.replay.corpus" \
+        in str(e.value)
+    with pytest.raises(RaycptError, match=r"\(data.corpus: corpus p1, now p2"):
+        check_resume_data(ckpt, _Store("k1", "p2"), _Store("r1", "ri1"))
+
+
+def _replay_cfg(tmp_path, model, replay):
+    primary = tmp_path / "primary.jsonl"
+    primary.write_text("".join(json.dumps({"text": f"primary document {i} about words"}) + "\n" for i in range(80)))
+    return load_config(None, [f"model.ref={model}", f"tracking.run_root={tmp_path / 'runs'}", f"data.corpus=[{primary}]",
+                              "data.seq_len=16", "data.replay.ratio=0.25", f"data.replay.corpus=[{replay}]"])
+
+
+def test_a_changed_replay_corpus_names_it_and_data_prepare_rebuild_re_packs_it(tmp_path):
+    """The advice of the line (``raycpt data prepare --rebuild``) re-packs the replay corpus it names: it used to
+    re-pack only data.corpus, so the advice looped."""
+    from raycpt.data.run_store import replay_corpus
+    from raycpt.jobs.data import prepare_store
+    from raycpt.jobs.job import Options
+    from tiny import save_tiny
+
+    model = save_tiny(tmp_path / "tiny")
+    replay = tmp_path / "replay.jsonl"
+    replay.write_text("".join(json.dumps({"text": f"general text {i}, quite plain"}) + "\n" for i in range(60)))
+    cfg = _replay_cfg(tmp_path, model, replay)
+    prepare_store(cfg, Options(values={}))
+    first = replay_corpus(cfg, str(model))
+    replay.write_text("".join(json.dumps({"text": f"other general text {i}"}) + "\n" for i in range(60)))
+    with pytest.raises(RaycptError) as e:
+        replay_corpus(cfg, str(model))
+    assert str(e.value).startswith("data.replay.corpus: ") and "--rebuild" in str(e.value)
+    prepare_store(cfg, Options(values={"rebuild": True}))
+    again = replay_corpus(cfg, str(model))
+    assert again.key == first.key and again.identity != first.identity  # the same store, the new corpus
+
+
+@pytest.mark.parametrize("bad", ["missing", "empty", "short"])
+def test_a_bad_replay_corpus_is_one_line_naming_data_replay_corpus(tmp_path, bad):
+    from raycpt.data.run_store import check_corpora
+    from tiny import save_tiny
+
+    model = save_tiny(tmp_path / "tiny")
+    replay = tmp_path / "replay.jsonl"
+    if bad == "empty":
+        replay.write_text("")
+    elif bad == "short":
+        replay.write_text(json.dumps({"text": "one"}) + "\n")
+    cfg = _replay_cfg(tmp_path, model, replay)
+    with pytest.raises(RaycptError) as e:
+        check_corpora(cfg, str(model))
+    assert str(e.value).startswith("data.replay.corpus"), str(e.value)
+    assert " data.corpus" not in str(e.value)
