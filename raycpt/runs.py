@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import shutil
 import stat
@@ -29,9 +30,9 @@ from raycpt.cluster import check_store, node_tags, version_tags
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
-from raycpt.runtime import sigterm_as_interrupt
+from raycpt.runtime import on_ray_death, sigterm_as_interrupt
 from raycpt.tracking import (append_record, clean_metrics, ensure_store, flatten, mark_lost, project, store_or_lost,
-                             tracked, tracking_lost, tracking_uri)
+                             store_unwritable, tracked, tracking_lost, tracking_uri)
 
 OPENING = "opening"  # state.json status of a folder whose MLflow run does not exist yet
 
@@ -473,16 +474,48 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
             _failed_start(cfg, run_dir, fresh, e)
             raise
         try:
-            yield run
+            with on_ray_death(functools.partial(_ray_died, run)):
+                yield run
         except BaseException as e:
-            status = end_status(type(e), e)
-            with contextlib.suppress(Exception):
-                write_state(run_dir, status=END_STATE[status], **({} if status == "KILLED" else
-                                                                  {"error": f"{type(e).__name__}: {e}"[:500]}))
-            if run.live():
-                tracked(run.end, status)
+            _end_on_error(run, e)
             raise
         _finish(run, own)
+
+
+def _end_on_error(run: Run, e: BaseException) -> None:
+    """A command that stopped on ``e``: ``state.json`` and the run end (FAILED / KILLED). The store failing too (a
+    full disk, a read-only run root) raises the one line instead of a second traceback: the run folder holds every
+    record, and ``raycpt runs sync`` ends the run once the store can be written."""
+    status = end_status(type(e), e)
+    with contextlib.suppress(Exception):  # best effort while already failing (a full disk)
+        write_state(run.dir, status=END_STATE[status], **({} if status == "KILLED" else
+                                                          {"error": f"{type(e).__name__}: {e}"[:500]}))
+    cause, not_ended = store_unwritable(e), None
+    if run.live():
+        try:
+            tracked(run.end, status)
+        except Exception as end_error:  # noqa: BLE001 - the store failing as well: said in the one line
+            not_ended = store_unwritable(end_error) or f"{type(end_error).__name__}: {str(end_error)[:200]}"
+    sync = f"`raycpt runs sync {run.dir}` records and ends its MLflow run once the store can be written"
+    if cause is not None:
+        raise RaycptError(f"the MLflow store {run.cfg.tracking.uri} cannot be written ({cause}: is its folder "
+                          f"read-only, or its disk full?); the run stopped, its folder {run.dir} holds every record: "
+                          f"{sync}") from None
+    if not_ended is not None and isinstance(e, RaycptError):
+        raise RaycptError(f"{e} (the MLflow store cannot be written either ({not_ended}): {sync})") from None
+
+
+def _ray_died(run: Run, line: str) -> None:
+    """The private Ray's own processes died (:class:`raycpt.runtime.RayWatch`; this process is about to end):
+    every ``state.json`` still ``running`` in the run's folder (a sweep's trials' too) says failed with the line,
+    and the run and its children still RUNNING end FAILED."""
+    error = line.removeprefix("error: ")[:500]
+    for state in [run.dir / "state.json", *run.dir.glob("**/state.json")]:
+        if read_state(state.parent).get("status") == "running":
+            with contextlib.suppress(OSError):
+                write_state(state.parent, status="failed", error=error)
+    if run.live():
+        run.end("FAILED")
 
 
 def _finish(run: Run, own: bool) -> None:

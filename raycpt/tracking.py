@@ -243,6 +243,26 @@ def unreachable(e: BaseException) -> bool:
     return False
 
 
+STORE_WRITE_ERRORS = ("unable to open database file", "attempt to write a readonly database",
+                      "database or disk is full", "disk I/O error", "readonly database")
+"""SQLite's words for a store it cannot write: its folder read-only (``chattr +i``, a read-only mount: the journal
+cannot be made), its disk full, the device failing."""
+
+
+def store_unwritable(e: Optional[BaseException]) -> Optional[str]:
+    """SQLite's words (:data:`STORE_WRITE_ERRORS`) when ``e`` or its chain says the MLflow store cannot be written,
+    else None."""
+    seen, cur = set(), e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        text = str(cur)
+        found = next((w for w in STORE_WRITE_ERRORS if w in text), None)
+        if found is not None and "OperationalError" in f"{type(cur).__name__} {text}":
+            return found
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def tracking_lost() -> Optional[dict]:
     """This process's record of a tracking server that stopped answering (None while it answers)."""
     return dict(_lost) if _lost else None

@@ -268,3 +268,27 @@ def test_a_bad_replay_corpus_is_one_line_naming_data_replay_corpus(tmp_path, bad
         check_corpora(cfg, str(model))
     assert str(e.value).startswith("data.replay.corpus"), str(e.value)
     assert " data.corpus" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------- a store that cannot be written
+
+def test_a_real_sqlite_write_failure_is_recognised_through_mlflows_wrapping(tmp_path):
+    """SQLite's own error (a database in a folder it cannot open), wrapped as MLflow wraps it, is the store failing;
+    a server that refuses a call or any other error is not."""
+    import sqlite3
+
+    from mlflow.exceptions import MlflowException
+
+    from raycpt.tracking import store_unwritable
+
+    try:
+        sqlite3.connect(str(tmp_path / "no-such-folder" / "mlflow.db")).execute("create table t (x)")
+    except sqlite3.OperationalError as e:
+        inner = e
+    try:
+        raise MlflowException(f"(sqlite3.OperationalError) {inner}") from inner
+    except MlflowException as e:
+        outer = e
+    assert store_unwritable(outer) == "unable to open database file"
+    assert store_unwritable(MlflowException("RESOURCE_ALREADY_EXISTS: run exists")) is None
+    assert store_unwritable(RuntimeError("unable to open database file")) is None  # words alone, no SQLite error
