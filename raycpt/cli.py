@@ -131,6 +131,11 @@ COMMANDS: dict[str, Row] = {
                   "reads, a plot, MLflow.", (
                       Opt("method", S, "bi, snr, layertracer or random (sets select.method)", "select.method"),
                       Opt("k", I, "top-k layers named in the ranking (1..layers; sets select.k)", "select.k"))),
+    "runs export": Row(lazy("raycpt.jobs.export", "RUNS_EXPORT"), R.render_line, "Copy a run's or trial's "
+                       "final_model/ into a standalone folder: its links to the base model's shared shards replaced "
+                       "by their bytes (cp -r would copy the links), verified first.", (),
+                       rest=2, rest_help="RUN_DIR OUT_DIR (a train run, sweep or scan trial, or model folder; a new "
+                       "folder)", check=False),
     "runs sync": Row(lazy("raycpt.jobs.sync", "RUNS_SYNC"), R.render_line, "Replay a train run folder (params, step "
                      "metrics, end metrics, loss curve, status), or a sweep, contribution or hybrid-run folder (its "
                      "parent run and every trial's), into an MLflow store: for a run whose tracking server went "
