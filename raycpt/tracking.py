@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -132,10 +133,14 @@ def _store_template() -> Path:
     folder = cache_root() / STORE_TEMPLATES
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"mlflow-{mlflow.__version__}.db"  # a release's schema is fixed: its newest migration
-    if path.is_file():
+    if path.is_file() and template_ok(path):
         return path
     with open(folder / ".lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if path.is_file() and not template_ok(path):  # damaged in the cache: it would break every new run root
+            logging.getLogger(__name__).warning("warning: the cached MLflow store template %s is damaged: made again",
+                                                path)
+            path.unlink()
         if not path.is_file():
             tmp = folder / f".{path.name}.{os.getpid()}.tmp"
             tmp.unlink(missing_ok=True)
@@ -152,6 +157,19 @@ def _store_template() -> Path:
                     q.setLevel(lv)
             os.replace(tmp, path)
     return path
+
+
+def template_ok(path: Path) -> bool:
+    """Whether the cached store template is a whole SQLite database with MLflow's schema revision in it."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            ok = con.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+            return ok and con.execute("SELECT version_num FROM alembic_version").fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
 
 
 def _ensure_store(cfg: TrackingConfig, uri: str) -> str:
