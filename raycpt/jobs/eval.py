@@ -85,7 +85,7 @@ def check_model_files(folder: Path, given: str) -> None:
         if why is not None:
             raise RaycptError(f"checkpoint {given}: {why}")
         return
-    if why is not None and "base model's shard" in why:  # a shared shard: another checkpoint would not help
+    if why is not None and ("base model's shard" in why or "not in its manifest" in why):  # its own remedy
         raise RaycptError(f"checkpoint {given}: {why}")
     if why is not None:
         raise RaycptError(f"checkpoint {given} fails its manifest check: {why} (cut short or damaged); evaluate "
