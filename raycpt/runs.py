@@ -31,8 +31,8 @@ from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_co
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
 from raycpt.runtime import on_ray_death, sigterm_as_interrupt
-from raycpt.tracking import (append_record, clean_metrics, ensure_store, flatten, mark_lost, project, store_or_lost,
-                             store_unwritable, tracked, tracking_lost, tracking_uri)
+from raycpt.tracking import (append_record, clean_metrics, ensure_store, flatten, mark_lost, missing_run, project,
+                             store_or_lost, store_unwritable, tracked, tracking_lost, tracking_uri)
 
 OPENING = "opening"  # state.json status of a folder whose MLflow run does not exist yet
 
@@ -462,11 +462,16 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
     run_dir = _open_or_use(cfg, command, run_dir, resume)
     if on_open is not None:  # a refusal here leaves the folder and its run as they were
         on_open(run_dir)
+    if own and missing_run(cfg.tracking, read_state(run_dir).get("mlflow_run_id")):  # before any state is written
+        raise RaycptError(f"--resume: the MLflow run {read_state(run_dir)['mlflow_run_id']} that {run_dir}/state.json "
+                          f"names is not in the store {cfg.tracking.uri} (replaced, or the folder came from another "
+                          f"run root); `raycpt runs sync {run_dir}` records the folder into it, then --resume again")
     if parent is not None:
         parent.note_children([(run_dir, "state.json")])
     with sigterm_as_interrupt():
         try:
-            if not read_state(run_dir).get("mlflow_run_id"):
+            st = read_state(run_dir)  # a folder that finished with no run (its server was gone) stays finished
+            if not st.get("mlflow_run_id") and st.get("status") in (None, OPENING):
                 write_state(run_dir, status=OPENING)
             run = _start_run(cfg, command, run_dir, parent.run_id if parent is not None else None, run_name,
                              params, tags, nested=not own)

@@ -281,6 +281,24 @@ def store_unwritable(e: Optional[BaseException]) -> Optional[str]:
     return None
 
 
+def missing_run(cfg: TrackingConfig, run_id: Optional[str]) -> bool:
+    """Whether the store of ``cfg`` answers that it has no run ``run_id`` (a store replaced or deleted, a folder
+    copied from another run root); False when it has it, or for no id."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    if not run_id:
+        return False
+    ensure_store(cfg)
+    try:
+        MlflowClient(tracking_uri(cfg)).get_run(run_id)
+    except MlflowException as e:
+        if getattr(e, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return True
+    return False
+
+
 def tracking_lost() -> Optional[dict]:
     """This process's record of a tracking server that stopped answering (None while it answers)."""
     return dict(_lost) if _lost else None

@@ -440,7 +440,11 @@ def _issue41_fixtures(tmp: Path, f: dict) -> None:
     shutil.copytree(tiny, old / "final_model")
     write_manifest(old / "final_model", 2, finite=True)
     save_config(load_config(None, f["train41"][1:] + ["name=older"]), old / "config.yaml")
-    write_state(old, command="train", status="finished", mlflow_run_id="2" * 32)
+    write_state(old, command="train", status="finished")
+    moved = r41 / "train-moved-0001"  # a finished run folder whose MLflow run is not in this run root's store
+    shutil.copytree(old, moved, symlinks=True)
+    save_config(load_config(None, f["train41"][1:] + ["name=moved"]), moved / "config.yaml")
+    write_state(moved, mlflow_run_id="2" * 32)
     (old / "train_result.json").write_text(json.dumps({"final_model_dir": str(old / "final_model"), "losses": [4.0],
                                                        "steps": [1], "wall_s": 1.0, "frozen_params": 0,
                                                        "plan": {"name": "full"}}))
@@ -503,6 +507,8 @@ def issue41_cases(f: dict) -> list[Case]:
              "train.lr: 3e-05 -> 0.001", ray=True, owner="41"),
         Case("train --resume of a finished run whose train_result.json is older", train + ["name=older", "--resume"],
              "train_result.json lacks tokens_per_s, trainable_params", ray=True, owner="41"),
+        Case("train --resume of a folder whose MLflow run is not in the store", train + ["name=moved", "--resume"],
+             "names is not in the store", owner="41"),
         Case("runs sync of a finished sweep that lost a trial folder and its summary",
              ["runs", "sync", str(t / "lost-sweep")], "the folder lacks 2 thing(s)", owner="41"),
         Case("eval of a trial whose shared base shard was damaged through another trial",
