@@ -385,11 +385,10 @@ def main(argv=None) -> int:
     power, pw_hw = run_sweeps(n, args.flip, 0.05, args.seed + 1)
     result("power_5pt", power, ">=", 0.8, f"{n} sweeps, {GAIN_ROW} +5 points on wordnet_mc logit (400 q), exact "
            f"McNemar, flips {args.flip:g}, +-{pw_hw:.3f}")
-    if not args.smoke:
-        for k, f in enumerate((0.02, 0.05)):
-            pk, hw = run_sweeps(max(50, n // 4), f, 0.05, args.seed + 2 + k)
-            print(f"INFO power_5pt at flips {f:g} (null trials disagree on {2 * f:.0%}; the gaining row and full on "
-                  f"~{2 * f + 0.05:.0%}): {pk:.3f} +-{hw:.3f}", flush=True)
+    for k, f in enumerate((0.02, 0.05)):  # smoke: the same lines from 2 sweeps (every path of the full run)
+        pk, hw = run_sweeps(2 if args.smoke else max(50, n // 4), f, 0.05, args.seed + 2 + k)
+        print(f"INFO power_5pt at flips {f:g} (null trials disagree on {2 * f:.0%}; the gaining row and full on "
+              f"~{2 * f + 0.05:.0%}): {pk:.3f} +-{hw:.3f}", flush=True)
     cov, where = paired_coverage(args.smoke)
     result("paired_ci_coverage", cov, ">=", 0.94, f"exact, min at n={where[0]}, {where[1]:.1f} expected discordant, "
            f"{where[2]:.0%} one way")
@@ -398,13 +397,13 @@ def main(argv=None) -> int:
     sb, inside = sb_coverage(3 if args.smoke else 1000)
     result("sb_ci_coverage", sb, ">=", 0.93, f"scaled profiles, jackknife t over 60 heavy-tailed prompts; point "
            f"inside {inside:.3f}")
-    if not args.smoke:
-        for label, kw in (("20 prompts", dict(prompts=20)), ("noise sd 0.8", dict(noise=0.8)),
-                          ("Pareto(1.1) scale", dict(tail=1.1))):
-            print(f"INFO sb coverage, scaled + jackknife t, {label}: {sb_coverage(150, **kw)[0]:.3f}", flush=True)
-        paper, p_in = sb_coverage(150, aggregate="mean", method="bca")
-        print(f"INFO sb coverage of the paper's mean-based S(b) with BCa (trace.sb_aggregate=mean): {paper:.3f}",
-              flush=True)
+    reps = 3 if args.smoke else 150
+    for label, kw in (("20 prompts", dict(prompts=20)), ("noise sd 0.8", dict(noise=0.8)),
+                      ("Pareto(1.1) scale", dict(tail=1.1))):
+        print(f"INFO sb coverage, scaled + jackknife t, {label}: {sb_coverage(reps, **kw)[0]:.3f}", flush=True)
+    paper, p_in = sb_coverage(reps, aggregate="mean", method="bca")
+    print(f"INFO sb coverage of the paper's mean-based S(b) with BCa (trace.sb_aggregate=mean): {paper:.3f}",
+          flush=True)
     hd, hb = heldout_coverage(50 if args.smoke else 2000)
     result("heldout_ci_coverage", hd, ">=", 0.93, f"t over 128 documents x 20 blocks; over blocks: {hb:.3f}")
     run_noise_results(args)
@@ -427,12 +426,11 @@ def run_noise_results(args) -> None:
         result(name, worst, "<=", 0.05, f"{m} null sweeps per shape and offset (0, 0.5, 1, 2 x run SD {RUN_SD:g}), "
                f"worst {at_shape} at {at:g} SD, +-{hw:.3f} (95% MC); strategy claims {per}; {shapes[0]}'s share "
                f"with any mark, checkpoint marks included: {marks}")
-    if not args.smoke:  # what the floor buys: 2 df of run noise from full alone
-        pw = [(g, *run_noise_sweeps(args.mde_sweeps, "default+floor", 1.0, g, args.seed + 40 + j)[:2])
-              for j, g in enumerate((10.0, 20.0, 30.0))]
-        print("INFO default+floor (sweep.floor_seeds=[1,2]) power of the primary strategy test at run SD 1 x RUN_SD: "
-              + ", ".join(f"gain {g:g} SD: {p:.2f} +-{h:.2f}" for g, p, h in pw) + f" ({args.mde_sweeps} sweeps each)",
-              flush=True)
+    floor = 1 if args.smoke else args.mde_sweeps  # what the floor buys: 2 df of run noise from full alone
+    pw = [(g, *run_noise_sweeps(floor, "default+floor", 1.0, g, args.seed + 40 + j)[:2])
+          for j, g in enumerate((10.0, 20.0, 30.0))]
+    print("INFO default+floor (sweep.floor_seeds=[1,2]) power of the primary strategy test at run SD 1 x RUN_SD: "
+          + ", ".join(f"gain {g:g} SD: {p:.2f} +-{h:.2f}" for g, p, h in pw) + f" ({floor} sweeps each)", flush=True)
     size, where, reps = seed_test_size(200 if args.smoke else 20000, args.seed)
     result("seed_test_size", size, "<=", 0.0100, digits=4,
            extra=f"{reps} null comparisons per cell, 7 rows x 3 seeds (14 df), worst "

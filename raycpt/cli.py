@@ -40,6 +40,9 @@ ARGS_HELP = "CONFIG.yaml (optional; default = built-in embedded default) then do
 S, I, F, B = Optional[str], Optional[int], Optional[float], bool
 RESUME = Opt("resume", B, "continue the newest run of this command and config; finished work is not redone",
              default=False)
+ACCEPT = Opt("accept_changes", B, "with --resume: continue even though settings differ from the run folder's "
+             "config.yaml (it then records the new ones); without it a change is refused, naming the keys",
+             flag="--accept-changes", default=False)
 SPLITS = "split ratios, e.g. 0.33,0.5,0.66"
 COMMANDS: dict[str, Row] = {
     "sweep": Row(lazy("raycpt.jobs.sweep", "SWEEP"), R.render_sweep, "Trace, then train + evaluate full and every "
@@ -51,7 +54,7 @@ COMMANDS: dict[str, Row] = {
                          "sweep.keep_checkpoints", lambda v: "true", flag="--keep-checkpoints", default=False),
                      Opt("budget", S, "equal-budget comparison at this trainable-parameter count (sets "
                          "sweep.budget)", "sweep.budget"),
-                     RESUME)),
+                     RESUME, ACCEPT)),
     "trace": Row(lazy("raycpt.jobs.trace", "TRACE"), R.render_trace, "LayerTracer: Task Particle and Layer-wise "
                  "Sensitivity per layer, S(b) per split, recommended split.", (
                      Opt("prompts", S, "JSONL of {s1, s2, group} records (default trace.prompts = "
@@ -102,7 +105,7 @@ COMMANDS: dict[str, Row] = {
     "hybrid run": Row(lazy("raycpt.jobs.hybrid", "HYBRID_RUN"), R.render_hybrid_run, "Build every hybrid, train its "
                       "trainable segments (Ray Train), evaluate and trace it; print Table 4.", (RESUME,)),
     "train": Row(lazy("raycpt.jobs.train", "TRAIN"), R.render_train, "Continued pre-training of cfg.model with layer "
-                 "plan cfg.plan on cfg.data under a Ray TorchTrainer.", (RESUME,)),
+                 "plan cfg.plan on cfg.data under a Ray TorchTrainer.", (RESUME, ACCEPT)),
     "plan show": Row(lazy("raycpt.jobs.train", "PLAN_SHOW"), R.render_plan, "Print the layer map of cfg.plan for "
                      "cfg.model (which layers train, trainable/frozen counts) without training."),
     "models list": Row(lazy("raycpt.jobs.info", "MODELS_LIST"), R.render_models, "List the models in the cache.", (
@@ -128,6 +131,11 @@ COMMANDS: dict[str, Row] = {
                   "reads, a plot, MLflow.", (
                       Opt("method", S, "bi, snr, layertracer or random (sets select.method)", "select.method"),
                       Opt("k", I, "top-k layers named in the ranking (1..layers; sets select.k)", "select.k"))),
+    "runs export": Row(lazy("raycpt.jobs.export", "RUNS_EXPORT"), R.render_line, "Copy a run's or trial's "
+                       "final_model/ into a standalone folder: its links to the base model's shared shards replaced "
+                       "by their bytes (cp -r would copy the links), verified first.", (),
+                       rest=2, rest_help="RUN_DIR OUT_DIR (a train run, sweep or scan trial, or model folder; a new "
+                       "folder)", check=False),
     "runs sync": Row(lazy("raycpt.jobs.sync", "RUNS_SYNC"), R.render_line, "Replay a train run folder (params, step "
                      "metrics, end metrics, loss curve, status), or a sweep, contribution or hybrid-run folder (its "
                      "parent run and every trial's), into an MLflow store: for a run whose tracking server went "
@@ -172,7 +180,7 @@ def run_row(name: str, args: Optional[List[str]], options: dict):
     options that set no config key as :class:`raycpt.jobs.job.Options`), render its result."""
     row = COMMANDS[name]
     words = list(args or []) + list(options.pop("config", None) or [])
-    what = "one REF," if row.rest == 1 else f"{row.rest_help.split(' (')[0]} and"
+    what = "" if not row.rest else f"{row.rest_help.split(' (')[0]}{',' if row.rest == 1 else ' and'}"
     path, overrides, rest = sort_words(words, rest=row.rest, what=what)
     extra, kwargs = overrides_of(row, options)
     cfg = load(([path] if path else []) + overrides, extra, check=row.check)

@@ -16,6 +16,7 @@ from rich.console import Console
 from raycpt.cli import app
 from raycpt.errors import RaycptError, environment_error
 from raycpt.runs import LOST_RUNS
+from raycpt import runtime
 from raycpt.runtime import NOISE, filter_stderr, quiet_environment
 from raycpt.tracking import lost_line, read_lost, unreachable
 from raycpt.usage import click_classes, set_verbose, usage_line, verbose
@@ -38,8 +39,10 @@ def _main(argv: Optional[list[str]] = None) -> int:
         args.remove("--verbose")
         set_verbose(True)
     quiet_environment()
-    if argv is None and not verbose():  # the console script (not an in-process call): Ray's native noise off
-        filter_stderr(NOISE)
+    if argv is None:  # the console script (not an in-process call)
+        runtime.WATCH_PRIVATE_RAY = True  # Ray's own processes dying ends the run in one line (runtime.RayWatch)
+        if not verbose():  # Ray's native noise off
+            filter_stderr(NOISE)
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=args, prog_name="raycpt", standalone_mode=False)
@@ -65,6 +68,10 @@ def _main(argv: Optional[list[str]] = None) -> int:
         err_console.print("interrupted", markup=False)
         return 130
     except Exception as e:  # noqa: BLE001 - a tracking server that stopped answering is one line; bugs stay loud
+        died = runtime.ray_death_line()  # a Ray call failed because Ray's own processes died (kill -9, OOM)
+        if died is not None:
+            err_console.print(died, markup=False, highlight=False, soft_wrap=True)
+            return 2
         if not unreachable(e):
             raise
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -36,21 +37,38 @@ class ConfigError(RaycptError):
         super().__init__(f"config error: {field}={value!r}: {allowed}")
 
 
-def read_user_text(path, what: str) -> str:
+def read_user_text(path, what: str, limit: Optional[int] = None, hint: str = "") -> str:
     """The text of a file the user named, or one RaycptError line saying why not: not found, a
-    directory where a file is expected, unreadable, or not UTF-8 text (a binary file)."""
+    directory where a file is expected, not a regular file (a FIFO nobody writes would block, a device
+    such as /dev/zero never ends), unreadable, over ``limit`` bytes (read with a cap: ``st_size`` is 0
+    for /proc files and devices), or not UTF-8 text (a binary file)."""
     p = Path(path)
     if p.is_dir():
         raise RaycptError(f"{what} {p} is a directory; expected a file")
-    if not p.exists():
-        raise RaycptError(f"{what} not found: {p}")
     try:
-        return p.read_text(encoding="utf-8")
+        st = p.stat()
+    except FileNotFoundError:
+        raise RaycptError(f"{what} not found: {p}") from None
+    except OSError as e:
+        raise RaycptError(f"{what} {p} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise RaycptError(f"{what} {p} is {kind}, not a regular file; expected a file")
+    try:
+        with open(p, "rb") as f:
+            data = f.read(limit + 1) if limit is not None else f.read()
+    except OSError as e:
+        raise RaycptError(f"{what} {p} cannot be read: {e.strerror}") from None
+    if limit is not None and len(data) > limit:
+        size = f"{st.st_size:,} bytes" if st.st_size > limit else f"more than {limit:,} bytes"
+        raise RaycptError(f"{what} {p} is {size}; {hint or 'a file here is'} at most {limit:,} bytes (is it the "
+                          "right file?)")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RaycptError(f"{what} {p} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
                           "is it a binary file?") from None
-    except OSError as e:
-        raise RaycptError(f"{what} {p} cannot be read: {e.strerror}") from None
 
 
 #: errnos that say the machine, not the code, refused: a full disk or quota, a read-only or unwritable folder

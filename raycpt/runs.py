@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import shutil
 import stat
@@ -29,9 +30,9 @@ from raycpt.cluster import check_store, node_tags, version_tags
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
-from raycpt.runtime import sigterm_as_interrupt
-from raycpt.tracking import (append_record, clean_metrics, ensure_store, flatten, mark_lost, project, store_or_lost,
-                             tracked, tracking_lost, tracking_uri)
+from raycpt.runtime import on_ray_death, sigterm_as_interrupt
+from raycpt.tracking import (append_record, clean_metrics, ensure_store, flatten, mark_lost, missing_run, project,
+                             store_or_lost, store_unwritable, tracked, tracking_lost, tracking_uri)
 
 OPENING = "opening"  # state.json status of a folder whose MLflow run does not exist yet
 
@@ -97,6 +98,35 @@ def resume_changes(run_dir: Path, cfg: ExperimentConfig, sections=("model", "dat
     b = {k: v for s in sections for k, v in flat(new.get(s) or {}, s + ".").items()}
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and k not in neutral]
+
+
+SWEEP_SECTIONS = ("model", "data", "trace", "plan", "train", "eval", "sweep", "report")
+"""What defines a sweep's work (its trials, evaluations and summary): a ``--resume`` compares all of it."""
+SWEEP_NEUTRAL = RESUME_NEUTRAL + (
+    "train.cpus_per_worker", "trace.num_actors", "trace.cpus_per_actor", "trace.gpus_per_actor", "trace.batch_size",
+    "eval.batch_size", "eval.cpus_per_task", "eval.gpus_per_task", "sweep.max_concurrent_trials",
+    "sweep.cpus_per_trial", "sweep.data_cpus_per_trial", "sweep.trial_resources", "sweep.keep_checkpoints")
+"""Keys that place or keep work without changing it (resources, concurrency, what is kept)."""
+
+
+def check_resume_config(run_dir: Path, cfg: ExperimentConfig, sections=("model", "data", "plan", "train"),
+                        neutral=RESUME_NEUTRAL, accept: bool = False, why: str = "") -> list[str]:
+    """``--resume`` continues a run with the settings it was made with: one line naming every changed key (the
+    first three, and how many more) unless ``accept`` (``--accept-changes``: a deliberate continuation), in which
+    case the folder's ``config.yaml`` becomes ``cfg`` and ``state.json`` keeps the list (``config_changes``).
+    ``why``: what a change would break, said in the line. The changes (empty: none)."""
+    changed = resume_changes(run_dir, cfg, sections, neutral)
+    if not changed:
+        return []
+    if not accept:
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise RaycptError(f"--resume: {run_dir} was made with other settings: {'; '.join(changed[:3])}{more}. "
+                          f"{why + ' ' if why else ''}Drop the change, start a new run without --resume, or pass "
+                          "--accept-changes to continue this run with the new settings")
+    earlier = list(read_state(run_dir).get("config_changes") or [])
+    save_config(cfg, Path(run_dir) / "config.yaml")
+    write_state(run_dir, config_changes=earlier + [{"time": time.time(), "changes": changed}])
+    return changed
 
 
 def read_state(run_dir: Path) -> dict:
@@ -432,11 +462,16 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
     run_dir = _open_or_use(cfg, command, run_dir, resume)
     if on_open is not None:  # a refusal here leaves the folder and its run as they were
         on_open(run_dir)
+    if own and missing_run(cfg.tracking, read_state(run_dir).get("mlflow_run_id")):  # before any state is written
+        raise RaycptError(f"--resume: the MLflow run {read_state(run_dir)['mlflow_run_id']} that {run_dir}/state.json "
+                          f"names is not in the store {cfg.tracking.uri} (replaced, or the folder came from another "
+                          f"run root); `raycpt runs sync {run_dir}` records the folder into it, then --resume again")
     if parent is not None:
         parent.note_children([(run_dir, "state.json")])
     with sigterm_as_interrupt():
         try:
-            if not read_state(run_dir).get("mlflow_run_id"):
+            st = read_state(run_dir)  # a folder that finished with no run (its server was gone) stays finished
+            if not st.get("mlflow_run_id") and st.get("status") in (None, OPENING):
                 write_state(run_dir, status=OPENING)
             run = _start_run(cfg, command, run_dir, parent.run_id if parent is not None else None, run_name,
                              params, tags, nested=not own)
@@ -444,16 +479,48 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
             _failed_start(cfg, run_dir, fresh, e)
             raise
         try:
-            yield run
+            with on_ray_death(functools.partial(_ray_died, run)):
+                yield run
         except BaseException as e:
-            status = end_status(type(e), e)
-            with contextlib.suppress(Exception):
-                write_state(run_dir, status=END_STATE[status], **({} if status == "KILLED" else
-                                                                  {"error": f"{type(e).__name__}: {e}"[:500]}))
-            if run.live():
-                tracked(run.end, status)
+            _end_on_error(run, e)
             raise
         _finish(run, own)
+
+
+def _end_on_error(run: Run, e: BaseException) -> None:
+    """A command that stopped on ``e``: ``state.json`` and the run end (FAILED / KILLED). The store failing too (a
+    full disk, a read-only run root) raises the one line instead of a second traceback: the run folder holds every
+    record, and ``raycpt runs sync`` ends the run once the store can be written."""
+    status = end_status(type(e), e)
+    with contextlib.suppress(Exception):  # best effort while already failing (a full disk)
+        write_state(run.dir, status=END_STATE[status], **({} if status == "KILLED" else
+                                                          {"error": f"{type(e).__name__}: {e}"[:500]}))
+    cause, not_ended = store_unwritable(e), None
+    if run.live():
+        try:
+            tracked(run.end, status)
+        except Exception as end_error:  # noqa: BLE001 - the store failing as well: said in the one line
+            not_ended = store_unwritable(end_error) or f"{type(end_error).__name__}: {str(end_error)[:200]}"
+    sync = f"`raycpt runs sync {run.dir}` records and ends its MLflow run once the store can be written"
+    if cause is not None:
+        raise RaycptError(f"the MLflow store {run.cfg.tracking.uri} cannot be written ({cause}: is its folder "
+                          f"read-only, or its disk full?); the run stopped, its folder {run.dir} holds every record: "
+                          f"{sync}") from None
+    if not_ended is not None and isinstance(e, RaycptError):
+        raise RaycptError(f"{e} (the MLflow store cannot be written either ({not_ended}): {sync})") from None
+
+
+def _ray_died(run: Run, line: str) -> None:
+    """The private Ray's own processes died (:class:`raycpt.runtime.RayWatch`; this process is about to end):
+    every ``state.json`` still ``running`` in the run's folder (a sweep's trials' too) says failed with the line,
+    and the run and its children still RUNNING end FAILED."""
+    error = line.removeprefix("error: ")[:500]
+    for state in [run.dir / "state.json", *run.dir.glob("**/state.json")]:
+        if read_state(state.parent).get("status") == "running":
+            with contextlib.suppress(OSError):
+                write_state(state.parent, status="failed", error=error)
+    if run.live():
+        run.end("FAILED")
 
 
 def _finish(run: Run, own: bool) -> None:

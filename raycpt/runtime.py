@@ -20,7 +20,8 @@ import signal
 import socket
 import sys
 import threading
-from typing import Iterator
+import time
+from typing import Callable, Iterator, Optional
 
 from raycpt.config import RayConfig
 from raycpt.usage import verbose
@@ -48,6 +49,8 @@ def quiet_environment() -> None:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # its SQL errors are raised as exceptions too (one line: raycpt.runs); logged, each is a 60-line traceback
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     if not verbose():  # quiet by default; `raycpt --verbose` keeps all of it (errors always show)
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
@@ -62,6 +65,9 @@ NOISE = (
 )
 """Lines of native (C++) log output that the quiet mode drops from this process's stderr."""
 _filtered = False
+
+
+_REAL_STDERR: list[int] = []  # the terminal's stderr while filter_stderr pipes fd 2 through its filter
 
 
 def filter_stderr(patterns) -> None:
@@ -79,6 +85,7 @@ def filter_stderr(patterns) -> None:
     except OSError:  # pragma: no cover - no usable fd 2
         return
     _filtered = True
+    _REAL_STDERR.append(real)
 
     def pump() -> None:
         with os.fdopen(r, "rb", buffering=0) as src:
@@ -248,6 +255,7 @@ class _EarlyStart:
         if self.error is not None:
             import ray
 
+            _stop_watches()
             ray.shutdown()
             self.release.set()
 
@@ -290,6 +298,7 @@ def shutdown_ray() -> None:
     rest 0.01 s). So it gets the SIGKILL it would get a second later first; the rest stop as Ray stops them."""
     import ray
 
+    _stop_watches()  # what follows stops Ray's processes on purpose
     try:
         from ray._private import ray_constants
         from ray._private import worker as ray_worker
@@ -303,6 +312,127 @@ def shutdown_ray() -> None:
     except Exception as e:  # noqa: BLE001 - another Ray layout: Ray stops it itself, a second later
         log.debug("autoscaler monitor not stopped ahead of ray.shutdown: %s", e)
     ray.shutdown()
+
+
+# ------------------------------------------------------------------------------------ Ray's own processes dying
+
+WATCH_PRIVATE_RAY = False
+"""Whether a private Ray this process starts is watched (:class:`RayWatch`); the console script sets it (the watch
+ends the process when Ray's own processes die, which a library caller or a test process must not have)."""
+RAY_DEATH_HOOKS: list[Callable[[str], None]] = []
+"""Called with the one line when the private Ray's own processes died (:func:`on_ray_death`): each ends its run."""
+_WATCHES: list["RayWatch"] = []
+
+
+@contextlib.contextmanager
+def on_ray_death(hook: Callable[[str], None]) -> Iterator[None]:
+    """``hook(line)`` runs, inside this block, if the private Ray's GCS or raylet dies (then the process ends)."""
+    RAY_DEATH_HOOKS.append(hook)
+    try:
+        yield
+    finally:
+        RAY_DEATH_HOOKS.remove(hook)
+
+
+class RayWatch(threading.Thread):
+    """Watches the private Ray's own processes (``gcs_server``, ``raylet``). When one dies (``kill -9``, the OOM
+    killer), Ray's core worker ends the driver from C++ a minute later - no Python handler, no stderr line, the run
+    left RUNNING and Ray's agents (children of the raylet, then of init) left behind. Here instead, within a few
+    seconds: every :data:`RAY_DEATH_HOOKS` runs (the command's run and ``state.json`` end FAILED), every process
+    this one started (remembered each beat, so the agents are found after the raylet is gone) is killed, one line
+    goes to stderr and the process exits with code 2. A deliberate ``ray.shutdown`` stops the watch first
+    (:func:`shutdown_ray`); a process found dead is re-checked after two beats, so a shutdown under way is not a
+    death."""
+
+    def __init__(self, beat: float = 1.0):
+        super().__init__(name="raycpt-ray-watch", daemon=True)
+        self.beat, self.stopped, self.family = beat, threading.Event(), {}
+        self.died: Optional[str] = None  # the line of a death seen before a deliberate shutdown stopped the watch
+
+    @staticmethod
+    def own_processes() -> list:
+        from ray._private import ray_constants
+        from ray._private import worker as ray_worker
+
+        node = getattr(ray_worker, "_global_node", None)
+        kinds = (ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET)
+        return [(k, info.process) for k in kinds for info in (node.all_processes.get(k, []) if node else [])]
+
+    def remember(self) -> None:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children(recursive=True):
+                self.family.setdefault(child.pid, child)
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.beat):
+            self.remember()
+            dead = [(k, p) for k, p in self.own_processes() if p.poll() is not None]
+            if dead and not self.stopped.wait(2 * self.beat) and \
+                    any(p is q for _, p in dead for _, q in self.own_processes()):
+                self.fire(*dead[0])
+
+    def dead_line(self) -> Optional[str]:
+        """The one line for the first of Ray's own processes found dead now, else None."""
+        for kind, proc in self.own_processes():
+            code = proc.poll()
+            if code is not None:
+                how = (f"killed by signal {-code}{' (kill -9, or the out-of-memory killer)' if code == -9 else ''}"
+                       if code < 0 else f"exit code {code}")
+                return (f"error: Ray's own {kind} (pid {proc.pid}) died while the command ran ({how}); the run ended "
+                        "FAILED and Ray's other processes were stopped; run the same command with --resume to "
+                        "continue from the last checkpoint")
+        return None
+
+    def fire(self, kind: str, proc) -> None:
+        line = self.dead_line() or f"error: Ray's own {kind} (pid {proc.pid}) died while the command ran"
+        for hook in list(RAY_DEATH_HOOKS):
+            try:
+                hook(line)
+            except Exception as e:  # noqa: BLE001 - best effort while Ray is gone; the line still comes
+                log.debug("ray death hook failed: %s", e)
+        self.kill_family()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.write(_REAL_STDERR[0] if _REAL_STDERR else 2, (line + "\n").encode())  # no exit handler drains a pipe
+        os._exit(2)
+
+    def kill_family(self) -> None:
+        import psutil
+
+        self.remember()
+        for p in self.family.values():
+            with contextlib.suppress(psutil.Error):
+                p.kill()  # psutil checks the pid still names the process it remembered
+        psutil.wait_procs(list(self.family.values()), timeout=5)
+
+
+def ray_death_line() -> Optional[str]:
+    """When the private Ray's GCS or raylet is dead now (an error a Ray call raised on its way out, before the
+    watch's next beat): Ray's other processes are stopped and the one line returned; else None."""
+    for watch in list(_WATCHES):
+        line = watch.died or (None if watch.stopped.is_set() else watch.dead_line())
+        if line is not None:
+            watch.stopped.set()
+            watch.kill_family()
+            return line
+    return None
+
+
+def _watch_private_ray() -> None:
+    if WATCH_PRIVATE_RAY:
+        _WATCHES.append(RayWatch())
+        _WATCHES[-1].start()
+        atexit.register(_stop_watches)  # before Ray's own exit handler (last in, first run) stops its processes
+
+
+def _stop_watches() -> None:
+    """Before a deliberate shutdown: each watch stops, keeping the line of a death that came first."""
+    for watch in _WATCHES:
+        if not watch.stopped.is_set():
+            watch.died = watch.dead_line()
+            watch.stopped.set()
 
 
 def stop_ray_soon() -> None:
@@ -344,6 +474,7 @@ def _start_ray(cfg: RayConfig) -> None:
             logging_level=logging.ERROR,
             configure_logging=True,
         )
+    _watch_private_ray()
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -132,10 +133,14 @@ def _store_template() -> Path:
     folder = cache_root() / STORE_TEMPLATES
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"mlflow-{mlflow.__version__}.db"  # a release's schema is fixed: its newest migration
-    if path.is_file():
+    if path.is_file() and template_ok(path):
         return path
     with open(folder / ".lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if path.is_file() and not template_ok(path):  # damaged in the cache: it would break every new run root
+            logging.getLogger(__name__).warning("warning: the cached MLflow store template %s is damaged: made again",
+                                                path)
+            path.unlink()
         if not path.is_file():
             tmp = folder / f".{path.name}.{os.getpid()}.tmp"
             tmp.unlink(missing_ok=True)
@@ -152,6 +157,19 @@ def _store_template() -> Path:
                     q.setLevel(lv)
             os.replace(tmp, path)
     return path
+
+
+def template_ok(path: Path) -> bool:
+    """Whether the cached store template is a whole SQLite database with MLflow's schema revision in it."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            ok = con.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+            return ok and con.execute("SELECT version_num FROM alembic_version").fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
 
 
 def _ensure_store(cfg: TrackingConfig, uri: str) -> str:
@@ -240,6 +258,44 @@ def unreachable(e: BaseException) -> bool:
         if "API request to" in text and ("Max retries exceeded" in text or "Connection" in text):
             return True
         cur = cur.__cause__ or cur.__context__
+    return False
+
+
+STORE_WRITE_ERRORS = ("unable to open database file", "attempt to write a readonly database",
+                      "database or disk is full", "disk I/O error", "readonly database")
+"""SQLite's words for a store it cannot write: its folder read-only (``chattr +i``, a read-only mount: the journal
+cannot be made), its disk full, the device failing."""
+
+
+def store_unwritable(e: Optional[BaseException]) -> Optional[str]:
+    """SQLite's words (:data:`STORE_WRITE_ERRORS`) when ``e`` or its chain says the MLflow store cannot be written,
+    else None."""
+    seen, cur = set(), e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        text = str(cur)
+        found = next((w for w in STORE_WRITE_ERRORS if w in text), None)
+        if found is not None and "OperationalError" in f"{type(cur).__name__} {text}":
+            return found
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def missing_run(cfg: TrackingConfig, run_id: Optional[str]) -> bool:
+    """Whether the store of ``cfg`` answers that it has no run ``run_id`` (a store replaced or deleted, a folder
+    copied from another run root); False when it has it, or for no id."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    if not run_id:
+        return False
+    ensure_store(cfg)
+    try:
+        MlflowClient(tracking_uri(cfg)).get_run(run_id)
+    except MlflowException as e:
+        if getattr(e, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return True
     return False
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable, Iterable, Optional
@@ -20,6 +21,7 @@ from raycpt.errors import RaycptError
 from raycpt.splits import parse_ratio
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
+_UNICODE_KEY = re.compile(r"^\w+(\.\w+)*=")  # a dotted key of any letters (a look-alike: Cyrillic a for Latin a)
 CONFIG_SUFFIXES = (".yaml", ".yml")
 VERBOSE_ENV = "RAYCPT_VERBOSE"
 
@@ -48,7 +50,9 @@ def sort_words(words: Optional[Iterable[str]], rest: int = 0, what: str = "") ->
                               "e.g. train.lr=1e-4")
         if is_override(w):
             overrides.append(w)
-        elif config is None and (rest == 0 or is_config_file(w)):
+            continue
+        _refuse_non_ascii_key(w)
+        if config is None and (rest == 0 or is_config_file(w)):
             config = w
         elif len(other) < rest:
             other.append(w)
@@ -57,6 +61,18 @@ def sort_words(words: Optional[Iterable[str]], rest: int = 0, what: str = "") ->
             raise RaycptError(f"unexpected argument {w!r}: give {expect}at most one CONFIG file, then key=value "
                               "overrides")
     return config, overrides, other
+
+
+def _refuse_non_ascii_key(word: str) -> None:
+    """One line for ``key=value`` whose key holds a letter outside ASCII (``trаin.lr=1e-4`` with a Cyrillic
+    ``а``): a look-alike would otherwise be taken for a CONFIG file name."""
+    key = word.split("=", 1)[0]
+    if not _UNICODE_KEY.match(word) or key.isascii() or os.path.exists(word):
+        return
+    i, ch = next((i, c) for i, c in enumerate(key) if not c.isascii())
+    name = unicodedata.name(ch, "an unnamed character")
+    raise RaycptError(f"override {word!r}: its key has the non-ASCII character {ch!r} (U+{ord(ch):04X} {name}) at "
+                      f"position {i + 1}; config keys are ASCII letters, digits, '_' and '.', e.g. train.lr=1e-4")
 
 
 # ------------------------------------------------------------------------------------ usage errors

@@ -79,6 +79,7 @@ def fixtures(tmp: Path) -> dict:
     (tmp / "out" / "new_shallow").mkdir(parents=True, exist_ok=True)
     (tmp / "out" / "new_shallow" / "my_notes.txt").write_text("the user's file")
     _issue27_fixtures(tmp, f)
+    _issue41_fixtures(tmp, f)
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
@@ -145,7 +146,7 @@ def cases(f: dict) -> list[Case]:
         Case("a YAML alias bomb", ["config", "validate", str(t / "bomb.yaml")], "expands to more than 100,000 nodes"),
         Case("a 2 MB config", ["config", "validate", str(t / "huge.yaml")], "a config is at most 1,048,576 bytes"),
         Case("two config files", ["config", "validate", str(t / "list.yaml"), str(t / "broken.yaml")],
-             "unexpected argument"),
+             "give at most one CONFIG file"),
         Case("unknown key", ["config", "validate", "train.lrr=1"], "unknown key (did you mean 'train.lr'?)"),
         Case("unknown section", ["config", "validate", "trian.lr=1"], "unknown key"),
         Case("empty override key", ["config", "validate", "=3"], "empty key"),
@@ -327,7 +328,7 @@ def cases(f: dict) -> list[Case]:
         Case("train unreachable tracking.uri", train + ["tracking.uri=http://127.0.0.1:9"], "", ray=True,
              owner="13"),
     ]
-    return c + issue27_cases(f)
+    return c + issue27_cases(f) + issue41_cases(f)
 
 
 def issue27_cases(f: dict) -> list[Case]:
@@ -390,6 +391,158 @@ def issue27_cases(f: dict) -> list[Case]:
     ]
 
 
+def _issue41_fixtures(tmp: Path, f: dict) -> None:
+    """Issue 41's fixtures: a FIFO, a corpus with one over-long line, replay corpora, a train folder whose checkpoint
+    read another pack of the replay corpus, a finished sweep folder, a finished train folder with an older result,
+    a sweep folder that lost a trial, model folders with a cut-short or unlisted weight file, two trials sharing a
+    base shard damaged through one of them, a config that does not belong to its weights."""
+    import shutil
+
+    import torch
+    import yaml
+
+    sys.path.insert(0, str(ROOT))
+    from raycpt.config import load_config, save_config
+    from raycpt.models.shards import ensure_base_shards
+    from raycpt.runs import Run, write_state
+    from raycpt.train.manifest import write_manifest
+    from raycpt.train.publish import publish_model
+
+    tiny, r41 = Path(f["model"]), tmp / "runs41"
+    os.mkfifo(tmp / "fifo.yaml")
+    (tmp / "longline.jsonl").write_text(json.dumps({"text": "x" * (5 << 20)}) + "\n")
+    (tmp / "replay.jsonl").write_text("".join(json.dumps({"text": f"general text {i}"}) + "\n" for i in range(300)))
+    (tmp / "short_replay.jsonl").write_text(json.dumps({"text": "one"}) + "\n")
+    small = tmp / "small.jsonl"
+    f["train41"] = ["train", f"model.ref={tiny}", f"tracking.run_root={r41}", f"data.corpus=[{small}]",
+                    "data.seq_len=32", "train.max_steps=2", "train.num_workers=1"]
+    replay = ["data.replay.ratio=0.25", f"data.replay.corpus=[{tmp / 'replay.jsonl'}]"]
+    # a train run interrupted after step 2; its checkpoint read another pack of the replay corpus
+    cfg = load_config(None, f["train41"][1:] + replay + ["name=replayed"])
+    run = r41 / "train-replayed-0001"
+    ckpt = run / "ray" / "a1" / "checkpoint_000002"
+    shutil.copytree(tiny, ckpt / "model")
+    torch.save({}, ckpt / "train_state.pt")
+    (ckpt / "train_state.json").write_text(json.dumps({"step": 2, "data": {
+        "replay_store_identity": "the pack before the replay corpus was edited"}}))
+    write_manifest(ckpt, 2, finite=True)
+    save_config(cfg, run / "config.yaml")
+    write_state(run, command="train", status="interrupted", mlflow_run_id="0" * 32)
+    # two trials of one run root publishing by reference; a byte of the shared rest shard flipped through trial a
+    shards = ensure_base_shards(tiny, r41 / "base_shards", "float32")
+    for name in ("a", "b"):
+        publish_model(ckpt, r41 / "sweep-s-1" / "trials" / name / "train" / "final_model", base_shards=shards)
+    rest = shards / "rest.safetensors"
+    rest.chmod(0o644)
+    with open(r41 / "sweep-s-1" / "trials" / "a" / "train" / "final_model" / "rest.safetensors", "r+b") as fh:
+        fh.seek(-1, 2)
+        last = fh.read(1)
+        fh.seek(-1, 2)
+        fh.write(bytes([last[0] ^ 0xFF]))
+    f["trial_b"] = str(r41 / "sweep-s-1" / "trials" / "b" / "train" / "final_model")
+    # a finished sweep folder made with train.lr=3e-05 (resumed below with another)
+    f["sweep41"] = ["sweep", f"model.ref={tiny}", f"tracking.run_root={r41}", f"data.corpus=[{small}]",
+                    "data.seq_len=32", "train.max_steps=2", "sweep.trace_first=false", "eval.limit=4", "name=done"]
+    done = r41 / "sweep-done-0001"
+    save_config(load_config(None, f["sweep41"][1:] + ["train.lr=3e-05"]), done / "config.yaml")
+    write_state(done, command="sweep", status="finished", mlflow_run_id="1" * 32)
+    # a finished train run whose train_result.json is older: no tokens_per_s, no trainable_params
+    old = r41 / "train-older-0001"
+    shutil.copytree(tiny, old / "final_model")
+    write_manifest(old / "final_model", 2, finite=True)
+    save_config(load_config(None, f["train41"][1:] + ["name=older"]), old / "config.yaml")
+    write_state(old, command="train", status="finished")
+    moved = r41 / "train-moved-0001"  # a finished run folder whose MLflow run is not in this run root's store
+    shutil.copytree(old, moved, symlinks=True)
+    save_config(load_config(None, f["train41"][1:] + ["name=moved"]), moved / "config.yaml")
+    write_state(moved, mlflow_run_id="2" * 32)
+    (old / "train_result.json").write_text(json.dumps({"final_model_dir": str(old / "final_model"), "losses": [4.0],
+                                                       "steps": [1], "wall_s": 1.0, "frozen_params": 0,
+                                                       "plan": {"name": "full"}}))
+    # a finished sweep folder (records only, its store empty) whose trial folder and summary file were deleted
+    lost = tmp / "lost-sweep"
+    lcfg = load_config(None, [f"tracking.run_root={tmp / 'lost_runs'}"])
+    save_config(lcfg, lost / "config.yaml")
+    write_state(lost, command="sweep", status="finished", run_name="sweep-lost")
+    top = Run(lcfg, "sweep", lost, None, None, False, None)
+    top.note_children([(lost / "trials" / "full", "trial.json")])
+    (lost / "summary").mkdir()
+    (lost / "summary" / "summary.json").write_text("{}")
+    top.log_artifact(lost / "summary" / "summary.json", "summary")
+    (lost / "summary" / "summary.json").unlink()
+    # model folders: a weight file cut short (no manifest), an unlisted weight file beside a manifest
+    shutil.copytree(tiny, tmp / "cut_plain")
+    w = tmp / "cut_plain" / "model.safetensors"
+    with open(w, "r+b") as fh:
+        fh.truncate(w.stat().st_size - 100)
+    shutil.copytree(tiny, tmp / "stray")
+    write_manifest(tmp / "stray", 2, finite=True)
+    shutil.copy(tiny / "model.safetensors", tmp / "stray" / "extra.safetensors")
+    with open(tmp / "stray" / "extra.safetensors", "r+b") as fh:
+        fh.truncate(1000)
+    shutil.copytree(tiny, tmp / "odd_config")
+    conf = json.loads((tmp / "odd_config" / "config.json").read_text())
+    (tmp / "odd_config" / "config.json").write_text(json.dumps({**conf, "num_hidden_layers": 30}))
+    del yaml
+
+
+def issue41_cases(f: dict) -> list[Case]:
+    """Issue 41: resumes that notice what changed, shared shards, one line wherever raycpt stops, bounded input.
+    (Cases that are processes dying mid-run besides Ray's own - a run root made immutable, a full tmpfs holding
+    the store - and the right results - two syncs at once, a sync into another store then a resume - are
+    tests/integration/test_outside_faults3.py's.)"""
+    t, m = f["tmp"], f["model"]
+    r41, train, sweep = t / "runs41", f["train41"], f["sweep41"]
+    replay = ["data.replay.ratio=0.25"]
+    faults = {"RAYCPT_FAULTS": json.dumps({"kill_ray_step": 2, "kill_ray_process": "gcs_server", "step_sleep": 1})}
+    return [
+        Case("config validate /dev/zero", ["config", "validate", "/dev/zero"], "is a device, not a regular file",
+             owner="41"),
+        Case("a config that is a FIFO nobody writes", ["config", "validate", str(t / "fifo.yaml")],
+             "is a FIFO (named pipe), not a regular file", owner="41"),
+        Case("an override key with a Cyrillic letter", ["config", "validate", "tr\u0430in.lr=1e-4"],
+             "non-ASCII character '\u0430' (U+0430 CYRILLIC SMALL LETTER A)", owner="41"),
+        Case("a corpus line of 5 MB", ["data", "prepare", f"model.ref={m}", f"tracking.run_root={r41}",
+                                       f"data.corpus=[{t / 'longline.jsonl'}]"],
+             "is a line longer than 4,194,304 bytes", owner="41"),
+        Case("data.replay.corpus missing", train + replay + [f"data.replay.corpus=[{t / 'nope.jsonl'}]"],
+             "data.replay.corpus: ", owner="41"),
+        Case("data.replay.corpus empty", train + replay + [f"data.replay.corpus=[{t / 'empty.jsonl'}]"],
+             "data.replay.corpus [", owner="41"),
+        Case("data.replay.corpus too short", train + replay + [f"data.replay.corpus=[{t / 'short_replay.jsonl'}]"],
+             "data.replay.corpus [", owner="41"),
+        Case("train --resume after the replay corpus was re-packed",
+             train + replay + [f"data.replay.corpus=[{t / 'replay.jsonl'}]", "name=replayed", "--resume"],
+             "(data.replay.corpus: corpus the pack before", owner="41"),
+        Case("sweep --resume of a finished sweep with another train.lr", sweep + ["train.lr=1e-3", "--resume"],
+             "train.lr: 3e-05 -> 0.001", ray=True, owner="41"),
+        Case("train --resume of a finished run whose train_result.json is older", train + ["name=older", "--resume"],
+             "train_result.json lacks tokens_per_s, trainable_params", ray=True, owner="41"),
+        Case("train --resume of a folder whose MLflow run is not in the store", train + ["name=moved", "--resume"],
+             "names is not in the store", owner="41"),
+        Case("runs sync of a finished sweep that lost a trial folder and its summary",
+             ["runs", "sync", str(t / "lost-sweep")], "the folder lacks 2 thing(s)", owner="41"),
+        Case("eval of a trial whose shared base shard was damaged through another trial",
+             ["eval", f"tracking.run_root={r41}", "--checkpoints", f["trial_b"]], "which is damaged (shared by 2",
+             owner="41"),
+        Case("eval of a folder whose weight file is cut short (no manifest)",
+             ["eval", f"tracking.run_root={r41}", "--checkpoints", str(t / "cut_plain")],
+             "its header lays out", owner="41"),
+        Case("eval of a verified folder with a cut-short weight file beside it",
+             ["eval", f"tracking.run_root={r41}", "--checkpoints", str(t / "stray")],
+             "extra.safetensors is not in its manifest", owner="41"),
+        Case("a config.json that does not belong to its weights", ["plan", "show", f"model.ref={t / 'odd_config'}",
+                                                                   f"tracking.run_root={r41}"],
+             "config.json declares 30 decoder layers, its weights hold 4", owner="41"),
+        Case("runs export of a folder with no model", ["runs", "export", str(t / "adir"), str(t / "exported")],
+             "holds no published model", owner="41"),
+        Case("kill -9 of the private Ray's gcs_server mid-train (test fault)",
+             ["train", f"model.ref={m}", f"tracking.run_root={t / 'gcs_runs'}", f"data.corpus=[{t / 'small.jsonl'}]",
+              "data.seq_len=32", "train.max_steps=6", "train.num_workers=1"],
+             "error: Ray's own gcs_server", ray=True, owner="41", env=faults),
+    ]
+
+
 def run_case(case: Case, env: dict, timeout: float = 600) -> dict:
     exe = Path(sys.executable).with_name("raycpt")
     try:
@@ -409,7 +562,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fast", action="store_true", help="skip the cases that start Ray")
     ap.add_argument("--markdown", help="also write the table to this file")
     ap.add_argument("--all", action="store_true", help="also the cases other issues own (12: corpus, 13: tracking "
-                                                       "server, 16: CLI usage errors)")
+                                                       "server, 16: CLI usage errors, 25, 27, 41, ...)")
     a = ap.parse_args(argv)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)

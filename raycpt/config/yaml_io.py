@@ -72,10 +72,7 @@ for _ch in "-+0":
 
 def read_yaml(path: str | os.PathLike) -> dict:
     p = Path(path)
-    if p.is_file() and p.stat().st_size > MAX_CONFIG_BYTES:
-        raise RaycptError(f"config file {p} is {p.stat().st_size:,} bytes; a config is at most "
-                          f"{MAX_CONFIG_BYTES:,} bytes (is it the right file?)")
-    text = read_user_text(p, "config file")
+    text = read_user_text(p, "config file", limit=MAX_CONFIG_BYTES, hint="a config is")
     try:
         data = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError as e:

@@ -52,6 +52,10 @@ GZ_SPLIT_MAX = 64 << 20
 """``.gz`` files up to this size are split by lines (each task decompresses up to its range);
 larger ones are one chunk each (split such a corpus into several files)."""
 SNIFF_BYTES = 8192
+MAX_LINE_BYTES = 4 << 20
+"""A line (one JSONL record or one text document) is at most 4 MiB: reading and tokenising one line takes
+about a hundred times its size in memory (a 50 MB line passed 5 GB resident), so a longer one is refused with
+one line naming it; split such a text into several documents."""
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -218,11 +222,14 @@ def _lines_of(f, path: str, start: int = 0, end: Optional[int] = None) -> Iterat
     pos = f.tell() if end is not None else 0
     n = 0
     while end is None or pos < end:
-        raw = f.readline()
+        raw = f.readline(MAX_LINE_BYTES + 1)
         if not raw:
             break
         n += 1
         at = pos if end is not None else n
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise RaycptError(f"data.corpus: {path} {_where(at, end)} is a line longer than {MAX_LINE_BYTES:,} bytes; "
+                              "a document is at most that long (one document per line): split it into several")
         pos += len(raw)
         if pos == len(raw) and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark opens the file
             raw = raw[3:]

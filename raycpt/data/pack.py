@@ -21,6 +21,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import socket
@@ -120,14 +121,22 @@ def count_chunk(chunk: dict) -> dict:
 
 # ------------------------------------------------------------------------------------ running chunks
 
+_REMOTE_RAYCPT_ERROR = re.compile(r"^raycpt\.errors\.\w+: (.+)$", re.MULTILINE)
+
+
 def _raycpt_cause(e: BaseException) -> Optional[RaycptError]:
-    seen, cur = set(), e
+    """The RaycptError behind ``e``: in its chain, or - where Ray Data's ``RayTaskError(UserCodeException)``
+    carries the task's error only as its traceback text (the chain ends at the UserCodeException) - the last
+    ``raycpt.errors.RaycptError: ...`` line of that text."""
+    seen, cur, texts = set(), e, []
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         if isinstance(cur, RaycptError):
             return RaycptError(str(cur).splitlines()[0] if str(cur) else type(cur).__name__)
+        texts.append(str(cur))
         cur = getattr(cur, "cause", None) or cur.__cause__ or cur.__context__
-    return None
+    found = [m.group(1).strip() for t in texts for m in _REMOTE_RAYCPT_ERROR.finditer(t)]
+    return RaycptError(found[-1]) if found else None
 
 
 def _row_task(row: dict, fn_name: str, kwargs: dict) -> dict:

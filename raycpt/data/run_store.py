@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 
 from raycpt.config import ExperimentConfig
+from raycpt.data.corpus import check_corpus
 from raycpt.data.pack import describe_build, describe_hit, ensure_packed
 from raycpt.errors import RaycptError
 from raycpt.io import run_root
+from raycpt.runtime import cluster_address
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +42,35 @@ def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, re
     return store
 
 
-def replay_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True):
-    """The packed store of ``data.replay.corpus`` (all of its documents, none held out), or None without replay."""
+def replay_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
+    """The packed store of ``data.replay.corpus`` (all of its documents, none held out), or None without replay;
+    a bad replay corpus is one line naming ``data.replay.corpus`` (the primary corpus's checks say ``data.corpus``)."""
     r = cfg.data.replay
     if r.ratio <= 0:
         return None
     data = dataclasses.replace(cfg.data, corpus=list(r.corpus), max_documents=None, heldout_share=0.0)
-    return packed_corpus(dataclasses.replace(cfg, data=data), model_path, quiet=quiet)
+    try:
+        return packed_corpus(dataclasses.replace(cfg, data=data), model_path, quiet=quiet, rebuild=rebuild)
+    except RaycptError as e:
+        raise RaycptError(as_replay(str(e))) from None
+
+
+def as_replay(line: str) -> str:
+    """A corpus check's line about the replay corpus: its ``data.corpus`` names ``data.replay.corpus``."""
+    return re.sub(r"(?<![\w.])data\.corpus\b", "data.replay.corpus", line)
+
+
+def check_corpora(cfg: ExperimentConfig, model_path: str, quiet: bool = True) -> None:
+    """Every corpus a run reads (``data.corpus`` and, with replay, ``data.replay.corpus``), checked before its run
+    folder exists: packed now (a hit when packed before; too short for the run is one line) on one machine; on a
+    cluster only their files are checked here (the pack runs as Ray Data tasks once Ray is up)."""
+    if cluster_address(cfg.ray):
+        check_corpus(cfg.data)
+        if cfg.data.replay.ratio > 0:
+            try:
+                check_corpus(dataclasses.replace(cfg.data, corpus=list(cfg.data.replay.corpus)))
+            except RaycptError as e:
+                raise RaycptError(as_replay(str(e))) from None
+        return
+    packed_corpus(cfg, model_path, quiet=quiet)
+    replay_corpus(cfg, model_path, quiet=quiet)

@@ -58,7 +58,7 @@ def target_probs(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor, targ
         logp = torch.log_softmax(logits.double(), dim=-1)
         out[s:s + chunk_rows] = logp.gather(1, tgt[s:s + chunk_rows, None])[:, 0].exp()
         if out_k is not None:  # 004 §4.1: each layer's own top-k (raycpt.diagnostics.scores.topk_target_prob)
-            out_k[s:s + chunk_rows] = topk_target_prob(logits, tgt[s:s + chunk_rows], top_k)
+            out_k[s:s + chunk_rows] = topk_target_prob(logits, tgt[s:s + chunk_rows], top_k, lp=logp)
     if out_k is not None:
         return out.reshape(b, n_states), out_k.reshape(b, n_states)
     return out.reshape(b, n_states)

@@ -80,13 +80,15 @@ def topk_js(p_logits: torch.Tensor, q_logits: torch.Tensor, top_k: int = 10,
     return js_divergence(p, q)
 
 
-def topk_target_prob(logits: torch.Tensor, target: torch.Tensor, top_k: int) -> torch.Tensor:
+def topk_target_prob(logits: torch.Tensor, target: torch.Tensor, top_k: int,
+                     lp: Optional[torch.Tensor] = None) -> torch.Tensor:
     """P_t under 004 §4.1's per-layer reading: each layer's distribution keeps only *its own* top-k
     tokens (renormalised over them); P_t is t*'s share there, 0 when t* is not among them. (rows, V)
     logits, (rows,) targets -> (rows,) float64. Over the full softmax P_t is never exactly 0, so
     Ratio(l) > 0 at every layer and the Task-Particle interval is every layer; under this reading a
-    layer whose top-k lacks t* on both sides of it has Ratio = 0."""
-    lp = torch.log_softmax(logits.double(), dim=-1)
+    layer whose top-k lacks t* on both sides of it has Ratio = 0. ``lp``: the rows' float64 log-softmax when the
+    caller has it (:func:`raycpt.diagnostics.lens.target_probs`: one full-vocabulary pass instead of two)."""
+    lp = torch.log_softmax(logits.double(), dim=-1) if lp is None else lp
     top, idx = torch.topk(lp, min(top_k, lp.shape[-1]), dim=-1)
     tgt = target.to(idx.device)[:, None]
     hit = (idx == tgt).any(-1)
@@ -96,11 +98,17 @@ def topk_target_prob(logits: torch.Tensor, target: torch.Tensor, top_k: int) -> 
 
 def mass_outside(p_logits: torch.Tensor, q_logits: torch.Tensor, idx: Optional[torch.Tensor]) -> torch.Tensor:
     """The probability mass of Q *outside* P's top-k support (``idx``; 0 for the full vocabulary): what
-    JS@k cannot see, because it renormalises both distributions over that support. (batch,) float64."""
+    JS@k cannot see, because it renormalises both distributions over that support. (batch,) float64.
+
+    ``1 - exp(logsumexp(Q's logits on the support) - logsumexp(all of Q's logits))``, the full-vocabulary
+    normaliser in the logits' own dtype (float32 for a float32 model: no float64 copy and softmax of every
+    perturbation's (batch, vocab) logits, which commit 79d9955 added to the trace's hot path; differs from the
+    float64 softmax by ~1e-9), the support's k terms in float64."""
     if idx is None:
         return torch.zeros(q_logits.shape[0], dtype=torch.float64)
-    q = torch.softmax(q_logits.double(), dim=-1)
-    return (1.0 - q.gather(-1, idx.to(q.device)).sum(-1)).clamp_min(0.0).cpu()
+    lse = torch.logsumexp(q_logits, dim=-1).double()
+    inside = torch.logsumexp(q_logits.gather(-1, idx.to(q_logits.device)).double(), dim=-1)
+    return (1.0 - torch.exp(inside - lse)).clamp_min(0.0).cpu()
 
 
 def tp_interval(ratio_row: np.ndarray, tau: float = 0.0) -> tuple[int, int, int]:

@@ -12,13 +12,13 @@ from raycpt.data.store import list_stores, store_root
 from raycpt.jobs.job import NoRun, Options
 from raycpt.runtime import cluster_address, ray_session
 from raycpt.io import run_root
-from raycpt.data.run_store import pack_corpus
+from raycpt.data.run_store import pack_corpus, replay_corpus
 from raycpt.train.prepare import resolve_model_path
 
 
 def prepare_store(cfg: ExperimentConfig, options: Options) -> None:
-    """Pack ``cfg.data.corpus`` once (``--rebuild``: again; any non-empty store is a valid pack: whether it is big
-    enough is a training run's check). Ray Data tasks on a cluster; on one machine a local process pool."""
+    """Pack ``cfg.data.corpus`` (and ``data.replay.corpus`` when ``data.replay.ratio`` > 0) once (``--rebuild``:
+    again; any non-empty store is a valid pack: whether it is big enough is a training run's check). Ray Data tasks on a cluster; on one machine a local process pool."""
     rebuild = bool(options.get("rebuild"))
     model_path = resolve_model_path(cfg)
     hit = not rebuild and find_packed(cfg.data, model_path, run_root(cfg.tracking)) is not None
@@ -26,6 +26,7 @@ def prepare_store(cfg: ExperimentConfig, options: Options) -> None:
         check_corpus(cfg.data)  # bad files are one line before Ray starts
     with contextlib.nullcontext() if hit or not cluster_address(cfg.ray) else ray_session(cfg.ray):
         pack_corpus(cfg, model_path, quiet=False, rebuild=rebuild)  # prints its one line
+        replay_corpus(cfg, model_path, quiet=False, rebuild=rebuild)  # data.replay.corpus too, when it mixes in
 
 
 def store_info(cfg: ExperimentConfig, options: Options):

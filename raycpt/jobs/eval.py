@@ -23,6 +23,7 @@ from raycpt.evaluate.results import EvalResult
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.jobs.job import Options, RunSpec, Steps, run_job
 from raycpt.models.refs import parse_ref
+from raycpt.models.shards import weights_problem
 from raycpt.models.sources import resolve_model_path
 from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
@@ -79,8 +80,13 @@ def check_model_files(folder: Path, given: str) -> None:
         why = verify_checkpoint(folder, require=("config.json",))
     elif folder.name == MODEL_DIR and (folder.parent / MANIFEST_FILE).is_file():
         why = verify_checkpoint(folder.parent, require=(f"{MODEL_DIR}/config.json",))
-    else:
+    else:  # no manifest: every weight file whole before transformers reads it
+        why = weights_problem(folder)
+        if why is not None:
+            raise RaycptError(f"checkpoint {given}: {why}")
         return
+    if why is not None and ("base model's shard" in why or "not in its manifest" in why):  # its own remedy
+        raise RaycptError(f"checkpoint {given}: {why}")
     if why is not None:
         raise RaycptError(f"checkpoint {given} fails its manifest check: {why} (cut short or damaged); evaluate "
                           "another checkpoint of the run")

@@ -31,6 +31,7 @@ from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, ahead_of_trials, grid
                               no_shards, run_grid, train_and_evaluate, warm_imports)
 from raycpt.jobs.job import Options, RunSpec, Steps, run_job
 from raycpt.jobs.select import BATCH, corpus_blocks
+from raycpt.data.run_store import check_corpora
 from raycpt.jobs.trace import run_trace
 from raycpt.models.adapters import lora_targets, lora_trainable_params
 from raycpt.models.sources import load_model
@@ -38,7 +39,7 @@ from raycpt.models.stack import LayerStack
 from raycpt.report.sweep import report_options, write_summary
 from raycpt.report.sweep_outcomes import HELDOUT_DOCS_FILE
 from raycpt.report.tuning import pick_by_validation, tuning_lines, tuning_markdown
-from raycpt.runs import memo
+from raycpt.runs import SWEEP_NEUTRAL, SWEEP_SECTIONS, check_resume_config, memo
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.splits import check_split, split_index
 from raycpt.strategies import budget_plans, check_budget, split_plans, takes_split
@@ -234,6 +235,7 @@ def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPl
     if options.get("strategies") is not None:
         cfg.sweep.strategies = list(options.get("strategies"))
     model_path, num_layers = model_layers(cfg)
+    check_corpora(cfg, model_path, quiet=console is None)  # a bad corpus (replay too): one line, no run folder
     s = cfg.sweep
     if is_auto(s.budget):  # the recommended train_shallow's count: the rows come after the trace (execute)
         if not s.trace_first:
@@ -256,7 +258,17 @@ def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPl
 def run_spec(plan: SweepPlan, options: Options) -> RunSpec:
     """The sweep's run: the grid's params; Ray and the base shards start while it opens."""
     return RunSpec(plan.cfg, "sweep", params=grid_params(plan.specs, {"num_layers": plan.num_layers}),
-                   around=ahead_of_trials(plan))
+                   around=ahead_of_trials(plan), on_open=resume_check(plan.cfg, options))
+
+
+def resume_check(cfg: ExperimentConfig, options: Options):
+    """``--resume``: one line naming each setting that defines the work (:data:`raycpt.runs.SWEEP_SECTIONS`) and
+    differs from the run folder's ``config.yaml``; ``--accept-changes`` continues with the new ones."""
+    if not options.resume:
+        return None
+    return lambda run_dir: check_resume_config(run_dir, cfg, SWEEP_SECTIONS, SWEEP_NEUTRAL,
+                                               accept=bool(options.get("accept_changes")),
+                                               why="Its finished trials and tables were made with the saved ones.")
 
 
 def budget_numbers(skeleton, targets=()) -> dict:

@@ -27,7 +27,7 @@ from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.jobs.job import NoRun, Options
 from raycpt.runs import END_STATE, read_state, write_state
-from raycpt.tracking import (LOST_FILE, Seen, ensure_store, project, read_records, record_kind,
+from raycpt.tracking import (LOST_FILE, Seen, ensure_store, project, read_records, record_kind, record_path,
                              tracking_uri as uri_of)
 
 STATUS = {**{state: status for status, state in END_STATE.items()}, "nonfinite": "FAILED"}
@@ -46,6 +46,7 @@ class Store:
     uri: str
     own: bool  # the folder's own store (its config's tracking.uri)
     runs: list = field(default_factory=list)  # (folder, run id, created, items sent) per run synced
+    missing: list = field(default_factory=list)  # what the records name and the folder no longer holds
 
 
 def _run_folder(rest) -> Path:
@@ -117,9 +118,14 @@ def sync_tree(store: Store, folder: Path, meta_file: str = "state.json", parent_
         if record_kind(rec) == "children":
             children += [(folder / rel, mf) for rel, mf in rec["children"] if (folder / rel, mf) not in children]
         else:
+            if record_kind(rec) == "artifact" and not record_path(folder, rec["artifact"]).exists():
+                store.missing.append(str(record_path(folder, rec["artifact"])))
             sent += project(store.client, run_id, rec, folder, seen)
     status = STATUS.get(meta.get("status", "")) or parent_status
     for child, mf in children:
+        if status == "FINISHED" and not child.is_dir():  # a finished run's units all ran: this one's was deleted
+            store.missing.append(f"{child}/ (a nested run's folder)")
+            continue
         sync_tree(store, child, mf, run_id, None if status == "FINISHED" else status)
     if status is not None:
         store.client.set_terminated(run_id, status=status)
@@ -157,8 +163,14 @@ def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None) -> str:
     new = sum(1 for r in units if r[2])
     sent = sum(r[3] for r in store.runs)
     status = STATUS.get(read_state(run_dir).get("status", ""), "unchanged")
-    return (f"synced {run_dir} into {'a new' if top[2] else 'its'} run {run_id} at {store.uri}: {sent} item(s) "
+    line = (f"synced {run_dir} into {'a new' if top[2] else 'its'} run {run_id} at {store.uri}: {sent} item(s) "
             f"added{f', {len(units)} nested run(s) ({new} new run(s))' if units else ''}, status {status}")
+    if store.missing:  # not a success: the store now lacks what the folder lost
+        gone = sorted(set(store.missing))
+        raise RaycptError(f"runs sync: the folder lacks {len(gone)} thing(s) its records name, so the store lacks them "
+                          f"too: {', '.join(gone[:4])}{' ...' if len(gone) > 4 else ''} (deleted or moved after the "
+                          f"run?); restore them and sync again ({line})")
+    return line
 
 
 def _sync(cfg, options: Options) -> str:

@@ -15,7 +15,7 @@ from raycpt.config import ExperimentConfig
 from raycpt.jobs.job import NoRun, Options, RunSpec, Steps, run_job
 from raycpt.runtime import ray_session
 from raycpt.strategies import plan_table
-from raycpt.data.run_store import packed_corpus
+from raycpt.data.run_store import packed_corpus, replay_corpus
 from raycpt.train.launch import run_training
 from raycpt.train.prepare import check_train_config, prepare_plan, resolve_model_path
 from raycpt.train.resume import check_resume_run
@@ -28,6 +28,8 @@ class TrainPlan:
 
     cfg: ExperimentConfig
     store: Any
+    replay: Any = None
+    """The replay corpus's packed store (``data.replay``), or None."""
 
 
 def prepare(cfg: ExperimentConfig, options: Options) -> TrainPlan:
@@ -35,15 +37,17 @@ def prepare(cfg: ExperimentConfig, options: Options) -> TrainPlan:
     (printed to the console), the corpus packed (once) and big enough for this run; the packed store."""
     check_train_config(cfg)
     preflight(cfg, options.console)
-    return TrainPlan(cfg, packed_corpus(cfg, resolve_model_path(cfg), quiet=options.console is None))
+    model_path, quiet = resolve_model_path(cfg), options.console is None
+    return TrainPlan(cfg, packed_corpus(cfg, model_path, quiet=quiet), replay_corpus(cfg, model_path, quiet=quiet))
 
 
 def run_spec(plan: TrainPlan, options: Options) -> RunSpec:
-    """``--resume``: the newest train run of this config, refused in one line when its saved settings differ or its
-    newest checkpoint was trained on another pack of the corpus."""
-    cfg = plan.cfg
+    """``--resume``: the newest train run of this config, refused in one line when its newest checkpoint was trained
+    on another pack of either corpus or (unless ``--accept-changes``) its saved settings differ."""
+    cfg, accept = plan.cfg, bool(options.get("accept_changes"))
     return RunSpec(cfg, "train", name=f"train-{cfg.name}",
-                   on_open=(lambda d: check_resume_run(d, cfg, plan.store)) if options.resume else None)
+                   on_open=(lambda d: check_resume_run(d, cfg, plan.store, plan.replay, accept))
+                   if options.resume else None)
 
 
 def execute(plan: TrainPlan, run, options: Options):

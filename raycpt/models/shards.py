@@ -33,6 +33,8 @@ SHARDS_FORMAT = "raycpt.base-shards/1"
 TRAINED_FILE = "model-trained.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+READ_ONLY = 0o444
+"""The mode of every base shard file: a write through one trial's link would change every model that links it."""
 _CHECKED: dict[str, tuple] = {}  # shards folder -> stat signature of files whose sha256 matched (this process)
 
 
@@ -103,6 +105,8 @@ def ensure_base_shards(model_dir, root, dtype: str = "float32") -> Path:
             files[g] = {"file": p.name, "size": p.stat().st_size, "sha256": _sha256(p), "tensors": sorted(part)}
         doc = {"format": SHARDS_FORMAT, "source": str(Path(model_dir).resolve()), "dtype": dtype, "groups": files}
         (tmp / SHARDS_FILE).write_text(json.dumps(doc, indent=2), encoding="utf-8")
+        for f in tmp.iterdir():  # read-only: every trial's model links these bytes, none may write through its link
+            f.chmod(READ_ONLY)
         try:
             os.replace(tmp, dest)
         except OSError:  # another trial wrote them first: theirs are as good
@@ -247,3 +251,108 @@ def layer_l2_by_reference(model_dir, base_dir, num_layers: int) -> Optional[list
             del d
     return [math.sqrt(v) for v in sq]
 
+
+
+# ------------------------------------------------------------------------------------ whole files, shared links
+
+def safetensors_problem(path) -> Optional[str]:
+    """None when ``path`` is a whole safetensors file - its header parses and the file is as long as the data the
+    header lays out - else why, in a few words (a file cut short would reach transformers as a 60-line
+    ``SafetensorError``). Reads the header only."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or n > min(size - 8, 100 << 20):
+                return f"{path.name} is not a whole safetensors file ({size:,} bytes: cut short, or not safetensors)"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return f"{path.name} cannot be read as safetensors ({str(e)[:100]})"
+    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    want = 8 + n + max(ends, default=0)
+    if size != want:
+        return f"{path.name} has {size:,} bytes, its header lays out {want:,} (cut short or damaged)"
+    return None
+
+
+def weights_problem(folder) -> Optional[str]:
+    """None when every safetensors file of a model folder (all ``*.safetensors``, and every file its index names) is
+    whole (:func:`safetensors_problem`), else why; a link into the base model's shared shards that leads nowhere is
+    said as such (:func:`shared_note`)."""
+    folder = Path(folder)
+    files = set(folder.glob("*.safetensors"))
+    if (folder / INDEX_FILE).is_file():
+        try:
+            files |= {folder / n for n in json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))
+                      ["weight_map"].values()}
+        except (OSError, ValueError, KeyError, AttributeError):
+            return f"{INDEX_FILE} is not a readable weight index"
+    for f in sorted(files):
+        if not f.exists():
+            return shared_note(f, "missing") if f.is_symlink() else f"{f.name} (named by {INDEX_FILE}) is missing"
+        why = safetensors_problem(f)
+        if why is not None:
+            return shared_note(f, "damaged") if f.is_symlink() else why
+    return None
+
+
+def sharers(shards_folder, limit: int = 200) -> list[Path]:
+    """The published models under the run root of ``shards_folder`` (``<run_root>/base_shards/<key>``) that link
+    into it: a sweep trial's, a scan's, a train run's ``final_model/``."""
+    shards_folder = Path(os.path.abspath(shards_folder))
+    root, out = shards_folder.parent.parent, []
+    for pattern in ("*/final_model", "*/*/*/final_model", "*/*/*/*/final_model"):
+        for model in root.glob(pattern):
+            links = [p for p in model.glob("*.safetensors") if p.is_symlink()]
+            if any(Path(os.path.abspath(p.parent / os.readlink(p))).parent == shards_folder for p in links):
+                out.append(model)
+                if len(out) >= limit:
+                    return out
+    return sorted(out)
+
+
+def shared_note(link, what: str) -> str:
+    """The line for a weight file that is a link into the base model's shared shards whose target is ``missing`` or
+    ``damaged``: the link, its target, and every model of the run root that shares it."""
+    link = Path(link)
+    target = Path(os.path.abspath(link.parent / os.readlink(link)))
+    users = sharers(target.parent)
+    names = ", ".join(str(u.relative_to(target.parent.parent.parent)) for u in users[:3])
+    shared = f"shared by {len(users)} model(s) of {target.parent.parent.parent}" + (f": {names}" if names else "") + \
+        (" ..." if len(users) > 3 else "")
+    if what == "missing":
+        return (f"{link.name} is a link to the base model's shard {target}, which is missing ({shared}): "
+                f"{target.parent} is not a cache; put it back (`raycpt runs export` copies a model with its shards "
+                "into a standalone folder)")
+    return (f"{link.name} is a link to the base model's shard {target}, which is damaged ({shared}; written through "
+            f"another model's link?): every model that links it is affected; delete {target.parent} and the next "
+            "sweep or scan of this run root writes it again from the base model")
+
+
+def tensor_names(folder) -> list[str]:
+    """The tensor names of a model folder's safetensors files, from their headers (no weights read)."""
+    names = []
+    for f in weight_files(folder):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            names += [k for k in json.loads(fh.read(n)) if k != "__metadata__"]
+    return names
+
+
+def config_weights_problem(folder) -> Optional[str]:
+    """None when the decoder layers a folder's ``config.json`` declares (``num_hidden_layers``) are the ones its
+    weights hold (``layers.N.`` in the tensor names), else the mismatch in a line: a plan built on the config would
+    name layers the weights lack (or leave out layers they have). Call after :func:`weights_problem`."""
+    folder = Path(folder)
+    try:
+        conf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        declared = (conf.get("text_config") or {}).get("num_hidden_layers") or conf.get("num_hidden_layers")
+        layers = {int(m.group(1)) for k in tensor_names(folder) if (m := _LAYER.search(k))}
+    except (OSError, ValueError, AttributeError):
+        return None  # transformers' own loading says what is wrong with such a folder
+    if not isinstance(declared, int) or not layers or len(layers) == declared and max(layers) == declared - 1:
+        return None
+    return (f"config.json declares {declared} decoder layers, its weights hold {len(layers)} (layers "
+            f"{min(layers)}..{max(layers)}): the config does not belong to these weights")

@@ -49,6 +49,7 @@ from raycpt.models.model_cache import (SOURCE_JSON, ModelInfo, _clean_stale_work
                                        _still_fresh, cache_path, cache_root)
 from raycpt.models.pull_progress import _Progress
 from raycpt.models.refs import _Ref, parse_ref, parsed_label
+from raycpt.models.shards import config_weights_problem, weights_problem
 from raycpt.models.wheels import wheel_member
 
 GGUF_MAGIC = b"GGUF"
@@ -128,6 +129,9 @@ def resolve_model_path(model_cfg, ref: Optional[str] = None, progress: bool = Fa
     reference resolved through it. A local model folder is used in place."""
     p = Path(str(model_cfg.ref if ref is None else ref)).expanduser()
     if p.is_dir() and (p / "config.json").is_file():
+        why = weights_problem(p) or config_weights_problem(p)  # before any plan is built on its config
+        if why is not None:
+            raise RaycptError(f"model folder {p}: {why}")
         return str(p.resolve())
     return str(resolve_model_info(model_cfg, ref, progress=progress).path)
 
@@ -168,6 +172,9 @@ def load_model(ref_or_path: str, dtype: str = "auto", device: str | None = None,
     path = Path(str(ref_or_path)).expanduser()
     if not (path.is_dir() and (path / "config.json").is_file()):
         path = Path(resolve_model(str(ref_or_path), cache_dir=cache_dir, revision=revision).path)
+    why = weights_problem(path)  # every weight file whole before transformers reads it (a cut-short file: one line)
+    if why is not None:
+        raise RaycptError(f"model folder {path}: {why}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, device))
     restore_buffers(model)  # non-persistent buffers (Gemma 3's embed_scale) as a fresh model computes them
     model = model.to(device).eval()

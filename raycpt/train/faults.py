@@ -24,7 +24,9 @@ class FaultHooks:
     ``oserror_step`` (with ``oserror_errno``, a name such as ``ENOSPC``, the default): that step's checkpoint
     write fails as a full disk does, ``OSError(errno, strerror, <its folder>/model.safetensors)``, after a first
     file is written into the folder (every attempt: a full disk stays full). The loop calls :meth:`before_step`
-    before a step's timer starts and :meth:`loss` on the step's local loss."""
+    before a step's timer starts and :meth:`loss` on the step's local loss. ``kill_ray_step`` (with
+    ``kill_ray_process``, ``gcs_server`` by default, or ``raylet``): SIGKILL that process of this node's Ray before
+    that step, as ``kill -9`` or the out-of-memory killer would."""
 
     def __init__(self, faults: Optional[dict], rank: int, run_dir: Optional[Path]):
         self.faults = dict(faults or {})
@@ -38,6 +40,8 @@ class FaultHooks:
             if not marker.exists():
                 marker.write_text(str(os.getpid()))
                 os.kill(os.getpid(), signal.SIGKILL)
+        if f.get("kill_ray_step") == step and self.rank == 0:
+            kill_ray_process(str(f.get("kill_ray_process", "gcs_server")))
         if f.get("step_sleep"):
             time.sleep(float(f["step_sleep"]))
 
@@ -61,3 +65,17 @@ class FaultHooks:
         for p in LayerStack.of(model).layers[int(layer)].parameters():
             p.grad = None
 
+
+
+def kill_ray_process(name: str) -> None:
+    """SIGKILL the Ray process ``name`` of this worker's node: the first one found among the children of this
+    process's ancestors (the raylet is the worker's parent; the GCS its sibling under the driver)."""
+    import psutil
+
+    cur = psutil.Process()
+    while cur is not None:
+        for p in [cur, *cur.children()]:
+            if p.name() == name:
+                p.kill()
+                return
+        cur = cur.parent()

@@ -129,7 +129,7 @@ def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=No
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
         why = verify_model_folder(run_dir / FINAL_MODEL)
         if why is None:
-            return _result_from_files(run_dir, state)
+            return _result_from_files(run_dir, state, read_step_records(run_dir / METRICS_FILE))
         log.warning("warning: %s fails its manifest check (%s): publishing it again from the last verified checkpoint",
                     run_dir / FINAL_MODEL, why)
     prep = prep or _prepare(cfg, run_dir, resume, progress)  # every bad input fails here, before any record
@@ -193,9 +193,9 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
             resumed_step, ckpt = found
             resume_from = str(ckpt)
     store = packed_corpus(cfg, model_path, quiet=not progress)
-    if resume_from is not None:
-        check_resume_data(Path(resume_from), store)
     replay = replay_corpus(cfg, model_path, quiet=not progress)
+    if resume_from is not None:
+        check_resume_data(Path(resume_from), store, replay)
     return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
                      resumed_step=resumed_step, store=store, n_blocks=store.num_blocks, replay_store=replay)
 
@@ -222,7 +222,8 @@ def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run, ray
         "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
     }
     if prep.replay_store is not None:
-        loop_config.update(replay_store=str(prep.replay_store.path), replay_store_build=prep.replay_store.build_id)
+        loop_config.update(replay_store=str(prep.replay_store.path), replay_store_build=prep.replay_store.build_id,
+                           replay_store_key=prep.replay_store.key, replay_store_identity=prep.replay_store.identity)
     if evaluate:
         (Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
     return loop_config

@@ -79,6 +79,9 @@ from raycpt.train.throughput import device_name, flops_per_token, peak_flops, th
 from raycpt.train.worker import _Worker
 from raycpt.train.worker_eval import EvalRequest, eval_model, evaluate_in_worker
 
+REPLAY_KEYS = ("replay_store_build", "replay_store_key", "replay_store_identity")
+"""The replay corpus's pack, recorded in each checkpoint beside the primary corpus's (``--resume`` compares both)."""
+
 STATUS_FILE = "train_status.json"
 
 
@@ -284,7 +287,8 @@ def _train(w: _Worker, data, state: LoopState) -> dict:
                                                        "epoch": metrics["epoch"],
                                                        "store_build": w.config.get("store_build"),
                                                        "store_key": w.config.get("store_key"),
-                                                       "store_identity": w.config.get("store_identity")},
+                                                       "store_identity": w.config.get("store_identity"),
+                                                       **{k: w.config[k] for k in REPLAY_KEYS if w.config.get(k)}},
                              metrics={"step": step, "loss": metrics["loss"]},
                              dtype=weights_dtype(tcfg.precision, w.device),
                              before_write=lambda folder, s=step: w.faults.checkpoint_write(s, folder),

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from raycpt.io import sha256_file
+from raycpt.models.shards import shared_note
 
 MANIFEST_FILE = "manifest.json"
 STATE_PT = "train_state.pt"
@@ -108,20 +109,33 @@ def verify_checkpoint(folder, require: tuple[str, ...] = (STATE_JSON, STATE_PT, 
         return "the manifest lists no weights (*.safetensors)"
     if not doc.get("finite", False):
         return "its weights are not finite"
+    stray = unlisted_weights(folder, files)
+    if stray:
+        return (f"{stray[0]} is not in its manifest (a weight file added after the model was written, which "
+                "transformers would load): remove it")
     sig = _signature(folder, files)
     if _VERIFIED.get(str(folder)) == sig:
         return None
     for rel, meta in files.items():
         p = folder / rel
         if not p.is_file():
-            return f"{rel} is missing"
+            return shared_note(p, "missing") if p.is_symlink() else f"{rel} is missing"
         size = p.stat().st_size
         if size != meta.get("size"):
-            return f"{rel} has {size} bytes, the manifest says {meta.get('size')}"
+            return shared_note(p, "damaged") if p.is_symlink() else \
+                f"{rel} has {size} bytes, the manifest says {meta.get('size')}"
         if _sha256(p) != meta.get("sha256"):
-            return f"{rel} does not match its sha256 in the manifest"
+            return shared_note(p, "damaged") if p.is_symlink() else f"{rel} does not match its sha256 in the manifest"
     _VERIFIED[str(folder)] = sig
     return None
+
+
+def unlisted_weights(folder: Path, files: dict) -> list[str]:
+    """The ``*.safetensors`` beside the listed files (the folder's own, and its ``model/``'s) that the manifest does
+    not list."""
+    found = [p.relative_to(folder).as_posix() for d in (folder, folder / MODEL_DIR) if d.is_dir()
+             for p in d.glob("*.safetensors")]
+    return sorted(rel for rel in found if rel not in files)
 
 
 def remember_written(folder) -> None:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from raycpt.errors import RaycptError
+
 
 @dataclass
 class TrainResult:
@@ -87,10 +89,25 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _result_from_files(run_dir: Path, state: dict) -> TrainResult:
-    d = _read_json(run_dir / "train_result.json")
+def _result_from_files(run_dir: Path, state: dict, records: Optional[list[dict]] = None) -> TrainResult:
+    """The saved result of a finished run (``--resume`` re-runs nothing). An older or hand-edited
+    ``train_result.json`` that lacks what the step records (``records``, ``train_metrics.jsonl``) also hold - the
+    losses, steps, step times, tokens/s - gets them from there; one that lacks what only it holds is one line."""
+    path = Path(run_dir) / "train_result.json"
+    d, records = _read_json(path), list(records or [])
+    derived = {"losses": [float(r["loss"]) for r in records], "steps": [int(r["step"]) for r in records],
+               "step_times": [float(r["step_time_s"]) for r in records if "step_time_s" in r],
+               "tokens_per_s": _tokens_per_s([r for r in records if "tokens_per_s" in r]) if records else None,
+               "wall_s": state.get("wall_s")}
+    d = {**{k: v for k, v in derived.items() if v is not None and (v != [] or k == "step_times")}, **d}
+    missing = [k for k in ("final_model_dir", "losses", "steps", "tokens_per_s", "wall_s", "trainable_params",
+                           "frozen_params", "plan") if d.get(k) is None]
+    if missing:
+        raise RaycptError(f"--resume: {path} lacks {', '.join(missing)} (an older or hand-edited record, and its step "
+                          "records do not hold them either): the saved result cannot be read back; start a new run "
+                          "without --resume")
     return TrainResult(run_dir=run_dir, final_model_dir=Path(d["final_model_dir"]), losses=d["losses"],
-                       steps=d["steps"], tokens_per_s=d["tokens_per_s"], wall_s=d["wall_s"],
+                       steps=d["steps"], tokens_per_s=float(d["tokens_per_s"]), wall_s=float(d["wall_s"]),
                        trainable_params=d["trainable_params"], frozen_params=d["frozen_params"],
                        mlflow_run_id=d.get("mlflow_run_id"), plan=d["plan"],
                        last_checkpoint=Path(d["last_checkpoint"]) if d.get("last_checkpoint") else None,

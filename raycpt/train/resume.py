@@ -9,7 +9,7 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig
 from raycpt.errors import RaycptError
-from raycpt.runs import resume_changes
+from raycpt.runs import check_resume_config
 from raycpt.train.manifest import STATE_JSON, find_checkpoints
 from raycpt.train.result import _read_json
 
@@ -27,21 +27,20 @@ def latest_checkpoint(run_dir: Path, report: bool = False) -> Optional[tuple[int
     return cps[-1] if cps else None
 
 
-def check_resume_settings(run_dir: Path, cfg: ExperimentConfig) -> None:
-    """``--resume`` continues a run with the settings it was made with; one line when ``cfg`` differs."""
-
-    changed = resume_changes(run_dir, cfg)
-    if changed:
-        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
-        raise RaycptError(f"--resume: {run_dir} was made with other settings: {'; '.join(changed[:3])}{more}. "
-                          "A resume continues a run with its own settings (its learning-rate schedule depends on "
-                          "them): drop the change, or start a new run without --resume")
+def check_resume_settings(run_dir: Path, cfg: ExperimentConfig, accept: bool = False) -> None:
+    """``--resume`` continues a run with the settings it was made with; one line when ``cfg`` differs (``accept``:
+    ``--accept-changes``, :func:`raycpt.runs.check_resume_config`)."""
+    check_resume_config(run_dir, cfg, accept=accept,
+                        why="A resume continues a run with its own settings (its learning-rate schedule depends on "
+                            "them).")
 
 
-def resume_data_mismatch(recorded: Optional[dict], store) -> Optional[str]:
-    """None when a checkpoint's ``data`` record (``train_state.json``) names the packed store ``store``
-    holds now, else what differs, in a few words. A record without a store (an older raycpt) passes."""
-    rec = recorded or {}
+def resume_data_mismatch(recorded: Optional[dict], store, prefix: str = "") -> Optional[str]:
+    """None when a checkpoint's ``data`` record (``train_state.json``) names the packed store ``store`` holds now,
+    else what differs, in a few words; ``prefix`` ``replay_`` reads the replay corpus's entries. A record without a
+    store (an older raycpt) passes."""
+    rec = {k[len(prefix):]: v for k, v in (recorded or {}).items() if k.startswith(prefix)} if prefix else \
+        (recorded or {})
     if rec.get("store_identity"):
         if rec.get("store_key") not in (None, store.key):
             return f"packed store {rec['store_key']}, now {store.key}"
@@ -53,21 +52,25 @@ def resume_data_mismatch(recorded: Optional[dict], store) -> Optional[str]:
     return None
 
 
-def check_resume_data(ckpt: Path, store) -> None:
-    """One line when the checkpoint ``--resume`` would continue from was trained on another pack than ``store``:
-    the remaining steps would silently read other tokens."""
+def check_resume_data(ckpt: Path, store, replay=None) -> None:
+    """One line when the checkpoint ``--resume`` would continue from was trained on another pack than ``store`` (the
+    primary corpus) or ``replay`` (``data.replay.corpus``'s store, None without replay): the remaining steps would
+    silently read other tokens. The line names the setting whose corpus changed."""
+    recorded = _read_json(Path(ckpt) / STATE_JSON).get("data")
+    for setting, st, prefix in (("data.corpus", store, ""), ("data.replay.corpus", replay, "replay_")):
+        why = resume_data_mismatch(recorded, st, prefix) if st is not None else None
+        if why is not None:
+            raise RaycptError(f"--resume: checkpoint {ckpt} was trained on other data ({setting}: {why}): its "
+                              "remaining steps would read other tokens. Start fresh: the same command without "
+                              f"--resume makes a new run (or restore the {setting} files it was trained on and "
+                              "re-pack them with `raycpt data prepare [CONFIG] [overrides] --rebuild`, which packs "
+                              "data.corpus and data.replay.corpus)")
 
-    why = resume_data_mismatch(_read_json(Path(ckpt) / STATE_JSON).get("data"), store)
-    if why is not None:
-        raise RaycptError(f"--resume: checkpoint {ckpt} was trained on other data ({why}): its remaining steps would "
-                          "read other tokens. Start fresh: the same command without --resume makes a new run (or "
-                          "restore the corpus it was trained on and re-pack it with `raycpt data prepare --rebuild`)")
 
-
-def check_resume_run(run_dir: Path, cfg: ExperimentConfig, store) -> None:
-    """``--resume`` of ``run_dir``: its settings (:func:`check_resume_settings`) and the pack its newest
-    checkpoint read (:func:`check_resume_data`), before the run's MLflow run is touched."""
-    check_resume_settings(run_dir, cfg)
+def check_resume_run(run_dir: Path, cfg: ExperimentConfig, store, replay=None, accept: bool = False) -> None:
+    """``--resume`` of ``run_dir``: the packs its newest checkpoint read (:func:`check_resume_data`), then its
+    settings (:func:`check_resume_settings`; ``accept`` rewrites them), before the run's MLflow run is touched."""
     found = latest_checkpoint(run_dir)
     if found is not None:
-        check_resume_data(found[1], store)
+        check_resume_data(found[1], store, replay)
+    check_resume_settings(run_dir, cfg, accept=accept)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -86,6 +88,7 @@ def _folder(tmp_path) -> Path:
     top = Run(cfg, "sweep", run_dir, None, None, False, None)
     top.log_params({"trials": "full,late"})
     top.note_children([(run_dir / "trials" / "full", "trial.json"), (run_dir / "trials" / "late", "trial.json")])
+    (run_dir / "trials" / "late").mkdir(parents=True)  # its folder, with nothing in it (a folder gone is reported)
     unit = Run(cfg, "sweep", run_dir / "trials" / "full", None, None, False, None,
                meta_path=run_dir / "trials" / "full" / "trial.json",
                meta={"run_name": "full", "tags": {"raycpt.trial": "full"}})
@@ -175,3 +178,29 @@ def test_a_point_recorded_twice_is_in_the_store_twice_after_a_replay_and_once_mo
 
     assert history(live, "final_loss") == history(replay, "final_loss") == [(0, 2.5), (0, 2.5)]
     assert history(replay, "x") == [(0, 1.0)]
+
+
+def test_a_sync_of_a_folder_that_lost_a_trial_and_a_file_names_both_and_is_not_a_success(tmp_path):
+    """Issue 41: a finished sweep's folder with one trial folder and a summary file deleted synced as "FINISHED",
+    naming neither. Now it syncs what is there and ends with one line naming what is gone (exit 2)."""
+    import shutil
+
+    from raycpt.config import load_config
+    from raycpt.errors import RaycptError
+    from raycpt.runs import Run
+
+    run_dir = _folder(tmp_path)
+    summary = run_dir / "summary" / "summary.json"
+    summary.parent.mkdir()
+    summary.write_text("{}")
+    Run(load_config(None, [f"tracking.run_root={tmp_path / 'runs'}"]), "sweep", run_dir, None, None, False,
+        None).log_artifact(summary, "summary")
+    shutil.rmtree(run_dir / "trials" / "full")
+    summary.unlink()
+    with pytest.raises(RaycptError) as e:
+        _sync(run_dir)
+    line = str(e.value)
+    assert line.startswith("runs sync: the folder lacks 2 thing(s) its records name, so the store lacks them too: ")
+    assert f"{run_dir / 'summary' / 'summary.json'}" in line and f"{run_dir / 'trials' / 'full'}/ (a nested run" in line
+    client, exp = _client(tmp_path, "runs")
+    assert sorted(r.info.run_name for r in client.search_runs([exp])) == ["sweep-x"]  # what is there was synced

@@ -62,3 +62,22 @@ def test_a_run_root_opened_from_the_template_takes_runs(cache, tmp_path):
         assert [(m.value, m.step) for m in client.get_metric_history(run.info.run_id, "x")] == [(1.5, 3)]
         assert sorted(e.name for e in client.search_experiments()) == ["Default", "raycpt"]
     assert len(list((cache / STORE_TEMPLATES).glob("*.db"))) == 1
+
+
+@pytest.mark.parametrize("damage", ["garbage", "cut short"])
+def test_a_damaged_cached_template_is_made_again_not_blamed_on_the_run_root(cache, tmp_path, damage):
+    """Issue 41: a corrupt template in the cache broke every new run root, and the line blamed
+    ``<run_root>/mlflow.db`` ("Move it aside"), which moving aside did not cure. Now it is checked and made again."""
+    first = load_config(None, [f"tracking.run_root={tmp_path / 'a'}"])
+    ensure_store(first.tracking)
+    (template,) = (cache / STORE_TEMPLATES).glob("mlflow-*.db")
+    if damage == "garbage":
+        template.write_bytes(b"this is not a database" * 100)
+    else:
+        with open(template, "r+b") as f:
+            f.truncate(template.stat().st_size // 3)
+    cfg = load_config(None, [f"tracking.run_root={tmp_path / 'b'}"])
+    exp = ensure_store(cfg.tracking)  # a new run root: its store opens
+    assert mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}").get_experiment(exp).name
+    assert _rows(template, "SELECT version_num FROM alembic_version") == \
+        [(_get_latest_schema_revision(),)]  # the template is whole again

@@ -361,3 +361,24 @@ def test_mass_outside_top_k_sees_what_js_at_k_cannot():
     assert float(topk_js(p, q, 2, idx=idx)) == pytest.approx(0.0, abs=1e-9)  # renormalised: identical
     assert float(mass_outside(p, q, idx)) == pytest.approx(0.86, abs=1e-6)
     assert float(topk_js(p, q, 0)) > 0.3  # over the full vocabulary the move shows
+
+
+def test_the_trace_hot_path_extras_equal_their_float64_references():
+    """Issue 41 (trace_speedup): mass_outside's normaliser is taken in the logits' dtype and topk_target_prob reuses
+    the caller's log-softmax; both against the float64 softmax computed here, on a 49,152-token vocabulary."""
+    from raycpt.diagnostics.scores import mass_outside, support, topk_target_prob
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(6, 49152, generator=g) * 3
+    q = torch.randn(6, 49152, generator=g) * 3
+    idx = support(p, 10)
+    ref = 1.0 - torch.softmax(q.double(), -1).gather(-1, idx).sum(-1)
+    assert torch.allclose(mass_outside(p, q, idx), ref, rtol=0, atol=1e-8)
+    tgt = q.argmax(-1)
+    tgt[0] = int(torch.argsort(q[0])[0])  # a target outside its row's top-k: 0
+    lp = torch.log_softmax(q.double(), -1)
+    assert torch.equal(topk_target_prob(q, tgt, 10, lp=lp), topk_target_prob(q, tgt, 10))
+    top = torch.topk(lp, 10, -1).values
+    want = torch.exp(lp.gather(-1, tgt[:, None])[:, 0] - torch.logsumexp(top, -1))
+    want[0] = 0.0
+    assert torch.allclose(topk_target_prob(q, tgt, 10), want, rtol=0, atol=1e-15)
