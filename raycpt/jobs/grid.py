@@ -275,7 +275,8 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
 def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress: bool = False):
     """Train ``tcfg`` in the trial's ``train/`` folder under its child run; the training worker evaluates
     the final weights (its GPU on a cluster). ``(TrainResult, EvalResult, held-out loss or None)``."""
-    req = EvalRequest(out_dir=str(trial.dir / "eval"), name=name, heldout_path=trial.shared.get("heldout_path"))
+    req = EvalRequest(out_dir=str(trial.dir / "eval"), name=name, heldout_path=trial.shared.get("heldout_path"),
+                      general_path=trial.shared.get("general_path"))
     tdir = trial.dir / "train"
     train = run_training(tcfg, trial.run, run_dir=tdir,
                          resume=(tdir / "state.json").exists() or (tdir / "ray").exists(), name=name,

@@ -23,6 +23,7 @@ from raycpt.diagnostics.selectors import SelectorInputs, ranking_order, select_s
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.io import atomic_write_json
+from raycpt.jobs.base_row import BASE, base_result, eval_value, general_probe, probe_files
 from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, ahead_of_trials, grid_params, heldout_blocks, model_layers,
                               no_shards, run_grid, train_and_evaluate, warm_imports)
 from raycpt.jobs.job import Options, RunSpec, Steps, run_job
@@ -58,7 +59,10 @@ class TrialSpec:
     """The summary cell this run is one seed of (the name without ``-s<seed>``); None = ``name``."""
 
     def run(self, trial: Trial) -> dict:
-        """Train and evaluate this trial under its child run (in a Tune trial, or called directly)."""
+        """Train and evaluate this trial under its child run (in a Tune trial, or called directly); the base row
+        evaluates the untrained model instead (:func:`raycpt.jobs.base_row.base_result`)."""
+        if self.strategy == BASE:
+            return base_result(trial, self)
         run = trial.run
         tcfg = trial_config(trial.cfg, self)
         if run.created or not run.run_id:
@@ -73,7 +77,8 @@ class TrialSpec:
             "tokens_per_s": float(train.tokens_per_s), "wall_s": trial.elapsed, "losses": list(map(float, train.losses)),
             "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
             "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run.run_id,
-            "heldout_loss": heldout, "peak_memory_mb": train.peak_memory_mb,
+            "heldout_loss": heldout, "general_loss": eval_value(trial.dir / "eval", "general_loss"),
+            "peak_memory_mb": train.peak_memory_mb,
             "trainable_per_step": train.trainable_per_step, "pid": train.pid,
         }
         log_trial_result(trial, result)
@@ -92,9 +97,9 @@ class TrialSpec:
 def trial_metrics(result: dict) -> dict:
     """The metrics a sweep trial's child run gets at its end, from its ``result.json`` (``raycpt runs sync`` logs
     the same)."""
-    heldout = result.get("heldout_loss")
+    losses = {k: result.get(k) for k in ("heldout_loss", "general_loss") if result.get(k) is not None}
     return {**result["scores"], "wall_time_s": result["wall_s"], "tokens_per_s": result["tokens_per_s"],
-            "trainable_params": result["trainable_params"], **({"heldout_loss": heldout} if heldout is not None else {})}
+            "trainable_params": result["trainable_params"], **losses}
 
 
 def log_trial_result(trial: Trial, result: dict) -> None:
@@ -135,6 +140,12 @@ def _with_floor(specs: list[TrialSpec], floor_seeds: list[int], base_seed: Optio
         raise RaycptError("sweep.floor_seeds: the grid has no full row to run again (sweep.include_full=true)")
     specs = [dataclasses.replace(t, seed=base_seed, group="full") if t is full else t for t in specs]
     return specs + [dataclasses.replace(full, name=f"full-s{int(sd)}", seed=int(sd), group="full") for sd in floor_seeds]
+
+
+def with_base(specs: list[TrialSpec], include: bool = True) -> list[TrialSpec]:
+    """The grid with the untrained model's row first (:data:`raycpt.jobs.base_row.BASE`: evaluated once, never
+    per seed) when ``include`` (``sweep.include_base``)."""
+    return [TrialSpec(name=BASE, strategy=BASE)] + specs if include else specs
 
 
 def _plan_cells(splits: list[float], strategies: list[str], num_layers: int, include_full: bool,
@@ -189,6 +200,8 @@ class SweepPlan:
     heldout: Optional[list] = None
     t0: float = field(default_factory=time.time)
     shards_ready: Callable[[], dict] = no_shards
+    general: Optional[list] = None
+    """The general probe's blocks (:func:`raycpt.jobs.base_row.general_probe`), or None."""
 
 
 def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPlan:
@@ -210,13 +223,13 @@ def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPl
         s.strategies = []
     elif s.budget is not None:  # the equal-budget trials replace the strategies (as recipes: the config says them)
         use_budget_rows(cfg, budget_rows(cfg, model_path), console)
-    specs = plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds, s.floor_seeds,
-                      cfg.train.seed)
+    specs = with_base(plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds,
+                                s.floor_seeds, cfg.train.seed), s.include_base)
     check_memory(cfg, console, sweep_plans(cfg))
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
     prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
-    return SweepPlan(cfg, model_path, num_layers, specs, blocks, t0=t0)
+    return SweepPlan(cfg, model_path, num_layers, specs, blocks, t0=t0, general=general_probe(cfg, model_path))
 
 
 def run_spec(plan: SweepPlan, options: Options) -> RunSpec:
@@ -305,6 +318,7 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
               if plan.heldout else None}
     if plan.heldout and getattr(plan.heldout, "documents", None):  # the document of each block: the summary's clusters
         atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(plan.heldout.documents))
+    shared.update(probe_files(run_dir, plan.general), model_path=plan.model_path)
     with ray_session(cfg.ray, meanwhile=warm_imports):
         trace = None
         if s.trace_first:
@@ -332,8 +346,8 @@ def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
     sizes = budget_numbers(model_skeleton(plan.model_path), cfg.plan.lora_targets)["layer_params"]
     s.budget = auto_budget(trace["recommended_split"], sizes)
     use_budget_rows(cfg, budget_rows(cfg, plan.model_path), console)
-    return plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds, s.floor_seeds,
-                     cfg.train.seed)
+    return with_base(plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds,
+                               s.floor_seeds, cfg.train.seed), s.include_base)
 
 
 SWEEP = Steps(prepare, execute, run_spec)

@@ -31,6 +31,9 @@ class EvalRequest:
     """Name of the evaluated model in those files."""
     heldout_path: Optional[str] = None
     """JSON file of token blocks: also write their language-model loss (``heldout_loss``)."""
+    general_path: Optional[str] = None
+    """JSON file of the general probe's token blocks (:mod:`raycpt.evaluate.general`): also write their loss
+    (``general_loss``), the forgetting axis."""
 
 
 
@@ -101,23 +104,25 @@ def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Op
             res = evaluate_model(model, eval_cfg, tokenizer=tokenizer, out_dir=req.out_dir, name=req.name)
     finally:
         model.config.use_cache = use_cache
-    out = eval_result_record(res, model, req.heldout_path, eval_cfg.batch_size)
+    out = eval_result_record(res, model, req.heldout_path, eval_cfg.batch_size, req.general_path)
     return atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)
 
 
-def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int) -> dict:
+def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int,
+                       general_path: Optional[str] = None) -> dict:
     """What ``eval_result.json`` holds: ``EvalResult.to_dict()``, the flat ``metrics``, and with a held-out
     blocks file its ``heldout_loss`` (token mean) and ``heldout_block_losses`` / ``heldout_block_weights``
     (per block, for the paired bootstrap over blocks), and its seconds as ``seconds["heldout"]``; None / absent
-    without one."""
+    without one. The same with the general probe's blocks (``general_path``) under ``general_*``."""
     out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}
-    if heldout_path:
-        t0 = time.perf_counter()
-        blocks = json.loads(Path(heldout_path).read_text())
-        losses, weights = heldout_block_losses(model, blocks, batch_size), block_weights(blocks)
-        out.update(heldout_loss=sum(x * n for x, n in zip(losses, weights)) / sum(weights),
-                   heldout_block_losses=losses, heldout_block_weights=weights,
-                   seconds={**out.get("seconds", {}), "heldout": time.perf_counter() - t0})
+    for key, path in (("heldout", heldout_path), ("general", general_path)):
+        if path:
+            t0 = time.perf_counter()
+            blocks = json.loads(Path(path).read_text())
+            losses, weights = heldout_block_losses(model, blocks, batch_size), block_weights(blocks)
+            out.update({f"{key}_loss": sum(x * n for x, n in zip(losses, weights)) / sum(weights),
+                        f"{key}_block_losses": losses, f"{key}_block_weights": weights,
+                        "seconds": {**out.get("seconds", {}), key: time.perf_counter() - t0}})
     return out
 
 
