@@ -21,12 +21,12 @@ def render_sweep(res, console) -> None:
     from raycpt.report.sweep_terminal import compact_table, compact_verdict
 
     for line in compact_verdict(res.summary):
-        console.print(line, **PLAIN)
+        console.print(line, markup=False, highlight=False)
     console.print(compact_table(res.summary))
-    console.print(f"Per-category tables, S(b) gains, intervals' legend, runs: {res.run_dir / 'summary' / 'summary.md'} "
-                  f"or raycpt runs show {res.run_dir}", **PLAIN)
+    console.print(f"Per-category tables, legend, runs: {res.run_dir / 'summary' / 'summary.md'} or raycpt runs show "
+                  f"{res.run_dir}", markup=False, highlight=False)
     console.print(f"sweep finished in {res.wall_s:.0f}s; MLflow parent run {res.parent_run_id} (raycpt ui to browse)",
-                  **PLAIN)
+                  markup=False, highlight=False)
 
 
 def render_runs_show(shown, console) -> None:

@@ -22,8 +22,8 @@ def compact_verdict(summary: dict) -> list[str]:
     v = summary.get("verdict") or {}
     lines = []
     if v.get("claim") == CHECKPOINT:
-        lines.append(f"One run per row: marks compare these checkpoints, not strategies (no run-to-run noise; "
-                     f"{SEEDS_HINT} or {FLOOR_HINT} for strategy claims).")
+        lines.append(f"One run per row: marks compare checkpoints, not strategies ({SEEDS_HINT} or {FLOOR_HINT} "
+                     "for that).")
     prim = [c for c in v.get("comparisons", []) if c.get("primary")]
     if prim:
         worse = sum(c["sign"] == (1 if c["task"] == HELDOUT else -1) for c in prim)
@@ -56,8 +56,8 @@ def _pm(cell: Optional[dict], digits: int, lower_is_better: bool = False) -> str
     txt = f"{value:+.{digits}f}"
     lo, hi = cell.get("shown_lo", cell.get("lo")), cell.get("shown_hi", cell.get("hi"))
     if lo is not None:
-        txt += f"±{(hi - lo) / 2:.{digits}f}"
-    return txt + _mark(cell.get("sign"), lower_is_better)
+        txt += "±" + f"{(hi - lo) / 2:.{digits}f}".lstrip("0")
+    return txt + _mark(cell.get("sign"), lower_is_better).strip()
 
 
 def _axis_columns(base: dict) -> list[int]:
@@ -72,14 +72,15 @@ def _axis_columns(base: dict) -> list[int]:
 
 def _header(m: dict) -> str:
     word = "gain" if m["axis"] == "gain" else "forget"
-    what = {"heldout_loss": "loss", "general_loss": "gen.loss"}.get(m["task"], f"{m['task'][:10]} {m['mode'][0]}P")
+    names = {"heldout_loss": "loss", "general_loss": "gen.loss"}
+    what = names[m["task"]] if m["mode"] is None else f"{m['task'][:10]} {m['mode'][0]}P"
     return f"{word} {what}"
 
 
 def compact_table(summary: dict):
     """One line per row: the primary comparison against full (the held-out loss: its Δ; a task/mode: points), then
     gain and forgetting against base (± half of the 95% interval; ▲ / ▼ only after multiplicity control: ▲ better,
-    ▼ worse than base). The base row shows its own held-out loss."""
+    ▼ worse than base). The base row's Δ against full is left unmarked (not in the family: full against base says it)."""
     from rich import box
     from rich.table import Table
 
@@ -87,15 +88,14 @@ def compact_table(summary: dict):
     cols = _axis_columns(base)
     metrics = base.get("metrics") or []
     by_row = {r["name"]: r for r in base.get("rows", [])}
-    table = Table(title="rows: Δ vs full, and gain / forgetting vs base (± 95%)", box=box.SIMPLE_HEAD,
+    table = Table(title="held-out loss Δ vs full; gain / forgetting vs base (± 95%; ▲▼ better/worse)", box=box.SIMPLE_HEAD,
                   pad_edge=False, padding=(0, 0, 0, 1), title_justify="left")
-    for col in ["row", "Δ loss vs full"] + [_header(metrics[i]) for i in cols]:
+    for col in ["row", "Δ vs full"] + [_header(metrics[i]) for i in cols]:
         table.add_column(col, justify="left" if col == "row" else "right", no_wrap=True)
     first = next(iter((summary.get("tables") or {}).values()), [])
     for r in first:
-        if r["strategy"] == "base":
-            cells = [f"{r['heldout_loss']:.3f} (base)" if r.get("heldout_loss") is not None else "-"]
-            cells += ["0 (ref)"] * len(cols)
+        if r["strategy"] == "base":  # its Δ against full is full's gain read backwards: unmarked
+            cells = [_pm(r.get("heldout_delta"), 3, lower_is_better=True)] + ["0 (ref)"] * len(cols)
         else:
             cells = [_pm(r.get("heldout_delta"), 3, lower_is_better=True)]
             row = by_row.get(r["name"]) or {"cells": [{}] * len(metrics)}
