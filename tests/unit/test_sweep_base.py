@@ -233,3 +233,25 @@ def test_base_row_is_evaluated_once_and_reused_on_resume(tiny_dir, tmp_path, mon
     run_base("sweep3/trials/base", changed)
     assert len(calls) == 2  # other evaluation settings: another cache entry
     assert base_cache_dir(changed, str(tiny_dir), {}) != base_cache_dir(cfg, str(tiny_dir), {})
+
+
+def test_write_summary_draws_the_tradeoff_and_runs_show_prints_the_per_category_tables(tmp_path):
+    """The trade-off picture lands in summary/ (and so among the parent run's artifacts: log_summary logs every
+    summary file); ``raycpt runs show`` reads summary.json back and prints what the terminal no longer does."""
+    from rich.console import Console
+
+    from raycpt.jobs.show import show_run
+    from raycpt.report.render import render_runs_show
+    from raycpt.report.sweep import write_summary
+
+    s = write_summary(tmp_path, _trials(), None, num_layers=30, domain=["wn"], general=[],
+                      report={"primary": "heldout_loss"})
+    assert str(tmp_path / "summary" / "tradeoff.png") in s["files"]
+    png = (tmp_path / "summary" / "tradeoff.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    console = Console(width=120, record=True)
+    render_runs_show(show_run((str(tmp_path),)), console)
+    text = console.export_text()
+    for needle in ("wn, cloze mode: accuracy", "wn, cloze.prob score", "STEM", "gain / forgetting vs base",
+                   "Verdict", "tradeoff.png"):
+        assert needle in text, needle
