@@ -61,12 +61,12 @@ def domain_general_markdown(entries: list[dict]) -> str:
            [("general", i["task"], i["mode"]) for i in entries[0]["general"]]
     lines = ["**Domain versus general** — Average accuracy Δ against full (points) [95% interval]", "",
              "| trial | " + " | ".join(f"{role}: {task} {MODE_LETTER.get(m, m)}" for role, task, m in cols)
-             + " | Δ held-out loss | reading |", "|" + "---|" * (len(cols) + 3)]
+             + " | Δ held-out loss | Δ general loss | reading |", "|" + "---|" * (len(cols) + 4)]
     for e in entries:
         by = {(role, i["task"], i["mode"]): i for role in ("domain", "general") for i in e[role]}
         cells = [fmt_delta(by.get(c)) for c in cols]
         lines.append(f"| {e['name']} | " + " | ".join(cells) + f" | {fmt_delta(e.get('heldout'), 3, True)} | "
-                     f"{e['reading']} |")
+                     f"{fmt_delta(e.get('general_loss'), 3, True)} | {e['reading']} |")
     return "\n".join(lines)
 
 
