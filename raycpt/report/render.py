@@ -23,8 +23,8 @@ def render_sweep(res, console) -> None:
     for line in compact_verdict(res.summary):
         console.print(line, markup=False, highlight=False)
     console.print(compact_table(res.summary))
-    console.print(f"Per-category tables, legend, runs: {res.run_dir / 'summary' / 'summary.md'} or raycpt runs show "
-                  f"{res.run_dir}", markup=False, highlight=False)
+    console.print(f"Per-category tables, legend, runs (also summary/summary.md): raycpt runs show {res.run_dir}",
+                  markup=False, highlight=False)
     console.print(f"sweep finished in {res.wall_s:.0f}s; MLflow parent run {res.parent_run_id} (raycpt ui to browse)",
                   markup=False, highlight=False)
 

@@ -71,10 +71,24 @@ def _axis_columns(base: dict) -> list[int]:
 
 
 def _header(m: dict) -> str:
-    word = "gain" if m["axis"] == "gain" else "forget"
-    names = {"heldout_loss": "loss", "general_loss": "gen.loss"}
-    what = names[m["task"]] if m["mode"] is None else f"{m['task'][:10]} {m['mode'][0]}P"
-    return f"{word} {what}"
+    """A short column head (the table's caption says which task and mode): ``gain loss``, ``gain P(gold)``,
+    ``forget loss``, ``forget P(gold)``."""
+    return f"{'gain' if m['axis'] == 'gain' else 'forget'} {'loss' if m['mode'] is None else 'P(gold)'}"
+
+
+def _caption(metrics: list[dict], cols: list[int]) -> str:
+    """What each gain / forgetting column reads, in words."""
+    words = []
+    for i in cols:
+        m = metrics[i]
+        if m["mode"] is None:
+            what = {"heldout_loss": "held-out domain loss", "general_loss": "general-text loss"}.get(m["task"], m["task"])
+            how = "base − row" if m["axis"] == "gain" else "row − base"
+            words.append(f"{_header(m)}: {what}, {how} (nats)")
+        else:
+            how = "row − base" if m["axis"] == "gain" else "base − row"
+            words.append(f"{_header(m)}: {m['label']}, {how} (points)")
+    return "; ".join(words)
 
 
 def compact_table(summary: dict):
@@ -88,8 +102,9 @@ def compact_table(summary: dict):
     cols = _axis_columns(base)
     metrics = base.get("metrics") or []
     by_row = {r["name"]: r for r in base.get("rows", [])}
-    table = Table(title="held-out loss Δ vs full; gain / forgetting vs base (± 95%; ▲▼ better/worse)", box=box.SIMPLE_HEAD,
-                  pad_edge=False, padding=(0, 0, 0, 1), title_justify="left")
+    table = Table(title="held-out loss Δ vs full; gain / forgetting vs base (± 95%; ▲▼ better/worse)",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1), title_justify="left",
+                  caption=_caption(metrics, cols) or None, caption_justify="left")
     for col in ["row", "Δ vs full"] + [_header(metrics[i]) for i in cols]:
         table.add_column(col, justify="left" if col == "row" else "right", no_wrap=True)
     first = next(iter((summary.get("tables") or {}).values()), [])

@@ -150,6 +150,7 @@ def test_compact_terminal_fits_30_lines_and_80_columns_for_the_default_shape():
     lines = text.rstrip("\n").splitlines()
     assert len(lines) <= 30, text
     assert max(len(x) for x in lines) <= 80, text
+    assert "…" not in text, text  # no cell or name cut short
     assert lines[0].startswith("One run per row") and "Primary heldout_loss" in text and "Pareto front" in text
     for t in trials:
         assert t["name"] in text
