@@ -40,6 +40,15 @@ EXPAND_JS = """
 """
 
 
+CLOSE_JS = """
+(() => {
+  const close = [...document.querySelectorAll('button')].find(b => /close/i.test(b.getAttribute('aria-label') || ''));
+  if (close) close.click();  // the assistant side panel: the artifact gets the width
+  return close ? 'side panel closed' : 'no side panel';
+})()
+"""
+
+
 class Page:
     def __init__(self, ws):
         self.ws, self.n = ws, 0
@@ -110,7 +119,7 @@ def main() -> None:
             except OSError:
                 time.sleep(1)
         artifact = f"{base}/runs/{parent.info.run_id}/artifacts/summary/tradeoff.png"
-        shots = [(artifact, out / "mlflow_tradeoff.png", args.wait, None)] if args.tradeoff else [
+        shots = [(artifact, out / "mlflow_tradeoff.png", args.wait, CLOSE_JS)] if args.tradeoff else [
             (f"{base}/runs", out / "mlflow_sweep_runs.png", args.wait, EXPAND_JS % parent.info.run_id),
             (compare, out / "mlflow_sweep_compare.png", args.wait, None)]
         asyncio.run(drive(port, shots, (1400, 900)))
