@@ -19,6 +19,7 @@ often above 10), while CPU time counts the work done. Checks that our prompt is 
 scored. Prints::
 
     RESULT eval_logit_overhead <ours/floor> target <= 1.5 PASS|FAIL
+    RESULT continuous_score_overhead <with continuous scores / without> target <= 1.10 PASS|FAIL
 
 Run: ``python benchmarks/bench_eval.py [--questions 100] [--batch-size 8] [--repeats 2] [--model REF] [--naive]``.
 """
@@ -126,6 +127,33 @@ def main() -> None:
     print(f"wall-time ratio {ow / fw:.3f} (informative; load average now {os.getloadavg()[0]:.1f})")
     ratio = oc / fc
     print(f"RESULT eval_logit_overhead {ratio:.3f} target <= 1.5 {'PASS' if ratio <= 1.5 else 'FAIL'}")
+    continuous_overhead(model, tok, args)
+
+
+def continuous_overhead(model, tok, args) -> None:
+    """The continuous scores (eval.continuous: gold probability mass, log-probability, per character) against the
+    same evaluation without them, logit and cloze modes on the same questions, alternating ``--repeats`` times (at
+    least twice, the order swapped each time) in this one process (min CPU time of each). They come from the log-likelihoods lm-eval computes anyway, so the
+    ratio measures only their bookkeeping; the scores must be there with and absent without."""
+    from raycpt.config import EvalConfig
+    from raycpt.evaluate import evaluate_model
+
+    runs: dict[bool, list[float]] = {True: [], False: []}
+    res = {}
+    for k in range(max(2, args.repeats)):  # at least one of each order: a drift in the load hits both alike
+        for on in ((False, True) if k % 2 == 0 else (True, False)):
+            cfg = EvalConfig(tasks=["wordnet_mc"], modes=["logit", "cloze"], limit=args.questions,
+                             batch_size=args.batch_size, continuous=on)
+            c0 = time.process_time()
+            res[on] = evaluate_model(model, cfg, tokenizer=tok, name=f"continuous-{on}")
+            runs[on].append(time.process_time() - c0)
+    assert "cloze.prob" in res[True].scores["wordnet_mc"] and "cloze.prob" not in res[False].scores["wordnet_mc"]
+    assert res[True].scores["wordnet_mc"]["cloze"] == res[False].scores["wordnet_mc"]["cloze"]  # same accuracies
+    with_, without = min(runs[True]), min(runs[False])
+    print(f"logit + cloze on {args.questions} questions: cpu {without:.2f}s without continuous scores, "
+          f"{with_:.2f}s with (cloze P(gold) average {res[True].scores['wordnet_mc']['cloze.prob']['average']:.2f}%)")
+    ratio = with_ / without
+    print(f"RESULT continuous_score_overhead {ratio:.3f} target <= 1.10 {'PASS' if ratio <= 1.10 else 'FAIL'}")
 
 
 if __name__ == "__main__":

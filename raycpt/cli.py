@@ -143,6 +143,10 @@ COMMANDS: dict[str, Row] = {
                          Opt("tracking_uri", S, "the store to sync into (default: the run's own tracking.uri)"),),
                      rest=1, rest_help="RUN_DIR (a raycpt train, sweep, contribution or hybrid run folder)",
                      check=False),
+    "runs show": Row(lazy("raycpt.jobs.show", "RUNS_SHOW"), R.render_runs_show, "Print a finished sweep's full "
+                     "summary from its folder: every per-category table, the S(b) gains, domain versus general, gain "
+                     "and forgetting against base, the whole verdict and its legend, the runs.", rest=1,
+                     rest_help="RUN_DIR (a raycpt sweep run folder)", check=False),
     "data info": Row(lazy("raycpt.jobs.data", "DATA_INFO"), R.render_stores, "List the packed stores under the "
                      "config's store folder (data.store_dir or <run_root>/packed)."),
 }

@@ -348,10 +348,12 @@ def pooled_run_test(point: float, k_a: int, k_b: int, run_var: float, run_df: in
     + unit_var, Student t with df = min(run_df, unit_df): a sum of two independent variance estimates
     referred to t on the smaller df is conservative (Mickey & Brown 1966), where Welch-Satterthwaite's df
     grows when the run variance is small by chance. Pooling gives run_df = sum (k_i - 1) (14 for 7 rows x 3
-    seeds) where a per-pair test has k - 1 = 2."""
+    seeds) where a per-pair test has k - 1 = 2. ``k_b = math.inf``: b is a fixed reference without run noise
+    (the untrained model), so only a's runs carry it."""
     half, p = pooled_run_p(point, k_a, k_b, run_var, run_df, unit_var, unit_df, level)
     half, p = float(half), float(p)
-    return Interval(point, point - half, point + half, int(k_a + k_b), method, level, p)
+    n = int(k_a + k_b) if math.isfinite(k_b) else int(k_a) + 1  # k_b infinite: a fixed reference (the base model)
+    return Interval(point, point - half, point + half, n, method, level, p)
 
 
 def mean_sampling_variance(diffs: Sequence[float], strata: Optional[Sequence] = None) -> tuple[float, int]:
@@ -364,6 +366,35 @@ def mean_sampling_variance(diffs: Sequence[float], strata: Optional[Sequence] = 
     groups = [d[s == g] for g in dict.fromkeys(s.tolist())]
     var = sum(float(x.var(ddof=1)) / x.size if x.size > 1 else 0.0 for x in groups) / len(groups) ** 2
     return var, max(d.size - len(groups), 0)
+
+
+def paired_mean_t(a: Sequence[float], b: Sequence[float], strata: Optional[Sequence] = None, level: float = LEVEL,
+                  scale: float = 1.0) -> Interval:
+    """``scale`` x the mean of paired differences a_i - b_i of a continuous per-unit score (a question's gold
+    probability under two models), with a Student-t interval and two-sided p-value: se^2 and df from
+    :func:`mean_sampling_variance` (n - 1 df; with ``strata``, the unweighted mean of the strata means, n - C df).
+    A zero spread gives a point interval (p 1 when the difference is 0, else 0)."""
+    from scipy.stats import t
+
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if d.size == 0 or len(a) != len(b):
+        raise ValueError("paired t: a and b must be non-empty and of equal length")
+    if strata is None:
+        point = float(d.mean())
+    else:
+        s = np.asarray(list(strata), dtype=object)
+        point = float(np.mean([d[s == g].mean() for g in dict.fromkeys(s.tolist())]))
+    var, df = mean_sampling_variance(d, strata)
+    method = "paired t over questions"
+    if df < 1:
+        return Interval(scale * point, math.nan, math.nan, int(d.size), method, level)
+    se = math.sqrt(var)
+    if se == 0:
+        return Interval(scale * point, scale * point, scale * point, int(d.size), method, level,
+                        1.0 if point == 0 else 0.0)
+    q = float(t.ppf((1.0 + level) / 2.0, df))
+    p = float(2 * t.sf(abs(point) / se, df))
+    return Interval(scale * point, scale * (point - q * se), scale * (point + q * se), int(d.size), method, level, p)
 
 
 # ------------------------------------------------------------------------------ BCa and rank correlation

@@ -388,6 +388,12 @@ def issue27_cases(f: dict) -> list[Case]:
              "is not a raycpt run folder (it has no config.yaml)", owner="27"),
         Case("runs sync a contribution folder while its tracking server is still gone",
              ["runs", "sync", str(t / "contribution-lost")], "no MLflow server answers", owner="27"),
+        Case("runs show a folder that is not a sweep folder", ["runs", "show", str(t / "adir")],
+             "has no summary/summary.json", owner="37"),
+        Case("runs show a folder that does not exist", ["runs", "show", str(t / "no-such-run")],
+             "is not a folder", owner="37"),
+        Case("sweep.general_docs negative", ["config", "validate", "sweep.general_docs=-1"],
+             "sweep.general_docs", owner="37"),
     ]
 
 

@@ -5,7 +5,9 @@
     python scripts/screenshot_mlflow.py --port 5716 --out docs/img
 
 Writes ``mlflow_sweep_runs.png`` (the experiment's runs table, the newest parent sweep run expanded to
-its trials) and ``mlflow_sweep_compare.png`` (MLflow's Compare view of those trials). Chromium runs
+its trials) and ``mlflow_sweep_compare.png`` (MLflow's Compare view of those trials); with ``--tradeoff`` only
+``mlflow_tradeoff.png``: the parent sweep run's artifact view opened on ``summary/tradeoff.png`` (domain gain
+against forgetting, issue 37). Chromium runs
 headless with a DevTools port; the page is driven over the DevTools protocol with aiohttp's websocket
 client (aiohttp comes with ``ray[default]``). Needs Debian's ``chromium``.
 """
@@ -34,6 +36,15 @@ EXPAND_JS = """
   if (!btn) return 'expand button not found';
   btn.click();
   return 'expanded' + (close ? ', side panel closed' : '');
+})()
+"""
+
+
+CLOSE_JS = """
+(() => {
+  const close = [...document.querySelectorAll('button')].find(b => /close/i.test(b.getAttribute('aria-label') || ''));
+  if (close) close.click();  // the assistant side panel: the artifact gets the width
+  return close ? 'side panel closed' : 'no side panel';
 })()
 """
 
@@ -81,6 +92,7 @@ def main() -> None:
     ap.add_argument("--experiment", default="raycpt")
     ap.add_argument("--out", default="docs/img")
     ap.add_argument("--wait", type=float, default=25.0, help="seconds for the JS app to render each view")
+    ap.add_argument("--tradeoff", action="store_true", help="only the parent run's summary/tradeoff.png artifact view")
     args = ap.parse_args()
     client = MlflowClient(args.tracking_uri)
     exp = client.get_experiment_by_name(args.experiment)
@@ -106,10 +118,11 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(1)
-        asyncio.run(drive(port, [
+        artifact = f"{base}/runs/{parent.info.run_id}/artifacts/summary/tradeoff.png"
+        shots = [(artifact, out / "mlflow_tradeoff.png", args.wait, CLOSE_JS)] if args.tradeoff else [
             (f"{base}/runs", out / "mlflow_sweep_runs.png", args.wait, EXPAND_JS % parent.info.run_id),
-            (compare, out / "mlflow_sweep_compare.png", args.wait, None),
-        ], (1400, 900)))
+            (compare, out / "mlflow_sweep_compare.png", args.wait, None)]
+        asyncio.run(drive(port, shots, (1400, 900)))
     finally:
         chrome.terminate()
         chrome.wait(timeout=30)

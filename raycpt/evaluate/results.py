@@ -4,6 +4,7 @@ question's record out of lm-eval's samples."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -21,21 +22,38 @@ def category_scores(items: Iterable[tuple[str, bool]]) -> tuple[dict[str, float]
     ``other``), ``average`` = unweighted mean of those category scores (the paper's Average), and
     ``overall`` = percent correct over all questions. Counts: per category and ``total``.
     """
-    right: dict[str, int] = {}
+    return category_means(((cat, 100.0 * bool(ok)) for cat, ok in items))
+
+
+def category_means(items: Iterable[tuple[str, float]]) -> tuple[dict[str, float], dict[str, int]]:
+    """``[(category, value), ...]`` -> (the mean value per category, ``average`` = the unweighted mean of the
+    category means, ``overall`` = the mean over all items; counts per category and ``total``):
+    :func:`category_scores` for any per-question number (a continuous score, :data:`raycpt.tasks.CONTINUOUS`)."""
+    sums: dict[str, float] = {}
     total: dict[str, int] = {}
-    for cat, ok in items:
+    for cat, value in items:
         if cat not in CATEGORY_KEYS:
             raise ValueError(f"unknown category {cat!r}")
         k = CATEGORY_KEYS[cat]
         total[k] = total.get(k, 0) + 1
-        right[k] = right.get(k, 0) + bool(ok)
-    scores = {k: 100.0 * right[k] / total[k] for k in (CATEGORY_KEYS[c] for c in CATEGORIES) if total.get(k)}
+        sums[k] = sums.get(k, 0.0) + float(value)
+    scores = {k: sums[k] / total[k] for k in (CATEGORY_KEYS[c] for c in CATEGORIES) if total.get(k)}
     n = sum(total.values())
     if scores:
         scores["average"] = sum(scores.values()) / len(scores)
-        scores["overall"] = 100.0 * sum(right.values()) / n
+        scores["overall"] = sum(sums.values()) / n
     counts = {**total, "total": n}
     return scores, counts
+
+
+def continuous_scores(lls: list[float], gold: int, lengths: list[int]) -> dict[str, float]:
+    """The :data:`CONTINUOUS` scores of one question from its options' log-likelihoods ``lls`` (nats), the gold
+    option's index and each option's length in characters (lm-eval's ``acc_norm`` length): ``prob`` = 100 *
+    exp(ll_gold) / sum_j exp(ll_j) (a softmax over the choices), ``logprob`` = ll_gold, ``logprob_char`` =
+    ll_gold / len(gold option)."""
+    top = max(lls)
+    mass = math.exp(lls[gold] - top) / sum(math.exp(x - top) for x in lls)
+    return {"prob": 100.0 * mass, "logprob": float(lls[gold]), "logprob_char": float(lls[gold]) / max(1, lengths[gold])}
 
 
 @dataclass
@@ -64,9 +82,17 @@ class EvalResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: str = "logit") -> dict[str, dict]:
+def option_lengths(sample: dict) -> list[int]:
+    """Each option's length in characters: its continuation as lm-eval scored it (``arguments``: (context,
+    continuation) per option), surrounding whitespace (the target delimiter) left out."""
+    return [len(str(arg[1]).strip()) for arg in sample["arguments"]]
+
+
+def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: str = "logit",
+                   continuous: bool = True) -> dict[str, dict]:
     """Per question of a ``multiple_choice`` run (logit: the four letters; cloze: the four option
-    texts): the log-likelihoods in option order, the first maximum as the prediction, ``correct``."""
+    texts): the log-likelihoods in option order, the first maximum as the prediction, ``correct``, and with
+    ``continuous`` the :data:`raycpt.tasks.CONTINUOUS` scores from those log-likelihoods."""
     out = {}
     for s in samples:
         doc = s["doc"]
@@ -75,6 +101,8 @@ def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: st
         gold = LETTERS[int(s["target"])]
         key, base = _question_key(task_name, s, spec)
         rec = {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}
+        if continuous:
+            rec.update(continuous_scores(lls, int(s["target"]), option_lengths(s)))
         if mode == "cloze" and "acc_norm" in s:  # lm-eval's own: log-likelihood over the option's characters
             rec["correct_norm"] = bool(s["acc_norm"])
         out[key] = {**base, "gold": gold, mode: rec}

@@ -276,7 +276,8 @@ def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress
     """Train ``tcfg`` in the trial's ``train/`` folder under its child run; the training worker evaluates
     the final weights (its GPU on a cluster). ``(TrainResult, EvalResult, held-out loss or None)``."""
     req = EvalRequest(out_dir=str(trial.dir / "eval"), name=name, heldout_path=trial.shared.get("heldout_path"),
-                      validation_path=trial.shared.get("validation_path"))
+                      validation_path=trial.shared.get("validation_path"),
+                      general_path=trial.shared.get("general_path"))
     tdir = trial.dir / "train"
     train = run_training(tcfg, trial.run, run_dir=tdir,
                          resume=(tdir / "state.json").exists() or (tdir / "ray").exists(), name=name,

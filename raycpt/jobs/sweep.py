@@ -27,6 +27,7 @@ from raycpt.diagnostics.spectrum import spectrum_pick, spectrum_snr
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.io import atomic_write_json, atomic_write_text
+from raycpt.jobs.base_row import BASE, base_result, eval_value, general_probe, probe_files
 from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, ahead_of_trials, grid_params, heldout_blocks, model_layers,
                               no_shards, run_grid, train_and_evaluate, warm_imports)
 from raycpt.jobs.job import Options, RunSpec, Steps, run_job
@@ -68,7 +69,10 @@ class TrialSpec:
     """``sweep.lr_grid``: the name without ``-lr<m>``, which the picked run is reported under."""
 
     def run(self, trial: Trial) -> dict:
-        """Train and evaluate this trial under its child run (in a Tune trial, or called directly)."""
+        """Train and evaluate this trial under its child run (in a Tune trial, or called directly); the base row
+        evaluates the untrained model instead (:func:`raycpt.jobs.base_row.base_result`)."""
+        if self.strategy == BASE:
+            return base_result(trial, self)
         run = trial.run
         tcfg = trial_config(trial.cfg, self)
         if run.created or not run.run_id:
@@ -83,7 +87,8 @@ class TrialSpec:
             "tokens_per_s": float(train.tokens_per_s), "wall_s": trial.elapsed, "losses": list(map(float, train.losses)),
             "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
             "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run.run_id,
-            "heldout_loss": heldout, "peak_memory_mb": train.peak_memory_mb,
+            "heldout_loss": heldout, "general_loss": eval_value(trial.dir / "eval", "general_loss"),
+            "peak_memory_mb": train.peak_memory_mb,
             "trainable_per_step": train.trainable_per_step, "pid": train.pid,
             **({"tune": self.group or self.name, "lr_mult": self.lr_mult, "base_name": self.base_name,
                 "lr": tcfg.train.lr, "validation_loss": validation_loss(trial)} if self.lr_mult is not None else {}),
@@ -121,11 +126,10 @@ def with_lr_grid(specs: list[TrialSpec], mults: list[float], base_lr: float) -> 
 def trial_metrics(result: dict) -> dict:
     """The metrics a sweep trial's child run gets at its end, from its ``result.json`` (``raycpt runs sync`` logs
     the same)."""
-    heldout = result.get("heldout_loss")
-    val = result.get("validation_loss")
+    losses = {k: result.get(k) for k in ("heldout_loss", "general_loss", "validation_loss")
+              if result.get(k) is not None}
     return {**result["scores"], "wall_time_s": result["wall_s"], "tokens_per_s": result["tokens_per_s"],
-            "trainable_params": result["trainable_params"], **({"heldout_loss": heldout} if heldout is not None else {}),
-            **({"validation_loss": val} if val is not None else {})}
+            "trainable_params": result["trainable_params"], **losses}
 
 
 def log_trial_result(trial: Trial, result: dict) -> None:
@@ -166,6 +170,12 @@ def _with_floor(specs: list[TrialSpec], floor_seeds: list[int], base_seed: Optio
         raise RaycptError("sweep.floor_seeds: the grid has no full row to run again (sweep.include_full=true)")
     specs = [dataclasses.replace(t, seed=base_seed, group="full") if t is full else t for t in specs]
     return specs + [dataclasses.replace(full, name=f"full-s{int(sd)}", seed=int(sd), group="full") for sd in floor_seeds]
+
+
+def with_base(specs: list[TrialSpec], include: bool = True) -> list[TrialSpec]:
+    """The grid with the untrained model's row first (:data:`raycpt.jobs.base_row.BASE`: evaluated once, never
+    per seed) when ``include`` (``sweep.include_base``)."""
+    return [TrialSpec(name=BASE, strategy=BASE)] + specs if include else specs
 
 
 def _plan_cells(splits: list[float], strategies: list[str], num_layers: int, include_full: bool,
@@ -222,6 +232,8 @@ class SweepPlan:
     validation: Optional[list] = None
     """The validation slice's blocks (``sweep.lr_grid``: the learning rate is picked on them)."""
     shards_ready: Callable[[], dict] = no_shards
+    general: Optional[list] = None
+    """The general probe's blocks (:func:`raycpt.jobs.base_row.general_probe`), or None."""
 
 
 def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPlan:
@@ -244,15 +256,17 @@ def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPl
         s.strategies = []
     elif s.budget is not None:  # the equal-budget trials replace the strategies (as recipes: the config says them)
         use_budget_rows(cfg, budget_rows(cfg, model_path), console)
-    specs = with_lr_grid(plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds,
-                                   s.floor_seeds, cfg.train.seed), lr_multipliers(s), cfg.train.lr)
+    specs = with_base(with_lr_grid(plan_grid(s.splits, s.strategies, num_layers, s.include_full, s.recipes, s.seeds,
+                                             s.floor_seeds, cfg.train.seed), lr_multipliers(s), cfg.train.lr),
+                      s.include_base)
     check_memory(cfg, console, sweep_plans(cfg))
     blocks = heldout_blocks(cfg, model_path, s.heldout_docs, "sweep.heldout_docs", "sweep.heldout_docs") \
         if s.heldout_docs else None
     val = validation_blocks(cfg.data, model_path, s.validation_docs, s.heldout_docs) \
         if lr_multipliers(s) != [1.0] else None
     prefetch_hub_datasets(cfg.eval, console=console)  # hub eval data once, on the driver; the trials read it offline
-    return SweepPlan(cfg, model_path, num_layers, specs, blocks, t0=t0, validation=val)
+    return SweepPlan(cfg, model_path, num_layers, specs, blocks, t0=t0, validation=val,
+                     general=general_probe(cfg, model_path))
 
 
 def run_spec(plan: SweepPlan, options: Options) -> RunSpec:
@@ -368,6 +382,7 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
         atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(plan.heldout.documents))
     if plan.validation:
         shared["validation_path"] = str(atomic_write_json(run_dir / "validation_blocks.json", plan.validation))
+    shared.update(probe_files(run_dir, plan.general), model_path=plan.model_path)
     with ray_session(cfg.ray, meanwhile=warm_imports):
         trace = None
         if s.trace_first:
@@ -421,8 +436,9 @@ def _auto_specs(plan: SweepPlan, trace: dict, console=None) -> list[TrialSpec]:
     sizes = budget_numbers(model_skeleton(plan.model_path), cfg.plan.lora_targets)["layer_params"]
     s.budget = auto_budget(trace["recommended_split"], sizes)
     use_budget_rows(cfg, budget_rows(cfg, plan.model_path), console)
-    return with_lr_grid(plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes, s.seeds,
-                                  s.floor_seeds, cfg.train.seed), lr_multipliers(s), cfg.train.lr)
+    return with_base(with_lr_grid(plan_grid(s.splits, s.strategies, plan.num_layers, s.include_full, s.recipes,
+                                            s.seeds, s.floor_seeds, cfg.train.seed), lr_multipliers(s), cfg.train.lr),
+                     s.include_base)
 
 
 SWEEP = Steps(prepare, execute, run_spec)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from raycpt.progress import progress_bar
+from raycpt.tasks import is_continuous
 
 METRICS = Path("train") / "train_metrics.jsonl"
 RESULT = "result.json"
@@ -92,10 +93,12 @@ def finished_line(result: dict) -> str:
         parts.append(f"loss {losses[0]:.3f}->{losses[-1]:.3f}")
     if result.get("heldout_loss") is not None:
         parts.append(f"held-out {result['heldout_loss']:.3f}")
+    if result.get("general_loss") is not None:
+        parts.append(f"general {result['general_loss']:.3f}")
     avgs: dict[str, dict[str, float]] = {}
     for key, v in (result.get("scores") or {}).items():
         task, cat, mode = (key.split("/") + ["", ""])[:3]
-        if cat == "average":
+        if cat == "average" and not is_continuous(mode):  # accuracies here; continuous scores: the summary
             avgs.setdefault(task, {})[mode] = v
     for task, modes in avgs.items():
         ms = [m for m in ("generate", "logit") if m in modes] + sorted(m for m in modes if m not in ("generate", "logit"))

@@ -16,25 +16,42 @@ PLAIN = dict(markup=False, highlight=False, soft_wrap=True)
 
 
 def render_sweep(res, console) -> None:
-    """Per task the Table-1 layout (and split gains), the domain-vs-general reading, the trials, the paths."""
-    from raycpt.report.sweep_format import table_modes
-    from raycpt.report.sweep_rich import (rich_domain_general, rich_gains_table, rich_table, rich_trials_table,
-                                          rich_verdict)
+    """The verdict in a few lines and one table (Δ against full, gain and forgetting against base), then where the
+    rest is: every per-category table is in ``summary/summary.md`` and ``raycpt runs show RUN_DIR``."""
+    from raycpt.report.sweep_terminal import compact_table, compact_verdict
 
-    for task, rows in res.summary["tables"].items():
+    for line in compact_verdict(res.summary):
+        console.print(line, markup=False, highlight=False)
+    console.print(compact_table(res.summary))
+    console.print(f"Per-category tables, legend, runs (also summary/summary.md): raycpt runs show {res.run_dir}",
+                  markup=False, highlight=False)
+    console.print(f"sweep finished in {res.wall_s:.0f}s; MLflow parent run {res.parent_run_id} (raycpt ui to browse)",
+                  markup=False, highlight=False)
+
+
+def render_runs_show(shown, console) -> None:
+    """``raycpt runs show``: per task the Table-1 layout per mode (accuracies, then continuous scores) and the split
+    gains, domain versus general, gain and forgetting against base, the whole verdict, the runs, the files."""
+    from raycpt.report.sweep_format import table_modes
+    from raycpt.report.sweep_rich import (rich_base_table, rich_domain_general, rich_gains_table, rich_table,
+                                          rich_trials_table, rich_verdict)
+
+    summary = shown.summary
+    for task, rows in summary["tables"].items():
         for mode in table_modes(rows):
             console.print(rich_table(task, rows, mode))
-        if res.summary.get("split_gains", {}).get(task):
-            console.print(rich_gains_table(task, res.summary["split_gains"][task]))
-    for item in rich_domain_general(res.summary.get("domain_general") or []) + rich_verdict(res.summary):
+        if summary.get("split_gains", {}).get(task):
+            console.print(rich_gains_table(task, summary["split_gains"][task]))
+    for item in rich_domain_general(summary.get("domain_general") or []) + rich_base_table(summary) + \
+            rich_verdict(summary):
         console.print(item)
-    console.print(rich_trials_table(res.trials))
-    if res.summary.get("recommended_split") is not None:
-        console.print(f"trace: recommended split r = {res.summary['recommended_split']}")
-    files = sorted(f.name for f in (res.run_dir / "summary").iterdir() if f.suffix in (".md", ".csv", ".png"))
-    console.print(f"summary: {res.run_dir / 'summary'} ({', '.join(files)})")
-    console.print(f"sweep finished in {res.wall_s:.0f}s; run folder {res.run_dir}; "
-                  f"MLflow parent run {res.parent_run_id} (raycpt ui to browse)")
+    if shown.trials:
+        console.print(rich_trials_table(shown.trials))
+    if summary.get("recommended_split") is not None:
+        console.print(f"trace: recommended split r = {summary['recommended_split']}")
+    folder = shown.run_dir / "summary"
+    files = sorted(f.name for f in folder.iterdir() if f.suffix in (".md", ".csv", ".png"))
+    console.print(f"summary: {folder} ({', '.join(files)})", **PLAIN)
 
 
 def render_compare(res, console) -> None:

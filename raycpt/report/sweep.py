@@ -26,7 +26,8 @@ from raycpt.report import verdict
 from raycpt.report.sweep_domain import domain_general
 from raycpt.report.sweep_markdown import summary_markdown
 from raycpt.report.sweep_outcomes import load_outcomes
-from raycpt.report.sweep_plots import plot_bars, plot_heldout, plot_losses
+from raycpt.report.sweep_base import against_base
+from raycpt.report.sweep_plots import TRADEOFF_PNG, plot_bars, plot_heldout, plot_losses, plot_tradeoff
 from raycpt.report.sweep_stats import split_gains, summary_table
 from raycpt.report.sweep_verdict import apply_verdict, primary_best, sb_against_gain
 from raycpt.stats import DEFAULT_RESAMPLES
@@ -94,7 +95,8 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
     gains = {task: split_gains(trials, split_scores, task, split_intervals=split_ci, resamples=resamples,
                                num_layers=num_layers) for task in tables}
     tasks = list(domain) + [t for t in general if t not in domain]
-    decision = apply_verdict(tables, gains, tasks, report)
+    base = against_base(trials, domain, general, resamples)
+    decision = apply_verdict(tables, gains, tasks, report, base_rows=base["rows"])
     decision["best"] = primary_best(trials, tables, report, resamples=resamples)
     primary = verdict.parse_primary(report.get("primary"))
     mode = "logit" if primary is None else primary["mode"]  # None: the held-out loss
@@ -110,11 +112,13 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
     if report.get("footing"):
         decision["legend"].append("Plans: " + report["footing"] + ".")
     return {"tables": tables, "split_gains": gains, "domain_general": domain_general(tables, domain, general),
+            "base": base,
             "records": delta_records(tables), "roles": {"domain": list(domain), "general": list(general)},
             "verdict": decision, "sb_vs_gain": sb, "split_like_best": (trace or {}).get("split_like_best") or {}}
 
 
-DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights", "heldout_docs")
+DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights", "heldout_docs", "general_blocks", "general_weights",
+        "general_docs")
 
 
 def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_layers: int,
@@ -132,6 +136,8 @@ def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_
     files.append(plot_losses(out / "loss_curves.png", trials))
     if any(t.get("heldout_loss") is not None for t in trials):
         files.append(plot_heldout(out / "heldout_loss.png", trials))
+    if summary["base"].get("axes"):
+        files.append(plot_tradeoff(out / TRADEOFF_PNG, summary["base"]))
     files.append(atomic_write_text(out / "summary.md", summary_markdown(summary)))
     summary.update(num_layers=num_layers, recommended_split=(trace or {}).get("recommended_split"),
                    trials=[{k: v for k, v in t.items() if k not in DROP} for t in trials])

@@ -19,10 +19,11 @@ def domain_general(tables: dict[str, list[dict]], domain: Sequence[str], general
     first = tables[(d_tasks or g_tasks)[0]]
     out = []
     for row in first:
-        if row["name"] == baseline:
+        if row["name"] == baseline or row["strategy"] == "base":  # the base row: its own table (sweep_base)
             continue
         entry = {"name": row["name"], "strategy": row["strategy"], "split": row["split"],
-                 "heldout": row.get("heldout_delta"), "domain": [], "general": []}
+                 "heldout": row.get("heldout_delta"), "general_loss": row.get("general_delta"), "domain": [],
+                 "general": []}
         for role, tasks in (("domain", d_tasks), ("general", g_tasks)):
             for task in tasks:
                 r = next((x for x in tables[task] if x["name"] == row["name"]), None)

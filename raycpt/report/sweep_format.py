@@ -65,8 +65,9 @@ def table_modes(rows: list[dict]) -> list[str]:
 
 
 def _loss_columns(rows: list[dict], short: bool = False) -> list[tuple[str, str]]:
-    """The loss columns present: the last training step's loss and the held-out loss."""
-    cols = [("final_loss", "loss" if short else "final loss"), ("heldout_loss", "held-out" if short else "held-out loss")]
+    """The loss columns present: the last training step's loss, the held-out loss and the general probe's loss."""
+    cols = [("final_loss", "loss" if short else "final loss"), ("heldout_loss", "held-out" if short else "held-out loss"),
+            ("general_loss", "general" if short else "general loss")]
     return [(k, label) for k, label in cols if any(r.get(k) is not None for r in rows)]
 
 

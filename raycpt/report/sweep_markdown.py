@@ -8,6 +8,7 @@ from raycpt.report.sweep_format import (CATEGORY_LABEL, MODE_LETTER, _fmt_p, _fm
 from raycpt.report.sweep_seeds import STRATEGY, checkpoint_line
 from raycpt.report.sweep_stats import largest_s_b
 from raycpt.report.verdict import HELDOUT
+from raycpt.tasks import is_continuous
 
 LEGEND = ("Δ against full with its 95% interval in brackets (what each interval covers: the legend of the "
           "verdict below); ▲ / ▼ = better / worse than full, marked only when the comparison's p-value survives "
@@ -15,16 +16,24 @@ LEGEND = ("Δ against full with its 95% interval in brackets (what each interval
           "* = best on the primary metric, only when it beats every other row")
 
 
-def table_markdown(task: str, rows: list[dict]) -> str:
+def table_markdown(task: str, rows: list[dict], continuous: bool = False) -> str:
     """Markdown: cells ``G / L (ΔG [lo, hi] / ΔL [lo, hi])`` in percent, best marked with ``*``; mean ±
-    95% half-width over seeds when a cell has several; the loss columns and the held-out Δ at the end."""
-    cats, modes = _row_categories(rows), table_modes(rows)
-    losses = _loss_columns(rows)
-    held = any(r.get("heldout_delta") and r["heldout_delta"].get("delta") is not None for r in rows)
+    95% half-width over seeds when a cell has several; the loss columns and the held-out Δ at the end.
+    ``continuous``: the same table of the continuous scores (``cloze.prob``, ...: :data:`raycpt.tasks.CONTINUOUS`)
+    instead of the accuracies, without the loss columns."""
+    cats = _row_categories(rows)
+    modes = [m for m in table_modes(rows) if is_continuous(m) == continuous]
+    if not modes:
+        return ""
+    losses = [] if continuous else _loss_columns(rows)
+    held = not continuous and any(r.get("heldout_delta") and r["heldout_delta"].get("delta") is not None
+                                  for r in rows)
     head = ("| model | seeds | " + " | ".join(CATEGORY_LABEL.get(c, c) for c in cats) + " |"
             + "".join(f" {label} |" for _, label in losses) + (" Δ held-out |" if held else ""))
     letters = " / ".join(MODE_LETTER.get(m, m) for m in modes)
-    lines = [f"**{task}** — {letters} accuracy (%), Δ against full [95% interval] in brackets, * = best", "", head,
+    what = ("continuous scores (prob: % on gold among the choices; logprob: nats; logprob_char: nats/char)"
+            if continuous else "accuracy (%)")
+    lines = [f"**{task}** — {letters} {what}, Δ against full [95% interval] in brackets, * = best", "", head,
              "|" + "---|" * (len(cats) + 2 + len(losses) + held)]
     for r in rows:
         cells = []
@@ -52,12 +61,12 @@ def domain_general_markdown(entries: list[dict]) -> str:
            [("general", i["task"], i["mode"]) for i in entries[0]["general"]]
     lines = ["**Domain versus general** — Average accuracy Δ against full (points) [95% interval]", "",
              "| trial | " + " | ".join(f"{role}: {task} {MODE_LETTER.get(m, m)}" for role, task, m in cols)
-             + " | Δ held-out loss | reading |", "|" + "---|" * (len(cols) + 3)]
+             + " | Δ held-out loss | Δ general loss | reading |", "|" + "---|" * (len(cols) + 4)]
     for e in entries:
         by = {(role, i["task"], i["mode"]): i for role in ("domain", "general") for i in e[role]}
         cells = [fmt_delta(by.get(c)) for c in cols]
         lines.append(f"| {e['name']} | " + " | ".join(cells) + f" | {fmt_delta(e.get('heldout'), 3, True)} | "
-                     f"{e['reading']} |")
+                     f"{fmt_delta(e.get('general_loss'), 3, True)} | {e['reading']} |")
     return "\n".join(lines)
 
 
@@ -125,16 +134,15 @@ def verdict_markdown(summary: dict) -> list[str]:
     return md
 
 
-NO_GENERAL = ("No general task ran, so forgetting is not measured here: the default sweep leaves MMLU out because "
-              "its 16 questions (2 per subject) gave a [0, 0] interval in every trial, a third of the evaluation "
-              "spent on numbers that cannot move; configs/paper-check.yaml runs MMLU (114 questions) as the general "
-              "probe, or add it with eval.tasks=[wordnet_mc,mmlu].")
+NO_GENERAL = ("No general task and no general probe ran, so forgetting is not measured here: set "
+              "sweep.general_docs (the general-text loss, docs/analysis.md) or add eval.tasks=[wordnet_mc,mmlu].")
 
 
 def not_general(summary: dict) -> bool:
-    """True when the sweep declared general tasks but none of them ran."""
+    """True when the sweep declared general tasks but none of them ran and it has no general probe either."""
     general = summary.get("roles", {}).get("general", [])
-    return bool(general) and not any(t in summary.get("tables", {}) for t in general)
+    probe = any(m.get("axis") == "forget" for m in (summary.get("base") or {}).get("metrics", []))
+    return bool(general) and not probe and not any(t in summary.get("tables", {}) for t in general)
 
 
 def _split_words(summary: dict) -> list[str]:
@@ -151,12 +159,46 @@ def _split_words(summary: dict) -> list[str]:
     return [f"Largest S(b) among the sweep's splits: r = {top:g}; {tail} (one-sided 95% bound over prompts)."]
 
 
+def _oriented_mark(cell: dict, metric: dict) -> dict:
+    """The cell with its mark as better (▲) / worse (▼) than base: the family decides on row - base, so a loss
+    (lower is better) flips."""
+    if not cell.get("sign"):
+        return cell
+    return {**cell, "sign": cell["sign"] if metric["higher_is_better"] else -cell["sign"]}
+
+
+def base_markdown(summary: dict) -> str:
+    """summary.md's table of gain and forgetting against base: per row, every metric (row - base oriented: gain >
+    0 better, forgetting > 0 worse) with its 95% interval and the adjusted mark, the Pareto front marked ★."""
+    base = summary.get("base") or {}
+    metrics, rows = base.get("metrics") or [], base.get("rows") or []
+    if not metrics or not rows:
+        return ""
+    front = set(base.get("pareto") or [])
+    lines = ["**Gain and forgetting against base** (the untrained model) — gain > 0 = better than base, forgetting "
+             "> 0 = worse; [95% interval]; ▲ / ▼ = better / worse than base after the verdict's multiplicity "
+             "control; ★ = on the Pareto front of the first gain and first forgetting column", "",
+             "| row | " + " | ".join(f"{m['axis'].replace('forget', 'forgetting')}: {m['label']}" for m in metrics)
+             + " |", "|" + "---|" * (len(metrics) + 1)]
+    for r in rows:
+        cells = []
+        for m, c in zip(metrics, r["cells"]):
+            shown = {"delta": c.get("shown"), "lo": c.get("shown_lo"), "hi": c.get("shown_hi"),
+                     "sign": _oriented_mark(c, m).get("sign")}
+            cells.append(fmt_delta(shown, 3 if m["mode"] is None else 2))
+        star = " ★" if r["name"] in front else ""
+        lines.append(f"| {r['name']}{star} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def summary_markdown(summary: dict) -> str:
     """summary.md: the verdict and how to read it, domain versus general, then per task the table and the
     S(b) gains."""
     md = [LEGEND[0].upper() + LEGEND[1:] + ".", ""]
     if summary.get("verdict"):
         md += verdict_markdown(summary) + [""]
+    if base_markdown(summary):
+        md += [base_markdown(summary), ""]
     if summary["domain_general"]:
         md += [domain_general_markdown(summary["domain_general"]), ""]
     missing = {role: [t for t in summary.get("roles", {}).get(role, []) if t not in summary["tables"]]
@@ -168,6 +210,8 @@ def summary_markdown(summary: dict) -> str:
         md += [NO_GENERAL, ""]
     for task, rows in summary["tables"].items():
         md += [table_markdown(task, rows), ""]
+        if table_markdown(task, rows, continuous=True):
+            md += [table_markdown(task, rows, continuous=True), ""]
         if summary["split_gains"].get(task):
             md += [gains_markdown(task, summary["split_gains"][task]), ""]
     return "\n".join(md)

@@ -89,3 +89,57 @@ def plot_heldout(path: Path, trials: list[dict]) -> Path:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path, dpi=120)
+
+
+TRADEOFF_PNG = "tradeoff.png"
+
+
+def plot_tradeoff(path: Path, base: dict) -> Path:
+    """Domain gain (x) against forgetting (y), both against the untrained model, one point per row with its 95%
+    interval bars (:func:`raycpt.report.sweep_base.against_base`), the base at the origin, the Pareto front (no row
+    gains more while forgetting less) marked and joined. Better is right and down."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gi, fi = base["axes"]
+    gm, fm = base["metrics"][gi], base["metrics"][fi]
+    front = set(base["pareto"])
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    colours = {"full": "black", "train_shallow": "tab:blue", "train_deep": "tab:orange"}
+    pts = [("base", 0.0, 0.0)]
+    for r in base["rows"]:
+        g, f = r["cells"][gi], r["cells"][fi]
+        if g["shown"] is None or f["shown"] is None:
+            continue
+        x, y = g["shown"], f["shown"]
+        xerr = [[x - g["shown_lo"]], [g["shown_hi"] - x]] if g.get("shown_lo") is not None else None
+        yerr = [[y - f["shown_lo"]], [f["shown_hi"] - y]] if f.get("shown_lo") is not None else None
+        on = r["name"] in front
+        ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="*" if on else "o", ms=12 if on else 6, capsize=3,
+                    color=colours.get(r["strategy"], "tab:green"), zorder=3)
+        ax.annotate(r["name"], (x, y), fontsize=8, xytext=(5, 4), textcoords="offset points")
+        pts.append((r["name"], x, y))
+    ax.scatter([0], [0], marker="*" if "base" in front else "s", s=120 if "base" in front else 40, color="grey",
+               zorder=3)
+    ax.annotate("base", (0, 0), fontsize=8, xytext=(5, -10), textcoords="offset points")
+    line = sorted((p for p in pts if p[0] in front), key=lambda p: p[1])
+    if len(line) > 1:
+        ax.plot([p[1] for p in line], [p[2] for p in line], color="tab:red", lw=1, ls="--", zorder=2,
+                label="Pareto front (★)")
+        ax.legend(fontsize=8, loc="best")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_xlabel(f"domain gain vs base: {_axis_words(gm)}")
+    ax.set_ylabel(f"forgetting vs base: {_axis_words(fm)}")
+    ax.set_title("Gain against forgetting (95% intervals; better = right and down)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=120)
+
+
+def _axis_words(m: dict) -> str:
+    if m["mode"] is None:
+        return f"{m['label']} {'base − row' if m['axis'] == 'gain' else 'row − base'} (nats/token)"
+    return f"{m['label']} {'row − base' if m['axis'] == 'gain' else 'base − row'} (points)"

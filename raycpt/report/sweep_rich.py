@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Optional
 
 from raycpt.report.sweep_format import MODE_LETTER, _fmt, _fmt_s, _mark, _row_categories
-from raycpt.report.sweep_markdown import NO_GENERAL, not_general, verdict_markdown
+from raycpt.report.sweep_markdown import NO_GENERAL, _oriented_mark, not_general, verdict_markdown
 from raycpt.report.sweep_stats import _modes, budget_count, trials_heldout_deltas
+from raycpt.tasks import is_continuous
 
 SHORT_LABEL = {"stem": "STEM", "social_science": "Soc.Sci.", "humanities": "Human.", "other": "Other",
                "average": "Average", "overall": "All"}
@@ -29,7 +30,8 @@ def rich_table(task: str, rows: list[dict], mode: str):
     from rich.table import Table
 
     cats = [c for c in _row_categories(rows) if c != "overall" and any(mode in r["cells"].get(c, {}) for r in rows)]
-    table = Table(title=f"{task}, {mode} mode: accuracy (%), Δ vs full below (▲▼: after multiplicity control)",
+    what = f"{mode} score" if is_continuous(mode) else f"{mode} mode: accuracy (%)"
+    table = Table(title=f"{task}, {what}, Δ vs full below (▲▼: after multiplicity control)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("trial", no_wrap=True)
     for c in cats:
@@ -177,3 +179,29 @@ def rich_verdict(summary: dict) -> list[str]:
     """The verdict block for the terminal (the same lines as summary.md's, Markdown marks dropped)."""
     lines = [line.replace("**", "") for line in verdict_markdown(summary) if line]
     return lines + ([NO_GENERAL] if not_general(summary) else [])
+
+
+def rich_base_table(summary: dict) -> list:
+    """Gain and forgetting against base for ``runs show``: one row per trial and metric column, the delta
+    (oriented: gain > 0 better, forgetting > 0 worse) over its 95% interval, ▲ / ▼ = better / worse than base after
+    multiplicity control; ★ = on the Pareto front."""
+    from rich import box
+    from rich.table import Table
+
+    base = summary.get("base") or {}
+    metrics, rows = base.get("metrics") or [], base.get("rows") or []
+    if not metrics or not rows:
+        return []
+    table = Table(title="gain / forgetting vs base (the untrained model)", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("trial", no_wrap=True)
+    for m in metrics:
+        table.add_column(f"{'gain' if m['axis'] == 'gain' else 'forget'} {m['label']}", justify="right")
+    front = set(base.get("pareto") or [])
+    for r in rows:
+        cells = []
+        for m, c in zip(metrics, r["cells"]):
+            digits = 3 if m["mode"] is None else 2
+            cells.append(_two_lines({"x": c.get("shown"), "x_lo": c.get("shown_lo"), "x_hi": c.get("shown_hi"),
+                                     "x_sign": _oriented_mark(c, m).get("sign")}, "x", digits))
+        table.add_row(r["name"] + (" ★" if r["name"] in front else ""), *cells)
+    return [table]

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from raycpt.stats import mean_sampling_variance, pooled_run_variance, ratio_delta_se
+from raycpt.tasks import is_continuous
 
 STRATEGY, CHECKPOINT = "strategy", "checkpoint"
 METHOD_HELDOUT = "runs pooled + documents"
@@ -44,29 +45,30 @@ def run_noise(groups: dict, value: Callable[[dict], Optional[float]]) -> dict:
     return {"var": var, "df": df, "runs": sum(len(v) for v in vals)}
 
 
-def heldout_units(runs_a: list[dict], runs_b: list[dict]) -> Optional[tuple[float, float, str]]:
+def heldout_units(runs_a: list[dict], runs_b: list[dict], probe: str = "heldout") -> Optional[tuple[float, float, str]]:
     """(variance, df, method) of the document-sampling error of mean(a) - mean(b): each block's loss averaged over a
     row's runs, then the ratio estimator's variance over documents (clusters: ``heldout_docs``; blocks when the
     results lack them). None unless every run has the same held-out blocks."""
-    la = [t.get("heldout_blocks") for t in runs_a]
-    lb = [t.get("heldout_blocks") for t in runs_b]
+    la = [t.get(f"{probe}_blocks") for t in runs_a]
+    lb = [t.get(f"{probe}_blocks") for t in runs_b]
     if not la or not lb or not all(la + lb) or len({len(x) for x in la + lb}) != 1:
         return None
     first = runs_a[0]
-    docs = first.get("heldout_docs")
+    docs = first.get(f"{probe}_docs")
     docs = docs if docs is not None and len(docs) == len(la[0]) else None
     _, se, k = ratio_delta_se(np.mean(la, axis=0), np.mean(lb, axis=0), clusters=docs,
-                              weights=first.get("heldout_weights"))
+                              weights=first.get(f"{probe}_weights"))
     return (0.0, math.inf, METHOD_HELDOUT) if math.isnan(se) else (se * se, k - 1, METHOD_HELDOUT)
 
 
 def _per_question(runs: list[dict], task: str, cat: str, mode: str) -> Optional[dict]:
-    """{question id: (category, share of the runs that got it right)} over the questions every run answered."""
+    """{question id: (category, share of the runs that got it right, or the mean of a continuous score over the
+    runs)} over the questions every run answered."""
     outs = [(t.get("outcomes") or {}).get(task, {}).get(mode) for t in runs]
     if not outs or not all(outs):
         return None
     ids = [q for q in outs[0] if all(q in o for o in outs) and (cat in ("average", "overall") or outs[0][q][0] == cat)]
-    return {q: (outs[0][q][0], float(np.mean([int(o[q][1]) for o in outs]))) for q in ids}
+    return {q: (outs[0][q][0], float(np.mean([float(o[q][1]) for o in outs]))) for q in ids}
 
 
 def question_units(runs_a: list[dict], runs_b: list[dict], task: str, cat: str, mode: str
@@ -80,7 +82,8 @@ def question_units(runs_a: list[dict], runs_b: list[dict], task: str, cat: str, 
     ids = [q for q in qa if q in qb]
     if len(ids) < 2:
         return None
-    d = [100.0 * (qa[q][1] - qb[q][1]) for q in ids]
+    scale = 1.0 if is_continuous(mode) else 100.0  # shares right -> points; continuous scores as they are
+    d = [scale * (qa[q][1] - qb[q][1]) for q in ids]
     var, df = mean_sampling_variance(d, [qa[q][0] for q in ids] if cat == "average" else None)
     return var, df, METHOD_QUESTIONS
 

@@ -20,8 +20,9 @@ from raycpt.splits import equal_count_split
 import numpy as np
 
 from raycpt.report.sweep_seeds import (METHOD_RUNS, has_run_noise, heldout_units, question_units, run_noise)
-from raycpt.stats import (DEFAULT_RESAMPLES, Interval, paired_accuracy_delta, pooled_run_test, ratio_delta_t,
-                          seed_interval, stratified_mcnemar_p, stratified_paired_delta)
+from raycpt.stats import (DEFAULT_RESAMPLES, Interval, paired_accuracy_delta, paired_mean_t, pooled_run_test,
+                          ratio_delta_t, seed_interval, stratified_mcnemar_p, stratified_paired_delta)
+from raycpt.tasks import is_continuous
 
 CATEGORY_ORDER = ["stem", "social_science", "humanities", "other", "average", "overall"]
 MODES = ("generate", "logit", "cloze")  # display order; any other mode in the records follows, sorted
@@ -61,7 +62,8 @@ def question_delta(a: dict, b: dict, task: str, cat: str, mode: str, resamples: 
     """Accuracy of trial ``a`` minus trial ``b`` (points) on the questions both answered (matched by id):
     within category ``cat``, over all (``overall``), or the mean of the category deltas (``average``).
 
-    0/1 outcomes on the same questions: the exact McNemar p-value and the continuity-corrected score
+    A continuous score (``cloze.prob``, :data:`raycpt.tasks.CONTINUOUS`): the paired t over questions
+    (:func:`raycpt.stats.paired_mean_t`). 0/1 outcomes on the same questions: the exact McNemar p-value and the continuity-corrected score
     interval (:func:`raycpt.stats.paired_accuracy_delta`, coverage shown by ``bench_calibration.py``). The
     Average column with categories of equal size *is* the all-questions accuracy and gets the same; with
     unequal categories it gets the stratified bootstrap (each category resampled within itself) and a
@@ -70,22 +72,27 @@ def question_delta(a: dict, b: dict, task: str, cat: str, mode: str, resamples: 
     if m is None:
         return None
     _, x, y, cats = m
+    if is_continuous(mode):  # a continuous score per question: the paired t (stratified for unequal categories)
+        unequal = cat == "average" and len(set(Counter(cats).values())) > 1
+        return paired_mean_t(x, y, cats if unequal else None)
     if cat == "average" and len(set(Counter(cats).values())) > 1:
         iv = stratified_paired_delta(x, y, cats, resamples, seed, scale=100.0)
         return replace(iv, p=stratified_mcnemar_p(x, y, cats))
     return paired_accuracy_delta(x, y, scale=100.0)
 
 
-def heldout_delta(a: dict, b: dict, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Optional[Interval]:
+def heldout_delta(a: dict, b: dict, resamples: int = DEFAULT_RESAMPLES, seed: int = 0, probe: str = "heldout"
+                  ) -> Optional[Interval]:
     """Held-out loss of ``a`` minus ``b``, token-weighted over the held-out blocks, with a t-interval over
     documents (``heldout_docs``: the document of each block, when the result carries them; over blocks
-    otherwise): :func:`raycpt.stats.ratio_delta_t`, coverage shown by ``bench_calibration.py``."""
-    la, lb = a.get("heldout_blocks"), b.get("heldout_blocks")
+    otherwise): :func:`raycpt.stats.ratio_delta_t`, coverage shown by ``bench_calibration.py``. ``probe="general"``:
+    the same for the general probe's blocks (``general_blocks``, ``general_docs``)."""
+    la, lb = a.get(f"{probe}_blocks"), b.get(f"{probe}_blocks")
     if not la or not lb or len(la) != len(lb):
         return None
-    docs = a.get("heldout_docs")
+    docs = a.get(f"{probe}_docs")
     docs = docs if docs is not None and len(docs) == len(la) else None
-    return ratio_delta_t(la, lb, clusters=docs, weights=a.get("heldout_weights"))
+    return ratio_delta_t(la, lb, clusters=docs, weights=a.get(f"{probe}_weights"))
 
 
 # ------------------------------------------------------------------------------------------ trials and seeds
@@ -188,6 +195,7 @@ def summary_table(trials: list[dict], baseline: str = "full", resamples: int = D
         cats, modes = _task_cells(groups, task)
         noise = {(c, m): run_noise(groups, _cell_value(task, c, m)) for c in cats for m in modes}
         noise[HELD] = run_noise(groups, _held)
+        noise[GENERAL] = run_noise(groups, _general)
         rows = [_summary_row(g, base, task, cats, modes, resamples, seed, noise) for g in groups.values()]
         for c in cats:
             for m in modes:
@@ -200,10 +208,21 @@ def summary_table(trials: list[dict], baseline: str = "full", resamples: int = D
 
 
 HELD = "heldout_loss"
+GENERAL = "general_loss"
+"""The general probe's loss (:mod:`raycpt.evaluate.general`), compared like the held-out loss."""
 
 
 def _held(t: dict) -> Optional[float]:
     return t.get("heldout_loss")
+
+
+def _general(t: dict) -> Optional[float]:
+    return t.get("general_loss")
+
+
+def general_units(runs_a: list[dict], runs_b: list[dict]):
+    """:func:`raycpt.report.sweep_seeds.heldout_units` of the general probe's blocks."""
+    return heldout_units(runs_a, runs_b, probe="general")
 
 
 def _summary_row(g: dict, base: Optional[dict], task: str, cats: list[str], modes: list[str], resamples: int,
@@ -227,7 +246,11 @@ def _summary_row(g: dict, base: Optional[dict], task: str, cats: list[str], mode
             "heldout_loss": _mean_of(g["runs"], held)["value"],
             "heldout_delta": None if is_base else compare(g["runs"], base["runs"], held,
                                                           lambda a, b: heldout_delta(a, b, resamples, seed),
-                                                          heldout_units, noise[HELD])}
+                                                          heldout_units, noise[HELD]),
+            "general_loss": _mean_of(g["runs"], _general)["value"],
+            "general_delta": None if is_base else compare(
+                g["runs"], base["runs"], _general, lambda a, b: heldout_delta(a, b, resamples, seed, "general"),
+                general_units, noise[GENERAL])}
 
 
 def _avg(trial: dict, task: str, mode: str) -> Optional[float]:

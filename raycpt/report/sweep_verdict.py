@@ -8,15 +8,21 @@ from typing import Optional, Sequence
 
 from raycpt.report import verdict
 from raycpt.report.sweep_seeds import CHECKPOINT, STRATEGY, claim_of, heldout_units, question_units, run_noise
-from raycpt.report.sweep_stats import _cell_value, _mean_of, compare, group_trials, heldout_delta, question_delta
+from raycpt.report.sweep_stats import (GENERAL, _cell_value, _mean_of, compare, group_trials, heldout_delta,
+                                       question_delta)
 from raycpt.report.verdict import HELDOUT
+from raycpt.report.sweep_base import BASE
 from raycpt.stats import DEFAULT_RESAMPLES, spearman_test
 
-def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[dict], baseline: str) -> list[dict]:
+def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[dict], baseline: str,
+            base_rows: Sequence[dict] = ()) -> list[dict]:
     """The comparisons a mark or a reading can rest on (:mod:`raycpt.report.verdict`), each with the cells it
     decides: every row against ``baseline`` on the Average column of every task that ran (domain and general
     first) and mode, the held-out loss, and train_shallow against train_deep at each split (the gains
-    table). A comparison found twice (the gains table repeats shallow - full) is one member."""
+    table), and every row against the untrained model on the gain and forgetting metrics (``base_rows``:
+    :func:`raycpt.report.sweep_base.against_base`). The base row's own comparisons against ``baseline`` are left
+    out (full against base says the same). A comparison found twice (the gains table repeats shallow - full) is
+    one member."""
     fam: dict[tuple, dict] = {}
 
     def add(key, task, mode, d, cell=None, flat=None):
@@ -32,12 +38,16 @@ def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[d
 
     for task in list(dict.fromkeys([t for t in tasks if t in tables] + list(tables))):
         for r in tables[task]:
-            if r["name"] == baseline:
+            if r["name"] == baseline or r["strategy"] == BASE:
                 continue
             for mode, cell in r["cells"].get("average", {}).items():
                 add((r["name"], baseline, task, mode), task, mode, cell, cell=cell)
-            if r.get("heldout_delta"):
-                add((r["name"], baseline, HELDOUT, None), HELDOUT, None, r["heldout_delta"], cell=r["heldout_delta"])
+            for loss, key in ((HELDOUT, "heldout_delta"), (GENERAL, "general_delta")):
+                if r.get(key):
+                    add((r["name"], baseline, loss, None), loss, None, r[key], cell=r[key])
+    for r in base_rows:
+        for cell in r["cells"]:
+            add((r["name"], BASE, cell["task"], cell["mode"]), cell["task"], cell["mode"], cell, cell=cell)
     for task in list(dict.fromkeys([t for t in tasks if t in gains] + list(gains))):
         for g in gains[task]:
             for label, other in (("shallow_vs_full", baseline), ("shallow_vs_deep", g.get("deep_name"))):
@@ -68,14 +78,18 @@ def _clear_marks(tables: dict, gains: dict) -> None:
                 g[k] = None
 
 
-def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict, baseline: str = "full") -> dict:
+def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict, baseline: str = "full",
+                  base_rows: Sequence[dict] = ()) -> dict:
     """Decide the family (adjusted p-values, marks) and write the decisions into the cells they rest on.
     Returns ``{"comparisons", "primary", "claim", "adjust", "alpha", "family_size"}``; ``claim`` (each
     comparison's too): ``strategy`` when the tests hold run-to-run noise (:mod:`raycpt.report.sweep_seeds`),
     ``checkpoint`` when the sweep has one run per row."""
     primary = verdict.parse_primary(report.get("primary"))
     _clear_marks(tables, gains)
-    fam = _family(tables, gains, tasks, primary, baseline)
+    for r in base_rows:  # the interval-only signs of the comparisons against base, as in the tables
+        for x in r["cells"]:
+            x["raw_sign"], x["sign"] = x.get("sign"), None
+    fam = _family(tables, gains, tasks, primary, baseline, base_rows)
     decided = verdict.decide(fam, report.get("adjust", "holm"), report.get("alpha", verdict.ALPHA))
     for d in decided:
         for cell in d["cells"]:
@@ -98,7 +112,7 @@ def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str =
     primary = verdict.parse_primary(report.get("primary"))
     if primary is None:
         return None
-    groups = group_trials(trials)
+    groups = {n: g for n, g in group_trials(trials).items() if g["strategy"] != BASE}  # best among the plans
     if primary["task"] == HELDOUT:
         value = (lambda t: t.get("heldout_loss"))
         values = {n: _mean_of(g["runs"], value)["value"] for n, g in groups.items()}

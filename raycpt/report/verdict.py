@@ -175,6 +175,8 @@ NOISE = {
     "t over documents": ("document sampling of the held-out set only (the blocks of a document taken as one unit; "
                          "one run per row: two checkpoints, not two strategies)"),
     "t over blocks": "block sampling of the held-out set (no document ids: blocks taken as independent)",
+    "paired t over questions": ("question sampling only, for a continuous score per question (one run per row: "
+                                "two checkpoints on the same questions, not two strategies)"),
     "stratified paired bootstrap": "question sampling within categories (exploratory; coverage not shown)",
     "paired bootstrap": "question sampling (percentile bootstrap; exploratory)",
 }

@@ -132,3 +132,21 @@ def subject_category(lm_task: str) -> str | None:
         if lm_task.startswith(prefix):
             return table.get(lm_task[len(prefix):])
     return None
+
+
+CONTINUOUS = {"prob": "probability mass on the gold option among the choices (%)",
+              "logprob": "log-probability of the gold option (nats)",
+              "logprob_char": "log-probability of the gold option per character of its text (nats/char)"}
+"""The continuous scores of a multiple-choice question (logit and cloze modes), from the same log-likelihoods
+lm-eval computed for the choices (no extra forward): a per-question record ``rec[name]``, and a score named
+``<mode>.<name>`` beside the mode's accuracy (``wordnet_mc/average/cloze.prob``). Higher is better for all three."""
+
+
+def continuous_mode(mode: str, name: str) -> str:
+    """The score key of continuous score ``name`` of ``mode`` (``cloze.prob``)."""
+    return f"{mode}.{name}"
+
+
+def is_continuous(mode: str) -> bool:
+    """Whether a score key names a continuous score (``cloze.prob``) rather than a mode's accuracy."""
+    return "." in mode and mode.split(".", 1)[1] in CONTINUOUS

@@ -33,7 +33,9 @@ class EvalRequest:
     """JSON file of token blocks: also write their language-model loss (``heldout_loss``)."""
     validation_path: Optional[str] = None
     """JSON file of the validation slice's blocks (``sweep.lr_grid``): also write ``validation_loss``."""
-
+    general_path: Optional[str] = None
+    """JSON file of the general probe's token blocks (:mod:`raycpt.evaluate.general`): also write their loss
+    (``general_loss``), the forgetting axis."""
 
 
 def cast_weights(model, dtype):
@@ -103,28 +105,28 @@ def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Op
             res = evaluate_model(model, eval_cfg, tokenizer=tokenizer, out_dir=req.out_dir, name=req.name)
     finally:
         model.config.use_cache = use_cache
-    out = eval_result_record(res, model, req.heldout_path, eval_cfg.batch_size, req.validation_path)
+    out = eval_result_record(res, model, req.heldout_path, eval_cfg.batch_size,
+                             validation_path=req.validation_path, general_path=req.general_path)
     return atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)
 
 
 def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int,
-                       validation_path: Optional[str] = None) -> dict:
+                       validation_path: Optional[str] = None, general_path: Optional[str] = None) -> dict:
     """What ``eval_result.json`` holds: ``EvalResult.to_dict()``, the flat ``metrics``, and with a held-out
     blocks file its ``heldout_loss`` (token mean) and ``heldout_block_losses`` / ``heldout_block_weights``
     (per block, for the paired bootstrap over blocks), and its seconds as ``seconds["heldout"]``; None / absent
-    without one; with a validation blocks file its ``validation_loss`` (token mean)."""
+    without one. The same with the general probe's blocks (``general_path``) under ``general_*`` and with the
+    validation slice's (``validation_path``, ``sweep.lr_grid``: the grid's choice is made on these blocks, never
+    on the held-out ones) under ``validation_*``."""
     out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}
-    if heldout_path:
-        t0 = time.perf_counter()
-        blocks = json.loads(Path(heldout_path).read_text())
-        losses, weights = heldout_block_losses(model, blocks, batch_size), block_weights(blocks)
-        out.update(heldout_loss=sum(x * n for x, n in zip(losses, weights)) / sum(weights),
-                   heldout_block_losses=losses, heldout_block_weights=weights,
-                   seconds={**out.get("seconds", {}), "heldout": time.perf_counter() - t0})
-    if validation_path:  # the learning-rate grid's choice is made on these blocks, never on the held-out ones
-        blocks = json.loads(Path(validation_path).read_text())
-        losses, weights = heldout_block_losses(model, blocks, batch_size), block_weights(blocks)
-        out["validation_loss"] = sum(x * n for x, n in zip(losses, weights)) / sum(weights)
+    for key, path in (("heldout", heldout_path), ("general", general_path), ("validation", validation_path)):
+        if path:
+            t0 = time.perf_counter()
+            blocks = json.loads(Path(path).read_text())
+            losses, weights = heldout_block_losses(model, blocks, batch_size), block_weights(blocks)
+            out.update({f"{key}_loss": sum(x * n for x, n in zip(losses, weights)) / sum(weights),
+                        f"{key}_block_losses": losses, f"{key}_block_weights": weights,
+                        "seconds": {**out.get("seconds", {}), key: time.perf_counter() - t0}})
     return out
 
 

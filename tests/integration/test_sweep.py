@@ -22,6 +22,7 @@ def tiny_sweep_config(tmp_path: Path, model_dir: Path, extra: list[str] | None =
         "train.max_failures=0", "eval.limit=4", "eval.max_gen_toks=4", "eval.batch_size=4",
         "trace.max_prompts=8", "trace.batch_size=8", "trace.cpus_per_actor=0.5",
         f"tracking.run_root={tmp_path / 'runs'}", "sweep.cpus_per_trial=0.5",
+        "sweep.include_base=false",  # the tests of other mechanics count the trained rows; the end-to-end one has it
     ]
     return load_config(None, over + list(extra or []))
 
@@ -36,10 +37,12 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     # sweep.keep_checkpoints: the store check below reads each finished trial's checkpoints (a finished trial
     # drops them by default and keeps only final_model/, which links its frozen layers to the base shards)
     cfg = tiny_sweep_config(tmp_path, tiny_dir, ["data.max_documents=50", "sweep.heldout_docs=10",
-                                                 "sweep.keep_checkpoints=true"])
+                                                 "sweep.keep_checkpoints=true", "sweep.include_base=true"])
     res = run_sweep(cfg, splits=[0.25, 0.5], strategies=["train_shallow", "train_deep"])
     names = {t["name"] for t in res.trials}
-    assert names == {"full", "train_shallow-r0.25", "train_shallow-r0.5", "train_deep-r0.25", "train_deep-r0.5"}
+    assert names == {"base", "full", "train_shallow-r0.25", "train_shallow-r0.5", "train_deep-r0.25",
+                     "train_deep-r0.5"}
+    trained = [t for t in res.trials if t["name"] != "base"]
 
     # Tune saw every trial finish
     from ray import tune
@@ -47,7 +50,7 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     from raycpt.jobs.grid import tune_trainable
 
     grid = tune.Tuner.restore(str(res.run_dir / "tune"), trainable=tune_trainable).get_results()
-    assert len(grid) == 5 and not grid.errors
+    assert len(grid) == 6 and not grid.errors
 
     # MLflow: one parent FINISHED, one child per trial under it, all FINISHED
     client = mlflow.tracking.MlflowClient(cfg.tracking.uri)
@@ -63,7 +66,8 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     import ray
 
     assert cfg.tracking.uri == f"sqlite:///{Path(cfg.tracking.run_root) / 'mlflow.db'}"
-    assert all("system/cpu_utilization_percentage" in r.data.metrics for r in children)
+    assert all("system/cpu_utilization_percentage" in r.data.metrics for r in children
+               if r.data.tags["raycpt.trial"] != "base")  # the base row trains nothing
     assert parent.data.tags["raycpt.ray_version"] == ray.__version__ and parent.data.metrics["sweep_wall_time_s"] > 0
 
     # the summary's deltas, recomputed from the child runs' own metrics
@@ -111,6 +115,14 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
         assert t["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
         assert by_name[t["name"]]["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
     assert "held-out loss" in (summary / "summary.md").read_text()
+    # the base row (the untrained model, its final_model_dir the model folder): every row's gain against it is
+    # its held-out loss below base's, by the hand losses above
+    base = next(t for t in res.trials if t["name"] == "base")
+    assert base["final_model_dir"] == str(tiny_dir) or Path(base["final_model_dir"]) == Path(tiny_dir).resolve()
+    gains = {r["name"]: r["cells"][0] for r in res.summary["base"]["rows"]}
+    assert set(gains) == names - {"base"} and res.summary["base"]["metrics"][0]["task"] == "heldout_loss"
+    for t in trained:
+        assert gains[t["name"]]["shown"] == pytest.approx(base["heldout_loss"] - t["heldout_loss"], abs=1e-9)
 
     # the corpus was tokenised exactly once for the whole sweep: one packed store, built once (the
     # pack log has one line), holding the first 50 documents; every trial read it
@@ -120,7 +132,7 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     (store,) = list_stores(root)
     assert store.manifest["build"] == 1 and len(builds_logged(root)) == 1
     assert store.manifest["num_documents"] == 50 and store.manifest["seq_len"] == 32
-    for t in res.trials:
+    for t in trained:
         ck = sorted((res.run_dir / "trials").glob(f"{t['name']}/**/checkpoint_*/train_state.json"))
         assert ck and json.loads(ck[-1].read_text())["data"]["store_build"] == store.build_id
     assert (summary / "heldout_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

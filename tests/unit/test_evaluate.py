@@ -3,6 +3,7 @@ checked against an independent scorer written here in plain torch."""
 
 from __future__ import annotations
 
+import math
 import json
 
 import pytest
@@ -331,3 +332,52 @@ def test_sharded_evaluation_equals_one_worker(tiny, qfile, tmp_path, world, limi
         assert a["logit"]["logprobs"] == pytest.approx(b["logit"]["logprobs"], abs=1e-5)
     assert merged.scores == one.scores and merged.counts == one.counts
     assert (tmp_path / "eval-model_questions.json").is_file()
+
+
+def _hand_continuous(lps, gold_idx, gold_text):
+    """The three continuous scores of one question computed by hand from its options' log-likelihoods (the
+    independent scorer's): a plain softmax over the four, the gold one's log-probability, and that over the
+    gold text's length in characters."""
+    z = sum(math.exp(x) for x in lps)
+    return {"prob": 100.0 * math.exp(lps[gold_idx]) / z, "logprob": lps[gold_idx],
+            "logprob_char": lps[gold_idx] / len(gold_text)}
+
+
+@pytest.mark.parametrize("mode", ["cloze", "logit"])
+def test_continuous_scores_equal_hand_computation(tiny, qfile, mode):
+    """Issue 37: each question's gold probability mass, gold log-probability and its per-character form, and
+    their category means, against a hand computation from the tiny model's own logits (plain torch, one
+    sequence at a time), for the option texts (cloze) and the letters (logit)."""
+    model, tok = tiny
+    path, rows = qfile
+    res = E.evaluate_model(model, EvalConfig(tasks=[str(path)], modes=[mode], batch_size=3), tokenizer=tok)
+    _, lps = (independent_cloze_scores if mode == "cloze" else independent_logit_scores)(model, tok, rows)
+    qs = {q["id"]: q for q in res.questions["tiny_q"]}
+    hands = []
+    for r, ref in zip(rows, lps):
+        gold = "ABCD".index(r["answer"])
+        hand = _hand_continuous(ref, gold, r[r["answer"]] if mode == "cloze" else r["answer"])
+        hands.append(hand)
+        for name, want in hand.items():
+            assert qs[r["id"]][mode][name] == pytest.approx(want, rel=1e-4, abs=1e-4), (r["id"], name)
+    assert len({round(h["prob"], 3) for h in hands}) > 6  # the scores vary over the questions
+    for name in ("prob", "logprob", "logprob_char"):
+        sc = res.scores["tiny_q"][f"{mode}.{name}"]
+        by_cat = {}
+        for c, key in zip(CATS, ["stem", "social_science", "humanities", "other"]):
+            vals = [h[name] for h, r in zip(hands, rows) if r["category"] == c]
+            by_cat[key] = sum(vals) / len(vals)
+            assert sc[key] == pytest.approx(by_cat[key], rel=1e-4, abs=1e-4)
+        assert sc["average"] == pytest.approx(sum(by_cat.values()) / 4, rel=1e-4, abs=1e-4)
+        assert sc["overall"] == pytest.approx(sum(h[name] for h in hands) / len(hands), rel=1e-4, abs=1e-4)
+        assert f"tiny_q/average/{mode}.{name}" in res.metrics()
+
+
+def test_continuous_scores_off(tiny, qfile):
+    """eval.continuous=false: the accuracies alone (what bench_eval times against)."""
+    model, tok = tiny
+    path, _ = qfile
+    res = E.evaluate_model(model, EvalConfig(tasks=[str(path)], modes=["cloze"], batch_size=4, continuous=False),
+                           tokenizer=tok)
+    assert set(res.scores["tiny_q"]) == {"cloze", "cloze_norm"}
+    assert all("prob" not in q["cloze"] for q in res.questions["tiny_q"])

@@ -343,6 +343,8 @@ LAZY_RAYCPT: dict[str, str] = {
         "render.py prints every command's result, light ones too (models list, config show): the sweep's tables "
         "import raycpt.stats, which imports numpy",
     "raycpt/report/render.py:raycpt.report.sweep_rich": "as raycpt.report.sweep_format (numpy, for the sweep only)",
+    "raycpt/report/render.py:raycpt.report.sweep_terminal":
+        "as raycpt.report.sweep_format (numpy, for the sweep's compact verdict and table only)",
     "raycpt/report/render.py:raycpt.report.trace":
         "report.trace imports diagnostics.scores, which imports torch: only for the trace's table",
     "raycpt/report/render.py:raycpt.data.store":

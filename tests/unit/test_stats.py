@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from naive_stats import naive_bca, naive_score_interval
+from raycpt import stats as S
 from raycpt.stats import (Interval, paired_delta, percentile_interval, resample_indices, seed_interval,
                           stratified_paired_delta)
 
@@ -295,3 +296,28 @@ def test_equal_count_split_on_28_and_30_layers():
     assert [equal_count_split(r, grid, 28) for r in grid] == [None, 0.5, None]
     thirds = [1 / 3, 1 / 2, 2 / 3]
     assert [equal_count_split(r, thirds, 28) for r in thirds] == [2 / 3, 1 / 2, 1 / 3]
+
+
+def test_paired_mean_t_is_scipys_paired_t_and_stratified_by_hand():
+    """Issue 37's continuous scores: the plain paired t equals scipy's ttest_rel (p) and its confidence interval;
+    the stratified one (the Average column of unequal categories) is the mean of the strata mean differences with
+    se^2 = sum var_c / n_c / C^2 on n - C df, computed here by hand."""
+    from scipy import stats as st
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(0.3, 1, 40), rng.normal(0.0, 1, 40)
+    iv = S.paired_mean_t(a, b, scale=100.0)
+    ref = st.ttest_rel(a, b)
+    ci = ref.confidence_interval(0.95)
+    assert iv.p == pytest.approx(ref.pvalue, rel=1e-9)
+    assert (iv.point, iv.lo, iv.hi) == pytest.approx((100 * np.mean(a - b), 100 * ci.low, 100 * ci.high), rel=1e-9)
+    strata = ["x"] * 10 + ["y"] * 30
+    d = a - b
+    dx, dy = d[:10], d[10:]
+    point = (dx.mean() + dy.mean()) / 2
+    se = np.sqrt((dx.var(ddof=1) / 10 + dy.var(ddof=1) / 30) / 4)
+    q = st.t.ppf(0.975, 38)
+    iv = S.paired_mean_t(a, b, strata)
+    assert (iv.point, iv.lo, iv.hi) == pytest.approx((point, point - q * se, point + q * se), rel=1e-9)
+    assert iv.p == pytest.approx(2 * st.t.sf(abs(point) / se, 38), rel=1e-9)
+    assert S.paired_mean_t([1, 2], [1, 2]).p == 1.0

@@ -1,0 +1,50 @@
+"""``raycpt runs show RUN_DIR``: a finished sweep's full summary from its folder (no Ray, no MLflow, nothing
+re-computed): every per-category table, the S(b) gains, domain versus general, gain and forgetting against the
+base, the whole verdict with its legend and the runs (:func:`raycpt.report.render.render_runs_show`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from raycpt.errors import RaycptError
+from raycpt.jobs.job import NoRun, Options
+from raycpt.report.sweep_outcomes import load_outcomes
+
+
+@dataclass
+class ShownRun:
+    """What ``runs show`` prints: the folder, its ``summary/summary.json`` and its trials (per-block losses read)."""
+
+    run_dir: Path
+    summary: dict
+    trials: list
+
+
+def show_run(rest=()) -> ShownRun:
+    """The sweep folder ``rest[0]`` and its summary; one line for a missing argument, a folder that is not a sweep
+    folder or one whose sweep has not written its summary yet."""
+    if len(rest) != 1:
+        raise RaycptError("runs show: give one RUN_DIR (a sweep's run folder, e.g. runs/sweep-default-1234abcd)")
+    run_dir = Path(rest[0]).expanduser().resolve()
+    if not run_dir.is_dir():
+        raise RaycptError(f"runs show: {run_dir} is not a folder")
+    path = run_dir / "summary" / "summary.json"
+    if not path.is_file():
+        raise RaycptError(f"runs show: {run_dir} has no summary/summary.json (not a sweep folder, or its sweep has "
+                          "not finished: raycpt sweep CONFIG --resume finishes it)")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise RaycptError(f"runs show: {path} is not valid JSON ({e})") from None
+    return ShownRun(run_dir, summary, [load_outcomes(t) for t in summary.get("trials", [])])
+
+
+def _show(cfg, options: Options) -> ShownRun:
+    del cfg  # the folder's own summary is shown
+    return show_run(options.rest)
+
+
+RUNS_SHOW = NoRun(_show)
+"""``raycpt runs show``: a command that runs no experiment (it reads a sweep folder's summary)."""
