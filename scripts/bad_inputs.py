@@ -496,7 +496,7 @@ def issue41_cases(f: dict) -> list[Case]:
     """Issue 41: resumes that notice what changed, shared shards, one line wherever raycpt stops, bounded input.
     (Cases that are processes dying mid-run besides Ray's own - a run root made immutable, a full tmpfs holding
     the store - and the right results - two syncs at once, a sync into another store then a resume - are
-    tests/integration/test_outside_faults3.py's.)"""
+    tests/integration/test_outside_faults3_processes.py's.)"""
     t, m = f["tmp"], f["model"]
     r41, train, sweep = t / "runs41", f["train41"], f["sweep41"]
     replay = ["data.replay.ratio=0.25"]
