@@ -94,7 +94,7 @@ def test_a_sweep_has_one_owner_per_run_and_its_folder_replays_to_the_same_record
     # every run the command made was created once and ended once, FINISHED, by one call
     calls = _counts(counts)
     live = _tree(f"sqlite:///{runs / 'mlflow.db'}")
-    assert len(calls) == len(live) >= 4  # the sweep, its trace, full, train_shallow-r0.5
+    assert len(calls) == len(live) >= 5  # the sweep, its trace, base (evaluated, not trained), full, train_shallow-r0.5
     for run_id, seq in calls.items():
         assert [c for c, _ in seq] == ["create", "end"] and seq[-1][1] == "FINISHED", (run_id, seq)
 
@@ -102,7 +102,7 @@ def test_a_sweep_has_one_owner_per_run_and_its_folder_replays_to_the_same_record
     other = f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}"
     (tmp_path / "other").mkdir()
     line = _cli(["runs", "sync", str(run_dir), "--tracking-uri", other], env).stdout
-    assert "3 nested run(s) (3 new run(s))" in line, line
+    assert "4 nested run(s) (4 new run(s))" in line, line
     synced = _tree(other)
     assert sorted(synced) == sorted(live)
     for key in live:

@@ -24,8 +24,9 @@ def test_budget_trials_train_what_they_promise(tiny_dir, tmp_path):
     cfg = _cfg(tmp_path, tiny_dir, 2 * layer)
     plan = prepare(cfg)
     names = [t.name for t in plan.specs]
-    # shallow, deep, bi, snr_layer, gradnorm, elo, 3 random, lisa, lora, expand, spectrum
-    assert names[0] == "full" and len(names) == 1 + 13
+    # base (the untrained model, evaluated for gain and forgetting), full, then shallow, deep, bi, snr_layer,
+    # gradnorm, elo, 3 random, lisa, lora, expand, spectrum
+    assert names[:2] == ["base", "full"] and len(names) == 2 + 13
     # LISA trains gamma layers + the tied embedding (128 x 32) + the final norm (32): gamma 1 -> layer + 4128,
     # gamma 2 -> 2 layers + 4128 (nearer 2 layers, as a layer here has 9280 parameters)
     assert layer == 9280
@@ -36,7 +37,7 @@ def test_budget_trials_train_what_they_promise(tiny_dir, tmp_path):
     lora = next(n for n in names if n.startswith("lora-r"))
     assert lora == f"lora-r{min(16, round(2 * layer / 2048))}"
     by_name = {t.name: t for t in plan.specs}
-    for name in names[1:]:
+    for name in names[2:]:
         tcfg = trial_config(plan.cfg, by_name[name])
         if name.startswith(("lisa", "expand", "spectrum")):  # LISA draws per interval; expand trains an expanded
             continue  # model; Spectrum trains embeddings + head + its matrices (tests/unit/test_spectrum.py)
