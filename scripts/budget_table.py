@@ -38,8 +38,14 @@ def rows(run_dir: Path) -> list[str]:
             delta = f"{d:+.3f}" + (f" [{iv.lo:+.3f}, {iv.hi:+.3f}]" if iv is not None else "")
         val = t.get("validation_loss")
         out.append(f"| {t['name']} | {count / 1e6:.1f}M | {lr} | {'-' if val is None else f'{val:.3f}'} | "
-                   f"{t['heldout_loss']:.3f} | {delta} | {t['tokens_per_s']:.0f} |")
+                   f"{t['heldout_loss']:.3f} | {delta} | {_speed(t)} |")
     return out
+
+
+def _speed(trial: dict) -> str:
+    """Training tokens/s, ``-`` for a row that did not train (``base``)."""
+    speed = trial.get("tokens_per_s")
+    return "-" if not speed else f"{speed:.0f}"
 
 
 def main(argv=None) -> int:
