@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import importlib
 import ipaddress
 import logging
@@ -19,6 +20,7 @@ import re
 import signal
 import socket
 import sys
+import termios
 import threading
 import time
 from typing import Callable, Iterator, Optional
@@ -70,6 +72,15 @@ _filtered = False
 _REAL_STDERR: list[int] = []  # the terminal's stderr while filter_stderr pipes fd 2 through its filter
 
 
+def _pending(fd: int) -> int:
+    """Bytes waiting in the pipe ``fd`` (``FIONREAD``); 0 where that cannot be asked."""
+    try:
+        buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int.from_bytes(buf, sys.byteorder)
+
+
 def filter_stderr(patterns) -> None:
     """Drop lines matching ``patterns`` from everything written to file descriptor 2 by this process
     (Python and native code alike); every other line passes through unchanged. Installed once. At exit
@@ -102,8 +113,15 @@ def filter_stderr(patterns) -> None:
             sys.stderr.flush()
         except Exception:  # noqa: BLE001
             pass
-        os.dup2(real, 2)  # closes the pipe's last write end: the pump drains and stops
-        thread.join(timeout=5)
+        os.dup2(real, 2)  # closes this process's write end: with no other writer the pump reads EOF and stops
+        thread.join(timeout=0.2)
+        # A child that inherited fd 2 and outlives this point (multiprocessing's resource tracker of a spawn pool)
+        # keeps the pipe open, so EOF never comes: forward what this process wrote (still in the pipe), then go,
+        # rather than wait out a timeout at every exit (5 s per command did).
+        deadline = time.monotonic() + 5
+        while thread.is_alive() and _pending(r) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        thread.join(timeout=0.05)
 
     atexit.register(restore)
 
