@@ -133,20 +133,32 @@ def main() -> None:
 def continuous_overhead(model, tok, args) -> None:
     """The continuous scores (eval.continuous: gold probability mass, log-probability, per character) against the
     same evaluation without them, logit and cloze modes on the same questions, alternating ``--repeats`` times (at
-    least twice, the order swapped each time) in this one process (min CPU time of each). They come from the log-likelihoods lm-eval computes anyway, so the
-    ratio measures only their bookkeeping; the scores must be there with and absent without."""
+    least four, the order swapped each time) in this one process with one torch thread (min CPU time of each; with
+    the default two threads and two runs each, a full run on 2026-12-04 read 1.110, for bookkeeping of a few
+    operations per question: the CPU time of a second thread spinning while it waits varies by that much). They
+    come from the log-likelihoods lm-eval computes anyway, so the ratio measures only their bookkeeping; the scores
+    must be there with and absent without."""
     from raycpt.config import EvalConfig
     from raycpt.evaluate import evaluate_model
 
+    import torch
+
     runs: dict[bool, list[float]] = {True: [], False: []}
     res = {}
-    for k in range(max(2, args.repeats)):  # at least one of each order: a drift in the load hits both alike
-        for on in ((False, True) if k % 2 == 0 else (True, False)):
-            cfg = EvalConfig(tasks=["wordnet_mc"], modes=["logit", "cloze"], limit=args.questions,
-                             batch_size=args.batch_size, continuous=on)
-            c0 = time.process_time()
-            res[on] = evaluate_model(model, cfg, tokenizer=tok, name=f"continuous-{on}")
-            runs[on].append(time.process_time() - c0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: CPU time then counts work, not a second thread spinning while it waits
+    try:
+        for k in range(max(4, args.repeats)):  # both orders, twice: a drift in the load hits both alike
+            for on in ((False, True) if k % 2 == 0 else (True, False)):
+                cfg = EvalConfig(tasks=["wordnet_mc"], modes=["logit", "cloze"], limit=args.questions,
+                                 batch_size=args.batch_size, continuous=on)
+                c0 = time.process_time()
+                res[on] = evaluate_model(model, cfg, tokenizer=tok, name=f"continuous-{on}")
+                runs[on].append(time.process_time() - c0)
+    finally:
+        torch.set_num_threads(threads)
+    print("cpu s per run (1 torch thread), without: " + ", ".join(f"{x:.2f}" for x in runs[False])
+          + "; with: " + ", ".join(f"{x:.2f}" for x in runs[True]))
     assert "cloze.prob" in res[True].scores["wordnet_mc"] and "cloze.prob" not in res[False].scores["wordnet_mc"]
     assert res[True].scores["wordnet_mc"]["cloze"] == res[False].scores["wordnet_mc"]["cloze"]  # same accuracies
     with_, without = min(runs[True]), min(runs[False])
