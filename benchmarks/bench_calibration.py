@@ -5,7 +5,7 @@ Nine checks, one run (``--smoke``: the same code on a handful of sweeps, under a
 about 20 minutes on one loaded core):
 
 1. **null_false_claim_rate** - ``--sweeps`` (>= 200) null sweeps fed to
-   :func:`raycpt.report.sweep.build_summary`: 7 cells (``full``, ``train_shallow`` and ``train_deep`` at
+   :func:`raycpt.report.sweep.summary.build_summary`: 7 cells (``full``, ``train_shallow`` and ``train_deep`` at
    three splits: 6 rows against full), ``wordnet_mc`` (domain, 400 questions in 4 categories) and ``mmlu``
    (general, 456 in 4), three modes (logit, generate, cloze), a held-out set (128 documents x 4 blocks),
    the primary declared as ``wordnet_mc/logit`` (``report.primary``), Holm with the gate at 0.05. *Null*: every trial answers
@@ -65,8 +65,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raycpt.diagnostics.scores import boundary_score_interval, boundary_scores, minmax, scaled  # noqa: E402
-from raycpt.report.sweep import build_summary  # noqa: E402
-from raycpt.report.sweep_outcomes import question_outcomes  # noqa: E402
+from raycpt.report.sweep.summary import build_summary  # noqa: E402
+from raycpt.report.sweep.outcomes import question_outcomes  # noqa: E402
 from raycpt.stats import paired_delta, paired_score_bounds, ratio_delta_t  # noqa: E402
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]

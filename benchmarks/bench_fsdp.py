@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """FSDP2 against DDP on the same plans, in one run: do they train the same, and does FSDP save what it promises?
 
-Two gloo processes (:func:`raycpt.train.gloo.spawn`) run raycpt's own loop (:func:`raycpt.train.loop.run_loop`,
-wrapping by :func:`raycpt.train.parallel.wrap_model`) for ``full`` and ``train_deep`` (split 0.5), once with
+Two gloo processes (:func:`raycpt.train.worker.gloo.spawn`) run raycpt's own loop (:func:`raycpt.train.worker.loop.run_loop`,
+wrapping by :func:`raycpt.train.worker.parallel.wrap_model`) for ``full`` and ``train_deep`` (split 0.5), once with
 ``train.distributed=ddp`` and once with ``fsdp``, on the same blocks from the same seed, float32, the loss the loop
 picks. The model is built from a Llama config (SmolLM2-135M's shape by default: 30 layers, hidden 576, vocabulary
 49,152, tied embeddings; random weights, saved once as safetensors) and loaded by the loop as a run would.
@@ -15,7 +15,7 @@ picks. The model is built from a Llama config (SmolLM2-135M's shape by default: 
   larger of the two ranks. The processes run with ``MALLOC_MMAP_THRESHOLD_=65536`` (glibc returns every freed
   tensor to the kernel, so one job's freed heap cannot hide the next job's peak) and run one unmeasured warm-up
   job first (library set-up that happens once per process). ``RESULT fsdp_memory_ratio <fsdp/ddp, plan full> target <= 0.75``.
-* **Estimate**: :func:`raycpt.train.preflight.estimate_plan` of each job's config against its measured peak.
+* **Estimate**: :func:`raycpt.train.driver.preflight.estimate_plan` of each job's config against its measured peak.
   ``RESULT fsdp_memory_estimate_error <max |est/measured - 1|> target <= 0.2``.
 
 ``--smoke``: a 4-layer, hidden-64 model, 2 steps (seconds; the test suite runs it, the figures then say little).
@@ -68,8 +68,8 @@ class PeakAfterStep:
 
 def run_jobs(rank: int, world: int, jobs: list[dict], out_dir: str) -> None:
     """In each gloo process: every job through run_loop, with its memory marks."""
-    from raycpt.train.gloo import GlooSession
-    from raycpt.train.loop import run_loop
+    from raycpt.train.worker.gloo import GlooSession
+    from raycpt.train.worker.loop import run_loop
 
     for i, job in enumerate(jobs):
         peak = PeakAfterStep()
@@ -123,8 +123,8 @@ def cfg_layers(model: Path) -> int:
 
 
 def _estimate(job: dict, model: Path) -> float:
-    from raycpt.train.prepare import model_skeleton
-    from raycpt.train.preflight import estimate_plan
+    from raycpt.train.driver.prepare import model_skeleton
+    from raycpt.train.driver.preflight import estimate_plan
     from raycpt.strategies import apply_plan
 
     skeleton = model_skeleton(str(model))
@@ -146,7 +146,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.seq, args.batch, args.steps = 32, 2, 2
-    from raycpt.train.gloo import spawn
+    from raycpt.train.worker.gloo import spawn
 
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp:
         root = Path(tmp)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What does Ray Train cost? Tokens/s of the TorchTrainer with one worker vs the same loop in a plain process.
 
-Both sides run raycpt's one training loop (:func:`raycpt.train.loop.run_loop`) with the same
+Both sides run raycpt's one training loop (:func:`raycpt.train.worker.loop.run_loop`) with the same
 config, model, plan and blocks:
 
 * **plain**: ``run_loop(config, LocalSession(blocks))`` in this process: no Ray at all, the blocks
@@ -74,10 +74,10 @@ def main() -> None:
     from raycpt.data.pack import ensure_packed
     from raycpt.data.stream import PackedBlocks
     from raycpt.runtime import init_ray
-    from raycpt.train.prepare import prepare_plan, resolve_model_path
-    from raycpt.train.loop import run_loop, train_loop_per_worker
-    from raycpt.train.metrics_log import METRICS_FILE
-    from raycpt.train.session import LocalSession
+    from raycpt.train.driver.prepare import prepare_plan, resolve_model_path
+    from raycpt.train.worker.loop import run_loop, train_loop_per_worker
+    from raycpt.train.worker.metrics_log import METRICS_FILE
+    from raycpt.train.worker.session import LocalSession
 
     work = Path(tempfile.mkdtemp(prefix="bench-ray-overhead-"))
     over = [f"plan.name={args.plan}", f"data.seq_len={args.seq_len}", f"train.max_steps={args.steps}",

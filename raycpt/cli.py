@@ -153,7 +153,7 @@ COMMANDS: dict[str, Row] = {
 """THE command table. Each job module is imported when its command runs (:func:`lazy`: no torch, Ray or MLflow for
 ``config validate``); tests/unit/test_cli_table.py resolves every row. A job prints its progress and memory estimates
 to ``options.console``."""
-BENCH = lazy("raycpt.train.bench", "bench_line")  # ``--version --bench`` only: it imports torch
+BENCH = lazy("raycpt.train.driver.bench", "bench_line")  # ``--version --bench`` only: it imports torch
 
 
 def overrides_of(row: Row, options: dict) -> tuple[list[str], dict]:

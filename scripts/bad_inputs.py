@@ -94,7 +94,7 @@ def _issue27_fixtures(tmp: Path, f: dict) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from raycpt.train.manifest import write_manifest
+    from raycpt.train.ckpt.manifest import write_manifest
 
     tiny = Path(f["model"])
     (tmp / "noweights").mkdir(exist_ok=True)
@@ -411,8 +411,8 @@ def _issue41_fixtures(tmp: Path, f: dict) -> None:
     from raycpt.config import load_config, save_config
     from raycpt.models.shards import ensure_base_shards
     from raycpt.runs import Run, write_state
-    from raycpt.train.manifest import write_manifest
-    from raycpt.train.publish import publish_model
+    from raycpt.train.ckpt.manifest import write_manifest
+    from raycpt.train.driver.publish import publish_model
 
     tiny, r41 = Path(f["model"]), tmp / "runs41"
     os.mkfifo(tmp / "fifo.yaml")

@@ -1,11 +1,11 @@
 """The sweep's ``base`` row and its general probe: the untrained model, evaluated once with the trials' own
-evaluation, against which every row's domain gain and forgetting are read (:mod:`raycpt.report.sweep_base`).
+evaluation, against which every row's domain gain and forgetting are read (:mod:`raycpt.report.sweep.base`).
 
 The base row is a trial of the grid (:data:`BASE`: its own child run, progress line and ``result.json``, placed
 like every trial, on a GPU on a cluster) whose body evaluates instead of training. Its evaluation is cached
 under ``<run_root>/base_eval/<key>/`` by the model (its source's sha256), the evaluation settings, the held-out
 and general blocks and :data:`CACHE_VERSION`: a resumed sweep, or a later sweep with the same model and
-evaluation, reads it instead of evaluating again (:func:`raycpt.train.final_eval.final_evaluation` is the memo).
+evaluation, reads it instead of evaluating again (:func:`raycpt.train.driver.final_eval.final_evaluation` is the memo).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from raycpt.config import ExperimentConfig
 from raycpt.evaluate import mmlu_questions
 from raycpt.evaluate.general import general_blocks, general_documents
 from raycpt.io import atomic_write_json, run_root
-from raycpt.train.final_eval import final_evaluation
-from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
+from raycpt.train.driver.final_eval import final_evaluation
+from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
 
 BASE = "base"
 """The base row's name and strategy (a sweep has no plan of that name: ``full`` and every plan train)."""

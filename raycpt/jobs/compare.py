@@ -41,7 +41,7 @@ from raycpt.models.sources import load_model, resolve_model_path
 from raycpt.report.compare import build_rows, write_outputs
 from raycpt.report.progress import count_progress
 from raycpt.runtime import ray_session
-from raycpt.train.final_eval import reserved_device
+from raycpt.train.driver.final_eval import reserved_device
 
 
 # ------------------------------------------------------------------------------------- references

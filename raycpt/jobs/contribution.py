@@ -48,9 +48,9 @@ from raycpt.report.tuning import pick_by_validation, tuning_lines
 from raycpt.runs import read_state
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.strategies import ranked_pick, read_ranking, write_ranking
-from raycpt.train.final_eval import final_evaluation
-from raycpt.train.preflight import full_plan, preflight
-from raycpt.train.worker_eval import EvalRequest
+from raycpt.train.driver.final_eval import final_evaluation
+from raycpt.train.driver.preflight import full_plan, preflight
+from raycpt.train.worker.evaluation import EvalRequest
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ def execute(plan, run, options: Options):
 def execute_scan(plan: ContributionPlan, run, resume: bool = False, console=None,
                  shards_checked: Optional[dict] = None) -> ContributionResult:
     """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`).
-    ``shards_checked``: the base shards the driver verified (:func:`raycpt.train.publish.base_shards_ahead`)."""
+    ``shards_checked``: the base shards the driver verified (:func:`raycpt.train.driver.publish.base_shards_ahead`)."""
     t0, cfg, run_dir = time.time(), plan.cfg, run.run_dir
     c, state = cfg.contribution, read_state(run_dir)
     shared = {"model_path": plan.model_path, "heldout_path": str(atomic_write_json(

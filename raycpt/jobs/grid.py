@@ -42,14 +42,14 @@ from raycpt.runs import AttemptClock, assert_private_folder, memo, open_child
 from raycpt.runtime import ray_starting
 from raycpt.tracking import adopt_lost, mark_lost, store_or_lost, tracking_lost
 from raycpt.data.run_store import packed_corpus
-from raycpt.train.final_eval import final_evaluation
-from raycpt.train.launch import run_training
-from raycpt.train.publish import base_shards_ahead
-from raycpt.train.worker_eval import EvalRequest
+from raycpt.train.driver.final_eval import final_evaluation
+from raycpt.train.driver.launch import run_training
+from raycpt.train.driver.publish import base_shards_ahead
+from raycpt.train.worker.evaluation import EvalRequest
 
 RESULT = "result.json"
 SHARDS_CHECKED = "base_shards_checked"
-"""The ``Grid.shared`` key of the base shards the driver verified (:func:`raycpt.train.publish.base_shards_ahead`)."""
+"""The ``Grid.shared`` key of the base shards the driver verified (:func:`raycpt.train.driver.publish.base_shards_ahead`)."""
 
 
 class GridIncomplete(RaycptError):
@@ -183,7 +183,7 @@ def warm_imports() -> None:
 def ahead_of_trials(plan):
     """The :class:`raycpt.jobs.job.RunSpec` ``around`` of a grid command (sweep, contribution): its checks passed,
     so Ray starts and the base shards are written while the MLflow run opens (issue 28); inside, ``plan.shards_ready()``
-    waits for the shards and returns the verified folders (:func:`raycpt.train.publish.base_shards_ahead`)."""
+    waits for the shards and returns the verified folders (:func:`raycpt.train.driver.publish.base_shards_ahead`)."""
     with ray_starting(plan.cfg.ray), base_shards_ahead(plan.cfg, plan.model_path) as ready:
         plan.shards_ready = ready
         yield

@@ -37,16 +37,16 @@ from raycpt.jobs.trace import run_trace
 from raycpt.models.adapters import lora_targets, lora_trainable_params
 from raycpt.models.sources import load_model
 from raycpt.models.stack import LayerStack
-from raycpt.report.sweep import report_options, write_summary
-from raycpt.report.sweep_outcomes import HELDOUT_DOCS_FILE
+from raycpt.report.sweep.summary import report_options, write_summary
+from raycpt.report.sweep.outcomes import HELDOUT_DOCS_FILE
 from raycpt.report.tuning import pick_by_validation, tuning_lines, tuning_markdown
 from raycpt.runs import SWEEP_NEUTRAL, SWEEP_SECTIONS, check_resume_config, memo
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.splits import check_split, split_index
 from raycpt.strategies import budget_plans, check_budget, split_plans, takes_split
-from raycpt.train.prepare import model_skeleton
-from raycpt.train.preflight import preflight, sweep_plans
-from raycpt.train.worker_eval import EVAL_RESULT_FILE
+from raycpt.train.driver.prepare import model_skeleton
+from raycpt.train.driver.preflight import preflight, sweep_plans
+from raycpt.train.worker.evaluation import EVAL_RESULT_FILE
 
 
 @dataclass(frozen=True)

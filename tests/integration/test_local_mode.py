@@ -18,7 +18,7 @@ def _state(folder):
 
 
 def test_local_mode_same_losses_reference_publish_and_resume_after_finish(ray_local, tmp_path, tiny_dir):
-    from raycpt.train.launch import run_training
+    from raycpt.train.driver.launch import run_training
 
     base = _base(tmp_path, tiny_dir, num_workers=1, max_steps=4, checkpoint_every=2)
     group = run_training(load_config(None, base + ["name=group"]))

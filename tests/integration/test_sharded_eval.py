@@ -23,8 +23,8 @@ def _corpus(path: Path, n: int = 120) -> Path:
 def test_two_workers_evaluate_shards_with_one_workers_predictions(ray_local, tmp_path, tiny_dir):
     from raycpt.evaluate import evaluate_model
     from raycpt.models.sources import load_model
-    from raycpt.train.launch import run_training
-    from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
+    from raycpt.train.driver.launch import run_training
+    from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
 
     corpus = _corpus(tmp_path / "corpus.jsonl")
     cfg = load_config(None, [f"model.ref={tiny_dir}", f"data.corpus=[{corpus}]", "data.seq_len=32",

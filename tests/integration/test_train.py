@@ -44,7 +44,7 @@ def _statuses(run_root: Path) -> list[str]:
 
 
 def test_worker_sigkill_resumes_with_identical_losses(ray_local, tmp_path, tiny_dir):
-    from raycpt.train.launch import run_training
+    from raycpt.train.driver.launch import run_training
 
     base = _base(tmp_path, tiny_dir)
     clean = run_training(load_config(None, base + ["name=clean"]))
@@ -76,7 +76,7 @@ def test_cli_resume_after_driver_sigkill(ray_local, tmp_path, tiny_dir):
     runs = tmp_path / "runs"
     try:
         deadline = time.time() + 900  # a contended 2-core machine can take minutes to start the run
-        from raycpt.train.manifest import find_checkpoints
+        from raycpt.train.ckpt.manifest import find_checkpoints
 
         while time.time() < deadline and p.poll() is None:
             if any(len(find_checkpoints(d / "ray")) >= 2 for d in runs.glob("train-default-*")):
@@ -92,7 +92,7 @@ def test_cli_resume_after_driver_sigkill(ray_local, tmp_path, tiny_dir):
     (run_dir,) = list(runs.glob("train-default-*"))
     assert not (run_dir / "final_model").exists()
     first_run_id = json.loads((run_dir / "state.json").read_text())["mlflow_run_id"]
-    from raycpt.train.manifest import find_checkpoints
+    from raycpt.train.ckpt.manifest import find_checkpoints
 
     (older_step, _), (_, newest) = find_checkpoints(run_dir / "ray")[-2:]
     weights = newest / "model" / "model.safetensors"
@@ -161,7 +161,7 @@ def test_worker_kill9_from_outside_resumes_exactly_with_one_mlflow_point_per_ste
     import psutil
     import ray
 
-    from raycpt.train.launch import run_training
+    from raycpt.train.driver.launch import run_training
 
     base = _base(tmp_path, tiny_dir, max_steps=10, checkpoint_every=2)
     clean = run_training(load_config(None, base + ["name=clean"]))
@@ -249,7 +249,7 @@ def test_lora_on_ray_train_two_workers_resumes_exactly_and_publishes_merged_weig
     import torch
     from safetensors.torch import load_file
 
-    from raycpt.train.launch import run_training
+    from raycpt.train.driver.launch import run_training
 
     base = _base(tmp_path, tiny_dir) + ["plan.name=blocks", "plan.pattern=0110", "plan.adapter=lora",
                                         "plan.lora_rank=4", "train.lr=1e-2"]
@@ -270,7 +270,7 @@ def test_lora_on_ray_train_two_workers_resumes_exactly_and_publishes_merged_weig
 
 @pytest.mark.slow  # ~5 min each; the loop-level resume tests in tests/unit/test_lora.py, test_lisa.py run in CI
 def test_lisa_on_ray_train_resumes_a_killed_worker_to_the_same_losses(ray_local, tmp_path, tiny_dir):
-    from raycpt.train.launch import run_training
+    from raycpt.train.driver.launch import run_training
 
     base = _base(tmp_path, tiny_dir, num_workers=1, cpus_per_worker=1) + [
         "plan.name=lisa", "plan.lisa_layers=2", "plan.lisa_interval=3", "train.lr=1e-2"]

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from raycpt.errors import RaycptError
-from raycpt.train.checkpoint import json_safe, read_train_state
-from raycpt.train.manifest import STATE_PT, find_checkpoints, verify_checkpoint
-from raycpt.train.publish import publish_model, verify_model_folder
-from raycpt.train.callbacks import StepCallback
-from raycpt.train.loop import run_loop
-from raycpt.train.session import LocalSession
+from raycpt.train.ckpt.checkpoint import json_safe, read_train_state
+from raycpt.train.ckpt.manifest import STATE_PT, find_checkpoints, verify_checkpoint
+from raycpt.train.driver.publish import publish_model, verify_model_folder
+from raycpt.train.worker.callbacks import StepCallback
+from raycpt.train.worker.loop import run_loop
+from raycpt.train.worker.session import LocalSession
 from test_train_loop import _blocks, _loop_config
 
 

@@ -35,10 +35,10 @@ def test_drift_callback_in_training_loop_single_layer(tiny_dir, tmp_path):
 
     from raycpt.config import ExperimentConfig, PlanConfig, TrainConfig, config_to_dict
     from raycpt.diagnostics.drift import probe_ids
-    from raycpt.train.callbacks import DriftCallback
+    from raycpt.train.worker.callbacks import DriftCallback
     from raycpt.strategies import build_plan
-    from raycpt.train.loop import run_loop
-    from raycpt.train.session import LocalSession
+    from raycpt.train.worker.loop import run_loop
+    from raycpt.train.worker.session import LocalSession
 
     cfg = ExperimentConfig(train=TrainConfig(max_steps=4, micro_batch_size=2, lr=1e-2, warmup_ratio=0.0,
                                              checkpoint_every=4, drift_every=2),

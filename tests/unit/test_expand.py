@@ -11,13 +11,13 @@ import transformers as T
 
 from raycpt.config import PlanConfig, config_to_dict, load_config
 from raycpt.errors import RaycptError
-from raycpt.models.hybrid_build import save_hybrid
-from raycpt.models.hybrid_expand import (build_expanded, expand_groups, expand_positions, expand_trainable_params,
+from raycpt.models.hybrid.build import save_hybrid
+from raycpt.models.hybrid.expand import (build_expanded, expand_groups, expand_positions, expand_trainable_params,
                                          expanded_model_folder)
 from raycpt.strategies import apply_plan, build_plan, plan_for_model
-from raycpt.train.loop import run_loop
-from raycpt.train.session import LocalSession
-from raycpt.train.steps import make_optimizer, make_scheduler, train_step
+from raycpt.train.worker.loop import run_loop
+from raycpt.train.worker.session import LocalSession
+from raycpt.train.worker.steps import make_optimizer, make_scheduler, train_step
 from tiny import save_tiny
 
 
@@ -81,7 +81,7 @@ def test_after_a_step_only_the_new_blocks_changed(tmp_path):
 def test_the_launcher_builds_the_expanded_model_once_and_the_loop_trains_it(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYCPT_CACHE", str(tmp_path / "cache"))
     base_dir = save_tiny(tmp_path / "base", num_layers=4)
-    from raycpt.train.prepare import prepare_plan, resolve_model_path
+    from raycpt.train.driver.prepare import prepare_plan, resolve_model_path
 
     cfg = load_config(None, [f"model.ref={base_dir}", "data.seq_len=16", "plan.name=expand", "plan.expand_blocks=2",
                              "train.max_steps=3", "train.checkpoint_every=3", "train.lr=0.01",
@@ -103,7 +103,7 @@ def test_the_launcher_builds_the_expanded_model_once_and_the_loop_trains_it(tmp_
                    LocalSession(blocks, tmp_path / "ckpts"))
     assert out["status"]["status"] == "finished"
     from raycpt.data.stream import ArrayBlocks
-    from raycpt.train.loop import micro_batches
+    from raycpt.train.worker.loop import micro_batches
 
     _, ids = next(micro_batches(ArrayBlocks(blocks), cfg.data, 2, 0, 1, cfg.train.seed, skip=0))
     with torch.no_grad():  # the loop's first loss (expanded model, step 1) is the base model's on that batch

@@ -9,11 +9,11 @@ import torch
 
 from raycpt.errors import RaycptError
 from raycpt.models.shards import TRAINED_FILE, ensure_base_shards
-from raycpt.train import manifest as ck
-from raycpt.train.checkpoint import read_train_state
-from raycpt.train.manifest import verify_checkpoint
-from raycpt.train.publish import publish_model, verify_model_folder
-from raycpt.train.loop import run_loop
+from raycpt.train.ckpt import manifest as ck
+from raycpt.train.ckpt.checkpoint import read_train_state
+from raycpt.train.ckpt.manifest import verify_checkpoint
+from raycpt.train.driver.publish import publish_model, verify_model_folder
+from raycpt.train.worker.loop import run_loop
 from test_publish_reference import _Blocks, _bits, _tensors
 from test_train_loop import _loop_config
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from raycpt.evaluate.heldout import lm_block_losses
-from raycpt.train.worker_eval import heldout_block_losses
-from raycpt.train.loss import chunked_block_losses
+from raycpt.train.worker.evaluation import heldout_block_losses
+from raycpt.train.worker.loss import chunked_block_losses
 from tiny import tiny_model
 
 
@@ -26,7 +26,7 @@ def test_chunked_block_losses_equal_the_reference(arch):
 
 
 def test_a_model_goes_on_a_gpu_only_where_one_was_reserved():
-    from raycpt.train.final_eval import eval_device
+    from raycpt.train.driver.final_eval import eval_device
 
     assert eval_device(cuda_available=True, in_ray_worker=True, reserved_gpus=0) == "cpu"  # a CPU-only trial
     assert eval_device(cuda_available=True, in_ray_worker=True, reserved_gpus=1) == "cuda"

@@ -216,7 +216,7 @@ def test_graph_reads_the_package():
     assert len(g) > 30, "the walker found too few modules"
     # spot checks against the source: a module-level import and a function-level one
     assert "raycpt.errors" in g["raycpt.config"]
-    assert "raycpt.train.loop" in g["raycpt.train.launch"]
+    assert "raycpt.train.worker.loop" in g["raycpt.train.driver.launch"]
     # the CLI table's lazy references: cli -> every job module its rows name
     assert {"raycpt.jobs.sweep", "raycpt.jobs.info", "raycpt.jobs.data", "raycpt.jobs.sync"} <= g["raycpt.cli"]
 
@@ -329,22 +329,22 @@ LAZY_STDLIB: dict[str, str] = {
 
 #: raycpt's own modules imported inside a function: "file:imported module" -> why not at the top
 LAZY_RAYCPT: dict[str, str] = {
-    "raycpt/models/__init__.py:raycpt.models.hybrid":
+    "raycpt/models/__init__.py:raycpt.models.hybrid.model":
         "the lazy registration of the hybrid model: runs when transformers' auto-model module loads; at the top "
         "`import raycpt` would import torch and transformers' modeling code",
-    "raycpt/models/__init__.py:raycpt.models.hybrid_config":
+    "raycpt/models/__init__.py:raycpt.models.hybrid.config":
         "the same for AutoConfig: the hybrid config class subclasses transformers' PretrainedConfig",
     "raycpt/strategies/apply.py:raycpt.models.stack":
         "`import raycpt` imports the plan registry and models.stack imports torch: stack_of() imports it with a "
         "model in hand (the one place the plans meet the model modules)",
     "raycpt/strategies/apply.py:raycpt.models.adapters":
         "models.adapters imports torch (see above): adapter_ids() runs with a model in hand",
-    "raycpt/report/render.py:raycpt.report.sweep_format":
+    "raycpt/report/render.py:raycpt.report.sweep.views.format":
         "render.py prints every command's result, light ones too (models list, config show): the sweep's tables "
         "import raycpt.stats, which imports numpy",
-    "raycpt/report/render.py:raycpt.report.sweep_rich": "as raycpt.report.sweep_format (numpy, for the sweep only)",
-    "raycpt/report/render.py:raycpt.report.sweep_terminal":
-        "as raycpt.report.sweep_format (numpy, for the sweep's compact verdict and table only)",
+    "raycpt/report/render.py:raycpt.report.sweep.views.rich": "as raycpt.report.sweep.views.format (numpy, for the sweep only)",
+    "raycpt/report/render.py:raycpt.report.sweep.views.terminal":
+        "as raycpt.report.sweep.views.format (numpy, for the sweep's compact verdict and table only)",
     "raycpt/report/render.py:raycpt.report.trace":
         "report.trace imports diagnostics.scores, which imports torch: only for the trace's table",
     "raycpt/report/render.py:raycpt.data.store":

@@ -13,8 +13,8 @@ import torch
 from raycpt.config import PlanConfig, config_to_dict, load_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import build_plan, lisa_draw, lisa_interval_index, lisa_trainable_params
-from raycpt.train.loop import run_loop
-from raycpt.train.session import LocalSession
+from raycpt.train.worker.loop import run_loop
+from raycpt.train.worker.session import LocalSession
 
 N, G, K = 4, 2, 2
 
@@ -96,7 +96,7 @@ def test_each_interval_trains_its_draw_and_resets_layer_state(tiny_dir, tmp_path
     # the count one step trains, as the sweep's table shows it: G layers + the always-trained tensors, by hand
     from raycpt.report.train import read_events
     from raycpt.strategies import LayerPlan
-    from raycpt.train.result import per_step_trainable
+    from raycpt.train.driver.result import per_step_trainable
 
     base = _weights_of_base(tiny_dir)
     one_layer = sum(v.numel() for k, v in base.items() if ".layers.0." in k)
@@ -135,7 +135,7 @@ def test_the_freeze_check_runs_per_interval(tiny_dir, tmp_path):
 
 
 def test_lisa_on_several_workers_is_refused(tiny_dir):
-    from raycpt.train.prepare import prepare_plan
+    from raycpt.train.driver.prepare import prepare_plan
 
     cfg = load_config(None, [f"model.ref={tiny_dir}", "plan.name=lisa", "train.num_workers=2"])
     with pytest.raises(RaycptError, match="plan.name=lisa trains on one worker"):
@@ -157,7 +157,7 @@ def test_bf16_lisa_keeps_float32_masters_of_every_layer_and_resumes_exactly(tiny
 def test_the_memory_estimate_counts_the_largest_draw():
     import transformers as T
 
-    from raycpt.train.memory import estimate_memory, model_shape
+    from raycpt.train.driver.memory import estimate_memory, model_shape
     from tiny import tiny_config
 
     with torch.device("meta"):

@@ -14,10 +14,10 @@ from raycpt.errors import RaycptError
 from raycpt.models.adapters import (inject_lora, is_adapter_param, lora_trainable_params, merge_lora_,
                                     merged_state_dict)
 from raycpt.strategies import apply_plan, build_plan, plan_table
-from raycpt.train import verify
-from raycpt.train.loop import run_loop
-from raycpt.train.session import LocalSession
-from raycpt.train.steps import make_optimizer, make_scheduler, train_step
+from raycpt.train.worker import verify
+from raycpt.train.worker.loop import run_loop
+from raycpt.train.worker.session import LocalSession
+from raycpt.train.worker.steps import make_optimizer, make_scheduler, train_step
 from tiny import tiny_config, tiny_model
 
 H, I, KV = 32, 64, 16  # tiny_config: hidden 32, intermediate 2*32, 2 kv heads of head_dim 8
@@ -170,7 +170,7 @@ def test_lora_full_trains_layers_adapters_only_not_embeddings():
 
 
 def test_the_memory_estimate_counts_adapters_not_layer_weights():
-    from raycpt.train.memory import estimate_memory, model_shape
+    from raycpt.train.driver.memory import estimate_memory, model_shape
 
     plan = _plan()
     import transformers as T

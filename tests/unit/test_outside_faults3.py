@@ -150,7 +150,7 @@ def test_a_raycpt_error_that_ray_data_carries_only_as_text_is_one_line():
 def test_a_finished_run_whose_result_lacks_tokens_per_s_reads_it_from_its_step_records(tmp_path):
     """``train --resume`` of a finished run whose ``train_result.json`` lacks ``tokens_per_s`` (an older or
     hand-edited record) was a 48-line KeyError (and turned the finished run FAILED)."""
-    from raycpt.train.result import _result_from_files
+    from raycpt.train.driver.result import _result_from_files
 
     saved = {"final_model_dir": str(tmp_path / "final_model"), "losses": [4.0, 3.5, 3.0], "steps": [1, 2, 3],
              "wall_s": 12.5, "trainable_params": 10, "frozen_params": 20, "plan": {"name": "full"}}
@@ -208,7 +208,7 @@ class _Store:
 
 
 def test_a_resume_after_the_replay_corpus_was_re_packed_is_refused_naming_it(tmp_path):
-    from raycpt.train.resume import check_resume_data
+    from raycpt.train.driver.resume import check_resume_data
 
     ckpt = tmp_path / "checkpoint_000002"
     ckpt.mkdir()

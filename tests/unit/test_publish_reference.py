@@ -10,9 +10,9 @@ import torch
 from safetensors import safe_open
 
 from raycpt.models.shards import INDEX_FILE, TRAINED_FILE, ensure_base_shards, group_of
-from raycpt.train.publish import publish_model, verify_model_folder
-from raycpt.train.loop import run_loop
-from raycpt.train.session import InProcessSession, LocalSession
+from raycpt.train.driver.publish import publish_model, verify_model_folder
+from raycpt.train.worker.loop import run_loop
+from raycpt.train.worker.session import InProcessSession, LocalSession
 from test_train_loop import _blocks, _loop_config
 
 
@@ -77,7 +77,7 @@ def test_reference_publish_loads_bitwise_and_stores_only_trained_layers(tiny_dir
 
 def test_a_publish_killed_midway_is_swept_on_the_next_start(tiny_dir, trained, tmp_path):
     from raycpt.config import load_config
-    from raycpt.train.launch import _open_run
+    from raycpt.train.driver.launch import _open_run
 
     run_dir = tmp_path / "train"
     left = run_dir / ".final_model.1a2b3c4d"  # what kill -9 during the publish leaves
@@ -106,7 +106,7 @@ class _Blocks(InProcessSession):
 def test_in_process_checkpoints_link_frozen_layers_and_resume_exactly(tiny_dir, tmp_path):
     """InProcessSession with base shards: checkpoints renamed into place, frozen layers linked, the newest
     ``keep`` kept; the same losses as the plain session; a resume from a linked checkpoint continues exactly."""
-    from raycpt.train.manifest import verify_checkpoint
+    from raycpt.train.ckpt.manifest import verify_checkpoint
 
     common = dict(max_steps=4, checkpoint_every=1, keep_checkpoints=2, lr=0.01, micro_batch_size=2)
     plain = run_loop(_loop_config(tiny_dir, tmp_path / "p", dict(name="train_deep", split=0.5), **common),

@@ -91,8 +91,8 @@ def test_the_loop_reads_the_mixed_stream_and_resumes_exactly(tiny_dir, tmp_path)
 
     from raycpt.config import config_to_dict
     from raycpt.strategies import build_plan
-    from raycpt.train.loop import run_loop
-    from raycpt.train.session import LocalSession
+    from raycpt.train.worker.loop import run_loop
+    from raycpt.train.worker.session import LocalSession
 
     cfg = load_config(None, [f"model.ref={tiny_dir}", "data.seq_len=16", "plan.name=train_deep",
                              "data.replay.ratio=0.25", "data.replay.corpus=[unused.jsonl]", "train.max_steps=4",

@@ -10,9 +10,9 @@ import pytest
 from scipy import stats as st
 
 from raycpt.evaluate.general import general_blocks, general_documents
-from raycpt.report.sweep import build_summary
-from raycpt.report.sweep_base import against_base, pareto_front
-from raycpt.report.sweep_outcomes import question_outcomes
+from raycpt.report.sweep.summary import build_summary
+from raycpt.report.sweep.base import against_base, pareto_front
+from raycpt.report.sweep.outcomes import question_outcomes
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]
 
@@ -121,7 +121,7 @@ def test_base_comparisons_join_the_verdicts_family_and_marks_read_better_or_wors
     held, prob, gen = full["cells"]
     # the family decided on row - base: full's lower held-out loss is sign -1 (better), its higher general loss +1
     assert held["sign"] == -1 and prob["sign"] == 1 and gen["sign"] == 1
-    from raycpt.report.sweep_markdown import summary_markdown
+    from raycpt.report.sweep.views.markdown import summary_markdown
 
     md = summary_markdown(s)
     assert "Gain and forgetting against base" in md and "cloze.prob" in md
@@ -194,7 +194,7 @@ def test_base_row_is_evaluated_once_and_reused_on_resume(tiny_dir, tmp_path, mon
     """The untrained model's evaluation runs once per model and evaluation settings: a resumed sweep's base trial
     (a new trial folder) and a second sweep read the cache; another eval.limit evaluates again. Counted at the
     evaluation bridge."""
-    import raycpt.train.final_eval as fe
+    import raycpt.train.driver.final_eval as fe
     from raycpt.config import load_config
     from raycpt.jobs.base_row import BASE, base_cache_dir
     from raycpt.jobs.grid import Trial
@@ -243,7 +243,7 @@ def test_write_summary_draws_the_tradeoff_and_runs_show_prints_the_per_category_
 
     from raycpt.jobs.show import show_run
     from raycpt.report.render import render_runs_show
-    from raycpt.report.sweep import write_summary
+    from raycpt.report.sweep.summary import write_summary
 
     s = write_summary(tmp_path, _trials(), None, num_layers=30, domain=["wn"], general=[],
                       report={"primary": "heldout_loss"})

@@ -2,8 +2,8 @@
 
 import pytest
 
-from raycpt.report.sweep_markdown import table_markdown
-from raycpt.report.sweep_stats import parse_cells, split_gains, summary_table
+from raycpt.report.sweep.views.markdown import table_markdown
+from raycpt.report.sweep.cells import parse_cells, split_gains, summary_table
 
 
 def _trial(name, strategy, split, stem_l, avg_l, avg_g):
@@ -53,7 +53,7 @@ def test_markdown_has_one_row_per_trial_and_percentages():
 def test_markdown_carries_final_loss_and_terminal_table_fits_80_columns():
     from rich.console import Console
 
-    from raycpt.report.sweep_rich import rich_table
+    from raycpt.report.sweep.views.rich import rich_table
 
     trials = [dict(t, final_loss=loss) for t, loss in zip(TRIALS, (3.4851, 3.7492, 3.7603))]
     rows = summary_table(trials)["wn"]
@@ -72,7 +72,7 @@ def test_markdown_carries_final_loss_and_terminal_table_fits_80_columns():
 def test_held_out_loss_gains_and_trials_table_by_hand():
     from rich.console import Console
 
-    from raycpt.report.sweep_rich import rich_gains_table, rich_trials_table
+    from raycpt.report.sweep.views.rich import rich_gains_table, rich_trials_table
 
     losses = {"full": 3.570, "train_shallow-r0.5": 3.789, "train_deep-r0.5": 3.859}
     trials = [dict(t, heldout_loss=losses[t["name"]], final_loss=3.5, trainable_params=53_100_000, wall_s=50.2)
@@ -97,10 +97,10 @@ import math  # noqa: E402
 import numpy as np  # noqa: E402
 
 from naive_stats import naive_score_interval  # noqa: E402
-from raycpt.report.sweep import build_summary  # noqa: E402
-from raycpt.report.sweep_domain import domain_general  # noqa: E402
-from raycpt.report.sweep_markdown import summary_markdown  # noqa: E402
-from raycpt.report.sweep_outcomes import load_outcomes, question_outcomes  # noqa: E402
+from raycpt.report.sweep.summary import build_summary  # noqa: E402
+from raycpt.report.sweep.domain import domain_general  # noqa: E402
+from raycpt.report.sweep.views.markdown import summary_markdown  # noqa: E402
+from raycpt.report.sweep.outcomes import load_outcomes, question_outcomes  # noqa: E402
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]
 KEYS = {"STEM": "stem", "Social Science": "social_science", "Humanities": "humanities", "Other": "other"}
@@ -297,7 +297,7 @@ def test_seeds_give_mean_and_t_interval_per_cell_by_hand():
     avg = rows["train_shallow-r0.5"]["cells"]["average"]["logit"]  # the family's member: one comparison
     assert avg["claim"] == "strategy" and avg["sign"] == (1 if avg["p_adj"] < 0.05 else 0)
     # the run noise alone (no per-unit records): t on the pooled df, checked against scipy's t
-    from raycpt.report.sweep_stats import compare
+    from raycpt.report.sweep.cells import compare
 
     wide = compare({0: 2.5, 1: 5.0, 2: 7.5}, {0: 0.0, 1: 0.0, 2: 0.0}, lambda v: v, lambda a, b: None,
                    noise={"var": 6.25, "df": 2})
@@ -328,7 +328,7 @@ def test_gains_carry_s_b_interval_and_realised_gain_interval():
 def test_rich_tables_with_intervals_fit_80_columns():
     from rich.console import Console
 
-    from raycpt.report.sweep_rich import rich_domain_general, rich_gains_table, rich_table
+    from raycpt.report.sweep.views.rich import rich_domain_general, rich_gains_table, rich_table
 
     trials = _one_seed_trials() + [_run("train_deep-r0.5", "train_deep", 0.5, 0, {"wn": {"logit": FULL_DOM}},
                                         FULL_BLK + 0.01)]
@@ -359,7 +359,7 @@ def test_load_outcomes_reads_the_eval_result_file(tmp_path):
 def test_write_summary_writes_intervals_and_drops_per_question_data(tmp_path):
     import json
 
-    from raycpt.report.sweep import write_summary
+    from raycpt.report.sweep.summary import write_summary
 
     trials = [{k: v for k, v in t.items()} for t in _one_seed_trials()]
     s = write_summary(tmp_path, trials, None, 30, domain=["wn"], general=["gen_bench"])
@@ -378,7 +378,7 @@ def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
 
     from raycpt.config import TrackingConfig
     from raycpt.jobs.sweep import log_summary
-    from raycpt.report.sweep import write_summary
+    from raycpt.report.sweep.summary import write_summary
     from raycpt.runs import Run
     from raycpt.tracking import ensure_store
 
@@ -414,7 +414,7 @@ def test_equal_footing_full_differs_from_the_layer_plans_only_in_layers():
     import dataclasses
 
     from raycpt.config import ExperimentConfig, PlanConfig
-    from raycpt.report.sweep import report_options
+    from raycpt.report.sweep.summary import report_options
     from raycpt.strategies import build_plan
 
     eq = build_plan(PlanConfig(name="full", full_non_layers=False), 30, tied_embeddings=True)
@@ -470,8 +470,8 @@ def test_trials_table_tokens_peak_memory_and_lisa_per_step_count():
     """tok/s and peak MB per row as the trials recorded them; LISA's row shows the count one step trains."""
     from rich.console import Console
 
-    from raycpt.report.sweep_rich import rich_trials_table
-    from raycpt.report.sweep_stats import budget_count
+    from raycpt.report.sweep.views.rich import rich_trials_table
+    from raycpt.report.sweep.cells import budget_count
 
     trials = [dict(name="full", trainable_params=134_515_008, tokens_per_s=1234.4, peak_memory_mb=2578.4, wall_s=61),
               dict(name="lisa-g1", trainable_params=134_515_008, trainable_per_step=31_860_864, tokens_per_s=2345.6,

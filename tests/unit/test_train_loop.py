@@ -10,10 +10,10 @@ import torch
 
 from raycpt.config import PlanConfig, TrainConfig, config_to_dict, load_config
 from raycpt.strategies import apply_plan, plan_for_model
-from raycpt.train.callbacks import StepCallback
-from raycpt.train.loop import micro_batches, run_loop
-from raycpt.train.session import LocalSession
-from raycpt.train.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
+from raycpt.train.worker.callbacks import StepCallback
+from raycpt.train.worker.loop import micro_batches, run_loop
+from raycpt.train.worker.session import LocalSession
+from raycpt.train.worker.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
 from tiny import tiny_model
 
 
