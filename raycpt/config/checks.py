@@ -8,6 +8,6 @@ from typing import Any
 from raycpt.errors import ConfigError
 
 
-def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
+def check_field(cond: bool, name: str, value: Any, allowed: str) -> None:
     if not cond:
         raise ConfigError(name, value, allowed)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from raycpt.config.analysis import CompareConfig, ContributionConfig, SelectConfig
-from raycpt.config.checks import _check
+from raycpt.config.checks import check_field
 from raycpt.config.evaluation import EvalConfig
 from raycpt.config.hybrid import HybridConfig
 from raycpt.config.infra import RayConfig, TrackingConfig
@@ -41,6 +41,6 @@ class ExperimentConfig:
     """``raycpt select``: which selector, how many layers, its corpus sample."""
 
     def __post_init__(self):
-        _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None
+        check_field(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None
                and self.name not in (".", ".."), "name", self.name,
                "1-100 letters, digits, '-', '_' or '.' (it names run folders: no path separators)")

@@ -19,7 +19,7 @@ MAX_CONFIG_NODES = 100_000
 "billion laughs") would otherwise expand to gigabytes when the config is validated, copied or printed."""
 
 
-class _YamlLoader(yaml.SafeLoader):
+class YamlLoader(yaml.SafeLoader):
     """SafeLoader without YAML 1.1 octal: ``01100`` (a plan pattern) stays a string, not 576; a key given
     twice in one mapping is an error naming both lines (PyYAML keeps the last silently); the tree's size
     with aliases expanded is bounded (:data:`MAX_CONFIG_NODES`)."""
@@ -64,17 +64,17 @@ def _check_expanded_size(root) -> None:
                             "(&anchor / *alias); a config needs no such nesting", root.start_mark)
 
 
-_YamlLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
+YamlLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
 for _ch in "-+0":
-    _YamlLoader.yaml_implicit_resolvers.setdefault(_ch, []).insert(0, ("tag:yaml.org,2002:str", _LEADING_ZERO))
+    YamlLoader.yaml_implicit_resolvers.setdefault(_ch, []).insert(0, ("tag:yaml.org,2002:str", LEADING_ZERO))
 
 
 def read_yaml(path: str | os.PathLike) -> dict:
     p = Path(path)
     text = read_user_text(p, "config file", limit=MAX_CONFIG_BYTES, hint="a config is")
     try:
-        data = yaml.load(text, Loader=_YamlLoader)
+        data = yaml.load(text, Loader=YamlLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

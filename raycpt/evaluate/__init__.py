@@ -42,9 +42,9 @@ from urllib.parse import urlparse
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate.answers import LETTERS, extract_choice  # noqa: F401 - extract_choice re-exported
-from raycpt.evaluate.questions import _json_record, read_questions
-from raycpt.evaluate.lm_tasks import _load_lm_tasks, task_manager
-from raycpt.evaluate.results import (EvalResult, _question_key, _records_generate, _records_logit, category_means,
+from raycpt.evaluate.questions import json_record, read_questions
+from raycpt.evaluate.lm_tasks import load_lm_tasks, task_manager
+from raycpt.evaluate.results import (EvalResult, question_key, records_generate, records_logit, category_means,
                                      category_scores)
 from raycpt.evaluate.spec import OFFLINE_TASK, TaskSpec
 from raycpt.evaluate.registry import BENCHMARKS_DIR, READERS, Benchmark, find_benchmark, read_benchmark, register_reader
@@ -106,7 +106,7 @@ def _mmlu_record(p: Path, n: int, line: str) -> Optional[dict]:
     if not line.strip():
         return None
     where = f"corrupted MMLU file {p}: line {n}"
-    rec = _json_record(line, where, MMLU_FIELDS)
+    rec = json_record(line, where, MMLU_FIELDS)
     if all(rec.get(k) == v for k, v in _MMLU_HEADER.items()):
         return None
     bad = [k for k in MMLU_FIELDS if not isinstance(rec[k], str) or not rec[k].strip()]
@@ -348,7 +348,7 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
             for spec in specs:  # one lm-eval call per benchmark: each has its own limit
                 limit = task_limit(eval_cfg, spec.name)
                 tasks = []
-                for t in _load_lm_tasks(spec, mode, eval_cfg):
+                for t in load_lm_tasks(spec, mode, eval_cfg):
                     position[t.config.task] = len(position)
                     if shard is None or _shard_task(t, shard, limit):
                         tasks.append(t)
@@ -358,10 +358,10 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
                     out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit if shard is None else None,
                                                   log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
                 for task_name, samples in out["samples"].items():
-                    recs = (_records_generate(task_name, samples, spec) if mode == "generate"
-                            else _records_logit(task_name, samples, spec, mode, eval_cfg.continuous))
+                    recs = (records_generate(task_name, samples, spec) if mode == "generate"
+                            else records_logit(task_name, samples, spec, mode, eval_cfg.continuous))
                     for s in samples:
-                        key = _question_key(task_name, s, spec)[0]
+                        key = question_key(task_name, s, spec)[0]
                         order.setdefault((spec.name, key), (position[task_name], int(s["doc_id"])))
                     for key, rec in recs.items():
                         merged[spec.name].setdefault(key, {}).update(rec)

@@ -15,7 +15,7 @@ from raycpt.tasks import CATEGORIES
 QUESTION_FIELDS = ("question", "A", "B", "C", "D", "answer", "category")
 
 
-def _json_record(line: str, where: str, fields: Sequence[str]) -> dict:
+def json_record(line: str, where: str, fields: Sequence[str]) -> dict:
     """One JSONL line as an object holding ``fields``; one line naming ``where`` otherwise."""
     try:
         rec = json.loads(line)
@@ -48,7 +48,7 @@ def read_questions(path: str | os.PathLike) -> list[dict]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            rec = _json_record(line, f"malformed question file {p}: line {n}", QUESTION_FIELDS)
+            rec = json_record(line, f"malformed question file {p}: line {n}", QUESTION_FIELDS)
             if rec["answer"] not in LETTERS:
                 raise RaycptError(f"malformed question file {p}: line {n} answer={rec['answer']!r}, allowed: A, B, C, D")
             if rec["category"] not in CATEGORIES:

@@ -195,7 +195,7 @@ def no_shards() -> dict:
 
 
 def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str, dict]:
-    """Run every trial of ``grid`` under ``parent`` (the job's :class:`raycpt.runs.CommandRun`; Ray must be up,
+    """Run every trial of ``grid`` under ``parent`` (the job's :class:`raycpt.runs.Run`; Ray must be up,
     unless ``grid.inline``) and return ``{name: result}`` in spec order.
 
     Raises :class:`GridIncomplete` (one line ending in "continue with --resume") when a trial did not

@@ -24,7 +24,7 @@ from raycpt.diagnostics.selectors import (METRICS, SELECTORS, SelectorInputs, se
                                           write_selection)
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import model_layers
-from raycpt.jobs.job import Options, RunSpec, Steps, run_job
+from raycpt.jobs.job import Options, RunSpec, Steps
 from raycpt.jobs.trace import prepare_trace, run_trace
 from raycpt.models.sources import load_model
 from raycpt.models.stack import LayerStack
@@ -162,7 +162,3 @@ def _log(run, method: str, scores: np.ndarray, best: list[int], paths: dict, wal
 
 SELECT = Steps(prepare, execute, run_spec)
 
-
-def run_select(cfg: ExperimentConfig, progress: bool = True) -> SelectResult:
-    """``raycpt select``: checks first (:func:`prepare`), then the one lifecycle (:func:`raycpt.runs.command_run`)."""
-    return run_job(SELECT, cfg, Options(progress=progress))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raycpt.config import ExperimentConfig
-from raycpt.jobs.job import NoRun, Options, RunSpec, Steps, run_job
+from raycpt.jobs.job import NoRun, Options, RunSpec, Steps
 from raycpt.runtime import ray_session
 from raycpt.strategies import plan_table
 from raycpt.data.run_store import packed_corpus, replay_corpus
@@ -57,11 +57,6 @@ def execute(plan: TrainPlan, run, options: Options):
 
 
 TRAIN = Steps(prepare, execute, run_spec)
-
-
-def run_train(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True):
-    """``raycpt train`` (see the module docstring)."""
-    return run_job(TRAIN, cfg, Options(console=console, resume=resume, progress=progress))
 
 
 def show_plan(cfg: ExperimentConfig, options: Options):

@@ -7,7 +7,7 @@ from raycpt.errors import RaycptError
 from raycpt.strategies.apply import stack_of
 from raycpt.strategies.lisa import lisa_period
 from raycpt.strategies.plan import LayerPlan
-from raycpt.strategies.registry import PLANS, _check_layer
+from raycpt.strategies.registry import PLANS, check_layer
 
 
 def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=None) -> LayerPlan:
@@ -39,7 +39,7 @@ def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=N
         notes.append("tied embeddings: the input embeddings and the LM head are one shared matrix")
     scales = dict(spec.lr_scales)
     for key, s in (pcfg.lr_scales or {}).items():
-        i = _check_layer(key, num_layers, "plan.lr_scales layer")
+        i = check_layer(key, num_layers, "plan.lr_scales layer")
         if i not in layers:
             notes.append(f"lr scale x{s:g} for layer {i} ignored: that layer is frozen")
             continue

@@ -49,7 +49,7 @@ def split_plans() -> list[str]:
     return [n for n in PLANS if takes_split(n)]
 
 
-def _check_layer(i: Any, n: int, what: str) -> int:
+def check_layer(i: Any, n: int, what: str) -> int:
     if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
         raise RaycptError(f"{what}={i!r} is out of range: this model has layers 0..{n - 1}")
     return i

@@ -12,7 +12,8 @@ import transformers as T
 from raycpt.config import PlanConfig, config_to_dict, load_config
 from raycpt.errors import RaycptError
 from raycpt.models.hybrid.build import save_hybrid
-from raycpt.models.hybrid.expand import (build_expanded, expand_groups, expand_positions, expand_trainable_params,
+from raycpt.models.expansion import expand_groups, expand_positions, expand_trainable_params
+from raycpt.models.hybrid.expand import (build_expanded,
                                          expanded_model_folder)
 from raycpt.strategies import apply_plan, build_plan, plan_for_model
 from raycpt.train.worker.loop import run_loop

@@ -21,9 +21,9 @@ the code needs:
    ``jobs.info`` / ``jobs.data`` / ``jobs.sync``: the commands that run no experiment), each a ``Job``
    (``jobs/job.py``): ``prepare(cfg, options)`` -> ``execute(plan, run, options)``, run by ``run_job``.
 3. ``raycpt.train`` - the TorchTrainer launcher, the worker loop and its per-step callbacks (drift).
-4. ``raycpt.evaluate`` (and ``raycpt.evaluate_prefetch``, hub data fetched once on the driver) and
-   ``raycpt.tasks.utils`` - the lm-eval bridge (``tasks/utils.py`` is the
-   half lm-eval loads from the task YAMLs; it uses the bridge's answer extraction and question files).
+4. ``raycpt.evaluate`` (and ``raycpt.evaluate_prefetch``, hub data fetched once on the driver) - the lm-eval
+   bridge (``evaluate/hooks.py`` is the half lm-eval loads from the task YAMLs; it uses the bridge's answer
+   extraction and question files, so it lives inside the bridge and ``raycpt.tasks`` imports nothing above it).
    Above report (ARCHITECTURE.md drew it below): the bridge writes its per-question files with
    ``report.eval``, and no report needs the bridge.
 5. ``raycpt.report`` - plots, tables and progress bars from results (data in, files out); ``report.render``
@@ -71,7 +71,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt", "raycpt.__main__", "raycpt.entry", "raycpt.cli"),
     ("raycpt.jobs",),
     ("raycpt.train",),
-    ("raycpt.evaluate", "raycpt.evaluate_prefetch", "raycpt.tasks.utils"),
+    ("raycpt.evaluate", "raycpt.evaluate_prefetch"),
     ("raycpt.report",),
     ("raycpt.diagnostics",),
     ("raycpt.strategies",),
@@ -276,7 +276,7 @@ def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
     assert unlayered({**g, "other": set()}, SYNTHETIC_LAYERS) == ["other"]
 
 
-@pytest.mark.parametrize("module,layer", [("raycpt.cli", 0), ("raycpt.jobs.eval", 1), ("raycpt.tasks.utils", 3),
+@pytest.mark.parametrize("module,layer", [("raycpt.cli", 0), ("raycpt.jobs.eval", 1), ("raycpt.evaluate.hooks", 3),
                                           ("raycpt.report.eval", 4), ("raycpt.tasks", 10), ("raycpt.io", 11)])
 def test_longest_prefix_names_the_layer(module, layer):
     assert layer_of(module, LAYERS) == layer

@@ -7,9 +7,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from raycpt.models.expansion import expand_groups, expand_positions, expand_trainable_params  # noqa: F401 - re-exported
+from raycpt.models.expansion import expand_groups
 from raycpt.models.hybrid.build import build_hybrid, save_hybrid
-from raycpt.models.hybrid.plans import _donor_config, plan_hybrid
+from raycpt.models.hybrid.plans import donor_config, plan_hybrid
 from raycpt.models.model_cache import cache_root
 
 
@@ -30,7 +30,7 @@ def expand_segments(donor: str, num_layers: int, blocks: int) -> list[dict]:
 def build_expanded(base_path: str, blocks: int, model_cfg=None):
     """``(model, tokenizer)``: the base model at ``base_path`` with ``blocks`` identity copies inserted
     (:func:`expand_segments`), assembled by :func:`build_hybrid` (HF-loadable, its first loss the base's)."""
-    n = _donor_config(base_path).num_hidden_layers
+    n = donor_config(base_path).num_hidden_layers
     plan = plan_hybrid(expand_segments(base_path, n, blocks), base_path, name=f"expand{blocks}", model_cfg=model_cfg)
     return build_hybrid(plan)
 

@@ -82,7 +82,7 @@ def sub_config(kind: str, data: dict) -> PretrainedConfig:
     return _config_cls(kind).from_dict(data)
 
 
-_DROP_KEYS = ("architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype", "auto_map",
+DROP_KEYS = ("architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype", "auto_map",
               "quantization_config", "id2label", "label2id")
 
 
@@ -96,7 +96,7 @@ def _layer_lists(cfg: PretrainedConfig) -> list[str]:
 
 def slice_config(cfg: PretrainedConfig, start: int, end: int) -> dict:
     """Plain dict of ``cfg`` describing only layers ``[start, end)`` of it."""
-    d = {k: v for k, v in cfg.to_dict().items() if k not in _DROP_KEYS}
+    d = {k: v for k, v in cfg.to_dict().items() if k not in DROP_KEYS}
     for k in _layer_lists(cfg):
         d[k] = list(d[k])[start:end]
     d["num_hidden_layers"] = end - start

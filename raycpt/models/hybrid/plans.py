@@ -10,7 +10,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from raycpt.config import ModelConfig
 from raycpt.errors import RaycptError
-from raycpt.models.hybrid.model import _DROP_KEYS, ALIASES, KINDS, LayerKind, layer_kind, slice_config, sub_config
+from raycpt.models.hybrid.model import DROP_KEYS, ALIASES, KINDS, LayerKind, layer_kind, slice_config, sub_config
 from raycpt.models.sources import resolve_model_path
 
 
@@ -95,7 +95,7 @@ def resolve_donor(ref: str, model_cfg=None) -> str:
     return resolve_model_path(model_cfg or ModelConfig(ref=str(ref)), str(ref))
 
 
-def _donor_config(path: str) -> PretrainedConfig:
+def donor_config(path: str) -> PretrainedConfig:
     return AutoConfig.from_pretrained(path)
 
 
@@ -186,7 +186,7 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom", mod
         raise RaycptError("hybrid.segments=[]: a hybrid needs at least one segment "
                           "({donor: REF, layers: [start, end)} or {new: KIND, count: N})")
     head_path = resolve_donor(head_donor, model_cfg)
-    base = _donor_config(head_path)
+    base = donor_config(head_path)
     layer_kind(base.model_type, f"hybrid head donor {head_donor!r} (model_type)")
     hidden = base.hidden_size
     donors: dict[str, tuple[str, PretrainedConfig]] = {str(head_donor): (head_path, base)}
@@ -219,7 +219,7 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom", mod
         ref = seg.get("donor") or head_donor
         if str(ref) not in donors:
             path = resolve_donor(ref, model_cfg)
-            donors[str(ref)] = (path, _donor_config(path))
+            donors[str(ref)] = (path, donor_config(path))
         path, dcfg = donors[str(ref)]
         kind = layer_kind(dcfg.model_type, f"{where}.donor {ref!r} (model_type)")
         rng = seg.get("layers")
@@ -236,7 +236,7 @@ def plan_hybrid(segments: list[dict], head_donor: str, name: str = "custom", mod
         out.append(Segment(kind=kind.name, count=b - a, trainable=bool(seg.get("trainable", True)),
                            config=slice_config(dcfg, a, b), donor=str(ref), donor_path=path, layers=(a, b),
                            zero_writes=bool(seg.get("zero_writes", False))))
-    base_dict = {k: v for k, v in base.to_dict().items() if k not in _DROP_KEYS}
+    base_dict = {k: v for k, v in base.to_dict().items() if k not in DROP_KEYS}
     return HybridPlan(name=name, segments=out, head_donor=str(head_donor), head_path=head_path, base=base_dict)
 
 
@@ -250,7 +250,7 @@ def plan_from_config(hcfg, build: str, model_ref: str, model_cfg=None) -> Hybrid
         return plan_hybrid(segs, head, name="custom", model_cfg=model_cfg)
     layer_kind(hcfg.new_kind, "hybrid.new_kind")
     path = resolve_donor(donor, model_cfg)
-    n = _donor_config(path).num_hidden_layers
+    n = donor_config(path).num_hidden_layers
     segs = shorthand_segments(build, donor, n, hcfg.depth, hcfg.new_kind, hcfg.new_config, hcfg.init_seed,
                               hcfg.init)
     return plan_hybrid(segs, head, name=build, model_cfg=model_cfg)

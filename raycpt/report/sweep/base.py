@@ -24,7 +24,7 @@ import math
 from typing import Callable, Optional, Sequence
 
 from raycpt.report.sweep.seeds import has_run_noise, heldout_units, question_units, run_noise
-from raycpt.report.sweep.cells import (_cell_value, _delta, _general, _held, general_units, group_trials,
+from raycpt.report.sweep.cells import (cell_value, delta_cell, general_loss_of, heldout_loss_of, general_units, group_trials,
                                        heldout_delta, question_delta)
 from raycpt.stats import DEFAULT_RESAMPLES, pooled_run_test
 from raycpt.tasks import continuous_mode
@@ -64,11 +64,11 @@ def axis_metrics(trials: list[dict], domain: Sequence[str], general: Sequence[st
     have them, then ``<mode>.prob`` of each domain / general task that ran (cloze, then logit)."""
     out = []
     if any(t.get("heldout_loss") is not None for t in trials):
-        out.append(_metric("gain", "heldout_loss", None, "held-out loss", False, _held,
+        out.append(_metric("gain", "heldout_loss", None, "held-out loss", False, heldout_loss_of,
                            lambda a, b: heldout_delta(a, b, resamples), heldout_units))
     out += _prob_metrics("gain", trials, domain, resamples)
     if any(t.get("general_loss") is not None for t in trials):
-        out.append(_metric("forget", "general_loss", None, "general loss", False, _general,
+        out.append(_metric("forget", "general_loss", None, "general loss", False, general_loss_of,
                            lambda a, b: heldout_delta(a, b, resamples, probe="general"), general_units))
     return out + _prob_metrics("forget", trials, general, resamples)
 
@@ -79,7 +79,7 @@ def _prob_metrics(axis: str, trials: list[dict], tasks: Sequence[str], resamples
         for m in MC_MODES:
             mode = continuous_mode(m, "prob")
             if any(f"{task}/average/{mode}" in (t.get("scores") or {}) for t in trials):
-                out.append(_metric(axis, task, mode, f"{task} {m} P(gold)", True, _cell_value(task, "average", mode),
+                out.append(_metric(axis, task, mode, f"{task} {m} P(gold)", True, cell_value(task, "average", mode),
                                    lambda a, b, task=task, mode=mode: question_delta(a, b, task, "average", mode,
                                                                                      resamples),
                                    lambda ra, rb, task=task, mode=mode: question_units(ra, rb, task, "average", mode)))
@@ -95,16 +95,16 @@ def vs_base(runs: dict, base_runs: dict, metric: dict, noise: dict) -> dict:
     vb = value(base)
     va = [(sd, value(t)) for sd, t in runs.items() if value(t) is not None]
     if vb is None or not va:
-        return _delta(None, None)
+        return delta_cell(None, None)
     point = sum(v for _, v in va) / len(va) - vb
     if has_run_noise(noise):
         u = metric["units"]([runs[sd] for sd, _ in va], [base])
         var, df, method = u or (0.0, math.inf, "runs pooled")
-        return _delta(pooled_run_test(point, len(va), math.inf, noise["var"], noise["df"], var, df, method=method),
+        return delta_cell(pooled_run_test(point, len(va), math.inf, noise["var"], noise["df"], var, df, method=method),
                       point)
     if len(va) != 1:
-        return _delta(None, point)
-    return _delta(metric["interval"](runs[va[0][0]], base), point)
+        return delta_cell(None, point)
+    return delta_cell(metric["interval"](runs[va[0][0]], base), point)
 
 
 def _shown(d: dict, metric: dict) -> dict:

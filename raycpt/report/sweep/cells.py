@@ -108,7 +108,7 @@ def group_trials(trials: list[dict]) -> dict[str, dict]:
     return out
 
 
-def _delta(iv: Optional[Interval], point: Optional[float]) -> dict:
+def delta_cell(iv: Optional[Interval], point: Optional[float]) -> dict:
     """A comparison's cell: delta, interval, ``sign`` (the interval alone: +1 / -1 when it excludes 0; the
     summary replaces it by the adjusted decision, :mod:`raycpt.report.verdict`), ``p`` (two-sided, of no
     difference), method and units."""
@@ -129,31 +129,31 @@ def compare(runs_a: dict, runs_b: dict, value: Callable[[dict], Optional[float]]
     :func:`raycpt.stats.pooled_run_test` (``units(runs_a, runs_b)``: the (variance, df) of the shared units'
     sampling error, documents or questions, and the method's name; without it the run noise alone). Without: one run each, that
     difference with ``interval(a, b)`` (a checkpoint comparison: document or question sampling), paired by
-    seed. Returns ``{"delta", "lo", "hi", "sign", "method", "n", "p"}`` (:func:`_delta`)."""
+    seed. Returns ``{"delta", "lo", "hi", "sign", "method", "n", "p"}`` (:func:`delta_cell`)."""
     va = [(sd, value(t)) for sd, t in runs_a.items()]
     vb = [(sd, value(t)) for sd, t in runs_b.items()]
     va, vb = [(sd, v) for sd, v in va if v is not None], [(sd, v) for sd, v in vb if v is not None]
     if not va or not vb:
-        return _delta(None, None)
+        return delta_cell(None, None)
     if has_run_noise(noise):
         point = float(np.mean([v for _, v in va]) - np.mean([v for _, v in vb]))
         u = units([runs_a[sd] for sd, _ in va], [runs_b[sd] for sd, _ in vb]) if units else None
         var, df, method = u or (0.0, math.inf, METHOD_RUNS)
         iv = pooled_run_test(point, len(va), len(vb), noise["var"], noise["df"], var, df, method=method)
-        return _delta(iv, point)
+        return delta_cell(iv, point)
     shared = [sd for sd, _ in va if sd in runs_b and value(runs_b[sd]) is not None]
     if len(shared) != 1:
-        return _delta(None, None) if not shared else _delta(None, float(np.mean(
+        return delta_cell(None, None) if not shared else delta_cell(None, float(np.mean(
             [value(runs_a[sd]) - value(runs_b[sd]) for sd in shared])))
     sd = shared[0]
-    return _delta(interval(runs_a[sd], runs_b[sd]), value(runs_a[sd]) - value(runs_b[sd]))
+    return delta_cell(interval(runs_a[sd], runs_b[sd]), value(runs_a[sd]) - value(runs_b[sd]))
 
 
-def _cell_value(task: str, cat: str, mode: str) -> Callable[[dict], Optional[float]]:
+def cell_value(task: str, cat: str, mode: str) -> Callable[[dict], Optional[float]]:
     return lambda t: parse_cells(t["scores"]).get(task, {}).get(cat, {}).get(mode)
 
 
-def _mean_of(runs: dict, value: Callable[[dict], Optional[float]]) -> dict:
+def mean_of(runs: dict, value: Callable[[dict], Optional[float]]) -> dict:
     iv = seed_interval([v for v in (value(t) for t in runs.values()) if v is not None])
     if iv.n == 0:
         return {"value": None}
@@ -161,7 +161,7 @@ def _mean_of(runs: dict, value: Callable[[dict], Optional[float]]) -> dict:
             "value_hi": None if math.isnan(iv.hi) else iv.hi, "seeds": iv.n}
 
 
-def _modes(names) -> list[str]:
+def ordered_modes(names) -> list[str]:
     names = set(names)
     return [m for m in MODES if m in names] + sorted(names - set(MODES))
 
@@ -174,7 +174,7 @@ def _task_cells(groups: dict, task: str) -> tuple[list[str], list[str]]:
             cells = parse_cells(t["scores"]).get(task, {})
             cats += [c for c in _categories(cells) if c not in cats]
             modes |= {m for c in cells.values() for m in c}
-    return cats, _modes(modes)
+    return cats, ordered_modes(modes)
 
 
 def summary_table(trials: list[dict], baseline: str = "full", resamples: int = DEFAULT_RESAMPLES,
@@ -193,9 +193,9 @@ def summary_table(trials: list[dict], baseline: str = "full", resamples: int = D
     tables: dict[str, list[dict]] = {}
     for task in tasks:
         cats, modes = _task_cells(groups, task)
-        noise = {(c, m): run_noise(groups, _cell_value(task, c, m)) for c in cats for m in modes}
-        noise[HELD] = run_noise(groups, _held)
-        noise[GENERAL] = run_noise(groups, _general)
+        noise = {(c, m): run_noise(groups, cell_value(task, c, m)) for c in cats for m in modes}
+        noise[HELD] = run_noise(groups, heldout_loss_of)
+        noise[GENERAL] = run_noise(groups, general_loss_of)
         rows = [_summary_row(g, base, task, cats, modes, resamples, seed, noise) for g in groups.values()]
         for c in cats:
             for m in modes:
@@ -212,11 +212,11 @@ GENERAL = "general_loss"
 """The general probe's loss (:mod:`raycpt.evaluate.general`), compared like the held-out loss."""
 
 
-def _held(t: dict) -> Optional[float]:
+def heldout_loss_of(t: dict) -> Optional[float]:
     return t.get("heldout_loss")
 
 
-def _general(t: dict) -> Optional[float]:
+def general_loss_of(t: dict) -> Optional[float]:
     return t.get("general_loss")
 
 
@@ -231,25 +231,25 @@ def _summary_row(g: dict, base: Optional[dict], task: str, cats: list[str], mode
     row_cells: dict[str, dict[str, dict[str, Any]]] = {}
     for c in cats:
         for m in modes:
-            value = _cell_value(task, c, m)
-            cell = _mean_of(g["runs"], value)
+            value = cell_value(task, c, m)
+            cell = mean_of(g["runs"], value)
             if cell["value"] is None:
                 continue
-            d = _delta(None, None) if is_base else compare(
+            d = delta_cell(None, None) if is_base else compare(
                 g["runs"], base["runs"], value,
                 lambda a, b, c=c, m=m: question_delta(a, b, task, c, m, resamples, seed),
                 lambda ra, rb, c=c, m=m: question_units(ra, rb, task, c, m), noise[(c, m)])
             row_cells.setdefault(c, {})[m] = {**cell, **d}
-    held = _held
+    held = heldout_loss_of
     return {"name": g["name"], "strategy": g["strategy"], "split": g["split"], "seeds": list(g["runs"]),
-            "cells": row_cells, "final_loss": _mean_of(g["runs"], lambda t: t.get("final_loss"))["value"],
-            "heldout_loss": _mean_of(g["runs"], held)["value"],
+            "cells": row_cells, "final_loss": mean_of(g["runs"], lambda t: t.get("final_loss"))["value"],
+            "heldout_loss": mean_of(g["runs"], held)["value"],
             "heldout_delta": None if is_base else compare(g["runs"], base["runs"], held,
                                                           lambda a, b: heldout_delta(a, b, resamples, seed),
                                                           heldout_units, noise[HELD]),
-            "general_loss": _mean_of(g["runs"], _general)["value"],
+            "general_loss": mean_of(g["runs"], general_loss_of)["value"],
             "general_delta": None if is_base else compare(
-                g["runs"], base["runs"], _general, lambda a, b: heldout_delta(a, b, resamples, seed, "general"),
+                g["runs"], base["runs"], general_loss_of, lambda a, b: heldout_delta(a, b, resamples, seed, "general"),
                 general_units, noise[GENERAL])}
 
 
@@ -287,9 +287,9 @@ def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, b
     positive ``shallow_vs_deep``. With held-out losses, ``*_heldout`` (negative = shallow lower)."""
     groups = group_trials(trials)
     full = groups.get(baseline)
-    modes = _modes(set(_task_cells(groups, task)[1]) | {"generate", "logit"})
+    modes = ordered_modes(set(_task_cells(groups, task)[1]) | {"generate", "logit"})
     noise = {m: run_noise(groups, lambda t, m=m: _avg(t, task, m)) for m in modes}
-    noise[HELD] = run_noise(groups, _held)
+    noise[HELD] = run_noise(groups, heldout_loss_of)
     rows = []
     for r in sorted({g["split"] for g in groups.values() if g.get("split") is not None}):
         sh = next((g for g in groups.values() if g["strategy"] == "train_shallow" and g["split"] == r), None)
@@ -309,7 +309,7 @@ def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, b
                 row.update(_gain(sh, other, f"{label}_{m}", lambda t, m=m: _avg(t, task, m),
                                  lambda a, b, m=m: question_delta(a, b, task, "average", m, resamples, seed),
                                  lambda ra, rb, m=m: question_units(ra, rb, task, "average", m), noise[m]))
-            row.update(_gain(sh, other, f"{label}_heldout", _held,
+            row.update(_gain(sh, other, f"{label}_heldout", heldout_loss_of,
                              lambda a, b: heldout_delta(a, b, resamples, seed), heldout_units, noise[HELD]))
         rows.append(row)
     return rows
@@ -318,7 +318,7 @@ def split_gains(trials: list[dict], split_scores: dict[str, float], task: str, b
 def _gain(sh: Optional[dict], other: Optional[dict], key: str, value, interval, units, noise) -> dict:
     """One realised gain of a split as flat keys: ``key`` (delta), ``_lo``, ``_hi``, ``_sign``, ``_p``,
     ``_method``."""
-    d = compare(sh["runs"], other["runs"], value, interval, units, noise) if sh and other else _delta(None, None)
+    d = compare(sh["runs"], other["runs"], value, interval, units, noise) if sh and other else delta_cell(None, None)
     return {key: d["delta"], f"{key}_lo": d["lo"], f"{key}_hi": d["hi"], f"{key}_sign": d["sign"],
             f"{key}_p": d["p"], f"{key}_method": d["method"]}
 

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from raycpt.report import verdict
 from raycpt.report.sweep.seeds import CHECKPOINT, STRATEGY, claim_of, heldout_units, question_units, run_noise
-from raycpt.report.sweep.cells import (GENERAL, _cell_value, _mean_of, compare, group_trials, heldout_delta,
+from raycpt.report.sweep.cells import (GENERAL, cell_value, mean_of, compare, group_trials, heldout_delta,
                                        question_delta)
 from raycpt.report.verdict import HELDOUT
 from raycpt.report.sweep.base import BASE
@@ -115,7 +115,7 @@ def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str =
     groups = {n: g for n, g in group_trials(trials).items() if g["strategy"] != BASE}  # best among the plans
     if primary["task"] == HELDOUT:
         value = (lambda t: t.get("heldout_loss"))
-        values = {n: _mean_of(g["runs"], value)["value"] for n, g in groups.items()}
+        values = {n: mean_of(g["runs"], value)["value"] for n, g in groups.items()}
         noise = run_noise(groups, value)
 
         def pair(a, b):
@@ -126,8 +126,8 @@ def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str =
         task, mode = primary["task"], primary["mode"]
         if task not in tables:
             return None
-        value = _cell_value(task, "average", mode)
-        values = {n: _mean_of(g["runs"], value)["value"] for n, g in groups.items()}
+        value = cell_value(task, "average", mode)
+        values = {n: mean_of(g["runs"], value)["value"] for n, g in groups.items()}
         noise = run_noise(groups, value)
 
         def pair(a, b):

@@ -47,10 +47,6 @@ def all_finite(state_dict: dict) -> tuple[int, int]:
     return bad, total
 
 
-def _sha256(path: Path) -> str:
-    return sha256_file(path)
-
-
 def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
 
@@ -61,7 +57,7 @@ def write_manifest(folder, step: int, finite: bool, extra: Optional[dict] = None
     checked (the links to verified base shards), taken as they are instead of hashed again."""
     folder = Path(folder)
     known = known or {}
-    files = {rel: known.get(rel) or {"size": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)}
+    files = {rel: known.get(rel) or {"size": (folder / rel).stat().st_size, "sha256": sha256_file(folder / rel)}
              for rel in _files(folder)}
     doc = {"format": MANIFEST_FORMAT, "step": int(step), "finite": bool(finite), "files": files,
            "time": time.time(), **(extra or {})}
@@ -124,7 +120,7 @@ def verify_checkpoint(folder, require: tuple[str, ...] = (STATE_JSON, STATE_PT, 
         if size != meta.get("size"):
             return shared_note(p, "damaged") if p.is_symlink() else \
                 f"{rel} has {size} bytes, the manifest says {meta.get('size')}"
-        if _sha256(p) != meta.get("sha256"):
+        if sha256_file(p) != meta.get("sha256"):
             return shared_note(p, "damaged") if p.is_symlink() else f"{rel} does not match its sha256 in the manifest"
     _VERIFIED[str(folder)] = sig
     return None
@@ -146,11 +142,6 @@ def remember_written(folder) -> None:
     doc = read_manifest(folder)
     if doc is not None:
         _VERIFIED[str(folder)] = _signature(folder, doc["files"])
-
-
-def is_complete_checkpoint(folder) -> bool:
-    """The folder passes :func:`verify_checkpoint`."""
-    return verify_checkpoint(folder) is None
 
 
 def find_checkpoints(root, failed: Optional[list] = None) -> list[tuple[int, Path]]:

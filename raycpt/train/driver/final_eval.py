@@ -10,7 +10,7 @@ from raycpt.evaluate import evaluate_model
 from raycpt.evaluate.results import EvalResult
 from raycpt.io import atomic_write_json
 from raycpt.models.sources import load_model
-from raycpt.train.driver.result import _read_json
+from raycpt.train.driver.result import read_json
 from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest, eval_result_record
 
 
@@ -49,7 +49,7 @@ def saved_dtype(model_dir) -> str:
     (:func:`raycpt.train.worker.loop.eval_model`); ``auto`` for any other folder (a base model) or when it says none."""
     if not (Path(model_dir) / "manifest.json").is_file():
         return "auto"
-    conf = _read_json(Path(model_dir) / "config.json")
+    conf = read_json(Path(model_dir) / "config.json")
     name = conf.get("dtype") or conf.get("torch_dtype")
     return name if name in ("float32", "bfloat16", "float16") else "auto"
 
@@ -71,7 +71,7 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
     ``eval_result.json`` the worker would have (per-block held-out losses included), so a resumed trial
     reads it instead of evaluating again."""
 
-    done = _read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
+    done = read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
     if done:
         return EvalResult.from_dict(done), done.get("heldout_loss")
     import torch

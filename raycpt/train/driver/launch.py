@@ -47,7 +47,7 @@ from raycpt.train.ckpt.manifest import read_manifest
 from raycpt.train.worker.metrics_log import METRICS_FILE
 from raycpt.train.driver.prepare import check_train_config, local_mode, prepare_plan, resolve_model_path
 from raycpt.train.driver.publish import drop_checkpoints, prune_checkpoints, publish_model, sweep_leftovers, verify_model_folder
-from raycpt.train.driver.result import (TrainResult, _read_json, _result_from_files, _start_pid, _tokens_per_s,
+from raycpt.train.driver.result import (TrainResult, read_json, result_from_files, start_pid, median_tokens_per_s,
                                  final_metrics, peak_of, per_step_trainable)
 from raycpt.train.driver.resume import check_resume_data, check_resume_settings, latest_checkpoint
 from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
@@ -129,7 +129,7 @@ def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=No
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
         why = verify_model_folder(run_dir / FINAL_MODEL)
         if why is None:
-            return _result_from_files(run_dir, state, read_step_records(run_dir / METRICS_FILE))
+            return result_from_files(run_dir, state, read_step_records(run_dir / METRICS_FILE))
         log.warning("warning: %s fails its manifest check (%s): publishing it again from the last verified checkpoint",
                     run_dir / FINAL_MODEL, why)
     prep = prep or _prepare(cfg, run_dir, resume, progress)  # every bad input fails here, before any record
@@ -262,7 +262,7 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
 
 def _check_status(run_dir: Path) -> None:
     """One line (RaycptError) when the workers stopped on a non-finite loss or gradient norm."""
-    status = _read_json(run_dir / STATUS_FILE)
+    status = read_json(run_dir / STATUS_FILE)
     if status.get("status") == "nonfinite":
         last = latest_checkpoint(run_dir)
         where = f"step {last[0]} at {last[1]}" if last else "none (no checkpoint was written before it)"
@@ -297,7 +297,7 @@ def _summarize(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared, ckpt_
     steps = [int(r["step"]) for r in records]
     losses = [float(r["loss"]) for r in records]
     times = [float(r["step_time_s"]) for r in records]
-    tok_s = _tokens_per_s(records)
+    tok_s = median_tokens_per_s(records)
     png = plot_loss_curve(steps, losses, run_dir / "loss_curve.png",
                           title=f"{cfg.name}: {plan.name} [{plan.layer_map()}]")
     wall = time.time() - t_start  # this invocation (a resumed run: from the resume on)
@@ -305,7 +305,7 @@ def _summarize(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared, ckpt_
                       wall_s=wall, trainable_params=prep.counts["trainable"], frozen_params=prep.counts["frozen"],
                       mlflow_run_id=run.run_id, plan=plan.to_dict(), last_checkpoint=ckpt_dir,
                       resumed_from_step=prep.resumed_step, step_times=times, peak_memory_mb=peak_of(records),
-                      trainable_per_step=per_step_trainable(plan, events), pid=_start_pid(events))
+                      trainable_per_step=per_step_trainable(plan, events), pid=start_pid(events))
     atomic_write_json(run_dir / "train_result.json", res.to_dict())  # the run folder first, then the store
     run.log_artifact(png)
     run.log_params({"final_model_dir": str(final_dir)})

@@ -17,7 +17,6 @@ import dataclasses
 from typing import Optional
 
 from raycpt.config import ExperimentConfig, PlanConfig
-from raycpt.errors import RaycptError
 from raycpt.evaluate import resolve_eval_tasks
 from raycpt.strategies import takes_split
 from raycpt.train.driver.prepare import prepare_plan, resolve_model_path

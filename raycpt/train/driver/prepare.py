@@ -9,7 +9,8 @@ from typing import Optional
 from raycpt.config import ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.models.adapters import inject_lora
-from raycpt.models.hybrid.expand import expand_groups, expanded_model_folder
+from raycpt.models.expansion import expand_groups
+from raycpt.models.hybrid.expand import expanded_model_folder
 from raycpt.models.sources import resolve_model_path as resolve
 from raycpt.models.stack import LayerStack, tied_embeddings
 from raycpt.runtime import cluster_address

@@ -17,10 +17,10 @@ from typing import Optional
 from raycpt.config import ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.models.shards import INDEX_FILE, read_shards, read_tensors, write_referencing_weights
-from raycpt.train.ckpt.manifest import (MODEL_DIR, _sha256, checkpoint_step, find_checkpoints, read_manifest,
+from raycpt.train.ckpt.manifest import (MODEL_DIR, checkpoint_step, find_checkpoints, read_manifest,
                                    verify_checkpoint, write_manifest)
 from raycpt.train.driver.prepare import local_mode
-from raycpt.io import run_root
+from raycpt.io import run_root, sha256_file
 from raycpt.models.shards import checked_shards, ensure_base_shards
 from raycpt.train.ckpt.checkpoint import weights_dtype
 
@@ -95,7 +95,7 @@ def publish_model(ckpt, dest, base_shards=None, link: bool = False) -> dict:
         for rel, meta in files.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             how.add(copy_file(ckpt / MODEL_DIR / rel, tmp / rel))
-            if _sha256(tmp / rel) != meta["sha256"]:
+            if sha256_file(tmp / rel) != meta["sha256"]:
                 raise RaycptError(f"publishing {ckpt}: the copy of {rel} differs from the checkpoint's")
             total += meta["size"]
         if base_shards is not None:

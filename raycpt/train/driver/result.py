@@ -61,7 +61,7 @@ def peak_of(records: list[dict]) -> Optional[float]:
     return max(peaks) if peaks else None
 
 
-def _start_pid(events: list[dict]) -> Optional[int]:
+def start_pid(events: list[dict]) -> Optional[int]:
     pids = [e["pid"] for e in events if e.get("event") in ("start", "resume") and e.get("pid") is not None]
     return int(pids[-1]) if pids else None
 
@@ -75,29 +75,29 @@ def per_step_trainable(plan, events: list[dict]) -> Optional[int]:
     return max(counts) if counts else None
 
 
-def _tokens_per_s(records: list[dict]) -> float:
+def median_tokens_per_s(records: list[dict]) -> float:
     if not records:
         return 0.0
     rates = sorted(float(r["tokens_per_s"]) for r in records)
     return rates[len(rates) // 2]  # median: robust to the first (warm-up) step
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _result_from_files(run_dir: Path, state: dict, records: Optional[list[dict]] = None) -> TrainResult:
+def result_from_files(run_dir: Path, state: dict, records: Optional[list[dict]] = None) -> TrainResult:
     """The saved result of a finished run (``--resume`` re-runs nothing). An older or hand-edited
     ``train_result.json`` that lacks what the step records (``records``, ``train_metrics.jsonl``) also hold - the
     losses, steps, step times, tokens/s - gets them from there; one that lacks what only it holds is one line."""
     path = Path(run_dir) / "train_result.json"
-    d, records = _read_json(path), list(records or [])
+    d, records = read_json(path), list(records or [])
     derived = {"losses": [float(r["loss"]) for r in records], "steps": [int(r["step"]) for r in records],
                "step_times": [float(r["step_time_s"]) for r in records if "step_time_s" in r],
-               "tokens_per_s": _tokens_per_s([r for r in records if "tokens_per_s" in r]) if records else None,
+               "tokens_per_s": median_tokens_per_s([r for r in records if "tokens_per_s" in r]) if records else None,
                "wall_s": state.get("wall_s")}
     d = {**{k: v for k, v in derived.items() if v is not None and (v != [] or k == "step_times")}, **d}
     missing = [k for k in ("final_model_dir", "losses", "steps", "tokens_per_s", "wall_s", "trainable_params",

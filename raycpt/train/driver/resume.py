@@ -11,7 +11,7 @@ from raycpt.config import ExperimentConfig
 from raycpt.errors import RaycptError
 from raycpt.runs import check_resume_config
 from raycpt.train.ckpt.manifest import STATE_JSON, find_checkpoints
-from raycpt.train.driver.result import _read_json
+from raycpt.train.driver.result import read_json
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def check_resume_data(ckpt: Path, store, replay=None) -> None:
     """One line when the checkpoint ``--resume`` would continue from was trained on another pack than ``store`` (the
     primary corpus) or ``replay`` (``data.replay.corpus``'s store, None without replay): the remaining steps would
     silently read other tokens. The line names the setting whose corpus changed."""
-    recorded = _read_json(Path(ckpt) / STATE_JSON).get("data")
+    recorded = read_json(Path(ckpt) / STATE_JSON).get("data")
     for setting, st, prefix in (("data.corpus", store, ""), ("data.replay.corpus", replay, "replay_")):
         why = resume_data_mismatch(recorded, st, prefix) if st is not None else None
         if why is not None:

@@ -14,8 +14,8 @@ from raycpt.io import atomic_write_json
 from raycpt.models.adapters import merge_lora_
 from raycpt.train.ckpt.checkpoint import model_state, weights_dtype
 from raycpt.train.worker.loss import chunked_block_losses, chunked_supported
-from raycpt.train.worker.session import _Session
-from raycpt.train.worker.state import _Worker
+from raycpt.train.worker.session import SessionBase
+from raycpt.train.worker.state import WorkerState
 
 EVAL_RESULT_FILE = "eval_result.json"
 
@@ -47,7 +47,7 @@ def cast_weights(model, dtype):
     return model
 
 
-def eval_model(w: _Worker) -> tuple[Any, Optional[_Session]]:
+def eval_model(w: WorkerState) -> tuple[Any, Optional[SessionBase]]:
     """The model in-worker evaluation scores, and the session that shards its questions.
 
     One dtype for both evaluation paths: the trained weights in the dtype the checkpoint stores them in
@@ -74,7 +74,7 @@ def eval_model(w: _Worker) -> tuple[Any, Optional[_Session]]:
 
 
 
-def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Optional[_Session] = None
+def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Optional[SessionBase] = None
                        ) -> Optional[Path]:
     """Evaluate the trained model where it already is (this worker's device and threads), with the
     eval bridge, and write ``<out_dir>/eval_result.json`` (``EvalResult.to_dict()``, the flat ``metrics``,

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from raycpt.train.worker.loop import run_loop
-from raycpt.train.worker.session import LocalSession, _Collectives, newest_checkpoint
+from raycpt.train.worker.session import LocalSession, Collectives, newest_checkpoint
 
 
-class GlooSession(_Collectives, LocalSession):
+class GlooSession(Collectives, LocalSession):
     """One rank of a local process group (see the module docstring)."""
 
     def __init__(self, blocks: np.ndarray, checkpoint_root: Optional[Path] = None):

@@ -6,10 +6,10 @@ from raycpt.errors import RaycptError
 from raycpt.models.stack import LayerStack
 from raycpt.strategies import apply_plan, lisa_interval_index, param_groups
 from raycpt.train.worker.steps import trainable_params
-from raycpt.train.worker.state import _Worker
+from raycpt.train.worker.state import WorkerState
 
 
-def lisa_switch(w: _Worker, step: int) -> bool:
+def lisa_switch(w: WorkerState, step: int) -> bool:
     """LISA: when ``step`` opens a new interval, train that interval's draw (:meth:`LayerPlan.at_step`) and
     reset the AdamW state of every decoder layer, keeping that of the embeddings, final norm and head (LMFlow's
     ``LISATrainer`` builds a new optimizer per interval and copies the state of its non-layer groups only). The

@@ -76,7 +76,7 @@ from raycpt.train.worker.steps import (FrozenPrefix, clip_and_norm, forward_back
                                 seed_everything, trainable_params)
 from raycpt.train.worker.peakmem import StepPeak
 from raycpt.train.worker.throughput import device_name, flops_per_token, peak_flops, throughput_metrics
-from raycpt.train.worker.state import _Worker
+from raycpt.train.worker.state import WorkerState
 from raycpt.train.worker.evaluation import EvalRequest, eval_model, evaluate_in_worker
 
 REPLAY_KEYS = ("replay_store_build", "replay_store_key", "replay_store_identity")
@@ -137,7 +137,7 @@ def run_loop(config: dict, session: Session) -> dict:
             "counts": w.counts, "tokens_per_step": _tokens_per_step(w)}
 
 
-def _evaluate(w: _Worker, state: LoopState, req: EvalRequest) -> None:
+def _evaluate(w: WorkerState, state: LoopState, req: EvalRequest) -> None:
     """In-worker evaluation of the final weights (:func:`evaluate_in_worker`) on this worker's own device."""
     model, session = eval_model(w)
     if model is None:
@@ -151,7 +151,7 @@ def _evaluate(w: _Worker, state: LoopState, req: EvalRequest) -> None:
                         "seconds": time.perf_counter() - t_eval})
 
 
-def _setup(config: dict, session: Session) -> _Worker:
+def _setup(config: dict, session: Session) -> WorkerState:
     """The config rebuilt, this rank's device and torch threads, the seed, rank 0's logger."""
     cfg = config_from_dict(config["cfg"])
     tcfg = cfg.train
@@ -162,13 +162,13 @@ def _setup(config: dict, session: Session) -> _Worker:
         torch.set_num_threads(int(config.get("torch_threads") or max(1, (os.cpu_count() or 1) // max(1, session.local_world_size))))
     seed_everything(tcfg.seed)
     logger = MetricsLogger(run_dir, config.get("mlflow")) if rank == 0 else None
-    return _Worker(config=config, session=session, cfg=cfg, rank=rank, world=world, run_dir=run_dir, device=device,
+    return WorkerState(config=config, session=session, cfg=cfg, rank=rank, world=world, run_dir=run_dir, device=device,
                    plan=LayerPlan.from_dict(config["plan"]), fsdp=uses_fsdp(tcfg.distributed, world),
                    logger=logger, faults=FaultHooks(config.get("faults"), rank, run_dir),
                    callbacks=list(config.get("callbacks") or []))
 
 
-def _load_model(w: _Worker) -> None:
+def _load_model(w: WorkerState) -> None:
     """The model (from the checkpoint this run resumes, else ``model_path``), the plan applied, the
     frozen prefix, the wrapper, optimizer and scheduler; a checkpoint's state restored."""
     config, session, tcfg = w.config, w.session, w.cfg.train
@@ -212,13 +212,13 @@ def _load_model(w: _Worker) -> None:
 
 
 
-def _verify(w: _Worker, rows: list, when: str) -> None:
+def _verify(w: WorkerState, rows: list, when: str) -> None:
     """Rank 0 logs a freeze check's per-part table to MLflow (the check itself raised on a mismatch)."""
     if w.rank == 0 and w.logger is not None:
         w.logger.text(verify.table_text(rows, when.replace("_", " ")), f"freeze_check/{when}.txt")
 
 
-def _restore(w: _Worker, state: dict) -> None:
+def _restore(w: WorkerState, state: dict) -> None:
     """Optimizer, scheduler, this rank's RNG states, the step and the loss history of a checkpoint. A final
     checkpoint (no optimizer state) resumes only to evaluate and publish: training on from it is refused."""
     if state["optimizer"] is None:
@@ -235,12 +235,12 @@ def _restore(w: _Worker, state: dict) -> None:
     w.history = list(state.get("losses", []))
 
 
-def _tokens_per_step(w: _Worker) -> int:
+def _tokens_per_step(w: WorkerState) -> int:
     t = w.cfg.train
     return w.world * t.grad_accum * t.micro_batch_size * w.cfg.data.seq_len
 
 
-def _data(w: _Worker) -> Iterator[tuple[int, torch.Tensor]]:
+def _data(w: WorkerState) -> Iterator[tuple[int, torch.Tensor]]:
     """This rank's micro-batches, after the ones the steps before ``start_step`` consumed."""
     config, session, tcfg = w.config, w.session, w.cfg.train
     ga, mbs, start_step = tcfg.grad_accum, tcfg.micro_batch_size, w.start_step
@@ -249,7 +249,7 @@ def _data(w: _Worker) -> Iterator[tuple[int, torch.Tensor]]:
                          replay=replay)
 
 
-def _start(w: _Worker) -> LoopState:
+def _start(w: WorkerState) -> LoopState:
     """The callbacks' view of the loop; rank 0 logs the plan and a start/resume event; callbacks start."""
     state = LoopState(step=w.start_step, max_steps=w.cfg.train.max_steps, model=w.model, wrapped=w.wrapped,
                       plan=w.plan, rank=w.rank, world_size=w.world, device=w.device, cfg=w.cfg, run_dir=w.run_dir,
@@ -267,7 +267,7 @@ def _start(w: _Worker) -> LoopState:
     return state
 
 
-def _train(w: _Worker, data, state: LoopState) -> dict:
+def _train(w: WorkerState, data, state: LoopState) -> dict:
     """Steps ``start_step + 1 .. max_steps``; a checkpoint every ``checkpoint_every`` and at the end.
     Returns the status: ``finished``, or ``nonfinite`` (loss or gradient norm) at the step it stopped."""
     tcfg = w.cfg.train
@@ -302,7 +302,7 @@ def _train(w: _Worker, data, state: LoopState) -> dict:
     return {"status": "finished"}
 
 
-def _step(w: _Worker, data, step: int) -> dict:
+def _step(w: WorkerState, data, step: int) -> dict:
     """One optimizer step over ``grad_accum`` micro-batches: its metrics, or ``{"status": "nonfinite",
     "what", "value"}`` (gradients dropped, no update) when the mean loss or the gradient norm is not finite."""
     tcfg, optimizer, scheduler, device = w.cfg.train, w.optimizer, w.scheduler, w.device
@@ -349,7 +349,7 @@ def _step(w: _Worker, data, step: int) -> dict:
             **throughput_metrics(_tokens_per_step(w), w.world, dt, w.flops_per_token, w.peak_flops)}
 
 
-def _after_step(w: _Worker, state: LoopState, step: int, metrics: dict) -> None:
+def _after_step(w: WorkerState, state: LoopState, step: int, metrics: dict) -> None:
     """Callbacks due at this step (their extra metrics join ``metrics``), then rank 0 logs."""
     for cb in w.callbacks:
         if cb.every and step % cb.every == 0:
@@ -362,7 +362,7 @@ def _after_step(w: _Worker, state: LoopState, step: int, metrics: dict) -> None:
             w.logger.log(metrics, step)
 
 
-def _finish(w: _Worker, state: LoopState, status: dict) -> None:
+def _finish(w: WorkerState, state: LoopState, status: dict) -> None:
     """Hooks off, callbacks end, rank 0 writes ``train_status.json`` and the end event; all ranks meet."""
     w.prefix.remove()
     for cb in w.callbacks:

@@ -21,7 +21,6 @@ FSDP needs at least two workers (one worker has nothing to shard: :func:`check_p
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
@@ -82,12 +81,6 @@ def wrap_model(model, device: torch.device, distributed: str, world_size: int, b
     if world_size < 2:
         return model.to(device)
     return wrap_ddp(model, device)
-
-
-def is_fsdp(module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

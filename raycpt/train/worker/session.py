@@ -2,8 +2,8 @@
 
 :class:`Session` is the protocol :func:`raycpt.train.worker.loop.run_loop` needs. The sessions: :class:`RaySession`
 (a Ray Train worker), :class:`InProcessSession` (Train V2's local mode), :class:`LocalSession` (a plain
-process, no Ray) and :class:`raycpt.train.worker.gloo.GlooSession`; they share the defaults of :class:`_Session`
-and the torch.distributed collectives of :class:`_Collectives`.
+process, no Ray) and :class:`raycpt.train.worker.gloo.GlooSession`; they share the defaults of :class:`SessionBase`
+and the torch.distributed collectives of :class:`Collectives`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from raycpt.train.worker.parallel import wrap_model
 
 
 class Session(Protocol):
-    """What the loop asks of a session (:class:`_Session` gives the defaults of the one-process ones)."""
+    """What the loop asks of a session (:class:`SessionBase` gives the defaults of the one-process ones)."""
 
     rank: int
     world_size: int
@@ -50,7 +50,7 @@ class Session(Protocol):
     def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor: ...
 
 
-class _Session:
+class SessionBase:
     rank = 0
     world_size = 1
     local_world_size = 1
@@ -93,7 +93,7 @@ def newest_checkpoint(ray_dir: Optional[str], checkpoint_root: Optional[str], re
     return max(cands, key=lambda c: c[0])[1] if cands else None
 
 
-class _Collectives:
+class Collectives:
     """torch.distributed collectives over the default process group (a no-op with one process)."""
 
     world_size = 1
@@ -125,7 +125,7 @@ class _Collectives:
         return t / self.world_size
 
 
-class RaySession(_Collectives, _Session):
+class RaySession(Collectives, SessionBase):
     """Inside a Ray Train worker."""
 
     def __init__(self):
@@ -189,7 +189,7 @@ def store_blocks(config: dict, key: str = "store") -> PackedBlocks:
     return PackedBlocks(store.path, store.manifest)
 
 
-class InProcessSession(_Session):
+class InProcessSession(SessionBase):
     """One worker in the process that calls ``TorchTrainer.fit()``: Train V2's local mode
     (``ScalingConfig(num_workers=0)``, :func:`raycpt.train.driver.prepare.local_mode`). World size 1, the CPU; Ray keeps
     no checkpoint there (and its ``ray.train`` calls refuse to run inside a Tune trial), so this session writes
@@ -231,7 +231,7 @@ class InProcessSession(_Session):
         return self.batches(config, "replay_store")
 
 
-class LocalSession(_Session):
+class LocalSession(SessionBase):
     """The same loop in a plain process (no Ray): blocks from a numpy array, checkpoints in a folder."""
 
     def __init__(self, blocks: np.ndarray, checkpoint_root: Optional[Path] = None,

@@ -1,4 +1,4 @@
-"""What the steps of the training loop share on one rank (:class:`_Worker`)."""
+"""What the steps of the training loop share on one rank (:class:`WorkerState`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from raycpt.train.worker.steps import FrozenPrefix
 
 
 @dataclass
-class _Worker:
+class WorkerState:
     """Everything the steps of :func:`run_loop` share on one rank."""
 
     config: dict

@@ -3,8 +3,8 @@ gains, every delta with its 95% interval (the numbers come computed: :mod:`raycp
 
 from __future__ import annotations
 
-from raycpt.report.sweep.views.format import (CATEGORY_LABEL, MODE_LETTER, _fmt_p, _fmt_s, _fmt_value, _loss_columns,
-                                        _row_categories, fmt_delta, table_modes)
+from raycpt.report.sweep.views.format import (CATEGORY_LABEL, MODE_LETTER, fmt_p, fmt_s, fmt_value, loss_columns,
+                                        row_categories, fmt_delta, table_modes)
 from raycpt.report.sweep.seeds import STRATEGY, checkpoint_line
 from raycpt.report.sweep.cells import largest_s_b
 from raycpt.report.verdict import HELDOUT
@@ -21,11 +21,11 @@ def table_markdown(task: str, rows: list[dict], continuous: bool = False) -> str
     95% half-width over seeds when a cell has several; the loss columns and the held-out Δ at the end.
     ``continuous``: the same table of the continuous scores (``cloze.prob``, ...: :data:`raycpt.tasks.CONTINUOUS`)
     instead of the accuracies, without the loss columns."""
-    cats = _row_categories(rows)
+    cats = row_categories(rows)
     modes = [m for m in table_modes(rows) if is_continuous(m) == continuous]
     if not modes:
         return ""
-    losses = [] if continuous else _loss_columns(rows)
+    losses = [] if continuous else loss_columns(rows)
     held = not continuous and any(r.get("heldout_delta") and r["heldout_delta"].get("delta") is not None
                                   for r in rows)
     head = ("| model | seeds | " + " | ".join(CATEGORY_LABEL.get(c, c) for c in cats) + " |"
@@ -40,12 +40,12 @@ def table_markdown(task: str, rows: list[dict], continuous: bool = False) -> str
         for c in cats:
             xs = [r["cells"].get(c, {}).get(m) for m in modes]
             xs = [x for x in xs if x is not None]
-            txt = " / ".join(_fmt_value(x) for x in xs)
+            txt = " / ".join(fmt_value(x) for x in xs)
             deltas = [x for x in xs if x.get("delta") is not None]
             if deltas:
                 txt += " (" + " / ".join(fmt_delta(x) for x in deltas) + ")"
             cells.append(txt or "-")
-        cells += [_fmt_s(r.get(key)) for key, _ in losses]
+        cells += [fmt_s(r.get(key)) for key, _ in losses]
         if held:
             cells.append(fmt_delta(r.get("heldout_delta"), 3, lower_is_better=True))
         lines.append(f"| {r['name']} | {len(r.get('seeds') or [None])} | " + " | ".join(cells) + " |")
@@ -85,7 +85,7 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
         return {"delta": g.get(key), "lo": g.get(f"{key}_lo"), "hi": g.get(f"{key}_hi"), "sign": g.get(f"{key}_sign")}
 
     for g in gains:
-        s_b = _fmt_s(g["S_b"]) + (f" [{g['S_b_lo']:.3f}, {g['S_b_hi']:.3f}]" if g.get("S_b_lo") is not None else "")
+        s_b = fmt_s(g["S_b"]) + (f" [{g['S_b_lo']:.3f}, {g['S_b_hi']:.3f}]" if g.get("S_b_lo") is not None else "")
         sf = " / ".join(fmt_delta(pick(g, f"shallow_vs_full_{m}")) for m in modes)
         sd = " / ".join(fmt_delta(pick(g, f"shallow_vs_deep_{m}")) for m in modes)
         lines.append(f"| {g['split']:g} | {'-' if g['b'] is None else g['b']} | {s_b} | {sf} | {sd} | "
@@ -111,7 +111,7 @@ def verdict_markdown(summary: dict) -> list[str]:
             if c["task"] == HELDOUT and c["sign"]:
                 word = "▲ lower loss (better)" if c["sign"] < 0 else "▼ higher loss (worse)"
             pa = "-" if c.get("p_adj") is None else f"{c['p_adj']:.3g}"
-            md.append(f"- {c['a']}: Δ {c['delta']:+.3f}, p = {_fmt_p(c.get('p'))}, adjusted p = {pa}: {word}")
+            md.append(f"- {c['a']}: Δ {c['delta']:+.3f}, p = {fmt_p(c.get('p'))}, adjusted p = {pa}: {word}")
     else:
         md.append(f"Primary comparison: {v.get('primary') or 'none declared'} - not evaluated in this sweep; "
                   "every comparison is in one Holm family.")
@@ -119,11 +119,11 @@ def verdict_markdown(summary: dict) -> list[str]:
     if b:
         of = "" if b.get("claim") == STRATEGY else " (this run of each plan)"
         md.append(f"Best on {b['metric']}{of}: **{b['best']}** (beats every other row, Bonferroni over {b['pairs']} "
-                  f"pairs, largest p = {_fmt_p(b['p'])})" if b["best"] else
+                  f"pairs, largest p = {fmt_p(b['p'])})" if b["best"] else
                   f"Best on {b['metric']}{of}: no clear best - the top row {b['top']} does not beat the runner-up "
                   f"{b['runner_up']} (or another row) at {v.get('alpha', 0.05):g} / {b['pairs']} pairs "
-                  f"(largest pairwise p = {_fmt_p(b['p'])})")
-    md += _split_words(summary)
+                  f"(largest pairwise p = {fmt_p(b['p'])})")
+    md += split_words(summary)
     for task, gains in (summary.get("split_gains") or {}).items():
         md += [f"Shallow vs deep ({task}), r = {g['split']:g}: {g['deep_missing']}." for g in gains
                if g.get("deep_missing")]
@@ -145,7 +145,7 @@ def not_general(summary: dict) -> bool:
     return bool(general) and not probe and not any(t in summary.get("tables", {}) for t in general)
 
 
-def _split_words(summary: dict) -> list[str]:
+def split_words(summary: dict) -> list[str]:
     """The split S(b) favours among the sweep's splits, and the ones the trace cannot tell from it."""
     largest = largest_s_b(summary)
     if largest is None:
@@ -159,7 +159,7 @@ def _split_words(summary: dict) -> list[str]:
     return [f"Largest S(b) among the sweep's splits: r = {top:g}; {tail} (one-sided 95% bound over prompts)."]
 
 
-def _oriented_mark(cell: dict, metric: dict) -> dict:
+def oriented_mark(cell: dict, metric: dict) -> dict:
     """The cell with its mark as better (▲) / worse (▼) than base: the family decides on row - base, so a loss
     (lower is better) flips."""
     if not cell.get("sign"):
@@ -184,7 +184,7 @@ def base_markdown(summary: dict) -> str:
         cells = []
         for m, c in zip(metrics, r["cells"]):
             shown = {"delta": c.get("shown"), "lo": c.get("shown_lo"), "hi": c.get("shown_hi"),
-                     "sign": _oriented_mark(c, m).get("sign")}
+                     "sign": oriented_mark(c, m).get("sign")}
             cells.append(fmt_delta(shown, 3 if m["mode"] is None else 2))
         star = " ★" if r["name"] in front else ""
         lines.append(f"| {r['name']}{star} | " + " | ".join(cells) + " |")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from raycpt.report.sweep.views.format import MODE_LETTER, _fmt, _fmt_s, _mark, _row_categories
-from raycpt.report.sweep.views.markdown import NO_GENERAL, _oriented_mark, not_general, verdict_markdown
-from raycpt.report.sweep.cells import _modes, budget_count, trials_heldout_deltas
+from raycpt.report.sweep.views.format import MODE_LETTER, fmt, fmt_s, mark_of, row_categories
+from raycpt.report.sweep.views.markdown import NO_GENERAL, oriented_mark, not_general, verdict_markdown
+from raycpt.report.sweep.cells import ordered_modes, budget_count, trials_heldout_deltas
 from raycpt.tasks import is_continuous
 
 SHORT_LABEL = {"stem": "STEM", "social_science": "Soc.Sci.", "humanities": "Human.", "other": "Other",
@@ -29,7 +29,7 @@ def rich_table(task: str, rows: list[dict], mode: str):
     from rich import box
     from rich.table import Table
 
-    cats = [c for c in _row_categories(rows) if c != "overall" and any(mode in r["cells"].get(c, {}) for r in rows)]
+    cats = [c for c in row_categories(rows) if c != "overall" and any(mode in r["cells"].get(c, {}) for r in rows)]
     what = f"{mode} score" if is_continuous(mode) else f"{mode} mode: accuracy (%)"
     table = Table(title=f"{task}, {what}, Δ vs full below (▲▼: after multiplicity control)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
@@ -43,11 +43,11 @@ def rich_table(task: str, rows: list[dict], mode: str):
             if x is None:
                 cells.append("-")
                 continue
-            txt = _fmt(x["value"]) + ("*" if x["best"] else " ")
+            txt = fmt(x["value"]) + ("*" if x["best"] else " ")
             txt = f"[bold]{txt}[/bold]" if x["best"] else txt
             if x["delta"] is not None:
                 col = _colour(x.get("sign"))
-                txt += f"\n[{col}]{_fmt(x['delta'], sign=True)}{_mark(x.get('sign')) or '  '}[/{col}]"
+                txt += f"\n[{col}]{fmt(x['delta'], sign=True)}{mark_of(x.get('sign')) or '  '}[/{col}]"
             cells.append(txt)
         table.add_row(r["name"], *cells)
     return table
@@ -70,7 +70,7 @@ def rich_trials_table(trials: list[dict], baseline: str = "full"):
     for t, (d, sign) in zip(trials, trials_heldout_deltas(trials, baseline)):
         h = t.get("heldout_loss")
         colour = "dim" if d is None else _colour(sign, lower_is_better=True)
-        table.add_row(t["name"], _trainable_cell(t), _fmt_s(t.get("final_loss")), _fmt_s(h),
+        table.add_row(t["name"], _trainable_cell(t), fmt_s(t.get("final_loss")), fmt_s(h),
                       "-" if d is None else f"[{colour}]{d:+.3f}[/{colour}]",
                       "-" if not t.get("tokens_per_s") else f"{t['tokens_per_s']:,.0f}",
                       "-" if t.get("peak_memory_mb") is None else f"{t['peak_memory_mb']:,.0f}",
@@ -103,7 +103,7 @@ def _two_lines(g: dict, key: str, digits: int = 2, lower_is_better: bool = False
         return "-"
     sign = g.get(f"{key}_sign")
     col = _colour(sign, lower_is_better)
-    txt = f"[{col}]{v:+.{digits}f}{_mark(sign, lower_is_better)}[/{col}]"
+    txt = f"[{col}]{v:+.{digits}f}{mark_of(sign, lower_is_better)}[/{col}]"
     if g.get(f"{key}_lo") is not None:
         txt += f"\n[{g[f'{key}_lo']:+.{digits - 1}f},{g[f'{key}_hi']:+.{digits - 1}f}]"
     return txt
@@ -127,7 +127,7 @@ def rich_gains_table(task: str, gains: list[dict]):
     for col in ["split", "b", "S(b)", "vs", "mode", "Δ avg"] + (["Δ loss"] if held else []):
         table.add_column(col, justify="right", no_wrap=True)
     for g in gains:
-        s_txt = _fmt_s(g["S_b"])
+        s_txt = fmt_s(g["S_b"])
         if g.get("S_b_lo") is not None:
             s_txt += f"\n[{g['S_b_lo']:.2f},{g['S_b_hi']:.2f}]"
         first = True
@@ -159,7 +159,7 @@ def rich_domain_general(entries: list[dict]) -> list:
     for col in ["trial", "mode"] + [f"domain {t}" for t in d_tasks] + [f"general {t}" for t in g_tasks] + ["Δ loss"]:
         table.add_column(col, justify="left" if col in ("trial", "mode") else "right", no_wrap=True)
     for e in entries:
-        modes = _modes({i["mode"] for role in ("domain", "general") for i in e[role]})
+        modes = ordered_modes({i["mode"] for role in ("domain", "general") for i in e[role]})
         for k, m in enumerate(modes):
             cells = [e["name"] if k == 0 else "", MODE_LETTER.get(m, m)]
             for role, tasks in (("domain", d_tasks), ("general", g_tasks)):
@@ -202,6 +202,6 @@ def rich_base_table(summary: dict) -> list:
         for m, c in zip(metrics, r["cells"]):
             digits = 3 if m["mode"] is None else 2
             cells.append(_two_lines({"x": c.get("shown"), "x_lo": c.get("shown_lo"), "x_hi": c.get("shown_hi"),
-                                     "x_sign": _oriented_mark(c, m).get("sign")}, "x", digits))
+                                     "x_sign": oriented_mark(c, m).get("sign")}, "x", digits))
         table.add_row(r["name"] + (" ★" if r["name"] in front else ""), *cells)
     return [table]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from raycpt.report.sweep.views.format import _fmt_p, _mark
-from raycpt.report.sweep.views.markdown import _oriented_mark, _split_words
+from raycpt.report.sweep.views.format import fmt_p, mark_of
+from raycpt.report.sweep.views.markdown import oriented_mark, split_words
 from raycpt.report.sweep.seeds import CHECKPOINT, FLOOR_HINT, SEEDS_HINT
 from raycpt.report.verdict import HELDOUT
 
@@ -35,16 +35,16 @@ def compact_verdict(summary: dict) -> list[str]:
         lines.append(f"Primary comparison: {v.get('primary') or 'none declared'} - not evaluated in this sweep.")
     b = v.get("best")
     if b:
-        lines.append(f"Best on {b['metric']}: {b['best']} (beats every row, largest p = {_fmt_p(b['p'])} of "
+        lines.append(f"Best on {b['metric']}: {b['best']} (beats every row, largest p = {fmt_p(b['p'])} of "
                      f"{b['pairs']} pairs)" if b["best"] else
-                     f"Best on {b['metric']}: none clear (top {b['top']} vs {b['runner_up']}: p = {_fmt_p(b['p'])})")
+                     f"Best on {b['metric']}: none clear (top {b['top']} vs {b['runner_up']}: p = {fmt_p(b['p'])})")
     base = summary.get("base") or {}
     if base.get("axes"):
         lines.append(f"Gain vs forgetting against base (summary/tradeoff.png): Pareto front "
                      f"{', '.join(base['pareto']) or '-'}.")
     elif base.get("rows") is not None and not base.get("rows"):
         lines.append("No base row (sweep.include_base=false): gain and forgetting are not measured.")
-    lines += _split_words(summary)[:1]
+    lines += split_words(summary)[:1]
     return lines
 
 
@@ -57,7 +57,7 @@ def _pm(cell: Optional[dict], digits: int, lower_is_better: bool = False) -> str
     lo, hi = cell.get("shown_lo", cell.get("lo")), cell.get("shown_hi", cell.get("hi"))
     if lo is not None:
         txt += "±" + f"{(hi - lo) / 2:.{digits}f}".lstrip("0")
-    return txt + _mark(cell.get("sign"), lower_is_better).strip()
+    return txt + mark_of(cell.get("sign"), lower_is_better).strip()
 
 
 def _axis_columns(base: dict) -> list[int]:
@@ -116,6 +116,6 @@ def compact_table(summary: dict):
             row = by_row.get(r["name"]) or {"cells": [{}] * len(metrics)}
             for i in cols:
                 c = row["cells"][i] if i < len(row["cells"]) else {}
-                cells.append(_pm(_oriented_mark(c, metrics[i]), 3 if metrics[i]["mode"] is None else 2))
+                cells.append(_pm(oriented_mark(c, metrics[i]), 3 if metrics[i]["mode"] is None else 2))
         table.add_row(r["name"], *cells)
     return table

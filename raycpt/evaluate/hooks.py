@@ -1,4 +1,4 @@
-"""Python hooks referenced by the task YAMLs (``!function raycpt.tasks.utils.NAME``).
+"""Python hooks referenced by the task YAMLs (``!function raycpt.evaluate.hooks.NAME``).
 
 Imported by module name, not by file path, so the YAMLs work wherever raycpt is installed
 (site-packages, an editable checkout, a ``ray job submit`` working-dir copy).
