@@ -40,9 +40,9 @@ from typing import Any, Optional, Sequence
 from urllib.parse import urlparse
 
 from raycpt.config import EvalConfig
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, json_record
 from raycpt.evaluate.answers import LETTERS, extract_choice  # noqa: F401 - extract_choice re-exported
-from raycpt.evaluate.questions import json_record, read_questions
+from raycpt.evaluate.questions import read_questions
 from raycpt.evaluate.lm_tasks import load_lm_tasks, task_manager
 from raycpt.evaluate.results import (EvalResult, question_key, records_generate, records_logit, category_means,
                                      category_scores)

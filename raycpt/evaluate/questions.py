@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Sequence
 
-from raycpt.errors import RaycptError, read_user_text
+from raycpt.errors import RaycptError, json_record, read_user_text
 from raycpt.evaluate.answers import LETTERS
 from raycpt.evaluate.registry import register_reader
 from raycpt.tasks import CATEGORIES
 
 QUESTION_FIELDS = ("question", "A", "B", "C", "D", "answer", "category")
 
-
-def json_record(line: str, where: str, fields: Sequence[str]) -> dict:
-    """One JSONL line as an object holding ``fields``; one line naming ``where`` otherwise."""
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise RaycptError(f"{where} is not JSON ({e.msg})") from None
-    if not isinstance(rec, dict):
-        raise RaycptError(f"{where} is not a JSON object")
-    missing = [k for k in fields if k not in rec]
-    if missing:
-        raise RaycptError(f"{where} lacks {', '.join(missing)} (each line needs {', '.join(fields)})")
-    return rec
 
 
 @register_reader("questions")

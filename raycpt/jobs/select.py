@@ -28,7 +28,7 @@ from raycpt.jobs.job import Options, RunSpec, Steps
 from raycpt.jobs.trace import prepare_trace, run_trace
 from raycpt.models.sources import load_model
 from raycpt.models.stack import LayerStack
-from raycpt.report.progress import count_progress
+from raycpt.progress import progress_bar
 from raycpt.report.select import scores_csv, scores_plot
 
 BATCH = 4  # corpus blocks per forward of bi
@@ -124,7 +124,7 @@ def scores_of(prep: _Prepared, run, progress: bool = True) -> tuple[np.ndarray, 
     one-line note of what they were computed on."""
     inputs, note = selector_inputs(prep, run, progress)
     total = len(inputs.blocks) if inputs.blocks is not None else 0
-    with count_progress(f"select {prep.cfg.select.method}", total, progress and total > 0, unit="blocks") as advance:
+    with progress_bar(f"select {prep.cfg.select.method}", total, progress and total > 0, unit="blocks") as advance:
         return select_scores(prep.cfg.select.method, dataclasses.replace(inputs, advance=advance)), note
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from raycpt.errors import RaycptError
-from raycpt.io import sha256_file
+from raycpt.io import copy_chunks, sha256_file
 from raycpt.models.buffers import restore_buffers
 from raycpt.models.model_cache import (SOURCE_JSON, ModelInfo, clean_stale_work_dirs, describe_folder,
                                        describe_in_place, info_from_meta, publish, read_meta, 
@@ -215,12 +215,7 @@ def _gather_gguf(parsed: Ref, src: Path, ui: PullProgress) -> tuple[Path, list[d
         with open(gguf, "wb") as out:
             for p in pieces:
                 with open(p, "rb") as f:
-                    while True:
-                        b = f.read(1 << 22)
-                        if not b:
-                            break
-                        out.write(b)
-                        ui.advance(len(b))
+                    copy_chunks(f, out, lambda b: ui.advance(len(b)))
                 if p.parent == src:
                     p.unlink()
     with open(gguf, "rb") as f:

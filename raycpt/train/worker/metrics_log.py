@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from raycpt.tracking import (append_record, clean_metrics, mark_lost, project, read_records, tracking_lost,
-                             unreachable)
+from raycpt.tracking import append_record, call_unless_lost, clean_metrics, project, read_records
 from raycpt.train.worker.background import BackgroundCalls
 from raycpt.train.ckpt.checkpoint import json_safe
 from raycpt.train.worker.sysmetrics import StepSystemMetrics
@@ -41,18 +40,9 @@ class MetricsLogger:
             self.client = MlflowClient(tracking_uri=self.uri)
 
     def _guarded(self, fn, step: Optional[int], *args, **kwargs):
-        """``fn(...)`` unless the tracking server was found gone; the first call that finds it gone (it does not
-        answer) records that with the step whose record did not arrive (``tracking_lost.json`` in the run folder,
-        :func:`raycpt.tracking.mark_lost`): later calls are skipped, training goes on, the driver says so."""
-        if tracking_lost():
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - only a server that does not answer is swallowed
-            if not unreachable(e):
-                raise
-            mark_lost(self.uri, step, str(e), self.path.parent if self.path is not None else None)
-            return None
+        """``fn(...)`` unless the tracking server was found gone (:func:`raycpt.tracking.call_unless_lost`: the
+        first call that finds it gone records that with this step in the run folder; training goes on)."""
+        return call_unless_lost(fn, args, kwargs, self.uri, step, self.path.parent if self.path is not None else None)
 
     def _record(self, rec: dict, step: Optional[int] = None, wait: bool = False) -> None:
         """One record into the run's folder, then (queued, or at once with ``wait``) into its MLflow run."""
