@@ -27,6 +27,7 @@ Run: ``python benchmarks/bench_fsdp.py [--smoke] [--seq 256] [--batch 2] [--step
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -73,7 +74,7 @@ def run_jobs(rank: int, world: int, jobs: list[dict], out_dir: str) -> None:
 
     for i, job in enumerate(jobs):
         peak = PeakAfterStep()
-        config = {**job["config"], "callbacks": [peak]}
+        config = dataclasses.replace(job["spec"], callbacks=(peak,))
         session = GlooSession(np.load(job["blocks"]), Path(job["checkpoint_root"]))
         base = _rss_kb("VmRSS")
         _reset_peak()
@@ -98,8 +99,9 @@ def _model(root: Path, shape: dict) -> Path:
 
 
 def _jobs(root: Path, model: Path, args) -> list[dict]:
-    from raycpt.config import config_to_dict, load_config
+    from raycpt.config import load_config
     from raycpt.strategies import build_plan
+    from raycpt.train.worker.spec import WorkerSpec
 
     jobs = []
     for dist in ("ddp", "fsdp"):
@@ -112,8 +114,8 @@ def _jobs(root: Path, model: Path, args) -> list[dict]:
             p = build_plan(cfg.plan, cfg_layers(model), tied_embeddings=True)
             name = f"{dist}-{key}"
             jobs.append({"name": name, "dist": dist, "plan": key, "cfg": cfg, "plan_obj": p,
-                         "config": {"cfg": config_to_dict(cfg), "model_path": str(model), "plan": p.to_dict(),
-                                    "run_dir": str(root / name), "torch_threads": args.threads},
+                         "spec": WorkerSpec(cfg=cfg, model_path=str(model), plan=p, run_dir=str(root / name),
+                                            torch_threads=args.threads),
                          "blocks": str(root / "blocks.npy"), "checkpoint_root": str(root / name / "ckpts")})
     return jobs
 
@@ -155,7 +157,7 @@ def main() -> None:
         n_blocks = 2 * args.batch * (args.steps + 1)
         np.save(root / "blocks.npy", np.random.default_rng(0).integers(4, vocab, size=(n_blocks, args.seq)).astype(np.int32))
         jobs = _jobs(root, model, args)
-        plain = [{k: j[k] for k in ("name", "config", "blocks", "checkpoint_root")} for j in jobs]
+        plain = [{k: j[k] for k in ("name", "spec", "blocks", "checkpoint_root")} for j in jobs]
         warmup = {**plain[-1], "name": "warmup", "checkpoint_root": str(root / "warmup")}
         os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
         spawn(run_jobs, 2, [warmup] + plain, tmp)

@@ -8,6 +8,7 @@ stay ordinary exceptions so they keep their traceback.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
@@ -39,8 +40,6 @@ class ConfigError(RaycptError):
 
 def json_record(line: str, where: str, fields) -> dict:
     """One JSONL line as an object holding ``fields``; otherwise one line naming ``where`` (a file and line)."""
-    import json
-
     need = ", ".join(fields)
     try:
         rec = json.loads(line)

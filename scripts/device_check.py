@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import json
 import os
@@ -65,15 +66,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from raycpt.config import PlanConfig, TrainConfig, config_to_dict, load_config  # noqa: E402
+from raycpt.config import PlanConfig, TrainConfig, load_config  # noqa: E402
 from raycpt.evaluate.heldout import lm_loss  # noqa: E402
 from raycpt.models.sources import load_model  # noqa: E402
 from raycpt.strategies import apply_plan, build_plan, plan_for_model  # noqa: E402
-from raycpt.train import memory, verify  # noqa: E402
+from raycpt.train.driver import memory  # noqa: E402
+from raycpt.train.worker import verify  # noqa: E402
 from raycpt.train.ckpt.checkpoint import load_master_weights, read_train_state, weights_dtype  # noqa: E402
 from raycpt.train.worker.parallel import local_tensor, shard_fsdp  # noqa: E402
 from raycpt.train.worker.loop import run_loop  # noqa: E402
 from raycpt.train.worker.session import LocalSession  # noqa: E402
+from raycpt.train.worker.spec import WorkerSpec  # noqa: E402
 from raycpt.train.worker.steps import FrozenPrefix, forward_backward, make_optimizer, make_scheduler  # noqa: E402
 from raycpt.train.worker.evaluation import cast_weights  # noqa: E402
 from raycpt.train.worker.step_options import loss_chunk_tokens  # noqa: E402
@@ -231,14 +234,13 @@ def _save_small(root: Path) -> Path:
     return root / "model"
 
 
-def _loop_config(model_dir: Path, run_dir: Path, tiny: bool, steps: int = 4) -> dict:
+def _loop_config(model_dir: Path, run_dir: Path, tiny: bool, steps: int = 4) -> WorkerSpec:
     cfg = load_config(None, [f"model.ref={model_dir}", "data.seq_len=32", "plan.name=train_deep", "plan.split=0.5",
                              f"train.max_steps={steps}", "train.checkpoint_every=2", "train.lr=0.01",
                              "train.micro_batch_size=2", "train.precision=bf16", f"train.use_gpu={str(not tiny).lower()}",
                              "train.warmup_ratio=0"])
     plan = build_plan(cfg.plan, TINY["num_hidden_layers"], tied_embeddings=True)
-    return {"cfg": config_to_dict(cfg), "model_path": str(model_dir), "plan": plan.to_dict(), "run_dir": str(run_dir),
-            "torch_threads": 1}
+    return WorkerSpec(cfg=cfg, model_path=str(model_dir), plan=plan, run_dir=str(run_dir), torch_threads=1)
 
 
 def round_trip_and_eval(root: Path, tiny: bool) -> None:
@@ -246,8 +248,8 @@ def round_trip_and_eval(root: Path, tiny: bool) -> None:
     blocks = np.random.default_rng(0).integers(4, TINY["vocab_size"], size=(32, 32)).astype(np.int32)
     cfg = _loop_config(model_dir, root / "a", tiny)
     full = run_loop(cfg, LocalSession(blocks, root / "a" / "ckpts"))
-    resumed_cfg = {**copy.deepcopy(cfg), "run_dir": str(root / "b"),
-                   "resume_from": str(root / "a" / "ckpts" / "checkpoint_000002")}
+    resumed_cfg = dataclasses.replace(cfg, run_dir=str(root / "b"),
+                                      resume_from=str(root / "a" / "ckpts" / "checkpoint_000002"))
     # the fault: the resumed run does not read what the run would have read next (another order of the blocks)
     data = blocks[::-1].copy() if "round_trip" in INJECT else blocks
     resumed = run_loop(resumed_cfg, LocalSession(data, root / "b" / "ckpts"))

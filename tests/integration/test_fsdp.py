@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from raycpt.config import config_to_dict, load_config
 from raycpt.strategies import apply_plan, build_plan
 from raycpt.train.worker.gloo import run_jobs, spawn
+from worker_specs import worker_spec
 
 
 PLANS = {
@@ -61,7 +62,7 @@ def _job(root: Path, name: str, model: Path, plan: dict, *, distributed="fsdp", 
     p = build_plan(cfg.plan, 4, tied_embeddings=True)
     config = {"cfg": config_to_dict(cfg), "model_path": str(model), "plan": p.to_dict(), "run_dir": str(root / name),
               "torch_threads": 1, "resume_from": resume_from, "faults": faults, "evaluate": evaluate}
-    return {"config": config, "blocks": str(root / "blocks.npy"), "checkpoint_root": str(root / name / "ckpts"),
+    return {"spec": worker_spec(config), "blocks": str(root / "blocks.npy"), "checkpoint_root": str(root / name / "ckpts"),
             "out": str(root / f"{name}.json")}
 
 

@@ -17,6 +17,7 @@ from raycpt.models.hybrid.expand import (build_expanded,
                                          expanded_model_folder)
 from raycpt.strategies import apply_plan, build_plan, plan_for_model
 from raycpt.train.worker.loop import run_loop
+from worker_specs import worker_spec
 from raycpt.train.worker.session import LocalSession
 from raycpt.train.worker.steps import make_optimizer, make_scheduler, train_step
 from tiny import save_tiny
@@ -99,8 +100,8 @@ def test_the_launcher_builds_the_expanded_model_once_and_the_loop_trains_it(tmp_
     assert counts["trainable"] == expand_trainable_params([sum(p.numel() for p in layer.parameters())
                                                            for layer in base.model.layers], 2)
     blocks = np.random.default_rng(0).integers(4, 128, size=(32, 16)).astype(np.int32)
-    out = run_loop({"cfg": config_to_dict(cfg), "model_path": path, "plan": plan.to_dict(),
-                    "run_dir": str(tmp_path / "run"), "torch_threads": 1},
+    out = run_loop(worker_spec({"cfg": config_to_dict(cfg), "model_path": path, "plan": plan.to_dict(),
+                    "run_dir": str(tmp_path / "run"), "torch_threads": 1}),
                    LocalSession(blocks, tmp_path / "ckpts"))
     assert out["status"]["status"] == "finished"
     from raycpt.data.stream import ArrayBlocks

@@ -270,6 +270,7 @@ def test_training_step_leaves_frozen_segments_bitwise_unchanged(donors, tmp_path
     from raycpt.models.hybrid.build import hybrid_plan, save_hybrid
     from raycpt.strategies import build_plan
     from raycpt.train.worker.loop import run_loop
+    from worker_specs import worker_spec
     from raycpt.train.worker.session import LocalSession
     from safetensors.torch import load_file
 
@@ -281,8 +282,8 @@ def test_training_step_leaves_frozen_segments_bitwise_unchanged(donors, tmp_path
                                              checkpoint_every=2))
     blocks = np.random.default_rng(0).integers(4, 128, size=(8, 16))
     session = LocalSession(blocks, tmp_path / "ckpts")
-    run_loop({"cfg": config_to_dict(cfg), "model_path": str(folder), "plan": plan.to_dict(), "run_dir": None,
-              "mlflow": None, "torch_threads": 1}, session)
+    run_loop(worker_spec({"cfg": config_to_dict(cfg), "model_path": str(folder), "plan": plan.to_dict(), "run_dir": None,
+              "mlflow": None, "torch_threads": 1}), session)
     ckpt = session.reports[-1][1]
     after = load_file(str(Path(ckpt) / "model" / "model.safetensors"))
     before = load_file(str(folder / "model.safetensors"))

@@ -14,6 +14,7 @@ from raycpt.config import PlanConfig, config_to_dict, load_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import build_plan, lisa_draw, lisa_interval_index, lisa_trainable_params
 from raycpt.train.worker.loop import run_loop
+from worker_specs import worker_spec
 from raycpt.train.worker.session import LocalSession
 
 N, G, K = 4, 2, 2
@@ -74,7 +75,7 @@ def _weights(ckpt):
 
 
 def test_each_interval_trains_its_draw_and_resets_layer_state(tiny_dir, tmp_path):
-    out = run_loop(_cfg(tiny_dir, tmp_path, **COMMON), LocalSession(BLOCKS, tmp_path / "ckpts"))
+    out = run_loop(worker_spec(_cfg(tiny_dir, tmp_path, **COMMON)), LocalSession(BLOCKS, tmp_path / "ckpts"))
     assert out["status"]["status"] == "finished" and len(out["losses"]) == 6
     ck = lambda s: tmp_path / "ckpts" / f"checkpoint_{s:06d}"  # noqa: E731
     for j in range(3):  # interval j = steps 2j+1, 2j+2: compare the weights before and after it
@@ -113,10 +114,10 @@ def _weights_of_base(tiny_dir):
 
 @pytest.mark.parametrize("resume_at", [3, 4])  # inside interval 1 (steps 3-4), and at its edge
 def test_a_resumed_run_gives_the_same_per_step_losses(tiny_dir, tmp_path, resume_at):
-    full = run_loop(_cfg(tiny_dir, tmp_path / "a", **COMMON), LocalSession(BLOCKS, tmp_path / "a" / "ckpts"))
+    full = run_loop(worker_spec(_cfg(tiny_dir, tmp_path / "a", **COMMON)), LocalSession(BLOCKS, tmp_path / "a" / "ckpts"))
     cfg = _cfg(tiny_dir, tmp_path / "b", **COMMON)
     cfg["resume_from"] = str(tmp_path / "a" / "ckpts" / f"checkpoint_{resume_at:06d}")
-    resumed = run_loop(cfg, LocalSession(BLOCKS, tmp_path / "b" / "ckpts"))
+    resumed = run_loop(worker_spec(cfg), LocalSession(BLOCKS, tmp_path / "b" / "ckpts"))
     assert resumed["losses"] == full["losses"]
     a, b = _weights(tmp_path / "a" / "ckpts" / "checkpoint_000006"), _weights(tmp_path / "b" / "ckpts" /
                                                                                 "checkpoint_000006")
@@ -129,7 +130,7 @@ def test_the_freeze_check_runs_per_interval(tiny_dir, tmp_path):
     cfg = _cfg(tiny_dir, tmp_path, **COMMON)
     cfg["faults"] = {"drop_grad_layer": layer}
     with pytest.raises(RaycptError, match=rf"freeze check at the first step of LISA interval 1: layers\.{layer}: .* received a gradient"):
-        run_loop(cfg, LocalSession(BLOCKS, tmp_path / "ckpts"))
+        run_loop(worker_spec(cfg), LocalSession(BLOCKS, tmp_path / "ckpts"))
     assert (tmp_path / "ckpts" / "checkpoint_000002").is_dir()  # interval 0 trained and checked fine
     assert not (tmp_path / "ckpts" / "checkpoint_000003").exists()
 
@@ -144,14 +145,14 @@ def test_lisa_on_several_workers_is_refused(tiny_dir):
 
 def test_bf16_lisa_keeps_float32_masters_of_every_layer_and_resumes_exactly(tiny_dir, tmp_path):
     common = {**COMMON, "precision": "bf16"}
-    full = run_loop(_cfg(tiny_dir, tmp_path / "a", **common), LocalSession(BLOCKS, tmp_path / "a" / "ckpts"))
+    full = run_loop(worker_spec(_cfg(tiny_dir, tmp_path / "a", **common)), LocalSession(BLOCKS, tmp_path / "a" / "ckpts"))
     ck = tmp_path / "a" / "ckpts" / "checkpoint_000004"
     master = torch.load(ck / "train_state.pt", weights_only=True)["master"]
     layers = {int(k.split(".")[2]) for k in master if ".layers." in k}
     assert layers == set(range(N))  # not only the current draw: earlier intervals trained the others
     cfg = _cfg(tiny_dir, tmp_path / "b", **common)
     cfg["resume_from"] = str(ck)
-    assert run_loop(cfg, LocalSession(BLOCKS, tmp_path / "b" / "ckpts"))["losses"] == full["losses"]
+    assert run_loop(worker_spec(cfg), LocalSession(BLOCKS, tmp_path / "b" / "ckpts"))["losses"] == full["losses"]
 
 
 def test_the_memory_estimate_counts_the_largest_draw():

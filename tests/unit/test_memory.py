@@ -141,6 +141,7 @@ def test_loop_with_chunked_loss_and_checkpointing_matches_the_plain_loop(tiny_di
     from test_train_loop import _loop_config
 
     from raycpt.train.worker.loop import run_loop
+    from worker_specs import worker_spec
     from raycpt.train.worker.metrics_log import METRICS_FILE
     from raycpt.train.worker.session import LocalSession
 
@@ -150,7 +151,7 @@ def test_loop_with_chunked_loss_and_checkpointing_matches_the_plain_loop(tiny_di
                         "ckpt": dict(loss="chunked", activation_checkpointing="true", peak_tflops=0.001)}.items():
         cfg = _loop_config(tiny_dir, tmp_path / name, dict(name="full"), max_steps=3, lr=0.01, micro_batch_size=2,
                            checkpoint_every=3, **extra)
-        runs[name] = run_loop(cfg, LocalSession(blocks))
+        runs[name] = run_loop(worker_spec(cfg), LocalSession(blocks))
     assert runs["chunked"]["losses"] == pytest.approx(runs["plain"]["losses"], rel=1e-5)
     assert runs["ckpt"]["losses"] == pytest.approx(runs["plain"]["losses"], rel=1e-5)
     import json

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raycpt.config import ExperimentConfig, config_to_dict, save_config
+from raycpt.config import ExperimentConfig, save_config
 from raycpt.data.run_store import packed_corpus, replay_corpus
 from raycpt.errors import RaycptError, environment_error
 from raycpt.io import atomic_write_json, run_root
@@ -43,6 +43,7 @@ from raycpt.train.worker.callbacks import callbacks_for
 from raycpt.train.ckpt.checkpoint import weights_dtype
 from raycpt.train.driver.failures import raycpt_failure_policy
 from raycpt.train.worker.loop import STATUS_FILE, train_loop_per_worker
+from raycpt.train.worker.spec import StoreRef, TrackingTarget, WorkerSpec
 from raycpt.train.ckpt.manifest import read_manifest
 from raycpt.train.worker.metrics_log import METRICS_FILE
 from raycpt.train.driver.prepare import check_train_config, local_mode, prepare_plan, resolve_model_path
@@ -140,13 +141,10 @@ def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=No
         write_state(run_dir, mlflow_run_id=run.run_id, attempts=attempt, status="running", ray_name=ray_name,
                     model_path=prep.model_path, plan=prep.plan.to_dict(), prepare_s=round(time.time() - t_start, 3))
         _log_start(cfg, run, run_dir, prep)
-        loop_config = _loop_config(cfg, run_dir, prep, run, ray_name, faults, callbacks, evaluate)
-        loop_config["local_mode"] = local_mode(cfg, in_process)
-        if loop_config["local_mode"] and _base_shards(cfg, prep):  # checkpoints link the frozen layers too
-            dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
-            loop_config["base_shards"] = str(_base_shards(cfg, prep)(dtype))
-        clock = {"fit_start": time.time(), "local_mode": loop_config["local_mode"]}  # the phases' wall times
-        _fit(cfg, run_dir, prep, loop_config, ray_name, progress, t_start)
+        spec = _worker_spec(cfg, run_dir, prep, run, ray_name, faults, callbacks, evaluate,
+                            local_mode(cfg, in_process))
+        clock = {"fit_start": time.time(), "local_mode": spec.local_mode}  # the phases' wall times
+        _fit(cfg, run_dir, prep, spec, ray_name, progress, t_start)
         clock["fit_end"] = time.time()
         adopt_lost(run_dir, clock["fit_start"])  # a tracking server the workers found gone: the rest is local only
         _check_status(run_dir)
@@ -210,26 +208,27 @@ def _log_start(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared) -> No
                     * cfg.train.micro_batch_size * cfg.data.seq_len})
 
 
-def _loop_config(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run, ray_name: str,
-                 faults: Optional[dict], callbacks: Optional[list], evaluate: Optional[EvalRequest]) -> dict:
-    """The workers' config (:func:`raycpt.train.worker.loop.run_loop`); an old evaluation file is removed."""
-    loop_config = {
-        "cfg": config_to_dict(cfg), "model_path": prep.model_path, "plan": prep.plan.to_dict(), "run_dir": str(run_dir),
-        "mlflow": {"uri": cfg.tracking.uri, "run_id": run.run_id if run.live() else None,
-                   "records": str(run.dir)}, "resume_from": prep.resume_from,
-        "store": str(prep.store.path), "store_build": prep.store.build_id, "store_key": prep.store.key,
-        "store_identity": prep.store.identity, "checkpoint_root": str(run_dir / "ray" / ray_name), "faults": {**_faults_from_env(), **(faults or {})},
-        "callbacks": list(callbacks or []) + callbacks_for(cfg, prep.model_path), "evaluate": evaluate,
-    }
-    if prep.replay_store is not None:
-        loop_config.update(replay_store=str(prep.replay_store.path), replay_store_build=prep.replay_store.build_id,
-                           replay_store_key=prep.replay_store.key, replay_store_identity=prep.replay_store.identity)
+def _worker_spec(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run, ray_name: str,
+                 faults: Optional[dict], callbacks: Optional[list], evaluate: Optional[EvalRequest],
+                 in_process: bool) -> WorkerSpec:
+    """The one value the workers get (:class:`raycpt.train.worker.spec.WorkerSpec`); an old evaluation file is
+    removed. In local mode with ``train.publish: reference`` the checkpoints link the frozen layers too."""
+    base_shards = None
+    if in_process and _base_shards(cfg, prep):
+        dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
+        base_shards = str(_base_shards(cfg, prep)(dtype))
     if evaluate:
         (Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
-    return loop_config
+    return WorkerSpec(
+        cfg=cfg, model_path=prep.model_path, plan=prep.plan, run_dir=str(run_dir),
+        tracking=TrackingTarget(cfg.tracking.uri, run.run_id if run.live() else None, str(run.dir)),
+        resume_from=prep.resume_from, checkpoint_root=str(run_dir / "ray" / ray_name),
+        store=StoreRef.of(prep.store), replay=StoreRef.of(prep.replay_store) if prep.replay_store is not None else None,
+        callbacks=tuple(list(callbacks or []) + callbacks_for(cfg, prep.model_path)), evaluate=evaluate,
+        faults={**_faults_from_env(), **(faults or {})}, local_mode=in_process, base_shards=base_shards)
 
 
-def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dict, ray_name: str, progress: bool,
+def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, spec: WorkerSpec, ray_name: str, progress: bool,
          t_start: float) -> None:
     """Build the ``TorchTrainer`` and run it with the step bar; a worker's RaycptError stays one line."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -239,10 +238,10 @@ def _fit(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, loop_config: dic
     resources = {"CPU": t.cpus_per_worker}
     if t.use_gpu:
         resources["GPU"] = 1
-    scaling = ScalingConfig(num_workers=0) if loop_config.get("local_mode") else \
+    scaling = ScalingConfig(num_workers=0) if spec.local_mode else \
         ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources)
     trainer = TorchTrainer(
-        train_loop_per_worker, train_loop_config=loop_config, scaling_config=scaling,
+        train_loop_per_worker, train_loop_config={"spec": spec}, scaling_config=scaling,
         run_config=RunConfig(name=ray_name, storage_path=str(run_dir / "ray"),
                              failure_config=FailureConfig(max_failures=t.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints)),

@@ -15,7 +15,6 @@ from raycpt.models.adapters import merge_lora_
 from raycpt.train.ckpt.checkpoint import model_state, weights_dtype
 from raycpt.train.worker.loss import chunked_block_losses, chunked_supported
 from raycpt.train.worker.session import SessionBase
-from raycpt.train.worker.state import WorkerState
 
 EVAL_RESULT_FILE = "eval_result.json"
 
@@ -47,7 +46,8 @@ def cast_weights(model, dtype):
     return model
 
 
-def eval_model(w: WorkerState) -> tuple[Any, Optional[SessionBase]]:
+def eval_model(model, wrapped, plan, fsdp: bool, rank: int, device, precision: str, session
+               ) -> tuple[Any, Optional[SessionBase]]:
     """The model in-worker evaluation scores, and the session that shards its questions.
 
     One dtype for both evaluation paths: the trained weights in the dtype the checkpoint stores them in
@@ -56,21 +56,19 @@ def eval_model(w: WorkerState) -> tuple[Any, Optional[SessionBase]]:
     itself, cast in place (training is over), every rank a share of the questions. FSDP: the full state
     is gathered (every rank takes part), rank 0 evaluates a plain copy alone on its device; the other
     ranks return (None, None)."""
-    dtype = weights_dtype(w.cfg.train.precision, w.device)
-    if w.plan.adapter == "lora":  # the merged weights, as the final checkpoint's model/ holds them
-        w.optimizer = None
-        merge_lora_(w.model)
-    if not w.fsdp:
-        return cast_weights(w.model, dtype), w.session
+    dtype = weights_dtype(precision, device)
+    if plan.adapter == "lora":  # the merged weights, as the final checkpoint's model/ holds them
+        merge_lora_(model)
+    if not fsdp:
+        return cast_weights(model, dtype), session
     from transformers import AutoModelForCausalLM
 
-    w.optimizer = None  # its state is in the final checkpoint; free it before the gather
-    msd = model_state(w.model, w.wrapped, True)
-    if w.rank != 0:
+    msd = model_state(model, wrapped, True)  # the caller freed the optimizer's state before this gather
+    if rank != 0:
         return None, None
-    plain = AutoModelForCausalLM.from_config(w.model.config)
+    plain = AutoModelForCausalLM.from_config(model.config)
     plain.load_state_dict(msd)
-    return plain.to(w.device, dtype).eval(), None
+    return plain.to(device, dtype).eval(), None
 
 
 

@@ -72,10 +72,10 @@ def spawn(fn: Callable, world: int, *args, threads: int = 1) -> None:
 
 
 def run_jobs(rank: int, world: int, jobs: list[dict]) -> None:
-    """Each job ``{"config": loop config, "blocks": path of a .npy, "checkpoint_root", "out": json path}``
+    """Each job ``{"spec": WorkerSpec, "blocks": path of a .npy, "checkpoint_root", "out": json path}``
     runs :func:`raycpt.train.worker.loop.run_loop` on this rank; rank 0 writes the summary to ``out``."""
     for job in jobs:
         session = GlooSession(np.load(job["blocks"]), Path(job["checkpoint_root"]))
-        out = run_loop(job["config"], session)
+        out = run_loop(job["spec"], session)
         if rank == 0 and job.get("out"):
             Path(job["out"]).write_text(json.dumps({k: out[k] for k in ("status", "losses", "counts")}))

@@ -17,18 +17,18 @@ METRICS_FILE = "train_metrics.jsonl"
 
 class MetricsLogger:
     """Rank 0's sink: the step records (a JSONL file in the training folder, which the driver's progress bar tails)
-    and the run's records (:data:`raycpt.tracking.RECORDS` in the run's folder, ``mlflow_cfg["records"]``), each
+    and the run's records (:data:`raycpt.tracking.RECORDS` in the run's folder, ``target.records``), each
     projected into MLflow (:func:`raycpt.tracking.project`) while the server answers.
 
     The MLflow calls (a SQLite write or an HTTP round trip each) run on one background thread, in order
     (:class:`raycpt.train.worker.background.BackgroundCalls`), so a step never waits for the store; :meth:`close` (end of
     the loop) waits for what is queued."""
 
-    def __init__(self, run_dir: Optional[Path], mlflow_cfg: Optional[dict]):
+    def __init__(self, run_dir: Optional[Path], target=None):
+        """``target``: a :class:`raycpt.train.worker.spec.TrackingTarget` (None: no records, no MLflow)."""
         self.path = Path(run_dir) / METRICS_FILE if run_dir else None
-        mlflow_cfg = mlflow_cfg or {}
-        self.records = Path(mlflow_cfg["records"]) if mlflow_cfg.get("records") else None
-        self.client, self.run_id, self.uri = None, mlflow_cfg.get("run_id"), mlflow_cfg.get("uri", "")
+        self.records = Path(target.records) if target is not None and target.records else None
+        self.client, self.run_id, self.uri = None, getattr(target, "run_id", None), getattr(target, "uri", "") or ""
         self._queue: Optional[BackgroundCalls] = None
         # a resumed attempt re-runs the steps after its checkpoint: the run keeps one point per step
         self.logged_through = max((int(r.get("step") or 0) for r in read_records(self.records)

@@ -41,7 +41,9 @@ class Session(Protocol):
 
     def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None: ...
 
-    def batches(self, config: dict) -> Any: ...
+    def batches(self, spec) -> Any: ...
+
+    def replay_batches(self, spec) -> Any: ...
 
     def barrier(self) -> None: ...
 
@@ -68,8 +70,13 @@ class SessionBase:
     def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
         raise NotImplementedError
 
-    def batches(self, config: dict) -> Any:
-        raise NotImplementedError
+    def batches(self, spec):
+        """The packed corpus (``spec.store``), memory-mapped."""
+        return store_blocks(spec.store)
+
+    def replay_batches(self, spec):
+        """The replay corpus's packed store (``spec.replay``)."""
+        return store_blocks(spec.replay)
 
     def barrier(self) -> None:
         pass
@@ -172,19 +179,13 @@ class RaySession(Collectives, SessionBase):
         except Exception:  # noqa: BLE001 - a Ray without that view: the checkpoint's name alone
             return f"checkpoint_{step:06d}"
 
-    def batches(self, config: dict, key: str = "store"):
-        return store_blocks(config, key)
 
-    def replay_batches(self, config: dict):
-        """The replay corpus's packed store (``config["replay_store"]``)."""
-        return self.batches(config, "replay_store")
-
-
-def store_blocks(config: dict, key: str = "store") -> PackedBlocks:
-    """The packed store the launcher chose (``config[key]``: ``store`` or ``replay_store``), memory-mapped; no Ray Data."""
-    store = read_store(Path(config[key]))
-    if store is None or store.build_id != config.get(f"{key}_build", store.build_id):
-        raise RaycptError(f"the packed store {config[key]} was removed or re-packed while this run used it; "
+def store_blocks(ref) -> PackedBlocks:
+    """The packed store the launcher chose (a :class:`raycpt.train.worker.spec.StoreRef`), memory-mapped; no Ray
+    Data. One line when it was removed or re-packed since."""
+    store = read_store(Path(ref.path))
+    if store is None or store.build_id != (ref.build_id or store.build_id):
+        raise RaycptError(f"the packed store {ref.path} was removed or re-packed while this run used it; "
                           "run it again")
     return PackedBlocks(store.path, store.manifest)
 
@@ -223,13 +224,6 @@ class InProcessSession(SessionBase):
         for old in sorted(p for p in self.root.glob("checkpoint_*") if p.is_dir())[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def batches(self, config: dict, key: str = "store"):
-        return store_blocks(config, key)
-
-    def replay_batches(self, config: dict):
-        """The replay corpus's packed store (``config["replay_store"]``)."""
-        return self.batches(config, "replay_store")
-
 
 class LocalSession(SessionBase):
     """The same loop in a plain process (no Ray): blocks from a numpy array, checkpoints in a folder."""
@@ -254,10 +248,10 @@ class LocalSession(SessionBase):
             shutil.copytree(ckpt_dir, dest)
         self.reports.append((metrics, str(dest) if dest else None))
 
-    def batches(self, config: dict):
+    def batches(self, spec):
         return ArrayBlocks(self.blocks)
 
-    def replay_batches(self, config: dict):
+    def replay_batches(self, spec):
         if self.replay is None:
             raise RaycptError("data.replay.ratio > 0 but this session has no replay blocks")
         return ArrayBlocks(self.replay)
