@@ -114,8 +114,8 @@ def test_each_kind_of_placeholder_is_one_line(tmp_path, line, what):
     assert check_cluster_file(f) == []
 
 
-@pytest.mark.parametrize("name, text, why", [("missing.yaml", None, "cannot read it"),
-                                             ("bad.yaml", "a: [1, 2\n", r"not a YAML file \(line \d+\)")])
+@pytest.mark.parametrize("name, text, why", [("missing.yaml", None, "cluster file not found: "),
+                                             ("bad.yaml", "a: [1, 2\n", r"is not valid YAML at line \d+: ")])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, name, text, why):
     path = tmp_path / name
     if text is not None:
