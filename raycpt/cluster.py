@@ -2,14 +2,16 @@
 on every node, and the tags that say which image / versions / node produced a run.
 
 * :func:`check_store` - ``tracking.uri`` has a scheme MLflow can use here, an ``http(s)`` server
-  answers within a few seconds (MLflow itself would retry for minutes), ``tracking.run_root`` can be
-  created and written. Each failure is one :class:`~raycpt.errors.RaycptError` line.
+  answers within a few seconds (MLflow itself would retry for minutes; ``tracking.wait_s`` waits longer for a
+  server that starts beside the job), ``tracking.run_root`` can be created and written. Each failure is one :class:`~raycpt.errors.RaycptError` line.
 * :func:`check_shared_storage` - on a multi-node Ray cluster the driver writes a token file under the
   run root and a tiny task pinned to every alive node reads it back; a node that cannot see it stops
   the run with one line naming the node.
 * :func:`preflight` - the one call a multi-trial job makes once Ray is up: the storage check, and a
   warning (once) when several concurrent trials on several nodes would share one SQLite file.
 * :func:`version_tags` / :func:`node_tags` - MLflow tags for a parent run / a trial's run.
+* :func:`check_cluster_file` - ``raycpt cluster check``: placeholders and region mismatches in the parsed YAML of
+  a launcher file or manifest, read through the config reader.
 
 This module imports only :mod:`raycpt.config` and :mod:`raycpt.errors` (tracking.py builds on it).
 """
@@ -21,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -75,6 +78,27 @@ def probe_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
                           "one (cluster/README.md) or leave tracking.uri empty for SQLite in the run root") from None
 
 
+def wait_for_server(uri: str, wait_s: float, poll_s: float = 2.0, say: Callable[[str], None] | None = None) -> None:
+    """:func:`probe_server` until it answers or ``wait_s`` seconds have passed (``tracking.wait_s``: the RayJob's
+    MLflow container may start after Ray's head is Ready), saying once that it waits; the last refusal, with the
+    time waited, when it never answers. ``wait_s=0``: one probe."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return probe_server(uri, timeout=min(PROBE_TIMEOUT_S, max(deadline - time.monotonic(), 0.5)))
+        except ServerUnreachable as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if wait_s > 0:
+                    raise ServerUnreachable(f"{e} (waited {wait_s:g} s, tracking.wait_s)") from None
+                raise
+            if not said:
+                (say or _stderr)(f"raycpt: waiting up to {wait_s:g} s for the MLflow server at {uri} (tracking.wait_s)")
+                said = True
+            time.sleep(min(poll_s, left))
+
+
 def check_run_root(root: Path) -> None:
     """One line when the process could not create ``root`` or write in it. Creates nothing: a probe
     file is written (and removed) in ``root`` or, when it does not exist yet, its nearest existing parent,
@@ -94,8 +118,8 @@ def check_run_root(root: Path) -> None:
 
 
 def check_store(cfg: TrackingConfig) -> None:
-    """Validate ``cfg.uri`` (scheme; a server that answers) and ``cfg.run_root`` (writable), once per
-    process and setting. Caps MLflow's own HTTP retries (unless the user set them: 2 retries, backoff 1 s,
+    """Validate ``cfg.uri`` (scheme; a server that answers, within ``cfg.wait_s`` seconds) and ``cfg.run_root``
+    (writable), once per process and setting. Caps MLflow's own HTTP retries (unless the user set them: 2 retries, backoff 1 s,
     20 s per request; MLflow's defaults wait about 4 minutes) so a server that dies mid-run is found gone
     within seconds (:func:`raycpt.tracking.mark_lost`), and Ray workers started after this inherit them."""
     try:
@@ -114,7 +138,7 @@ def check_store(cfg: TrackingConfig) -> None:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-            probe_server(uri)
+            wait_for_server(uri, cfg.wait_s)
     _checked.add(key)
 
 
