@@ -316,7 +316,6 @@ LAZY_THIRD_PARTY: dict[str, str] = {
     "typer": "the CLI's: the library does not need it, usage.py reads its click's exception classes only to "
              "word a usage error",
     "click": "typer's click (older typer): read only to word a usage error, like typer",
-    "yaml": "config show in jobs/info.py (raycpt.config imports it at its top anyway)",
     "tokenizers": "the fast tokenizer backend: only in a corpus pack task",
     "sqlalchemy": "MLflow's SQL store: only when the SQLite store template is made",
 }
