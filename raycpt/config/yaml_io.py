@@ -98,7 +98,7 @@ def read_yaml_documents(path: str | os.PathLike, what: str, limit: int = MAX_CON
     and each document's composed node (with line marks) beside its data. One RaycptError line otherwise."""
     p = Path(path)
     text = read_user_text(p, what, limit=limit, hint=hint)
-    loader = _YamlLoader(text)
+    loader = YamlLoader(text)
     docs: list[tuple[yaml.Node, object]] = []
     try:
         while loader.check_node():
