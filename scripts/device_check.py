@@ -387,7 +387,16 @@ def train_killed_worker(root: Path, tiny: bool) -> None:
 
     from raycpt.config import RayConfig
     from raycpt.runtime import init_ray
+    from raycpt.jobs import train as train_job
+    from raycpt.jobs.job import Options
+    from raycpt.runs import command_run
     from raycpt.train.driver.launch import run_training
+
+    def train(cfg, **extras):  # raycpt train's path (its checks, its run) with the fault injected
+        plan = train_job.prepare(cfg, Options(progress=False))
+        spec = train_job.run_spec(plan, Options(progress=False))
+        with command_run(spec.cfg, spec.command, run_name=spec.name, on_open=spec.on_open) as run:
+            return run_training(plan.cfg, run, **extras)
 
     model_dir = root / "model"
     corpus = root / "corpus.jsonl"
@@ -401,10 +410,9 @@ def train_killed_worker(root: Path, tiny: bool) -> None:
             f"train.use_gpu={str(not tiny).lower()}", "eval.tasks=wordnet_mc"]
     started = init_ray(RayConfig(num_cpus=4, object_store_memory=500_000_000))
     try:
-        clean = run_training(load_config(None, base + ["name=clean"]))
+        clean = train(load_config(None, base + ["name=clean"]))
         try:
-            killed = run_training(load_config(None, base + ["name=killed"]), faults={"sigkill_step": 3,
-                                                                                     "sigkill_rank": 0})
+            killed = train(load_config(None, base + ["name=killed"]), faults={"sigkill_step": 3, "sigkill_rank": 0})
         except Exception as e:  # noqa: BLE001 - a run that could not restart is the check's FAIL
             report("train_killed_worker", False, f"the killed run did not finish: {str(e).splitlines()[0][:200]}")
             return

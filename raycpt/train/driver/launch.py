@@ -36,7 +36,7 @@ from raycpt.io import atomic_write_json, run_root
 from raycpt.models.shards import ensure_base_shards
 from raycpt.report.progress import StepProgress
 from raycpt.report.train import plot_loss_curve, read_events, read_step_records
-from raycpt.runs import command_run, config_params, ended_state, read_state, write_state
+from raycpt.runs import config_params, ended_state, read_state, write_state
 from raycpt.strategies import LayerPlan
 from raycpt.tracking import adopt_lost, tracking_uri
 from raycpt.train.worker.callbacks import callbacks_for
@@ -50,7 +50,7 @@ from raycpt.train.driver.prepare import check_train_config, local_mode, prepare_
 from raycpt.train.driver.publish import drop_checkpoints, prune_checkpoints, publish_model, sweep_leftovers, verify_model_folder
 from raycpt.train.driver.result import (TrainResult, read_json, result_from_files, start_pid, median_tokens_per_s,
                                  final_metrics, peak_of, per_step_trainable)
-from raycpt.train.driver.resume import check_resume_data, check_resume_settings, latest_checkpoint
+from raycpt.train.driver.resume import check_resume_data, latest_checkpoint
 from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
 
 FINAL_MODEL = "final_model"
@@ -90,7 +90,7 @@ class _Prepared:
     """The replay corpus's packed store (``data.replay``), or None."""
 
 
-def run_training(cfg: ExperimentConfig, run=None, *, run_dir: Optional[Path] = None, resume: bool = False,
+def run_training(cfg: ExperimentConfig, run, *, run_dir: Optional[Path] = None, resume: bool = False,
                  name: Optional[str] = None, progress: bool = False, faults: Optional[dict] = None,
                  callbacks: Optional[list] = None, evaluate: Optional[EvalRequest] = None,
                  in_process: bool = False) -> TrainResult:
@@ -98,8 +98,8 @@ def run_training(cfg: ExperimentConfig, run=None, *, run_dir: Optional[Path] = N
 
     ``run`` (a :class:`raycpt.runs.Run`: the ``raycpt train`` command's, or a grid trial's child) receives the
     params, metrics and files, and this function opens and ends no run; ``run_dir`` is the training folder (default
-    the run's folder; a trial trains in ``<trial>/train``). ``run`` None: the ``raycpt train`` lifecycle
-    (:func:`raycpt.runs.command_run`) around it, after every check (``--resume``: the newest run of this name).
+    the run's folder; a trial trains in ``<trial>/train``): the one lifecycle is the caller's (``raycpt train``'s
+    job, :mod:`raycpt.jobs.train`, or the grid's trial).
     ``evaluate`` (an :class:`EvalRequest`) makes the workers evaluate the final weights with ``cfg.eval`` (each its
     share of the questions, gathered on rank 0) in the worker right after training (not with FSDP); read it with
     :func:`final_evaluation`. Needs Ray. ``in_process`` (a grid trial): a run of one CPU worker runs in this
@@ -113,18 +113,12 @@ def run_training(cfg: ExperimentConfig, run=None, *, run_dir: Optional[Path] = N
 
     if not ray.is_initialized():
         raise RuntimeError("run_training needs Ray: call it inside raycpt.runtime.ray_session(cfg.ray)")
-    opts = dict(name=name, progress=progress, faults=faults, callbacks=callbacks, evaluate=evaluate,
-                in_process=in_process)
-    if run is None:  # `raycpt train` from the library: every check first, then the command's lifecycle
-        prep = None if resume else _prepare(cfg, None, False, progress)  # a resume checks its folder's checkpoint
-        with command_run(cfg, "train", resume=resume, run_name=name or f"train-{cfg.name}",
-                         on_open=(lambda d: check_resume_settings(d, cfg)) if resume else None) as own:
-            return _train_into(cfg, own, own.dir, resume, prep=prep, **opts)
-    return _train_into(cfg, run, Path(run_dir) if run_dir is not None else run.dir, resume, **opts)
+    return _train_into(cfg, run, Path(run_dir) if run_dir is not None else run.dir, resume, name=name,
+                       progress=progress, faults=faults, callbacks=callbacks, evaluate=evaluate, in_process=in_process)
 
 
 def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=None, progress=False, faults=None,
-                callbacks=None, evaluate=None, in_process=False, prep: Optional[_Prepared] = None) -> TrainResult:
+                callbacks=None, evaluate=None, in_process=False) -> TrainResult:
     t_start = time.time()
     state = _open_run(cfg, run_dir, resume)
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
@@ -133,7 +127,7 @@ def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=No
             return result_from_files(run_dir, state, read_step_records(run_dir / METRICS_FILE))
         log.warning("warning: %s fails its manifest check (%s): publishing it again from the last verified checkpoint",
                     run_dir / FINAL_MODEL, why)
-    prep = prep or _prepare(cfg, run_dir, resume, progress)  # every bad input fails here, before any record
+    prep = _prepare(cfg, run_dir, resume, progress)  # every bad input fails here, before any record
     attempt = int(state.get("attempts", 0)) + 1
     ray_name = f"{name or 'train'}-{run_dir.name}-a{attempt}-{uuid.uuid4().hex[:6]}"
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
