@@ -116,7 +116,10 @@ def test_base_comparisons_join_the_verdicts_family_and_marks_read_better_or_wors
         (n, t, m) for n in ("full", "train_shallow-r0.5")
         for t, m in (("heldout_loss", None), ("wn", "cloze.prob"), ("general_loss", None))}
     assert not any(c["a"] == "base" for c in fam)  # the base row against full is not a second copy of full vs base
-    assert s["verdict"]["family_size"] == sum(c["p"] is not None for c in fam)
+    # issue 50: the against-base comparisons are their own family, counted and controlled apart
+    assert {c["family"] for c in vs_base} == {"vs base"} and {c["family"] for c in fam if c["b"] != "base"} == {"vs full"}
+    assert s["verdict"]["family_size"] == sum(c["p"] is not None for c in fam if c["b"] != "base")
+    assert s["verdict"]["base_size"] == sum(c["p"] is not None for c in vs_base)
     full = next(r for r in s["base"]["rows"] if r["name"] == "full")
     held, prob, gen = full["cells"]
     # the family decided on row - base: full's lower held-out loss is sign -1 (better), its higher general loss +1
