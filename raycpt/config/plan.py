@@ -71,8 +71,9 @@ class PlanConfig:
     """``lisa``: K, optimizer steps between draws (steps 1..K use draw 0, K+1..2K draw 1, ...); it must be below
     ``train.max_steps`` (else LISA never switches: refused in one line). null = derived from the run,
     ``max(1, train.max_steps // 4)``: at least 4 draws (3 switches) in any run."""
-    lisa_seed: int = 0
-    """``lisa``: seed of the draws; draw j is a pure function of (lisa_seed, j)."""
+    lisa_seed: Optional[int] = None
+    """``lisa``: seed of the draws; draw j is a pure function of (lisa_seed, j). null = the run's ``train.seed``, so
+    a sweep's seeds draw different layer schedules and LISA's run-to-run noise includes its draws (issue 50)."""
     elo_layers: int = 1
     """``elo`` (ELO, EACL 2026): the first and the last this many decoder layers train (1 = layers 0 and N-1)."""
     matrices: list[str] = field(default_factory=list)

@@ -73,10 +73,10 @@ class SweepConfig:
     """Run every trial once per seed (``train.seed`` of that run; trial ``<name>-s<seed>``); the summary shows
     the mean and a 95% t-interval over seeds. None = one run per trial at ``train.seed``."""
     floor_seeds: Optional[list[int]] = None
-    """Extra runs of ``full`` alone at these seeds (trials ``full-s<seed>``; every other row runs once at
-    ``train.seed``): a measured run-to-run noise floor, so a one-seed sweep's marks become claims about the
-    strategies under a stated model (run noise the same for every plan; docs/analysis.md). Two extra runs add
-    2 degrees of freedom. None = no floor: the verdict then compares checkpoints and says so."""
+    """A run-to-run noise floor (issue 50): ``full`` runs again at each of these seeds and every other row at the
+    first (trials ``<name>-s<seed>``), so every plan has its own run variance and the verdict's marks are claims
+    about strategies (each plan's own run noise: docs/analysis.md). [1,2]: full 3 runs, every other row 2 (about
+    twice the one-seed sweep). None = no floor: the verdict then compares checkpoints and says so."""
 
     def __post_init__(self):
         if self.seeds is not None:

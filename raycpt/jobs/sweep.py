@@ -146,8 +146,9 @@ def plan_grid(splits: list[float], strategies: list[str], num_layers: int, inclu
 
     With ``seeds`` every trial runs once per seed, named ``<name>-s<seed>`` (seed-major: the whole grid
     at the first seed, then at the next, so an interrupted sweep has complete tables early). With
-    ``floor_seeds`` (``sweep.floor_seeds``) ``full`` also runs at each of them (``full-s<seed>``, after the
-    grid), one cell with the ``full`` run at ``base_seed`` (``train.seed``), which they must not repeat.
+    ``floor_seeds`` (``sweep.floor_seeds``, issue 50) ``full`` also runs at each of them and every other row at the
+    first (``<name>-s<seed>``, after the grid), one cell with its run at ``base_seed`` (``train.seed``), which they
+    must not repeat: every plan has its own run variance (2 runs; full 1 + len(floor_seeds)).
 
     Raises RaycptError (one line, :func:`raycpt.splits.check_split`) for a split that is not a ratio in
     (0, 1) or leaves a side empty for this model, an unknown strategy, or an empty grid."""
@@ -161,15 +162,16 @@ def plan_grid(splits: list[float], strategies: list[str], num_layers: int, inclu
 
 
 def _with_floor(specs: list[TrialSpec], floor_seeds: list[int], base_seed: Optional[int]) -> list[TrialSpec]:
-    """The grid plus ``full`` at every floor seed, all of full's runs one cell (group ``full``)."""
+    """The grid, then ``full`` at every floor seed and every other row at the first, each row's runs one cell."""
     if base_seed is not None and base_seed in floor_seeds:
-        raise RaycptError(f"sweep.floor_seeds: {list(floor_seeds)} repeats train.seed ({base_seed}), whose full run "
+        raise RaycptError(f"sweep.floor_seeds: {list(floor_seeds)} repeats train.seed ({base_seed}), whose runs "
                           "the grid has already; give other seeds")
-    full = next((t for t in specs if t.name == "full"), None)
-    if full is None:
+    if not any(t.name == "full" for t in specs):
         raise RaycptError("sweep.floor_seeds: the grid has no full row to run again (sweep.include_full=true)")
-    specs = [dataclasses.replace(t, seed=base_seed, group="full") if t is full else t for t in specs]
-    return specs + [dataclasses.replace(full, name=f"full-s{int(sd)}", seed=int(sd), group="full") for sd in floor_seeds]
+    grid = [dataclasses.replace(t, seed=base_seed, group=t.name) for t in specs]
+    more = [dataclasses.replace(t, name=f"{t.name}-s{int(sd)}", seed=int(sd), group=t.name)
+            for k, sd in enumerate(floor_seeds) for t in grid if k == 0 or t.name == "full"]
+    return grid + more
 
 
 def with_base(specs: list[TrialSpec], include: bool = True) -> list[TrialSpec]:

@@ -10,9 +10,10 @@ from raycpt.strategies.plan import LayerPlan
 from raycpt.strategies.registry import PLANS, check_layer
 
 
-def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=None) -> LayerPlan:
+def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=None, seed=None) -> LayerPlan:
     """Turn ``cfg.plan`` into a :class:`LayerPlan` for a model with ``num_layers`` decoder layers
-    (``max_steps``: ``train.max_steps``, which LISA's period is checked against or derived from).
+    (``max_steps``: ``train.max_steps``, which LISA's period is checked against or derived from; ``seed``:
+    ``train.seed``, LISA's draws' seed unless ``plan.lisa_seed`` is set).
 
     Raises RaycptError (one line) for an unknown plan, layers out of range, a split with an empty
     side, or a plan in which nothing trains."""
@@ -50,10 +51,10 @@ def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=N
     return LayerPlan(name=name, num_layers=num_layers, trainable_layers=layers, lr_scales=scales,
                      train_embeddings=bool(emb), train_final_norm=bool(norm), train_head=bool(head),
                      tied_embeddings=bool(tied_embeddings), notes=tuple(notes), matrices=dict(spec.matrices),
-                     **_extras(pcfg, name, layers, max_steps))
+                     **_extras(pcfg, name, layers, max_steps, seed))
 
 
-def _extras(pcfg, name: str, layers, max_steps=None) -> dict:
+def _extras(pcfg, name: str, layers, max_steps=None, seed=None) -> dict:
     """The adapter and LISA fields of a plan (none for a plain plan): LoRA's alpha (null: 2r) and rsLoRA switch,
     LISA's period (:func:`raycpt.strategies.lisa.lisa_period`)."""
     out: dict = {}
@@ -69,7 +70,7 @@ def _extras(pcfg, name: str, layers, max_steps=None) -> dict:
         if pcfg.lr_scales:
             raise RaycptError("plan.lr_scales with plan.name=lisa: LISA trains every layer at lr x1")
         out.update(lisa_layers=int(pcfg.lisa_layers), lisa_interval=lisa_period(pcfg.lisa_interval, max_steps),
-                   lisa_seed=int(pcfg.lisa_seed))
+                   lisa_seed=int(pcfg.lisa_seed if pcfg.lisa_seed is not None else (seed or 0)))
     return out
 
 

@@ -185,3 +185,15 @@ def test_lisa_period_is_derived_from_the_run_or_refused_when_it_never_switches()
             build_plan(PlanConfig(name="lisa", lisa_interval=k), 4, max_steps=8)
     with pytest.raises(RaycptError, match="derived from train.max_steps"):
         build_plan(PlanConfig(name="lisa"), 4)
+
+
+def test_lisa_draws_follow_the_run_seed_unless_lisa_seed_is_set():
+    """Issue 50: plan.lisa_seed null takes train.seed, so a sweep's seeds draw different schedules; set, it wins."""
+    import dataclasses
+
+    pc = PlanConfig(name="lisa", lisa_layers=2, lisa_interval=3)
+    p0, p7 = build_plan(pc, 12, seed=0), build_plan(pc, 12, seed=7)
+    assert (p0.lisa_seed, p7.lisa_seed) == (0, 7)
+    assert [lisa_draw(0, j, p0.trainable_layers, 2) for j in range(8)] != \
+        [lisa_draw(7, j, p7.trainable_layers, 2) for j in range(8)]
+    assert build_plan(dataclasses.replace(pc, lisa_seed=4), 12, seed=7).lisa_seed == 4

@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional, Sequence
 
-from raycpt.report.sweep.seeds import has_run_noise, heldout_units, question_units, run_noise
-from raycpt.report.sweep.cells import (cell_value, delta_cell, general_loss_of, heldout_loss_of, general_units, group_trials,
-                                       heldout_delta, question_delta)
-from raycpt.stats import DEFAULT_RESAMPLES, pooled_run_test
+from raycpt.report.sweep.seeds import heldout_units, question_units, run_noise
+from raycpt.report.sweep.cells import (cell_value, general_loss_of, heldout_loss_of, general_units, group_trials,
+                                       fixed_delta, heldout_delta, question_delta)
+from raycpt.stats import DEFAULT_RESAMPLES
 from raycpt.tasks import continuous_mode
 
 BASE = "base"
@@ -87,24 +87,11 @@ def _prob_metrics(axis: str, trials: list[dict], tasks: Sequence[str], resamples
 
 
 def vs_base(runs: dict, base_runs: dict, metric: dict, noise: dict) -> dict:
-    """A row's runs minus the base (one fixed run): with run-to-run noise, :func:`raycpt.stats.pooled_run_test` with
-    the base's run count infinite (it has no run noise) and the shared units' error; without, the one run against
+    """A row's runs minus the base (one fixed run: it has no run noise): :func:`raycpt.report.sweep.cells.fixed_delta`
+    - with two or more runs of the row its own run variance and the shared units' error; with one, that run against
     the base on the same documents or questions."""
-    value = metric["value"]
-    base = next(iter(base_runs.values()))
-    vb = value(base)
-    va = [(sd, value(t)) for sd, t in runs.items() if value(t) is not None]
-    if vb is None or not va:
-        return delta_cell(None, None)
-    point = sum(v for _, v in va) / len(va) - vb
-    if has_run_noise(noise):
-        u = metric["units"]([runs[sd] for sd, _ in va], [base])
-        var, df, method = u or (0.0, math.inf, "runs pooled")
-        return delta_cell(pooled_run_test(point, len(va), math.inf, noise["var"], noise["df"], var, df, method=method),
-                      point)
-    if len(va) != 1:
-        return delta_cell(None, point)
-    return delta_cell(metric["interval"](runs[va[0][0]], base), point)
+    return fixed_delta(runs, next(iter(base_runs.values())), metric["value"], metric["interval"], metric["units"],
+                       noise)
 
 
 def _shown(d: dict, metric: dict) -> dict:

@@ -20,8 +20,8 @@ from raycpt.splits import equal_count_split
 import numpy as np
 
 from raycpt.report.sweep.seeds import (METHOD_RUNS, has_run_noise, heldout_units, question_units, run_noise)
-from raycpt.stats import (DEFAULT_RESAMPLES, Interval, paired_accuracy_delta, paired_mean_t, pooled_run_test,
-                          ratio_delta_t, seed_interval, stratified_mcnemar_p, stratified_paired_delta)
+from raycpt.stats import (DEFAULT_RESAMPLES, Interval, paired_accuracy_delta, paired_mean_t, ratio_delta_t,
+                          seed_interval, stratified_mcnemar_p, stratified_paired_delta, welch_run_test)
 from raycpt.tasks import is_continuous
 
 CATEGORY_ORDER = ["stem", "social_science", "humanities", "other", "average", "overall"]
@@ -124,29 +124,59 @@ def compare(runs_a: dict, runs_b: dict, value: Callable[[dict], Optional[float]]
             units: Optional[Callable[[list, list], Optional[tuple]]] = None, noise: Optional[dict] = None) -> dict:
     """``value(a) - value(b)`` for two rows' runs.
 
-    With run-to-run noise measured (``noise``: :func:`raycpt.report.sweep.seeds.run_noise`, df > 0 - some row
-    of the sweep has two runs): a strategy claim, the mean of a's runs minus the mean of b's with
-    :func:`raycpt.stats.pooled_run_test` (``units(runs_a, runs_b)``: the (variance, df) of the shared units'
-    sampling error, documents or questions, and the method's name; without it the run noise alone). Without: one run each, that
-    difference with ``interval(a, b)`` (a checkpoint comparison: document or question sampling), paired by
-    seed. Returns ``{"delta", "lo", "hi", "sign", "method", "n", "p"}`` (:func:`delta_cell`)."""
+    With two or more runs of both rows (``noise``: :func:`raycpt.report.sweep.seeds.run_noise`, df > 0): a strategy
+    claim, :func:`run_test` (each row's own run variance). Otherwise one run each, that difference with
+    ``interval(a, b)`` (a checkpoint comparison: document or question sampling), paired by seed. Returns
+    ``{"delta", "lo", "hi", "sign", "method", "n", "p"}`` (:func:`delta_cell`)."""
     va = [(sd, value(t)) for sd, t in runs_a.items()]
     vb = [(sd, value(t)) for sd, t in runs_b.items()]
     va, vb = [(sd, v) for sd, v in va if v is not None], [(sd, v) for sd, v in vb if v is not None]
     if not va or not vb:
         return delta_cell(None, None)
-    if has_run_noise(noise):
-        point = float(np.mean([v for _, v in va]) - np.mean([v for _, v in vb]))
-        u = units([runs_a[sd] for sd, _ in va], [runs_b[sd] for sd, _ in vb]) if units else None
-        var, df, method = u or (0.0, math.inf, METHOD_RUNS)
-        iv = pooled_run_test(point, len(va), len(vb), noise["var"], noise["df"], var, df, method=method)
-        return delta_cell(iv, point)
+    if has_run_noise(noise) and len(va) > 1 and len(vb) > 1:
+        return run_test([v for _, v in va], [v for _, v in vb],
+                        units([runs_a[sd] for sd, _ in va], [runs_b[sd] for sd, _ in vb]) if units else None)
     shared = [sd for sd, _ in va if sd in runs_b and value(runs_b[sd]) is not None]
     if len(shared) != 1:
         return delta_cell(None, None) if not shared else delta_cell(None, float(np.mean(
             [value(runs_a[sd]) - value(runs_b[sd]) for sd in shared])))
     sd = shared[0]
     return delta_cell(interval(runs_a[sd], runs_b[sd]), value(runs_a[sd]) - value(runs_b[sd]))
+
+
+def run_test(va: list[float], vb: Optional[list[float]], units: Optional[tuple]) -> dict:
+    """Mean of a's runs minus mean of b's (``vb`` None: b is one fixed run, the untrained model, value 0 here:
+    pass ``va`` already minus it) by :func:`raycpt.stats.welch_run_test`: each row's own run variance plus the
+    shared units' sampling error ``units`` = (variance, df, method) (None: run noise alone)."""
+    var, df, method = units or (0.0, math.inf, METHOD_RUNS)
+    point = float(np.mean(va) - (np.mean(vb) if vb is not None else 0.0))
+    vbar = (float(np.var(vb, ddof=1)), len(vb)) if vb is not None else (0.0, math.inf)
+    iv = welch_run_test(point, float(np.var(va, ddof=1)), len(va), vbar[0], vbar[1], var, df, method=method)
+    return delta_cell(iv, point)
+
+
+def fixed_delta(runs: dict, fixed: dict, value, interval, units, noise: Optional[dict]) -> dict:
+    """A row's runs minus one fixed run (the untrained model: no run noise of its own): with two or more runs of
+    the row, :func:`run_test` with the reference fixed; with one, that run against it on the same units."""
+    vb = value(fixed)
+    va = [(sd, value(t)) for sd, t in runs.items() if value(t) is not None]
+    if vb is None or not va:
+        return delta_cell(None, None)
+    point = sum(v for _, v in va) / len(va) - vb
+    if has_run_noise(noise) and len(va) > 1:
+        return run_test([v - vb for _, v in va], None, units([runs[sd] for sd, _ in va], [fixed]) if units else None)
+    if len(va) != 1:
+        return delta_cell(None, point)
+    return delta_cell(interval(runs[va[0][0]], fixed), point)
+
+
+def negated(d: dict) -> dict:
+    """b - a from a - b: the delta and its interval mirrored."""
+    if d.get("delta") is None:
+        return d
+    lo, hi = d.get("lo"), d.get("hi")
+    return {**d, "delta": -d["delta"], "lo": None if hi is None else -hi, "hi": None if lo is None else -lo,
+            "sign": None if d.get("sign") is None else -d["sign"]}
 
 
 def cell_value(task: str, cat: str, mode: str) -> Callable[[dict], Optional[float]]:
@@ -244,9 +274,12 @@ def _summary_row(g: dict, base: Optional[dict], task: str, cats: list[str], mode
     return {"name": g["name"], "strategy": g["strategy"], "split": g["split"], "seeds": list(g["runs"]),
             "cells": row_cells, "final_loss": mean_of(g["runs"], lambda t: t.get("final_loss"))["value"],
             "heldout_loss": mean_of(g["runs"], held)["value"],
-            "heldout_delta": None if is_base else compare(g["runs"], base["runs"], held,
-                                                          lambda a, b: heldout_delta(a, b, resamples, seed),
-                                                          heldout_units, noise[HELD]),
+            "heldout_delta": None if is_base else (
+                negated(fixed_delta(base["runs"], next(iter(g["runs"].values())), held,
+                                    lambda a, b: heldout_delta(a, b, resamples, seed), heldout_units, noise[HELD]))
+                if g["strategy"] == "base" else  # base - full with base fixed: the against-base interval, mirrored
+                compare(g["runs"], base["runs"], held, lambda a, b: heldout_delta(a, b, resamples, seed),
+                        heldout_units, noise[HELD])),
             "general_loss": mean_of(g["runs"], general_loss_of)["value"],
             "general_delta": None if is_base else compare(
                 g["runs"], base["runs"], general_loss_of, lambda a, b: heldout_delta(a, b, resamples, seed, "general"),

@@ -19,7 +19,7 @@ def domain_general(tables: dict[str, list[dict]], domain: Sequence[str], general
     first = tables[(d_tasks or g_tasks)[0]]
     out = []
     for row in first:
-        if row["name"] == baseline or row["strategy"] == "base":  # the base row: its own table (sweep_base)
+        if row["name"] == baseline or row["strategy"] == "base":  # the base row: its own table (report.sweep.base)
             continue
         entry = {"name": row["name"], "strategy": row["strategy"], "split": row["split"],
                  "heldout": row.get("heldout_delta"), "general_loss": row.get("general_delta"), "domain": [],

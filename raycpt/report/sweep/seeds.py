@@ -1,11 +1,11 @@
 """Run-to-run noise in the sweep's verdict (issue 36): the training run is the unit of evidence.
 
-With several runs of a row (``sweep.seeds``, or extra seeds of one plan), every comparison of two rows is a
-claim about two *strategies*: :func:`raycpt.stats.pooled_run_test`, the difference of the rows' means over
-their runs against run-to-run noise pooled over all the sweep's runs of that metric (exchangeable across
-plans) plus the sampling noise of the units every run shares (documents of the held-out set, clustered;
-questions). With one run per row there is no estimate of run-to-run noise: a comparison is of two
-checkpoints (:data:`CHECKPOINT`) and the verdict says so.
+With two or more runs of both rows compared (``sweep.seeds``, or ``sweep.floor_seeds``), a comparison is a
+claim about two *strategies*: :func:`raycpt.stats.welch_run_test`, the difference of the rows' means over their
+runs against each row's *own* run-to-run variance (Welch-Satterthwaite df; issue 50: run noise is not assumed
+equal across plans - LoRA, LISA and full differ) plus the sampling noise of the units every run shares
+(documents of the held-out set, clustered; questions). With one run of either row there is no estimate of its
+run-to-run noise: the comparison is of two checkpoints (:data:`CHECKPOINT`) and the verdict says so.
 
 Pure: trial dicts in (their ``heldout_blocks`` / ``heldout_docs`` / ``outcomes``), numbers out.
 """
@@ -21,10 +21,12 @@ from raycpt.stats import mean_sampling_variance, pooled_run_variance, ratio_delt
 from raycpt.tasks import is_continuous
 
 STRATEGY, CHECKPOINT = "strategy", "checkpoint"
-METHOD_HELDOUT = "runs pooled + documents"
-METHOD_QUESTIONS = "runs pooled + questions"
-METHOD_RUNS = "runs pooled"
-POOLED_METHODS = (METHOD_HELDOUT, METHOD_QUESTIONS, METHOD_RUNS)
+METHOD_HELDOUT = "runs per plan + documents"
+METHOD_QUESTIONS = "runs per plan + questions"
+METHOD_RUNS = "runs per plan"
+RUN_METHODS = (METHOD_HELDOUT, METHOD_QUESTIONS, METHOD_RUNS)
+RUN_MODEL = "per plan (Welch-Satterthwaite)"
+"""The run-noise model of every strategy test, as the verdict states it."""
 SEEDS_HINT = "sweep.seeds=[0,1,2]"
 FLOOR_HINT = "sweep.floor_seeds=[1,2]"
 
@@ -33,12 +35,13 @@ def claim_of(method: Optional[str]) -> Optional[str]:
     """What a comparison's test speaks about: a strategy (run-to-run noise inside), a checkpoint, or None."""
     if method is None:
         return None
-    return STRATEGY if method in POOLED_METHODS else CHECKPOINT
+    return STRATEGY if method in RUN_METHODS else CHECKPOINT
 
 
 def run_noise(groups: dict, value: Callable[[dict], Optional[float]]) -> dict:
     """``{"var", "df", "runs"}``: the run-to-run variance of ``value`` pooled over every row of the sweep
-    (:func:`raycpt.stats.pooled_run_variance`); df 0 when no row has two runs."""
+    (:func:`raycpt.stats.pooled_run_variance`: shown, and df 0 says no row has two runs; the tests use each
+    row's own variance, :func:`raycpt.stats.welch_run_test`)."""
     vals = [[value(t) for t in g["runs"].values()] for g in groups.values()]
     vals = [[v for v in row if v is not None] for row in vals]
     var, df = pooled_run_variance(vals)
@@ -92,6 +95,13 @@ def has_run_noise(noise: Optional[dict]) -> bool:
     return bool(noise) and noise.get("df", 0) > 0 and not math.isnan(noise.get("var", math.nan))
 
 
+def strategy_claims_allowed(summary: dict) -> bool:
+    """Whether the summary's marks and best may be shown as findings: only when the verdict's comparisons hold
+    run-to-run noise (a strategy claim). A one-seed sweep without a noise estimate compares checkpoints; its
+    views then show each delta with its interval and no ▲ / ▼ and no best (issue 50)."""
+    return (summary.get("verdict") or {}).get("claim") == STRATEGY
+
+
 def checkpoint_line(summary: dict) -> Optional[str]:
     """The verdict's one line when the sweep made no strategy claim: what its marks compare, and the command
     that makes them strategy claims. None when run-to-run noise was measured."""
@@ -100,5 +110,5 @@ def checkpoint_line(summary: dict) -> Optional[str]:
         return None
     return ("One run per row: every ▲ / ▼ and best mark below compares these checkpoints (document and question "
             "sampling only), not the strategies - run-to-run noise is not measured. For a claim about the "
-            f"strategies run several seeds: raycpt sweep CONFIG {SEEDS_HINT}, or two more runs of full as a "
-            f"noise floor: {FLOOR_HINT} (docs/analysis.md).")
+            f"strategies run several seeds: raycpt sweep CONFIG {SEEDS_HINT}, or the noise floor {FLOOR_HINT} "
+            "(full at both seeds, every other row at the first: each plan its own run variance; docs/analysis.md).")

@@ -108,7 +108,10 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
     decision["legend"] = verdict.legend(methods, report.get("primary") if decision["primary_found"] else
                                         (f"{report.get('primary')} (not evaluated in this sweep)"
                                          if report.get("primary") else None),
-                                        decision["adjust"], decision["alpha"], decision["family_size"])
+                                        decision["adjust"], decision["alpha"], decision["family_size"],
+                                        decision["base_size"])
+    if decision.get("run_model"):
+        decision["legend"].append(f"Run-to-run noise model: {decision['run_model']} - each plan's own run variance.")
     if report.get("footing"):
         decision["legend"].append("Plans: " + report["footing"] + ".")
     return {"tables": tables, "split_gains": gains, "domain_general": domain_general(tables, domain, general),

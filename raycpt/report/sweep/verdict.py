@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from raycpt.report import verdict
-from raycpt.report.sweep.seeds import CHECKPOINT, STRATEGY, claim_of, heldout_units, question_units, run_noise
+from raycpt.report.sweep.seeds import (CHECKPOINT, RUN_MODEL, STRATEGY, claim_of, heldout_units, question_units,
+                                      run_noise)
 from raycpt.report.sweep.cells import (GENERAL, cell_value, mean_of, compare, group_trials, heldout_delta,
                                        question_delta)
 from raycpt.report.verdict import HELDOUT
@@ -29,7 +30,8 @@ def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[d
         if d.get("delta") is None:
             return
         e = fam.setdefault(key, {"a": key[0], "b": key[1], "task": task, "mode": mode, "delta": d["delta"],
-                                 "p": d.get("p"), "claim": claim_of(d.get("method")), "cells": [], "flat": []})
+                                 "p": d.get("p"), "claim": claim_of(d.get("method")), "cells": [], "flat": [],
+                                 "family": verdict.FAMILY_BASE if key[1] == BASE else verdict.FAMILY_FULL})
         e["primary"] = key[1] == baseline and verdict.is_primary(e, primary)
         if cell is not None:
             e["cells"].append(cell)
@@ -81,9 +83,10 @@ def _clear_marks(tables: dict, gains: dict) -> None:
 def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict, baseline: str = "full",
                   base_rows: Sequence[dict] = ()) -> dict:
     """Decide the family (adjusted p-values, marks) and write the decisions into the cells they rest on.
-    Returns ``{"comparisons", "primary", "claim", "adjust", "alpha", "family_size"}``; ``claim`` (each
-    comparison's too): ``strategy`` when the tests hold run-to-run noise (:mod:`raycpt.report.sweep.seeds`),
-    ``checkpoint`` when the sweep has one run per row."""
+    Returns ``{"comparisons", "primary", "claim", "run_model", "adjust", "alpha", "family_size", "base_size"}``;
+    ``claim`` (each comparison's too): ``strategy`` when the tests hold run-to-run noise
+    (:mod:`raycpt.report.sweep.seeds`; ``run_model`` says which model of it), ``checkpoint`` when they do not.
+    ``family_size`` / ``base_size``: the tested comparisons against full / against base (two families)."""
     primary = verdict.parse_primary(report.get("primary"))
     _clear_marks(tables, gains)
     for r in base_rows:  # the interval-only signs of the comparisons against base, as in the tables
@@ -93,7 +96,7 @@ def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict,
     decided = verdict.decide(fam, report.get("adjust", "holm"), report.get("alpha", verdict.ALPHA))
     for d in decided:
         for cell in d["cells"]:
-            cell.update(sign=d["sign"], p_adj=d["p_adj"], role=d["role"], claim=d["claim"])
+            cell.update(sign=d["sign"], p_adj=d["p_adj"], role=d["role"], claim=d["claim"], family=d["family"])
         for g, key in d["flat"]:
             g.update({f"{key}_sign": d["sign"], f"{key}_p_adj": d["p_adj"], f"{key}_role": d["role"],
                       f"{key}_claim": d["claim"]})
@@ -101,8 +104,10 @@ def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict,
     claims = {c["claim"] for c in comps if c["p"] is not None}
     return {"comparisons": comps, "primary": report.get("primary"), "primary_found": any(c["primary"] for c in comps),
             "claim": STRATEGY if STRATEGY in claims else (CHECKPOINT if claims else None),
+            "run_model": RUN_MODEL if STRATEGY in claims else None,
             "adjust": report.get("adjust", "holm"), "alpha": report.get("alpha", verdict.ALPHA),
-            "family_size": sum(c["p"] is not None for c in comps)}
+            "family_size": sum(c["p"] is not None and c["family"] == verdict.FAMILY_FULL for c in comps),
+            "base_size": sum(c["p"] is not None and c["family"] == verdict.FAMILY_BASE for c in comps)}
 
 
 def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str = "full",

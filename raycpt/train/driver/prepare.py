@@ -57,7 +57,8 @@ def prepare_plan(cfg: ExperimentConfig, model_path: str) -> tuple[LayerPlan, dic
 
     model = model_skeleton(model_path)
     stack = LayerStack.of(model)
-    plan = build_plan(cfg.plan, stack.num_layers, tied_embeddings=tied_embeddings(stack), max_steps=cfg.train.max_steps)
+    plan = build_plan(cfg.plan, stack.num_layers, tied_embeddings=tied_embeddings(stack), max_steps=cfg.train.max_steps,
+                      seed=cfg.train.seed)
     limit = position_limit(model.config)
     if limit is not None and cfg.data.seq_len > limit:
         raise RaycptError(f"data.seq_len={cfg.data.seq_len} is beyond this model's limit of {limit} positions "

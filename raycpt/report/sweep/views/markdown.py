@@ -151,6 +151,9 @@ def split_words(summary: dict) -> list[str]:
     if largest is None:
         return []
     top, same, told = largest
+    gains = next(iter((summary.get("split_gains") or {}).values()), [])
+    if sum(g.get("S_b") is not None for g in gains) < 2:  # one split: nothing to single out (issue 50)
+        return []
     if not told:
         return [f"Largest S(b) among the sweep's splits: r = {top:g} (argmax of point estimates; the trace gave no "
                 "set of splits indistinguishable from it)."]
@@ -177,7 +180,7 @@ def base_markdown(summary: dict) -> str:
     front = set(base.get("pareto") or [])
     lines = ["**Gain and forgetting against base** (the untrained model) — gain > 0 = better than base, forgetting "
              "> 0 = worse; [95% interval]; ▲ / ▼ = better / worse than base after the verdict's multiplicity "
-             "control; ★ = on the Pareto front of the first gain and first forgetting column", "",
+             "control; ★ = on the Pareto front of the first gain and first forgetting column (point estimates)", "",
              "| row | " + " | ".join(f"{m['axis'].replace('forget', 'forgetting')}: {m['label']}" for m in metrics)
              + " |", "|" + "---|" * (len(metrics) + 1)]
     for r in rows:

@@ -127,7 +127,7 @@ def plot_tradeoff(path: Path, base: dict) -> Path:
     line = sorted((p for p in pts if p[0] in front), key=lambda p: p[1])
     if len(line) > 1:
         ax.plot([p[1] for p in line], [p[2] for p in line], color="tab:red", lw=1, ls="--", zorder=2,
-                label="Pareto front (★)")
+                label="Pareto front of the point estimates (★)")
         ax.legend(fontsize=8, loc="best")
     ax.axhline(0, color="grey", lw=0.8)
     ax.axvline(0, color="grey", lw=0.8)

@@ -10,7 +10,7 @@ from typing import Optional
 
 from raycpt.report.sweep.views.format import fmt_p, mark_of
 from raycpt.report.sweep.views.markdown import oriented_mark, split_words
-from raycpt.report.sweep.seeds import CHECKPOINT, FLOOR_HINT, SEEDS_HINT
+from raycpt.report.sweep.seeds import CHECKPOINT, FLOOR_HINT, SEEDS_HINT, strategy_claims_allowed
 from raycpt.report.verdict import HELDOUT
 
 MAX_AXES = 3  # gain / forgetting columns in the terminal table (the rest: summary.md)
@@ -21,26 +21,29 @@ def compact_verdict(summary: dict) -> list[str]:
     row, the trade-off's Pareto front, S(b)."""
     v = summary.get("verdict") or {}
     lines = []
+    allowed = strategy_claims_allowed(summary)  # issue 50: no ▲ / ▼ and no best without run noise measured
     if v.get("claim") == CHECKPOINT:
-        lines.append(f"One run per row: marks compare checkpoints, not strategies ({SEEDS_HINT} or {FLOOR_HINT} "
-                     "for that).")
+        lines.append(f"One run per row: each Δ compares two checkpoints, shown with its interval and no marks or best "
+                     f"(run-to-run noise not measured: {SEEDS_HINT} or {FLOOR_HINT} for strategy claims).")
     prim = [c for c in v.get("comparisons", []) if c.get("primary")]
-    if prim:
+    if prim and allowed:
         worse = sum(c["sign"] == (1 if c["task"] == HELDOUT else -1) for c in prim)
         better = sum(c["sign"] == (-1 if c["task"] == HELDOUT else 1) for c in prim)
         lines.append(f"Primary {v.get('primary')} vs full ({v.get('adjust')}, {v.get('family_size')} comparisons, "
                      f"error <= {v.get('alpha', 0.05):g}): {better} ▲ better, {worse} ▼ worse, "
                      f"{len(prim) - better - worse} no clear change.")
+    elif prim:
+        lines.append(f"Primary {v.get('primary')} vs full: each row's Δ below with its checkpoint interval.")
     else:
         lines.append(f"Primary comparison: {v.get('primary') or 'none declared'} - not evaluated in this sweep.")
-    b = v.get("best")
+    b = v.get("best") if allowed else None
     if b:
         lines.append(f"Best on {b['metric']}: {b['best']} (beats every row, largest p = {fmt_p(b['p'])} of "
                      f"{b['pairs']} pairs)" if b["best"] else
                      f"Best on {b['metric']}: none clear (top {b['top']} vs {b['runner_up']}: p = {fmt_p(b['p'])})")
     base = summary.get("base") or {}
     if base.get("axes"):
-        lines.append(f"Gain vs forgetting against base (summary/tradeoff.png): Pareto front "
+        lines.append(f"Gain vs forgetting against base (summary/tradeoff.png): Pareto front of the point estimates "
                      f"{', '.join(base['pareto']) or '-'}.")
     elif base.get("rows") is not None and not base.get("rows"):
         lines.append("No base row (sweep.include_base=false): gain and forgetting are not measured.")
@@ -102,20 +105,25 @@ def compact_table(summary: dict):
     cols = _axis_columns(base)
     metrics = base.get("metrics") or []
     by_row = {r["name"]: r for r in base.get("rows", [])}
-    table = Table(title="held-out loss Δ vs full; gain / forgetting vs base (± 95%; ▲▼ better/worse)",
+    marks = strategy_claims_allowed(summary)  # checkpoint comparisons: Δ and interval, no ▲ / ▼ (issue 50)
+    table = Table(title="held-out loss Δ vs full; gain / forgetting vs base (± 95%" + ("; ▲▼ better/worse)" if marks
+                                                                                     else ")"),
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1), title_justify="left",
                   caption=_caption(metrics, cols) or None, caption_justify="left")
     for col in ["row", "Δ vs full"] + [_header(metrics[i]) for i in cols]:
         table.add_column(col, justify="left" if col == "row" else "right", no_wrap=True)
     first = next(iter((summary.get("tables") or {}).values()), [])
+
+    def pm(cell, *args, **kw):
+        return _pm(cell if marks or not cell else {**cell, "sign": None}, *args, **kw)
     for r in first:
         if r["strategy"] == "base":  # its Δ against full is full's gain read backwards: unmarked
-            cells = [_pm(r.get("heldout_delta"), 3, lower_is_better=True)] + ["0 (ref)"] * len(cols)
+            cells = [pm(r.get("heldout_delta"), 3, lower_is_better=True)] + ["0 (ref)"] * len(cols)
         else:
-            cells = [_pm(r.get("heldout_delta"), 3, lower_is_better=True)]
+            cells = [pm(r.get("heldout_delta"), 3, lower_is_better=True)]
             row = by_row.get(r["name"]) or {"cells": [{}] * len(metrics)}
             for i in cols:
                 c = row["cells"][i] if i < len(row["cells"]) else {}
-                cells.append(_pm(oriented_mark(c, metrics[i]), 3 if metrics[i]["mode"] is None else 2))
+                cells.append(pm(oriented_mark(c, metrics[i]), 3 if metrics[i]["mode"] is None else 2))
         table.add_row(r["name"], *cells)
     return table
