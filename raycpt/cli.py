@@ -20,6 +20,7 @@ from rich.console import Console
 from raycpt.cluster import check_store, cluster_check_lines
 from raycpt.config import load_config
 from raycpt.jobs.job import Options, run_job
+from raycpt.registry import SELECTORS
 from raycpt.report import render as R
 from raycpt.usage import Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
 
@@ -126,10 +127,9 @@ COMMANDS: dict[str, Row] = {
                        check=False),
     "ui": Row(lazy("raycpt.jobs.info", "UI"), R.render_nothing, "Start the MLflow UI on the run root's store, bound "
               "to 127.0.0.1.", (Opt("port", int, "port on 127.0.0.1", default=5000),)),
-    "select": Row(lazy("raycpt.jobs.select", "SELECT"), R.render_select, "A layer selector's score per layer (Block "
-                  "Influence, weight SNR, LayerTracer LS^-TP^ or seeded random) -> a ranking file plan.name=elite "
-                  "reads, a plot, MLflow.", (
-                      Opt("method", S, "bi, snr, layertracer or random (sets select.method)", "select.method"),
+    "select": Row(lazy("raycpt.jobs.select", "SELECT"), R.render_select, "A layer selector's score per layer ("
+                  f"{SELECTORS.choices()}) -> a ranking file plan.name=elite reads, a plot, MLflow.", (
+                      Opt("method", S, f"{SELECTORS.describe()} (sets select.method)", "select.method"),
                       Opt("k", I, "top-k layers named in the ranking (1..layers; sets select.k)", "select.k"))),
     "runs export": Row(lazy("raycpt.jobs.export", "RUNS_EXPORT"), R.render_line, "Copy a run's or trial's "
                        "final_model/ into a standalone folder: its links to the base model's shared shards replaced "
