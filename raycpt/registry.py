@@ -86,6 +86,10 @@ class Registry:
             e = self._entries[name] = Entry(e.name, e.obj.resolve(), e.help, e.info)
         return e.obj
 
+    def names_with(self, key: str) -> tuple[str, ...]:
+        """The names registered with a true fact ``key`` (``PLANS.names_with("takes_split")``), in order."""
+        return tuple(n for n, e in self._entries.items() if e.info.get(key))
+
     def info(self, name: str, key: str, default: Any = None) -> Any:
         """A fact registered with ``name`` (``takes_split``, ``metric``...), or ``default``."""
         return self.entry(name).info.get(key, default)
