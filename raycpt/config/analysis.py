@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 from raycpt.config.checks import check_field
+from raycpt.registry import SELECTORS  # declared in raycpt.diagnostics, which the package root imports
 
 
 @dataclass
@@ -127,17 +128,13 @@ class CompareConfig:
         check_field(self.batch_size >= 1, "compare.batch_size", self.batch_size, "an integer >= 1")
 
 
-SELECTOR_NAMES = ("bi", "snr", "layertracer", "random", "elo", "gradnorm")
-"""The names of :data:`raycpt.diagnostics.selectors.SELECTORS` (the config sits below the diagnostics: a unit test
-holds the two equal)."""
-
-
 @dataclass
 class SelectConfig:
     """``raycpt select``: a layer selector's scores per layer -> a ranking file (its CLI options override these)."""
 
     method: str = "bi"
-    """Selector: bi (Block Influence on corpus blocks), snr (weight-only SNR, the mean over a layer's matrices),
+    """Selector: a name of the selector registry (:data:`raycpt.registry.SELECTORS`; ``raycpt select --help`` lists
+    them): bi (Block Influence on corpus blocks), snr (weight-only SNR, the mean over a layer's matrices),
     layertracer (LS^ - TP^ of a trace), random (seeded), elo (first and last layers first) or gradnorm (per-layer
     gradient norm of the LM loss on corpus blocks, AdaGradSelect-style)."""
     k: Optional[int] = None
@@ -152,6 +149,6 @@ class SelectConfig:
     """snr: divide each matrix's SNR by its largest singular value, as Spectrum's script does."""
 
     def __post_init__(self):
-        check_field(self.method in SELECTOR_NAMES, "select.method", self.method, f"one of {', '.join(SELECTOR_NAMES)}")
+        check_field(self.method in SELECTORS, "select.method", self.method, f"one of {SELECTORS.choices()}")
         check_field(self.samples >= 1, "select.samples", self.samples, "an integer >= 1")
         check_field(self.seq_len is None or self.seq_len >= 2, "select.seq_len", self.seq_len, "an integer >= 2 or null")

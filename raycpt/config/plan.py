@@ -1,18 +1,13 @@
-"""``plan``: which layers train (a name of the plan registry and its settings), and that registry."""
+"""``plan``: which layers train (a name of the plan registry, :data:`raycpt.registry.PLANS`, and its settings)."""
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from raycpt.config.checks import check_field
-
-
-PLANS: dict[str, Any] = {}
-"""The plan registry, filled by ``@register_plan`` in :mod:`raycpt.strategies` (which the package root imports,
-so it is complete before any config is built): ``plan.name`` is checked against it, and a new plan is one
-decorated function."""
+from raycpt.registry import PLANS  # filled by @register_plan in raycpt.strategies, which the package root imports
 
 
 @dataclass
@@ -97,9 +92,9 @@ class PlanConfig:
                    "3.self_attn.q_proj")
         check_field(self.elo_layers >= 1, "plan.elo_layers", self.elo_layers, "an integer >= 1")
         check_field(self.expand_blocks >= 1, "plan.expand_blocks", self.expand_blocks, "an integer >= 1")
-        close = difflib.get_close_matches(self.name, list(PLANS), n=1)
+        close = difflib.get_close_matches(self.name, PLANS.names(), n=1)
         check_field(self.name in PLANS, "plan.name", self.name,
-               "one of " + ", ".join(PLANS) + (f" (did you mean {close[0]!r}?)" if close else ""))
+               "one of " + PLANS.choices() + (f" (did you mean {close[0]!r}?)" if close else ""))
         check_field(0 < self.split < 1, "plan.split", self.split, "a ratio strictly between 0 and 1")
         check_field(all(c in "01" for c in self.pattern), "plan.pattern", self.pattern, "a string of 0 and 1, e.g. 01100")
         check_field(self.k >= 1, "plan.k", self.k, "an integer >= 1")

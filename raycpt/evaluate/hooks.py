@@ -23,7 +23,7 @@ def wordnet_mc_dataset(questions: str | None = None, reader: str = "questions", 
     """
     import datasets
 
-    rows = READERS[reader](questions or WORDNET_MC_FILE)
+    rows = READERS.get(reader)(questions or WORDNET_MC_FILE)
     return datasets.DatasetDict({"validation": datasets.Dataset.from_list(rows)})
 
 

@@ -79,7 +79,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt.models",),
     ("raycpt.runs", "raycpt.tracking", "raycpt.runtime", "raycpt.worker_setup", "raycpt.cluster", "raycpt.ui"),
     ("raycpt.config", "raycpt.tasks"),
-    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress"),
+    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress",
+     "raycpt.registry"),  # the leaf registry (issue 46 item 5): every layer above may register into it or read it
 )
 
 
