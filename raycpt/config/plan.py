@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from raycpt.config.checks import check_field
+from raycpt.config.checks import check_field, check_seed
 
 
 PLANS: dict[str, Any] = {}
@@ -95,6 +95,7 @@ class PlanConfig:
             check_field(head.isdigit() and bool(rest), "plan.matrices", m, "entries <layer>.<module path>, e.g. "
                    "3.self_attn.q_proj")
         check_field(self.elo_layers >= 1, "plan.elo_layers", self.elo_layers, "an integer >= 1")
+        check_seed("plan.lisa_seed", self.lisa_seed)
         check_field(self.expand_blocks >= 1, "plan.expand_blocks", self.expand_blocks, "an integer >= 1")
         close = difflib.get_close_matches(self.name, list(PLANS), n=1)
         check_field(self.name in PLANS, "plan.name", self.name,
