@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from raycpt.config.checks import check_field
+from raycpt.config.checks import check_distinct_tags, check_field, check_seed, lr_tag
 from raycpt.registry import SELECTORS  # declared in raycpt.diagnostics, which the package root imports
 
 
@@ -64,12 +64,13 @@ class ContributionConfig:
     def __post_init__(self):
         check_field(self.sample_temperature >= 0, "contribution.sample_temperature", self.sample_temperature,
                "a number >= 0 (0 = the argmax answer)")
-        check_field(self.sample_seed >= 0, "contribution.sample_seed", self.sample_seed, "an integer >= 0")
+        check_seed("contribution.sample_seed", self.sample_seed)
         check_field(self.elite_k >= 1, "contribution.elite_k", self.elite_k, "an integer >= 1")
         if self.lr_grid is not None:
             check_field(len(self.lr_grid) > 0 and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
                                                  for m in self.lr_grid), "contribution.lr_grid", self.lr_grid,
                    "positive learning-rate multipliers, e.g. [0.333, 1, 3], or null")
+            check_distinct_tags("contribution.lr_grid", self.lr_grid, lr_tag)
         check_field(self.validation_docs >= 1, "contribution.validation_docs", self.validation_docs, "an integer >= 1")
         check_field(self.elite_lr_scale > 0, "contribution.elite_lr_scale", self.elite_lr_scale, "a positive number")
         if isinstance(self.layers, str) and self.layers != "all":
@@ -151,4 +152,5 @@ class SelectConfig:
     def __post_init__(self):
         check_field(self.method in SELECTORS, "select.method", self.method, f"one of {SELECTORS.choices()}")
         check_field(self.samples >= 1, "select.samples", self.samples, "an integer >= 1")
+        check_seed("select.seed", self.seed)
         check_field(self.seq_len is None or self.seq_len >= 2, "select.seq_len", self.seq_len, "an integer >= 2 or null")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from raycpt.config.checks import check_field
+from raycpt.config.checks import check_field, check_seed
 
 
 HYBRID_BUILDS = ("new_shallow", "new_deep", "custom")
@@ -67,8 +67,11 @@ class HybridConfig:
             check_field(len(self.segments) > 0, "hybrid.segments", self.segments,
                    "a non-empty list of segments ({donor, layers: [start, end)} or {new: KIND, count: N}) "
                    "for the custom build")
+        check_seed("hybrid.init_seed", self.init_seed)
         for i, seg in enumerate(self.segments):
             name = f"hybrid.segments[{i}]"
+            if seg.init_seed is not None:
+                check_seed(f"{name}.init_seed", seg.init_seed)
             check_field(bool(seg.new) != bool(seg.layers), name, vars(seg),
                    "either donor layers {donor, layers: [start, end)} or new layers {new: KIND, count: N}, not both")
             if seg.new:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from raycpt.config.checks import check_field
+from raycpt.config.checks import check_field, check_seed
 
 
 @dataclass
@@ -77,3 +77,6 @@ class DataConfig:
                "a share in [0, 0.5) (0 = the corpus tail after data.max_documents)")
         check_field(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
         check_field(self.shuffle_window >= 1, "data.shuffle_window", self.shuffle_window, "an integer >= 1")
+        if self.shuffle_seed is not None:
+            check_seed("data.shuffle_seed", self.shuffle_seed)
+        check_seed("data.heldout_seed", self.heldout_seed)

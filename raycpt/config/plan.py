@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from raycpt.config.checks import check_field
+from raycpt.config.checks import check_field, check_seed
 from raycpt.registry import PLANS  # filled by @register_plan in raycpt.strategies, which the package root imports
 
 
@@ -91,6 +91,8 @@ class PlanConfig:
             check_field(head.isdigit() and bool(rest), "plan.matrices", m, "entries <layer>.<module path>, e.g. "
                    "3.self_attn.q_proj")
         check_field(self.elo_layers >= 1, "plan.elo_layers", self.elo_layers, "an integer >= 1")
+        if self.lisa_seed is not None:  # None: the run's train.seed
+            check_seed("plan.lisa_seed", self.lisa_seed)
         check_field(self.expand_blocks >= 1, "plan.expand_blocks", self.expand_blocks, "an integer >= 1")
         close = difflib.get_close_matches(self.name, PLANS.names(), n=1)
         check_field(self.name in PLANS, "plan.name", self.name,

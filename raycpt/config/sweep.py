@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from raycpt.config.checks import check_field
+from raycpt.config.checks import check_distinct_tags, check_field, check_seed, lr_tag
 
 
 @dataclass
@@ -84,11 +84,15 @@ class SweepConfig:
                    "a non-empty list of distinct integers, or null (one run per trial at train.seed)")
             dup = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
             check_field(not dup, "sweep.seeds", self.seeds, f"distinct integers (seed {dup[0] if dup else ''} is listed twice)")
+            for sd in self.seeds:
+                check_seed("sweep.seeds", sd)
         if self.floor_seeds is not None:
             f = self.floor_seeds
             check_field(len(f) > 0 and all(isinstance(x, int) and not isinstance(x, bool) for x in f)
                    and len(set(f)) == len(f), "sweep.floor_seeds", f,
                    "a non-empty list of distinct integers (extra seeds of full), or null")
+            for sd in f:
+                check_seed("sweep.floor_seeds", sd)
             check_field(self.seeds is None, "sweep.floor_seeds", f,
                    "null when sweep.seeds is set (every row then has several runs already)")
             check_field(self.include_full or "full" in self.strategies, "sweep.floor_seeds", f,
@@ -98,6 +102,7 @@ class SweepConfig:
                                                  for m in self.lr_grid) and len(set(self.lr_grid)) == len(self.lr_grid),
                    "sweep.lr_grid", self.lr_grid, "distinct positive learning-rate multipliers, e.g. [0.333, 1, 3], "
                    "or null")
+            check_distinct_tags("sweep.lr_grid", self.lr_grid, lr_tag)
         check_field(self.lora_lr_scale > 0, "sweep.lora_lr_scale", self.lora_lr_scale, "a positive multiplier")
         check_field(isinstance(self.validation_docs, int) and self.validation_docs >= 1, "sweep.validation_docs",
                self.validation_docs, "an integer >= 1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from raycpt.config.checks import check_field
+from raycpt.config.checks import check_field, check_rate, check_seed
 
 
 @dataclass
@@ -70,7 +70,8 @@ class TrainConfig:
     """Peak dense TFLOP/s of one worker's device for MFU; None = a table of known GPUs (no MFU on CPU)."""
 
     def __post_init__(self):
-        check_field(self.lr > 0, "train.lr", self.lr, "a positive number")
+        check_rate("train.lr", self.lr)
+        check_seed("train.seed", self.seed)
         check_field(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "train.betas", self.betas,
                "two numbers in [0, 1)")
         check_field(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "a number in [0, 1)")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raycpt.config import ExperimentConfig, config_with
+from raycpt.config.checks import lr_tag
 from raycpt.diagnostics.contribution import (analyze_scan, answers_of, elite_lr_control, gold_prob_of, primary_score,
                                              spearman)
 from raycpt.diagnostics.similarity import weight_change
@@ -345,7 +346,7 @@ def _tune_lr(plan: ContributionPlan, run, shared: dict, resume: bool, console) -
     val = validation_blocks(cfg.data, plan.model_path, c.validation_docs,
                             c.heldout_docs if c.score == "heldout_loss" else 0)
     shared = {**shared, "validation_path": str(atomic_write_json(run.run_dir / "validation_blocks.json", val))}
-    specs = [ScanTrial(f"full-lr{m:.3g}", "full", lr_mult=float(m)) for m in c.lr_grid]
+    specs = [ScanTrial(f"full-{lr_tag(m)}", "full", lr_mult=float(m)) for m in c.lr_grid]
     grid = Grid("contribution", specs, shared=shared, cpus=c.cpus_per_trial, data_cpus=c.data_cpus_per_trial,
                 max_concurrent=c.max_concurrent_trials, max_steps=cfg.train.max_steps, model_path=plan.model_path,
                 tune_name="tune-lr")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raycpt.config import ExperimentConfig, config_with
+from raycpt.config.checks import lr_tag
 from raycpt.config.sweep import lr_multipliers
 from raycpt.data.validation import validation_blocks
 from raycpt.diagnostics.selectors import SelectorInputs, ranking_order, select_scores
@@ -117,7 +118,7 @@ def with_lr_grid(specs: list[TrialSpec], mults: list[float], base_lr: float) -> 
     ``base_lr``, times m); one multiplier of 1 = the trials unchanged."""
     if [float(m) for m in mults] == [1.0]:
         return specs
-    return [dataclasses.replace(t, name=f"{t.name}-lr{m:.3g}", lr_mult=float(m), base_name=t.name,
+    return [dataclasses.replace(t, name=f"{t.name}-{lr_tag(m)}", lr_mult=float(m), base_name=t.name,
                                 group=t.group or t.name,
                                 recipe={**t.recipe, "train.lr": float(t.recipe.get("train.lr", base_lr)) * float(m)})
             for t in specs for m in mults]

@@ -18,6 +18,9 @@ from ray.train.v2._internal.execution.failure_handling.failure_policy import Fai
 
 from raycpt.errors import non_retryable_oserror
 
+TRIAL_MAX_FAILURES = 1
+"""Retries of a grid trial whose process died (Tune's ``FailureConfig(max_failures)``; the inline grid the same)."""
+
 
 class OneLineFailurePolicy(DefaultFailurePolicy):
     """The default policy, except that a failure whose chain holds a non-retryable ``OSError`` is raised."""
@@ -39,3 +42,40 @@ def raycpt_failure_policy():
         return
     with mock.patch.object(dpt, "create_failure_policy", OneLineFailurePolicy):
         yield
+
+
+WORKER_DEATHS = {"OutOfMemoryError": "killed by Ray's memory monitor (out of memory)",
+                 "ActorDiedError": "its process died (ActorDiedError)",
+                 "RayActorError": "its process died (RayActorError)",
+                 "WorkerCrashedError": "its worker process crashed (WorkerCrashedError)",
+                 "NodeDiedError": "its node died (NodeDiedError)"}
+"""Ray's exceptions for a process that was killed under the work (by class name, through the class's bases: Ray
+raises subclasses, e.g. ``ActorDiedError`` is a ``RayActorError``), and how a trial's failure line says it."""
+_OOM_WORDS = ("memory monitor", "outofmemory", "out of memory", "low on memory")
+
+
+def worker_death(exc: BaseException) -> "str | None":
+    """How a worker death anywhere in ``exc``'s chain (``cause``, ``__cause__``, ``__context__``, Ray Train's
+    ``worker_failures``) reads in a trial's failure line, e.g. "killed by Ray's memory monitor (out of memory)";
+    None when nothing in the chain is a worker death. A death whose message names the memory monitor is said as an
+    out-of-memory kill whatever its class; Ray Train's "worker(s) were killed" ``RuntimeError`` is a death too."""
+    seen, todo, found = set(), [exc], None
+    while todo:
+        cur = todo.pop()
+        if cur is None or id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        text = str(cur).lower()
+        names = [c.__name__ for c in type(cur).__mro__]
+        if "OutOfMemoryError" in names or (any(n in WORKER_DEATHS for n in names) and
+                                           any(w in text for w in _OOM_WORDS)):
+            return WORKER_DEATHS["OutOfMemoryError"]
+        name = next((n for n in names if n in WORKER_DEATHS), None)
+        if name is not None:
+            found = found or WORKER_DEATHS.get(names[0]) or f"its process died ({names[0]})"
+        elif isinstance(cur, RuntimeError) and "were killed" in text:
+            found = found or "its worker process was killed (Ray Train: worker(s) were killed)"
+        errs = getattr(cur, "worker_failures", None)
+        todo += [getattr(cur, "cause", None), cur.__cause__, cur.__context__,
+                 *(errs.values() if isinstance(errs, dict) else [])]
+    return found
