@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -52,13 +54,21 @@ def test_run_level_offsets_make_checkpoint_marks_but_no_strategy_claim():
     reading mark nearly every null sweep (checkpoint marks), and the verdict states none of them as a claim
     about strategies. At paper-check's shape (3 seeds) the pooled strategy test claims in at most 2 of 8 null
     sweeps with the same offsets (expected 0.4 at the 5% target; P(X > 2) < 0.01) and still finds a held-out
-    gain of 5 run SDs in most sweeps (power ~1 in the full benchmark): a verdict that never claims fails."""
+    gain of 20 run SDs in most sweeps: a verdict that never claims fails (5 SDs: the xfail below)."""
     b = _bench()
     strat, _, marks = b.run_noise_sweeps(4, "default", 2.0, 0.0, seed=21)
     assert strat == 0.0 and marks >= 0.75, (strat, marks)
     null, _, _ = b.run_noise_sweeps(8, "paper-check", 2.0, 0.0, seed=22)
     assert null * 8 <= 2
-    power, _, _ = b.run_noise_sweeps(4, "paper-check", 1.0, 5.0, seed=23)
+    power, _, _ = b.run_noise_sweeps(4, "paper-check", 1.0, 20.0, seed=23)
+    assert power >= 0.75, power  # a verdict that never claims fails
+
+
+@pytest.mark.xfail(strict=True, reason="issue 50's per-plan run noise (Welch-Satterthwaite: 2 df per row at 3 seeds) "
+                   "holds its size under heterogeneous noise but finds a 5-run-SD gain in 0 of 4 sweeps (the pooled "
+                   "model found it in ~all); 10 SDs: 3 of 4. A measured loss of power, left failing on purpose")
+def test_paper_check_finds_a_five_run_sd_gain():
+    power, _, _ = _bench().run_noise_sweeps(4, "paper-check", 1.0, 5.0, seed=23)
     assert power >= 0.75, power
 
 
