@@ -129,11 +129,12 @@ def clip_and_norm(wrapped, params: list[torch.nn.Parameter], max_norm: float) ->
 
 
 def train_step(wrapped, optimizer, scheduler, micro_batches, precision="fp32", device=None, max_grad_norm=1.0,
-               params=None, chunk_tokens: Optional[int] = None) -> dict[str, float]:
+               params=None, chunk_tokens: Optional[int] = None, sdpa_backend: str = "auto") -> dict[str, float]:
     """One complete optimizer step on one process (no cross-rank loss averaging): for tests/benchmarks."""
     device = device or torch.device("cpu")
     params = params if params is not None else trainable_params(wrapped)
-    loss = float(forward_backward(wrapped, micro_batches, precision, device, chunk_tokens=chunk_tokens))
+    loss = float(forward_backward(wrapped, micro_batches, precision, device, chunk_tokens=chunk_tokens,
+                                  sdpa_backend=sdpa_backend))
     gn = clip_and_norm(wrapped, params, max_grad_norm)
     optimizer.step()
     scheduler.step()
