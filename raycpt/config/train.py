@@ -64,6 +64,16 @@ class TrainConfig:
     """Tokens per chunk of the chunked loss (smaller = less memory, more kernel launches)."""
     activation_checkpointing: bool = False
     """Recompute the trainable layers' activations in backward (the model's gradient_checkpointing_enable)."""
+    sdpa_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
+    """Attention kernel of torch's scaled_dot_product_attention: auto = torch's choice (flash or cuDNN on an H100/H200
+    in bf16); another name forces it (math is the slow reference path). A CUDA-only kernel asked for on a CPU falls
+    back to auto with one line. Which kernel ran is logged after the first step (``sdpa_backend`` event)."""
+    fused_adamw: Optional[bool] = None
+    """AdamW's fused kernel: None = on CUDA (torch's default elsewhere), true = wherever torch has one (one line and
+    torch's default where it refuses), false = never. The default is not yet measured on a GPU."""
+    compile_layers: bool = False
+    """torch.compile each decoder layer's forward (inductor; hooks stay eager). On a CPU it falls back to eager with
+    one line. Off by default: not yet measured on a GPU (compile time against step time)."""
     device_memory_gb: Optional[float] = None
     """Memory of one worker's device in GB for the pre-launch estimate; None = detected on a GPU, unchecked on CPU."""
     peak_tflops: Optional[float] = None

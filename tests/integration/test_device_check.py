@@ -14,14 +14,18 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "device_check.py"
 PLANS = ("full", "train_shallow", "train_deep")
 CHECKS = {"facts", "trace_dtype", "fsdp_one_device", "driver_memory", "bf16_checkpoint_round_trip",
-          "eval_same_model", "reload_exact", "train_killed_worker"} | {f"{k}_{p}" for k in ("memory", "gradients") for p in PLANS}
+          "eval_same_model", "reload_exact", "train_killed_worker"} | {f"{k}_{p}" for k in ("memory", "gradients", "throughput")
+                                                                         for p in PLANS}
 CUDA_ONLY = {"driver_memory"}
 # fault -> the checks it must make FAIL (nothing else may fail)
 FAULTS = {"facts": {"facts"}, "memory": {f"memory_{p}" for p in PLANS},
           # a layer without gradients also gets no AdamW moments: what stays allocated is short of the terms too
           "gradients": {f"{k}_{p}" for k in ("gradients", "memory") for p in PLANS}, "round_trip": {"bf16_checkpoint_round_trip"},
           "eval_same_model": {"eval_same_model"}, "trace_dtype": {"trace_dtype"},
-          "fsdp_one_device": {"fsdp_one_device"}, "reload_exact": {"reload_exact"}}
+          "fsdp_one_device": {"fsdp_one_device"}, "reload_exact": {"reload_exact"},
+          # the math SDPA kernel forced: every plan's throughput line names it and FAILs (on a CPU the kernel is
+          # judged, not its speed: there the math path is not reliably slower)
+          "slow_attention": {f"throughput_{p}" for p in PLANS}}
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
 
 
@@ -48,6 +52,10 @@ def test_device_check_tiny_skip_ray_passes_and_says_what_it_could_not_check(tmp_
     assert all(x["pass"] for x in results if x["check"] not in skipped)
     assert "SKIP train_killed_worker --skip-ray" in r.stdout and "SKIP driver_memory CUDA only" in r.stdout
     assert "not checked here: driver_memory, train_killed_worker" in r.stdout
+    for p in PLANS:  # the throughput lines: tokens/s, MFU n/a on a CPU, the fused SDPA kernel; ratios beside bounds
+        line = next(x for x in r.stdout.splitlines() if x.startswith(f"CHECK throughput_{p} PASS "))
+        assert "tokens/s, MFU n/a" in line and "sdpa flash_cpu" in line, line
+        assert p == "full" or "x full (FLOP bound " in line, line
 
 
 def test_every_check_fails_on_its_injected_fault(tmp_path, capsys):

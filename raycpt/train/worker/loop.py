@@ -53,6 +53,7 @@ steps and may return extra metrics (``train.drift_every`` plugs in here).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -80,7 +81,8 @@ from raycpt.train.worker.parallel import unwrap, uses_fsdp
 from raycpt.train.worker.peakmem import StepPeak
 from raycpt.train.worker.session import InProcessSession, RaySession, Session
 from raycpt.train.worker.spec import WorkerSpec
-from raycpt.train.worker.step_options import enable_activation_checkpointing, loss_chunk_tokens, uses_bf16
+from raycpt.train.worker.step_options import (compile_decoder_layers, enable_activation_checkpointing, loss_chunk_tokens,
+                                              resolve_sdpa_backend, sdpa_probe, uses_bf16)
 from raycpt.train.worker.steps import (FrozenPrefix, clip_and_norm, forward_backward, make_optimizer, make_scheduler,
                                        seed_everything, trainable_params)
 from raycpt.train.worker.throughput import device_name, flops_per_token, peak_flops, throughput_metrics
@@ -169,6 +171,10 @@ class TrainingRecipe:
         self.logger: Optional[MetricsLogger] = None
         self.faults: Optional[FaultHooks] = None
         self.callbacks = list(spec.callbacks)
+        self.sdpa_backend = "auto"  # train.sdpa_backend resolved for the device
+        self.sdpa_ran: Optional[list[str]] = None  # the SDPA kernels the first step ran (sdpa_probe)
+        self.fallbacks: list[str] = []  # one line per fast-path option this device lacks
+        self.optimizer_fused = False  # AdamW's fused kernel runs (train.fused_adamw)
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -214,6 +220,8 @@ class TrainingRecipe:
         self.step_plan = self.plan.at_step(self.step_plan_step)
         self.counts = apply_plan(model, self.step_plan)
         enable_activation_checkpointing(model, tcfg)
+        self.sdpa_backend, sdpa_note = resolve_sdpa_backend(tcfg.sdpa_backend, self.device)
+        self.fallbacks = [n for n in (sdpa_note, compile_decoder_layers(model, tcfg, self.device)) if n]
         self.chunk_tokens = loss_chunk_tokens(tcfg, model, self.world)
         self.flops_per_token = flops_per_token(model, self.plan, self.cfg.data.seq_len)
         self.peak_flops = peak_flops(device_name(self.device), tcfg.peak_tflops)
@@ -221,6 +229,9 @@ class TrainingRecipe:
         self.model = unwrap(self.wrapped)  # FSDP2 shards in place: the same object, its parameters now DTensors
         self.prefix = FrozenPrefix(self.model, self.plan)  # after wrapping: its hooks run before FSDP's own
         self.optimizer = make_optimizer(self.model, self.step_plan, tcfg)
+        self.optimizer_fused = bool(self.optimizer.defaults.get("fused"))
+        if tcfg.fused_adamw and not self.optimizer_fused:
+            self.fallbacks.append(f"train.fused_adamw=true: no fused AdamW on {self.device.type}; torch's default ran")
         self.scheduler = make_scheduler(self.optimizer, tcfg)
         self.params = trainable_params(self.wrapped)
         self._verify(verify.check_setup(self.model, self.step_plan, self.optimizer, "after wrapping"), "after_wrapping")
@@ -271,7 +282,11 @@ class TrainingRecipe:
             counts, plan = self.counts, self.plan
             self.logger.params({"plan": plan.describe()[:500], "plan.layer_map": plan.layer_map(),
                                 "trainable_params": counts["trainable"], "frozen_params": counts["frozen"],
-                                "plan.frozen_prefix_no_grad": self.prefix.active, "world_size": self.world})
+                                "plan.frozen_prefix_no_grad": self.prefix.active, "world_size": self.world,
+                                "optimizer_fused": self.optimizer_fused,
+                                "sdpa_backend_forced": self.sdpa_backend})
+            for line in self.fallbacks:
+                self.logger.event({"event": "fallback", "line": line})
             self.logger.event({"event": "start" if self.start_step == 0 else "resume", "step": self.start_step,
                                "trainable": counts["trainable"], "frozen": counts["frozen"],
                                "world_size": self.world, "time": time.time(), "pid": os.getpid(),
@@ -315,8 +330,14 @@ class TrainingRecipe:
         for _ in range(tcfg.grad_accum):
             epoch, ids = next(self.data)
             batch.append(ids)
-        loss_local = forward_backward(self.wrapped, batch, tcfg.precision, device, model=self.model,
-                                      chunk_tokens=self.chunk_tokens)
+        probe = sdpa_probe() if step == self.start_step + 1 else contextlib.nullcontext()
+        with probe as ran:  # the first step of this attempt: which attention kernel the code users run picks
+            loss_local = forward_backward(self.wrapped, batch, tcfg.precision, device, model=self.model,
+                                          chunk_tokens=self.chunk_tokens, sdpa_backend=self.sdpa_backend)
+        if ran is not None:
+            self.sdpa_ran = ran
+            if self.logger is not None:
+                self.logger.event({"event": "sdpa_backend", "step": step, "ran": ran, "forced": self.sdpa_backend})
         loss_local = self.faults.loss(step, loss_local)
         self.faults.drop_grads(step, self.model)
         first = step == self.start_step + 1 or switched
@@ -436,4 +457,6 @@ class TrainingRecipe:
 
     def summary(self, status: dict) -> dict:
         return {"status": status, "losses": self.history, "step_times": self.step_times, "step_cpu": self.step_cpu,
-                "counts": self.counts, "tokens_per_step": self.tokens_per_step()}
+                "counts": self.counts, "tokens_per_step": self.tokens_per_step(), "sdpa_ran": self.sdpa_ran,
+                "optimizer_fused": self.optimizer_fused,
+                "fallbacks": self.fallbacks}

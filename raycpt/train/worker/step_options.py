@@ -1,13 +1,31 @@
 """What the training step reads from ``train.*``, decided in one place for the loop and the memory estimate:
-the loss path (:func:`loss_chunk_tokens`), bf16 autocast (:func:`uses_bf16`) and activation
-checkpointing (:func:`check_checkpointing`, :func:`enable_activation_checkpointing`)."""
+the loss path (:func:`loss_chunk_tokens`), bf16 autocast (:func:`uses_bf16`), activation
+checkpointing (:func:`check_checkpointing`, :func:`enable_activation_checkpointing`), and the fast path: the SDPA
+kernel (:func:`resolve_sdpa_backend`, :func:`sdpa_context`, and :func:`sdpa_probe` for which one ran), fused AdamW (:func:`adamw_fused`) and
+compiled decoder layers (:func:`compile_decoder_layers`). An option a device lacks falls back with one line (a
+warning on this module's logger, returned to the caller to log)."""
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import logging
+from typing import Iterator, Optional
+
+import torch
 
 from raycpt.errors import RaycptError
+from raycpt.models.stack import LayerStack
 from raycpt.train.worker.loss import chunked_supported, use_chunked
+
+log = logging.getLogger(__name__)
+
+#: the aten op each SDPA kernel dispatches to (the forward's; the profiler sees it by this name)
+SDPA_OPS = {"aten::_scaled_dot_product_flash_attention": "flash",
+            "aten::_scaled_dot_product_flash_attention_for_cpu": "flash_cpu",
+            "aten::_scaled_dot_product_efficient_attention": "efficient",
+            "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+            "aten::_scaled_dot_product_attention_math": "math"}
+CUDA_ONLY_SDPA = ("efficient", "cudnn")
 
 
 def uses_bf16(tcfg) -> bool:
@@ -42,3 +60,61 @@ def enable_activation_checkpointing(model, tcfg) -> bool:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return True
 
+
+
+def fallback(line: str) -> str:
+    log.warning(line)
+    return line
+
+
+def resolve_sdpa_backend(backend: str, device: torch.device) -> tuple[str, Optional[str]]:
+    """``train.sdpa_backend`` on this device: the kernel to force (``auto`` = none), and the fallback line if any
+    (a CUDA-only kernel asked for on another device)."""
+    if backend in CUDA_ONLY_SDPA and device.type != "cuda":
+        return "auto", fallback(f"train.sdpa_backend={backend}: a CUDA kernel; {device.type} uses torch's own "
+                                "choice (auto)")
+    return backend, None
+
+
+def sdpa_context(backend: str) -> contextlib.AbstractContextManager:
+    """A resolved ``train.sdpa_backend`` as a context around the forward (``sdpa_kernel``; auto: nothing)."""
+    if backend == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kinds = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    return sdpa_kernel([kinds[backend]])
+
+
+@contextlib.contextmanager
+def sdpa_probe() -> Iterator[list[str]]:
+    """Which SDPA kernels ran inside the block (torch's profiler, CPU-side op names: cheap enough for one step): the
+    list yielded is filled on exit, ``["none"]`` when no SDPA op ran (eager attention, no attention layers)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    found: list[str] = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield found
+    names = {e.name for e in prof.events()}
+    found.extend(sorted({kind for op, kind in SDPA_OPS.items() if op in names}) or ["none"])
+
+
+def adamw_fused(tcfg, device: torch.device) -> bool:
+    """Whether to ask torch for fused AdamW (``train.fused_adamw``; None = on CUDA)."""
+    return device.type == "cuda" if tcfg.fused_adamw is None else bool(tcfg.fused_adamw)
+
+
+def compile_decoder_layers(model, tcfg, device: torch.device, backend: str = "inductor") -> Optional[str]:
+    """``train.compile_layers``: each decoder layer's ``forward`` through ``torch.compile`` (in place: names, state
+    dict and hooks unchanged; FSDP's and the frozen prefix's hooks stay eager). inductor is used on CUDA only
+    here; elsewhere the layers run eagerly and the fallback line is returned. ``backend``: another torch.compile
+    backend (tests use a recording one, which runs anywhere)."""
+    if not tcfg.compile_layers:
+        return None
+    if backend == "inductor" and device.type != "cuda":
+        return fallback(f"train.compile_layers=true: torch.compile (inductor) runs on CUDA here; {device.type} "
+                        "runs the decoder layers eagerly")
+    for layer in LayerStack.of(model).layers:
+        layer.forward = torch.compile(layer.forward, backend=backend)
+    return None

@@ -15,6 +15,7 @@ from raycpt.models.stack import LayerStack
 from raycpt.strategies import LayerPlan, param_groups
 from raycpt.train.worker.loss import model_loss
 from raycpt.train.worker.parallel import clip_grad_norm
+from raycpt.train.worker.step_options import adamw_fused, fallback, sdpa_context
 
 
 class FrozenPrefix:
@@ -54,9 +55,19 @@ class FrozenPrefix:
 
 
 def make_optimizer(model, plan: LayerPlan, tcfg, wrapped=None) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters only (per-layer LR groups; no decay on 1-D tensors)."""
+    """AdamW over the trainable parameters only (per-layer LR groups; no decay on 1-D tensors); its fused kernel
+    per ``train.fused_adamw`` on the parameters' device (``defaults["fused"]`` says whether it is), torch's
+    default with one line where torch refuses it."""
     groups = param_groups(model, plan, tcfg.lr, tcfg.weight_decay, wrapped=wrapped)
-    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
+    kw = dict(lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
+    device = next((p.device for g in groups for p in g["params"]), torch.device("cpu"))
+    if adamw_fused(tcfg, device):
+        try:
+            return torch.optim.AdamW(groups, fused=True, **kw)
+        except (RuntimeError, ValueError) as e:
+            fallback(f"train.fused_adamw: torch has no fused AdamW for these parameters on {device.type} "
+                     f"({str(e).splitlines()[0][:160]}); using its default")
+    return torch.optim.AdamW(groups, **kw)
 
 
 def make_scheduler(optimizer, tcfg):
@@ -82,13 +93,15 @@ def trainable_params(module) -> list[torch.nn.Parameter]:
 
 
 def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str, device: torch.device,
-                     model=None, chunk_tokens: Optional[int] = None) -> torch.Tensor:
+                     model=None, chunk_tokens: Optional[int] = None, sdpa_backend: str = "auto") -> torch.Tensor:
     """Loss and gradients of one optimizer step over ``micro_batches`` (each ``(b, seq)`` token ids).
 
     Returns the mean loss (a detached scalar). DDP gradients are synchronised on the last
     micro-batch only (``no_sync`` before). ``chunk_tokens``: the chunked LM-head loss
     (:func:`raycpt.train.worker.loss.model_loss`, through ``wrapped``'s forward; ``model`` is the bare
-    module); None = the model's own loss over full logits."""
+    module); None = the model's own loss over full logits. ``sdpa_backend``: ``train.sdpa_backend``
+    resolved for the device
+    (:func:`raycpt.train.worker.step_options.resolve_sdpa_backend`), around each forward."""
     n = len(micro_batches)
     total = torch.zeros((), device=device)
     try:
@@ -96,7 +109,7 @@ def forward_backward(wrapped, micro_batches: list[torch.Tensor], precision: str,
             ids = ids.to(device, non_blocking=True)
             sync = j == n - 1 or not hasattr(wrapped, "no_sync")
             with (contextlib.nullcontext() if sync else wrapped.no_sync()):
-                with autocast_for(precision, device):
+                with autocast_for(precision, device), sdpa_context(sdpa_backend):
                     loss = model_loss(wrapped, model if model is not None else wrapped, ids, chunk_tokens)
                 loss = loss.float() / n
                 loss.backward()
@@ -116,11 +129,12 @@ def clip_and_norm(wrapped, params: list[torch.nn.Parameter], max_norm: float) ->
 
 
 def train_step(wrapped, optimizer, scheduler, micro_batches, precision="fp32", device=None, max_grad_norm=1.0,
-               params=None, chunk_tokens: Optional[int] = None) -> dict[str, float]:
+               params=None, chunk_tokens: Optional[int] = None, sdpa_backend: str = "auto") -> dict[str, float]:
     """One complete optimizer step on one process (no cross-rank loss averaging): for tests/benchmarks."""
     device = device or torch.device("cpu")
     params = params if params is not None else trainable_params(wrapped)
-    loss = float(forward_backward(wrapped, micro_batches, precision, device, chunk_tokens=chunk_tokens))
+    loss = float(forward_backward(wrapped, micro_batches, precision, device, chunk_tokens=chunk_tokens,
+                                  sdpa_backend=sdpa_backend))
     gn = clip_and_norm(wrapped, params, max_grad_norm)
     optimizer.step()
     scheduler.step()

@@ -1,11 +1,19 @@
 """Throughput you can compare across plans and machines: tokens/s per worker and model FLOPs utilisation.
 
 The FLOP model is the one ``benchmarks/bench_strategies.py`` checks against measured step times
-(per token; a module's forward cost F = W + A, W = 2 x its weight count, A = 2 x seq x heads x
-head_dim for causal attention): the forward through every layer and the head; activation gradients
+(per token; a module's forward cost F = W + A, W = 2 x its matmul weights (its tensors of two or more
+dimensions: norm gains and biases are elementwise, not matmuls), A = 2 x seq x heads x head_dim for causal
+attention (QK^T and AV, each 2 x head_dim per key, seq / 2 keys per query on average: the causal half of the
+square, FlashAttention's convention)): the forward through every layer and the head; activation gradients
 from the head down to the first trainable module (W + 2A each); weight gradients of the trainable
 modules only (W each, the head's when it trains). Recomputation under activation checkpointing is
 not counted (it is model FLOPs utilisation, not hardware FLOPs).
+
+For ``full`` this is 6 x (matmul weights + head) + 6 x layers x heads x head_dim x seq per token. prime-rl's
+``PerfCounter`` counts 6 x its matmul parameters + 12 x layers x heads x (hidden / heads) x seq (the whole square,
+no causal half, with hidden / heads for the head size): the two attention terms are equal when heads x head_dim =
+2 x hidden, as in Qwen3-0.6B (16 x 128 = 2 x 1024), and this model reproduces its published MFU for Qwen3-0.6B
+to 0.2% (tests/unit/test_throughput.py).
 
 MFU = flops_per_token x tokens/s per worker / the device's peak dense bf16 FLOP/s:
 ``train.peak_tflops`` when given, else :data:`GPU_PEAK_TFLOPS` by device name; none on a CPU.
@@ -32,7 +40,7 @@ def flops_per_token(model, plan, seq_len: int) -> float:
     heads = getattr(conf, "num_attention_heads", None)  # None: no attention to count (Mamba2, raycpt hybrids)
     head_dim = (getattr(conf, "head_dim", None) or conf.hidden_size // heads) if heads else 0
     attn = 2 * seq_len * (heads or 0) * head_dim
-    w_layer = [2 * sum(p.numel() for p in layer.parameters()) for layer in stack.layers]
+    w_layer = [2 * sum(p.numel() for p in layer.parameters() if p.dim() >= 2) for layer in stack.layers]
     w_head = 2 * stack.head.weight.numel()
     cost = sum(w + attn for w in w_layer) + w_head
     first = plan.first_trainable
