@@ -11,19 +11,24 @@ field is one line plus its check.
 
 from __future__ import annotations
 
-from raycpt.config.analysis import CompareConfig, ContributionConfig, SelectConfig
 from raycpt.config.coerce import config_from_dict, config_to_dict
+from raycpt.config.compare import CompareConfig
+from raycpt.config.contribution import ContributionConfig
+from raycpt.config.data import DataConfig, ReplayConfig
 from raycpt.config.docs import field_docs
-from raycpt.config.evaluation import EvalConfig
+from raycpt.config.eval import EvalConfig
 from raycpt.config.experiment import ExperimentConfig
 from raycpt.config.hybrid import HYBRID_BUILDS, HybridConfig, HybridSegmentConfig
-from raycpt.config.infra import RayConfig, TrackingConfig
-from raycpt.config.inputs import DataConfig, ModelConfig, ReplayConfig
 from raycpt.config.loading import load_config, save_config
+from raycpt.config.model import ModelConfig
 from raycpt.config.overrides import apply_overrides, config_with, set_dotted
 from raycpt.config.plan import PlanConfig
-from raycpt.config.sweep import ReportConfig, SweepConfig
+from raycpt.config.ray import RayConfig
+from raycpt.config.report import ReportConfig
+from raycpt.config.select import SelectConfig
+from raycpt.config.sweep import SweepConfig
 from raycpt.config.trace import TraceConfig, trace_dtype
+from raycpt.config.tracking import TrackingConfig
 from raycpt.config.train import TrainConfig
 from raycpt.config.yaml_io import MAX_CONFIG_BYTES, MAX_CONFIG_NODES, read_yaml, read_yaml_documents
 from raycpt.errors import ConfigError

@@ -7,15 +7,20 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Optional
 
-from raycpt.config.analysis import CompareConfig, ContributionConfig, SelectConfig
 from raycpt.config.checks import check_field, check_names, check_rate, lr_tag, name_max
-from raycpt.config.evaluation import EvalConfig
+from raycpt.config.compare import CompareConfig
+from raycpt.config.contribution import ContributionConfig
+from raycpt.config.data import DataConfig
+from raycpt.config.eval import EvalConfig
 from raycpt.config.hybrid import HybridConfig
-from raycpt.config.infra import RayConfig, TrackingConfig
-from raycpt.config.inputs import DataConfig, ModelConfig
+from raycpt.config.model import ModelConfig
 from raycpt.config.plan import PLANS, PlanConfig
-from raycpt.config.sweep import ReportConfig, SweepConfig, lr_multipliers
+from raycpt.config.ray import RayConfig
+from raycpt.config.report import ReportConfig
+from raycpt.config.select import SelectConfig
+from raycpt.config.sweep import SweepConfig, lr_multipliers
 from raycpt.config.trace import TraceConfig
+from raycpt.config.tracking import TrackingConfig
 from raycpt.config.train import TrainConfig
 
 

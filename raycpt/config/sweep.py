@@ -1,10 +1,9 @@
-"""``sweep``: the grid of trials (splits, strategies, seeds, budget) and their resources; ``report``: how the
-sweep summary decides (the primary comparison, the multiplicity control)."""
+"""``sweep``: the grid of trials (splits, strategies, seeds, budget, learning-rate grid) and their resources."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import Optional, Union
 
 from raycpt.config.checks import check_distinct_tags, check_field, check_seed, lr_tag
 
@@ -117,28 +116,6 @@ class SweepConfig:
         for name, over in self.recipes.items():
             check_field(isinstance(over, dict) and all(isinstance(k, str) and "." in k for k in over),
                    f"sweep.recipes.{name}", over, "a mapping of dotted config keys to values, e.g. {plan.name: middle}")
-
-
-@dataclass
-class ReportConfig:
-    primary: str = "heldout_loss"
-    """The pre-declared primary comparison of the sweep summary: ``task/mode`` (Average column against
-    full, e.g. ``wordnet_mc/logit``) or ``heldout_loss``; every other comparison is secondary
-    (exploratory) and can be marked only after a primary one is. Empty = none (one Holm family). The
-    default is the held-out loss: on the short CPU sweep it is what moves (the benchmarks barely do)."""
-    adjust: Literal["holm", "bh"] = "holm"
-    """Multiplicity control over the sweep's comparisons: ``holm`` (family-wise error <= alpha over every
-    mark; the primary gates the secondaries) or ``bh`` (Benjamini-Hochberg: false-discovery rate <= alpha)."""
-    alpha: float = 0.05
-    """The error rate of ``adjust`` (family-wise for holm, false-discovery rate for bh)."""
-
-    def __post_init__(self):
-        check_field(0 < self.alpha < 1, "report.alpha", self.alpha, "a rate strictly between 0 and 1, e.g. 0.05")
-        parts = self.primary.split("/") if self.primary else []
-        check_field(not self.primary or self.primary == "heldout_loss" or (len(parts) == 2 and all(parts)
-                                                                      and parts[1] in ("logit", "generate", "cloze")),
-               "report.primary", self.primary, "'task/mode' with mode logit, generate or cloze (e.g. "
-               "wordnet_mc/logit), 'heldout_loss', or ''")
 
 
 def lr_multipliers(s: SweepConfig) -> list[float]:

@@ -216,7 +216,7 @@ def test_the_registry_is_the_one_path_and_the_configs_names():
     accepts exactly its names (it reads the registry; the names and metrics are spelled here); the registered Block
     Influence over equal-length corpus blocks, 2 at a time, equals one hand mean of 1 - cos over all 5 x 7 tokens;
     the best-first order puts NaN and an infinity last, ties by the lower layer."""
-    from raycpt.config.analysis import SelectConfig
+    from raycpt.config.select import SelectConfig
     from raycpt.diagnostics.selectors import SelectorInputs, ranking_order, select_scores
     from raycpt.errors import RaycptError
     from raycpt.registry import SELECTORS

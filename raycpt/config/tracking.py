@@ -1,4 +1,4 @@
-"""Where runs are recorded (``tracking``: run folders, MLflow) and where they run (``ray``)."""
+"""``tracking``: where runs are recorded (run folders, MLflow)."""
 
 from __future__ import annotations
 
@@ -25,15 +25,3 @@ class TrackingConfig:
     def __post_init__(self):
         if not 0 <= self.wait_s <= 86_400:
             raise ConfigError("tracking.wait_s", self.wait_s, "seconds in [0, 86400] (0 = ask the server once)")
-
-
-@dataclass
-class RayConfig:
-    address: Optional[str] = None
-    """Ray address; None = ``$RAY_ADDRESS`` if set, else a local Ray sized for this machine."""
-    num_cpus: Optional[int] = None
-    """Local Ray logical CPUs (None = max(4, cores): fractional workers never starve data tasks)."""
-    object_store_memory: int = 1_000_000_000
-    """Local Ray object store bytes."""
-    include_dashboard: bool = False
-    """Start the dashboard with a local Ray."""

@@ -1,5 +1,4 @@
-"""The analysis commands' sections: ``contribution`` (the single-layer scan), ``compare`` (base vs tuned per
-layer), ``select`` (a layer selector's ranking)."""
+"""``contribution``: the single-layer scan (each layer trained alone, contribution = gain(layer) / gain(full))."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 from raycpt.config.checks import check_distinct_tags, check_field, check_seed, lr_tag
-from raycpt.registry import SELECTORS  # declared in raycpt.diagnostics, which the package root imports
 
 
 @dataclass
@@ -96,61 +94,3 @@ class ContributionConfig:
             check_field(0 <= i < num_layers, "contribution.layers", i,
                    f"not a layer of this {num_layers}-layer model (0..{num_layers - 1})")
         return sorted(set(self.layers))
-
-
-@dataclass
-class CompareConfig:
-    """``raycpt compare``: base vs tuned per layer (its CLI options override these)."""
-
-    prompts: Optional[str] = None
-    """Prompt set: .jsonl of {text} or {s1, s2}, .txt (one per line) or builtin:wordnet-lexical;
-    null = WordNet glosses."""
-    max_prompts: int = 64
-    """Prompts used for the representation metrics."""
-    max_len: int = 64
-    """Tokens per prompt (longer ones are cut)."""
-    swap_blocks: Optional[int] = None
-    """Layer swap: number of contiguous blocks (null = min(5, layers); 0 = no swaps)."""
-    alpha: float = 1.0
-    """Order of the matrix-based Renyi entropy (1 = von Neumann)."""
-    outlier_factor: float = 10.0
-    """Leave out massive-activation tokens (norm > factor x median token norm); 0 = keep all."""
-    batch_size: int = 8
-    """Prompts per forward batch of the hidden-state tasks."""
-
-    def __post_init__(self):
-        check_field(self.max_prompts >= 1, "compare.max_prompts", self.max_prompts, "an integer >= 1")
-        check_field(self.max_len >= 2, "compare.max_len", self.max_len, "an integer >= 2")
-        check_field(self.alpha > 0, "compare.alpha", self.alpha, "the Renyi order must be > 0 (1 = von Neumann)")
-        check_field(self.outlier_factor == 0 or self.outlier_factor > 1, "compare.outlier_factor", self.outlier_factor,
-               "0 (keep every token) or a factor > 1 of the median token norm")
-        check_field(self.swap_blocks is None or self.swap_blocks >= 0, "compare.swap_blocks", self.swap_blocks,
-               "an integer >= 0 (0 = no swaps) or null")
-        check_field(self.batch_size >= 1, "compare.batch_size", self.batch_size, "an integer >= 1")
-
-
-@dataclass
-class SelectConfig:
-    """``raycpt select``: a layer selector's scores per layer -> a ranking file (its CLI options override these)."""
-
-    method: str = "bi"
-    """Selector: a name of the selector registry (:data:`raycpt.registry.SELECTORS`; ``raycpt select --help`` lists
-    them): bi (Block Influence on corpus blocks), snr (weight-only SNR, the mean over a layer's matrices),
-    layertracer (LS^ - TP^ of a trace), random (seeded), elo (first and last layers first) or gradnorm (per-layer
-    gradient norm of the LM loss on corpus blocks, AdaGradSelect-style)."""
-    k: Optional[int] = None
-    """Top-k layers named in the ranking file (its ``top_k``) and the plot; null = half the layers."""
-    samples: int = 16
-    """bi, gradnorm: corpus blocks of ``select.seq_len`` tokens (data.corpus, the model's tokenizer) the cosines average over."""
-    seq_len: Optional[int] = None
-    """bi, gradnorm: tokens per block; null = data.seq_len."""
-    seed: int = 0
-    """random: the seed of the draw (and of the spread sample of bi's documents)."""
-    normalize: bool = False
-    """snr: divide each matrix's SNR by its largest singular value, as Spectrum's script does."""
-
-    def __post_init__(self):
-        check_field(self.method in SELECTORS, "select.method", self.method, f"one of {SELECTORS.choices()}")
-        check_field(self.samples >= 1, "select.samples", self.samples, "an integer >= 1")
-        check_seed("select.seed", self.seed)
-        check_field(self.seq_len is None or self.seq_len >= 2, "select.seq_len", self.seq_len, "an integer >= 2 or null")
