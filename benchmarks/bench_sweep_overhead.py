@@ -127,7 +127,7 @@ def parent_wall(run_dir: Path) -> float:
     from mlflow.tracking import MlflowClient
 
     from raycpt.config import load_config
-    from raycpt.tracking import tracking_uri
+    from raycpt.runs.store import tracking_uri
 
     cfg = load_config(str(run_dir / "config.yaml"), [])
     state = _read_json(run_dir / "state.json")

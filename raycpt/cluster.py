@@ -121,7 +121,7 @@ def check_store(cfg: TrackingConfig) -> None:
     """Validate ``cfg.uri`` (scheme; a server that answers, within ``cfg.wait_s`` seconds) and ``cfg.run_root``
     (writable), once per process and setting. Caps MLflow's own HTTP retries (unless the user set them: 2 retries, backoff 1 s,
     20 s per request; MLflow's defaults wait about 4 minutes) so a server that dies mid-run is found gone
-    within seconds (:func:`raycpt.tracking.mark_lost`), and Ray workers started after this inherit them."""
+    within seconds (:func:`raycpt.runs.lost.mark_lost`), and Ray workers started after this inherit them."""
     try:
         root = Path(cfg.run_root).expanduser().resolve()
     except RuntimeError:  # pathlib's "Could not determine home directory."

@@ -15,10 +15,10 @@ from rich.console import Console
 
 from raycpt.cli import app
 from raycpt.errors import RaycptError, environment_error
-from raycpt.runs import LOST_RUNS
+from raycpt.runs.run import LOST_RUNS
 from raycpt import runtime
 from raycpt.runtime import NOISE, filter_stderr, quiet_environment
-from raycpt.tracking import lost_line, read_lost, unreachable
+from raycpt.runs.lost import lost_line, read_lost, unreachable
 from raycpt.usage import click_classes, set_verbose, usage_line, verbose
 
 err_console = Console(stderr=True)

@@ -24,7 +24,7 @@ class RaycptError(Exception):
 
 class ServerUnreachable(RaycptError):
     """The MLflow tracking server did not answer its health probe (a command that finds it gone mid-way, e.g. a
-    sweep trial started after it went away, goes on locally: :func:`raycpt.tracking.store_or_lost`)."""
+    sweep trial started after it went away, goes on locally: :func:`raycpt.runs.lost.store_or_lost`)."""
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))

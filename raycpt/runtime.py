@@ -207,7 +207,7 @@ def _reassert_sigterm() -> None:
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (``timeout``, ``kill``, a scheduler) raises KeyboardInterrupt in the main thread, so a command
     ends KILLED as on Ctrl-C; kept over Ray's own handler (:func:`init_ray`). The one place raycpt handles a
-    signal (:func:`raycpt.runs.command_run` uses it); the old handler comes back after."""
+    signal (:func:`raycpt.runs.run.command_run` uses it); the old handler comes back after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

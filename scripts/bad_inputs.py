@@ -424,7 +424,8 @@ def _issue41_fixtures(tmp: Path, f: dict) -> None:
     sys.path.insert(0, str(ROOT))
     from raycpt.config import load_config, save_config
     from raycpt.models.shards import ensure_base_shards
-    from raycpt.runs import Run, write_state
+    from raycpt.runs.folder import write_state
+    from raycpt.runs.run import Run
     from raycpt.train.ckpt.manifest import write_manifest
     from raycpt.train.driver.publish import publish_model
 

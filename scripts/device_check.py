@@ -506,7 +506,7 @@ def train_killed_worker(root: Path, tiny: bool) -> None:
     from raycpt.runtime import init_ray
     from raycpt.jobs import train as train_job
     from raycpt.jobs.job import Options
-    from raycpt.runs import command_run
+    from raycpt.runs.run import command_run
     from raycpt.train.driver.launch import run_training
 
     def train(cfg, **extras):  # raycpt train's path (its checks, its run) with the fault injected

@@ -27,9 +27,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def fresh_lost(monkeypatch):
-    """raycpt.tracking with no tracking server recorded as lost, and MLflow's HTTP retries short (both restored
+    """raycpt.runs.lost with no tracking server recorded as lost, and MLflow's HTTP retries short (both restored
     after the test: ``mark_lost`` sets them)."""
-    import raycpt.tracking as tr
+    import raycpt.runs.lost as tr
 
     monkeypatch.setattr(tr, "_lost", {})
     for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):

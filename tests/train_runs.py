@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from raycpt.jobs import train as train_job
 from raycpt.jobs.job import Options
-from raycpt.runs import command_run
+from raycpt.runs.run import command_run
 from raycpt.train.driver.launch import run_training
 
 

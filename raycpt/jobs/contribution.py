@@ -46,7 +46,7 @@ from raycpt.models.shards import layer_l2_by_reference
 from raycpt.models.sources import load_model
 from raycpt.report.contribution import write_outputs
 from raycpt.report.tuning import pick_by_validation, tuning_lines
-from raycpt.runs import read_state
+from raycpt.runs.folder import read_state
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.strategies import ranked_pick, read_ranking, write_ranking
 from raycpt.train.driver.final_eval import final_evaluation
@@ -302,7 +302,7 @@ def execute(plan, run, options: Options):
 
 def execute_scan(plan: ContributionPlan, run, resume: bool = False, console=None,
                  shards_checked: Optional[dict] = None) -> ContributionResult:
-    """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`).
+    """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.run.command_run`).
     ``shards_checked``: the base shards the driver verified (:func:`raycpt.train.driver.publish.base_shards_ahead`)."""
     t0, cfg, run_dir = time.time(), plan.cfg, run.run_dir
     c, state = cfg.contribution, read_state(run_dir)

@@ -4,7 +4,7 @@
 work, opens ``<run_root>/eval-<name>-<id>/``, evaluates (:func:`evaluate_checkpoints`: one Ray task per
 checkpoint with ``eval.cpus_per_task`` / ``eval.gpus_per_task``; a single checkpoint without a cluster
 runs in this process), writes the tables and every question (:func:`raycpt.report.eval.write_results`)
-and logs them to MLflow, inside :func:`raycpt.runs.command_run` (SIGTERM ends the run KILLED like Ctrl-C). The evaluation itself is the bridge in
+and logs them to MLflow, inside :func:`raycpt.runs.run.command_run` (SIGTERM ends the run KILLED like Ctrl-C). The evaluation itself is the bridge in
 :mod:`raycpt.evaluate`.
 """
 

@@ -3,8 +3,8 @@
 A job hands :func:`run_grid` a list of typed trial specs (frozen dataclasses with a ``name`` and a
 ``run(trial)`` method: the trial body); the driver does everything else, once:
 
-- one nested *child* run per trial (:func:`raycpt.runs.open_child`, whose id the trial keeps in
-  ``<trial>/trial.json``) under the job's run (:func:`raycpt.runs.command_run` owns that run, its end
+- one nested *child* run per trial (:func:`raycpt.runs.run.open_child`, whose id the trial keeps in
+  ``<trial>/trial.json``) under the job's run (:func:`raycpt.runs.run.command_run` owns that run, its end
   status and the children left RUNNING); the parent's records name the trials' folders, so ``raycpt runs sync``
   finds them;
 - the Ray Tune grid: a placement group per trial (one bundle for the trial driver, one for the Ray
@@ -41,9 +41,10 @@ from raycpt.errors import RaycptError
 from raycpt.models.shards import trust_checked
 from raycpt.models.sources import resolve_model_path
 from raycpt.report.progress import TrialsProgress
-from raycpt.runs import AttemptClock, assert_private_folder, memo, open_child
+from raycpt.runs.folder import AttemptClock, assert_private_folder, memo
+from raycpt.runs.run import open_child
 from raycpt.runtime import ray_starting
-from raycpt.tracking import adopt_lost, mark_lost, store_or_lost, tracking_lost
+from raycpt.runs.lost import adopt_lost, mark_lost, store_or_lost, tracking_lost
 from raycpt.data.run_store import packed_corpus
 from raycpt.train.driver.failures import TRIAL_MAX_FAILURES, worker_death
 from raycpt.train.driver.final_eval import final_evaluation
@@ -94,14 +95,14 @@ class Trial:
     cfg: ExperimentConfig
     dir: Path
     run: Any
-    """Its :class:`raycpt.runs.Run` (``run_id``, ``created``, ``elapsed``, ``meta``; ``log_*`` into its folder)."""
+    """Its :class:`raycpt.runs.run.Run` (``run_id``, ``created``, ``elapsed``, ``meta``; ``log_*`` into its folder)."""
     parent_run_id: str
     shared: dict
     threads: Optional[int] = None
     """CPUs this trial reserved (torch threads of an evaluation in the trial process); None = inline."""
     console: Any = None
     clock: Any = None
-    """Its :class:`raycpt.runs.AttemptClock`: ``clock.elapsed`` sums every attempt, killed ones included."""
+    """Its :class:`raycpt.runs.folder.AttemptClock`: ``clock.elapsed`` sums every attempt, killed ones included."""
 
     @property
     def elapsed(self) -> float:
@@ -145,7 +146,7 @@ def run_trial(config: dict) -> dict:
 
 def _trial_body(config: dict, cfg: ExperimentConfig, spec, tdir: Path) -> dict:
     """The trial under its child run. A tracking server gone (before or during the trial) does not fail it: the
-    trial runs locally and the job's folder gets the record (:data:`raycpt.tracking.LOST_FILE`), which the driver
+    trial runs locally and the job's folder gets the record (:data:`raycpt.runs.lost.LOST_FILE`), which the driver
     adopts (:func:`run_grid`); ``raycpt runs sync JOB_DIR`` replays it later."""
     trust_checked(config["shared"].get(SHARDS_CHECKED))  # the base shards the driver verified for this command
     job_dir = Path(config["trials_root"]).parent
@@ -199,11 +200,11 @@ def no_shards() -> dict:
 
 
 def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str, dict]:
-    """Run every trial of ``grid`` under ``parent`` (the job's :class:`raycpt.runs.Run`; Ray must be up,
+    """Run every trial of ``grid`` under ``parent`` (the job's :class:`raycpt.runs.run.Run`; Ray must be up,
     unless ``grid.inline``) and return ``{name: result}`` in spec order.
 
     Raises :class:`GridIncomplete` (one line ending in "continue with --resume") when a trial did not
-    finish; :func:`raycpt.runs.command_run` then ends the unfinished children and itself KILLED or FAILED."""
+    finish; :func:`raycpt.runs.run.command_run` then ends the unfinished children and itself KILLED or FAILED."""
     cfg, run_dir = parent.cfg, parent.run_dir
     names = [s.name for s in grid.specs]
     space = {"cfg": config_to_dict(cfg), "spec_type": spec_name(type(grid.specs[0])),

@@ -48,7 +48,7 @@ from raycpt.models.hybrid.build import build_hybrid, param_counts, save_hybrid, 
 from raycpt.models.hybrid.plans import plan_from_config
 from raycpt.report.eval import render_table, table_text, write_results
 from raycpt.report.hybrid import plot_profiles
-from raycpt.runs import open_run_dir, read_state, refuse_existing_outputs
+from raycpt.runs.folder import open_run_dir, read_state, refuse_existing_outputs
 from raycpt.runtime import ray_session
 from raycpt.train.driver.preflight import full_plan, preflight
 

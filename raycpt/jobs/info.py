@@ -14,7 +14,7 @@ from raycpt.config import ExperimentConfig
 from raycpt.jobs.job import NoRun, Options
 from raycpt.models.sources import list_models as cached_models
 from raycpt.models.sources import resolve_model_info
-from raycpt.tracking import ensure_store, runs_url, tracking_uri
+from raycpt.runs.store import ensure_store, runs_url, tracking_uri
 from raycpt.ui import check_port_free
 from raycpt.ui import serve_ui as serve
 

@@ -5,9 +5,9 @@ A :class:`Job` has three steps, the same for every command::
     prepare(cfg, options) -> plan         every check a user can get wrong: no run folder, no MLflow run (one line)
     run_spec(plan, options) -> RunSpec    what its command run needs (command, run name, params, on_open, around);
                                           None: this invocation runs no experiment (no run folder, no MLflow run)
-    execute(plan, run, options) -> result the work, inside the command's :class:`raycpt.runs.Run` (None without one)
+    execute(plan, run, options) -> result the work, inside the command's :class:`raycpt.runs.run.Run` (None without one)
 
-:func:`run_job` does prepare -> run (:func:`raycpt.runs.command_run`) -> execute and returns the result; the CLI
+:func:`run_job` does prepare -> run (:func:`raycpt.runs.run.command_run`) -> execute and returns the result; the CLI
 renders it (:mod:`raycpt.report.render`). What a command line (or a library caller) gives a job besides the config
 is one :class:`Options`. Most jobs are :class:`Steps` (their three functions); a command that runs no experiment
 (``config show``, ``models pull``, ``ui``, ...) is a :class:`NoRun`.
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Protocol, runtime_checkable
 
 from raycpt.config import ExperimentConfig
-from raycpt.runs import Run, command_run
+from raycpt.runs.run import Run, command_run
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Options:
 
 @dataclass
 class RunSpec:
-    """What a job's command run needs: :func:`raycpt.runs.command_run`'s arguments besides the options' resume,
+    """What a job's command run needs: :func:`raycpt.runs.run.command_run`'s arguments besides the options' resume,
     run_dir and parent, and the context that wraps the run while it opens (``around``: a grid's Ray starts and its
     base shards are written then, issue 28)."""
 
@@ -118,7 +118,7 @@ class NoRun:
 
 
 def run_job(job: Job, cfg: ExperimentConfig, options: Optional[Options] = None) -> Any:
-    """THE path of every command: ``prepare`` (no run folder yet) -> the command's run (:func:`raycpt.runs.command_run`
+    """THE path of every command: ``prepare`` (no run folder yet) -> the command's run (:func:`raycpt.runs.run.command_run`
     inside the spec's ``around``; ``options.run_dir`` / ``options.parent`` for a command nested in another) ->
     ``execute`` in it; returns the result (the CLI renders it)."""
     options = options if options is not None else Options()

@@ -41,7 +41,7 @@ from raycpt.models.stack import LayerStack
 from raycpt.report.sweep.summary import report_options, write_summary
 from raycpt.report.sweep.outcomes import HELDOUT_DOCS_FILE
 from raycpt.report.tuning import pick_by_validation, tuning_lines, tuning_markdown
-from raycpt.runs import SWEEP_NEUTRAL, SWEEP_SECTIONS, check_resume_config, memo
+from raycpt.runs.folder import SWEEP_NEUTRAL, SWEEP_SECTIONS, check_resume_config, memo
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.splits import check_split, split_index
 from raycpt.strategies import budget_plans, check_budget, split_plans, takes_split
@@ -279,7 +279,7 @@ def run_spec(plan: SweepPlan, options: Options) -> RunSpec:
 
 
 def resume_check(cfg: ExperimentConfig, options: Options):
-    """``--resume``: one line naming each setting that defines the work (:data:`raycpt.runs.SWEEP_SECTIONS`) and
+    """``--resume``: one line naming each setting that defines the work (:data:`raycpt.runs.folder.SWEEP_SECTIONS`) and
     differs from the run folder's ``config.yaml``; ``--accept-changes`` continues with the new ones."""
     if not options.resume:
         return None
@@ -374,7 +374,7 @@ def check_memory(cfg: ExperimentConfig, console, plans: list) -> None:
 
 
 def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
-    """Trace once, run the grid, write the summary (inside the sweep's :func:`raycpt.runs.command_run`).
+    """Trace once, run the grid, write the summary (inside the sweep's :func:`raycpt.runs.run.command_run`).
     ``plan.shards_ready()`` is called before the first trial (waits for the base shards written ahead of the trials;
     returns the ones it verified: ``Grid.shared[SHARDS_CHECKED]``)."""
     cfg, run_dir, s = plan.cfg, run.run_dir, plan.cfg.sweep
@@ -473,7 +473,7 @@ def _trace(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent) ->
 
 
 def log_summary(run, files: list, trace: Optional[dict], summary: dict) -> None:
-    """The summary on the sweep's :class:`raycpt.runs.Run`: its files, the flat per-cell table as the MLflow table
+    """The summary on the sweep's :class:`raycpt.runs.run.Run`: its files, the flat per-cell table as the MLflow table
     ``summary/deltas.json``, S(b) and the headline deltas as metrics."""
     for f in files:
         run.log_artifact(f, "summary")

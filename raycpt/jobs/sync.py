@@ -1,10 +1,10 @@
 """``raycpt runs sync RUN_DIR``: replay a run folder into an MLflow store, for a run whose tracking server went away
 mid-run, or into another store (``--tracking-uri``).
 
-The folder is the record (:data:`raycpt.tracking.RECORDS`): every param, metric point, tag, file and table its run
+The folder is the record (:data:`raycpt.runs.records.RECORDS`): every param, metric point, tag, file and table its run
 got, in order, and the units nested under it (a grid's trials, a sweep's trace: ``children`` records naming their
-folders). The sync walks that tree and sends each record through the same :func:`raycpt.tracking.project` that
-logged it live, with the run's :class:`raycpt.tracking.Seen` so nothing is sent twice: a second sync, or two at
+folders). The sync walks that tree and sends each record through the same :func:`raycpt.runs.records.project` that
+logged it live, with the run's :class:`raycpt.runs.records.Seen` so nothing is sent twice: a second sync, or two at
 once (they take turns on a lock in the folder), adds nothing. Each run ends with its folder's status.
 
 Which run a folder syncs into: in its own store (the config's ``tracking.uri``), the run its meta file names when the
@@ -26,12 +26,13 @@ from raycpt.config import load_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.jobs.job import NoRun, Options
-from raycpt.runs import END_STATE, read_state, write_state
-from raycpt.tracking import (LOST_FILE, Seen, ensure_store, project, read_records, record_kind, record_path,
-                             tracking_uri as uri_of)
+from raycpt.runs.folder import END_STATE, read_state, write_state
+from raycpt.runs.lost import LOST_FILE
+from raycpt.runs.records import Seen, project, read_records, record_kind, record_path
+from raycpt.runs.store import ensure_store, tracking_uri as uri_of
 
 STATUS = {**{state: status for status, state in END_STATE.items()}, "nonfinite": "FAILED"}
-"""A folder's ``state.json`` status -> its run's MLflow status: :data:`raycpt.runs.END_STATE` read backwards (a
+"""A folder's ``state.json`` status -> its run's MLflow status: :data:`raycpt.runs.folder.END_STATE` read backwards (a
 run stopped on a non-finite loss ended FAILED)."""
 SYNCED = "synced.json"
 """In a run folder: the run it was synced into in each store other than its own (``{uri: run id}``)."""

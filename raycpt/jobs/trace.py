@@ -289,7 +289,7 @@ def _finite_series(name: str, values) -> list[tuple[str, int, float]]:
 
 
 def log_trace(run, summary: dict, paths: dict[str, Path]) -> None:
-    """:func:`trace_params` and :func:`trace_records` into the trace's :class:`raycpt.runs.Run`, its files under
+    """:func:`trace_params` and :func:`trace_records` into the trace's :class:`raycpt.runs.run.Run`, its files under
     ``trace/``."""
     series, metrics = trace_records(summary)
     run.log_params(trace_params(summary))
@@ -305,10 +305,10 @@ def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Opt
     """Trace ``cfg.model`` over a prompt set and recommend a train-shallow / freeze-deep split.
 
     ``splits``, ``prompts`` and ``top_k`` override ``cfg.trace``; ``run_dir`` defaults to a new
-    ``<run_root>/trace-<name>-<id>/``; with ``parent`` (a :class:`raycpt.runs.Run`) the MLflow run is nested
+    ``<run_root>/trace-<name>-<id>/``; with ``parent`` (a :class:`raycpt.runs.run.Run`) the MLflow run is nested
     under its run.
     Bad input raises :class:`RaycptError` before Ray or MLflow is touched (:func:`prepare_trace`);
-    the work is :func:`execute`, inside the command's :func:`raycpt.runs.command_run`.
+    the work is :func:`execute`, inside the command's :func:`raycpt.runs.run.command_run`.
     """
     return run_job(TRACE, cfg, Options(run_dir=run_dir, parent=parent, progress=progress,
                                        values={"splits": splits, "prompts": prompts, "top_k": top_k}))

@@ -1,5 +1,5 @@
 """``raycpt train``: one plan trained under a Ray ``TorchTrainer`` (:func:`raycpt.train.driver.launch.run_training`),
-inside the command's :func:`raycpt.runs.command_run`; and ``raycpt plan show``, the plan's layer map without training.
+inside the command's :func:`raycpt.runs.run.command_run`; and ``raycpt plan show``, the plan's layer map without training.
 
 :func:`prepare` checks the train settings, the eval tasks and the memory of the plan before any run folder;
 :func:`execute` trains (a finished run resumed with ``--resume`` is read back: the launcher's memo

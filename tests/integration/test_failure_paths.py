@@ -94,7 +94,7 @@ def test_a_full_disk_is_one_line_naming_the_path_and_errno_and_leaves_no_store(t
 def test_two_commands_of_one_name_at_once_on_a_fresh_run_root_both_open_the_store(tmp_path):
     """The SQLite schema is created under a file lock: two drivers at once on a fresh run root (the issue's
     `raycpt train name=twin` twice) no longer race on `CREATE TABLE` - one waits, both get the experiment."""
-    code = ("import sys; from raycpt.config import load_config; from raycpt.tracking import ensure_store; "
+    code = ("import sys; from raycpt.config import load_config; from raycpt.runs.store import ensure_store; "
             "cfg = load_config(None, ['name=twin', 'tracking.run_root=' + sys.argv[1]]); print(ensure_store(cfg.tracking))")
     for i in range(3):
         root = tmp_path / f"runs{i}"

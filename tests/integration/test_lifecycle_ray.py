@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 CODE = """
 import sys, time
 from raycpt.config import RayConfig, load_config
-from raycpt.runs import command_run
+from raycpt.runs.run import command_run
 from raycpt.runtime import ray_session
 cfg = load_config(None, ["tracking.run_root=" + sys.argv[1]])
 try:

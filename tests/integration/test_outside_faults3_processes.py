@@ -273,7 +273,7 @@ def test_a_finished_sweep_resumed_with_another_lr_is_refused_and_accepted_only_w
     ok = _cli([*s["args"], "train.lr=1e-3", "--resume", "--accept-changes"])
     assert ok.returncode == 0, ok.stderr[-2000:]
     from raycpt.config import load_config
-    from raycpt.runs import read_state
+    from raycpt.runs.folder import read_state
 
     assert load_config(s["run_dir"] / "config.yaml").train.lr == 1e-3
     assert read_state(s["run_dir"])["config_changes"][-1]["changes"] == ["train.lr: 3e-05 -> 0.001"]
@@ -291,7 +291,7 @@ def test_two_syncs_at_once_into_a_fresh_store_make_each_run_and_point_once(finis
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-1000:] for o in outs]
     assert own[0] == 3 and _store_counts(other) == own, (_store_counts(other), own)
-    from raycpt.runs import read_state
+    from raycpt.runs.folder import read_state
 
     assert read_state(s["run_dir"])["mlflow_run_id"] not in json.loads((s["run_dir"] / "synced.json").read_text())
 
@@ -301,7 +301,7 @@ def test_a_sync_into_another_store_then_a_resume_keeps_the_sweep_finished(finish
     """Was: the sync rewrote state.json's run id; the resume printed a 57-line "Run ... not found" traceback and
     turned the finished sweep failed."""
     s = finished_sweep
-    from raycpt.runs import read_state
+    from raycpt.runs.folder import read_state
 
     own_id = read_state(s["run_dir"])["mlflow_run_id"]
     sync = _cli(["runs", "sync", str(s["run_dir"]), "--tracking-uri", f"sqlite:///{s['tmp'] / 'other.db'}"])

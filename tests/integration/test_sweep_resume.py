@@ -79,7 +79,7 @@ def test_sigkill_driver_then_resume(tmp_path, tiny_dir):
     result = json.loads((run_dir / "trials" / interrupted / "train" / "train_result.json").read_text())
     assert result["resumed_from_step"] and result["resumed_from_step"] >= 2
 
-    from raycpt.tracking import tracking_uri
+    from raycpt.runs.store import tracking_uri
 
     client = mlflow.tracking.MlflowClient(tracking_uri(cfg.tracking))
     exp = client.get_experiment_by_name(cfg.tracking.experiment)

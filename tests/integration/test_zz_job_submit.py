@@ -17,7 +17,7 @@ import pytest
 
 from local_cluster import LocalCluster, loopback
 from raycpt.config import save_config
-from raycpt.tracking import tracking_uri
+from raycpt.runs.store import tracking_uri
 from test_sweep import tiny_sweep_config
 
 AGENT_WAIT_S = 120

@@ -158,7 +158,7 @@ def test_publish_is_a_verified_copy_that_the_checkpoint_cannot_change(finished, 
 
 
 def test_private_folder_check(tmp_path):
-    from raycpt.runs import assert_private_folder
+    from raycpt.runs.folder import assert_private_folder
 
     d = tmp_path / "tune"
     (d / "exp").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""A unit's run (:func:`raycpt.runs.open_child`): one MLflow run per unit across interruptions, ended with the
+"""A unit's run (:func:`raycpt.runs.run.open_child`): one MLflow run per unit across interruptions, ended with the
 right status by its owner (the ``with`` block) alone."""
 
 import json
@@ -15,7 +15,7 @@ def _store(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from raycpt.config import ExperimentConfig
-    from raycpt.tracking import ensure_store, tracking_uri
+    from raycpt.runs.store import ensure_store, tracking_uri
 
     tcfg = TrackingConfig(run_root=str(tmp_path / "runs"), experiment="t")
     exp = ensure_store(tcfg)
@@ -26,7 +26,7 @@ def _store(tmp_path):
 
 
 def ChildRun(client, meta, exp, parent, name, tags=None, meta_data=None, cfg=None):
-    from raycpt.runs import open_child
+    from raycpt.runs.run import open_child
 
     return open_child(cfg, "sweep", meta.parent, meta.name, exp, parent, name, tags=tags, meta=meta_data)
 

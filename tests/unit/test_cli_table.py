@@ -10,7 +10,7 @@ from tiny import save_tiny
 def test_every_option_key_is_a_config_key():
     from raycpt.cli import COMMANDS
     from raycpt.config import ExperimentConfig, config_to_dict
-    from raycpt.tracking import flatten
+    from raycpt.runs.records import flatten
 
     keys = set(flatten(config_to_dict(ExperimentConfig())))
     named = [(name, o.key) for name, row in COMMANDS.items() for o in row.options if o.key]

@@ -137,8 +137,8 @@ def test_the_two_jobs_record_into_their_folders_and_call_nothing_once_the_server
     from raycpt.jobs.contribution import ScanTrial, _log_scan
     from raycpt.jobs.grid import Trial
     from raycpt.jobs.hybrid import _log_build, _log_build_params, _log_run
-    from raycpt.runs import Run
-    from raycpt.tracking import read_records
+    from raycpt.runs.run import Run
+    from raycpt.runs.records import read_records
 
     tr = fresh_lost
     tr.mark_lost("http://127.0.0.1:9", error="refused")
@@ -169,8 +169,8 @@ def test_the_two_jobs_record_into_their_folders_and_call_nothing_once_the_server
 def test_a_server_that_goes_away_inside_a_trial_log_is_recorded_not_raised(fresh_lost, tmp_path):
     from raycpt.jobs.contribution import ScanTrial
     from raycpt.jobs.grid import Trial
-    from raycpt.runs import Run
-    from raycpt.tracking import read_records
+    from raycpt.runs.run import Run
+    from raycpt.runs.records import read_records
 
     tr = fresh_lost
     cfg = SimpleNamespace(tracking=SimpleNamespace(uri="http://127.0.0.1:9"))
@@ -183,7 +183,7 @@ def test_a_server_that_goes_away_inside_a_trial_log_is_recorded_not_raised(fresh
 
 
 def test_a_nested_command_runs_locally_with_the_server_gone(fresh_lost, monkeypatch, tmp_path):
-    import raycpt.runs as runs
+    import raycpt.runs.run as runs
     from raycpt.config import load_config
 
     tr = fresh_lost

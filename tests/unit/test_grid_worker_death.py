@@ -34,7 +34,7 @@ class Spec:
 
 def _run(tmp_path, specs, resume=False):
     from raycpt.jobs.grid import Grid, grid_params, run_grid
-    from raycpt.runs import command_run
+    from raycpt.runs.run import command_run
 
     cfg = config_from_dict({"name": "g", "tracking": {"run_root": str(tmp_path / "runs"), "experiment": "grid"}})
     grid = Grid("sweep", specs, inline=True)

@@ -35,7 +35,7 @@ the code needs:
 8. ``raycpt.data`` - corpus sources and shards.
 9. ``raycpt.models`` - model references -> folders, ``LayerStack``, hybrid assembly. Inside it, the
    hybrid config never imports the hybrid model: the package wires the model's lazy registration.
-10. ``raycpt.runs``, ``raycpt.tracking``, ``raycpt.runtime`` (and ``raycpt.worker_setup``, ``raycpt.cluster``,
+10. ``raycpt.runs`` (the run, its folder, records, store and lost server), ``raycpt.runtime`` (and ``raycpt.worker_setup``, ``raycpt.cluster``,
     ``raycpt.ui``) - THE
     command lifecycle (``runs.command_run``) and run folders, MLflow (and its UI server), Ray bootstrap
     (``runs`` builds on ``tracking``, never the reverse).
@@ -77,7 +77,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt.strategies",),
     ("raycpt.data",),
     ("raycpt.models",),
-    ("raycpt.runs", "raycpt.tracking", "raycpt.runtime", "raycpt.worker_setup", "raycpt.cluster", "raycpt.ui"),
+    ("raycpt.runs", "raycpt.runtime", "raycpt.worker_setup", "raycpt.cluster", "raycpt.ui"),
     ("raycpt.config", "raycpt.tasks"),
     ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress",
      "raycpt.registry"),  # the leaf registry (issue 46 item 5): every layer above may register into it or read it

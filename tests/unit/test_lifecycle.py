@@ -1,4 +1,4 @@
-"""Every command runs under one lifecycle (``raycpt.runs.command_run``): it ends FINISHED on success, FAILED on
+"""Every command runs under one lifecycle (``raycpt.runs.run.command_run``): it ends FINISHED on success, FAILED on
 an error, KILLED on Ctrl-C and on SIGTERM, with every child run it left RUNNING ended the same way and nothing
 left RUNNING, in a real SQLite MLflow store; ``state.json`` says so too.
 
@@ -102,7 +102,8 @@ def test_every_command_ends_its_runs_on_every_exit_path(command, outcome, models
 
 def test_a_folder_that_never_got_its_mlflow_run_is_not_the_newest_for_resume(tmp_path):
     from raycpt.config import load_config
-    from raycpt.runs import OPENING, command_run, open_run_dir, write_state
+    from raycpt.runs.folder import OPENING, open_run_dir, write_state
+    from raycpt.runs.run import command_run
 
     cfg = load_config(None, [f"tracking.run_root={tmp_path}"])
     with command_run(cfg, "train") as run:

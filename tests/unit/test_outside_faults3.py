@@ -178,7 +178,7 @@ def _saved_run(tmp_path, overrides):
 
 
 def test_a_sweep_resume_with_a_changed_key_is_one_line_naming_it(tmp_path):
-    from raycpt.runs import SWEEP_NEUTRAL, SWEEP_SECTIONS, check_resume_config, read_state
+    from raycpt.runs.folder import SWEEP_NEUTRAL, SWEEP_SECTIONS, check_resume_config, read_state
 
     run_dir = _saved_run(tmp_path, ["train.lr=3e-05"])
     before = (run_dir / "config.yaml").read_text()
@@ -281,7 +281,7 @@ def test_a_real_sqlite_write_failure_is_recognised_through_mlflows_wrapping(tmp_
 
     from mlflow.exceptions import MlflowException
 
-    from raycpt.tracking import store_unwritable
+    from raycpt.runs.store import store_unwritable
 
     try:
         sqlite3.connect(str(tmp_path / "no-such-folder" / "mlflow.db")).execute("create table t (x)")

@@ -163,7 +163,7 @@ def test_log_points_logs_every_finite_point_in_batches(tmp_path):
 
     import mlflow
 
-    from raycpt.tracking import log_points
+    from raycpt.runs.records import log_points
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'm.db'}")
     client = mlflow.tracking.MlflowClient()
@@ -190,7 +190,7 @@ def test_state_json_says_how_a_run_ended_when_the_disk_has_no_room_for_a_tempora
     from pathlib import Path
 
     from raycpt.io import atomic_write_text
-    from raycpt.runs import read_state, write_state
+    from raycpt.runs.folder import read_state, write_state
 
     write_state(tmp_path, status="running", command="train")
     real = Path.write_text

@@ -1,6 +1,6 @@
-"""The run folder as the record (:data:`raycpt.tracking.RECORDS`) and its one projection into MLflow
-(:func:`raycpt.tracking.project`), against a real SQLite store, no Ray: each kind of record lands as written by
-hand here; a replay with the run's :class:`raycpt.tracking.Seen` adds nothing twice; ``raycpt runs sync`` of a
+"""The run folder as the record (:data:`raycpt.runs.records.RECORDS`) and its one projection into MLflow
+(:func:`raycpt.runs.records.project`), against a real SQLite store, no Ray: each kind of record lands as written by
+hand here; a replay with the run's :class:`raycpt.runs.records.Seen` adds nothing twice; ``raycpt runs sync`` of a
 hand-made folder tree (a command, a unit nested under it, a unit that never began) makes the runs and ends them
 with their folders' statuses, keeps the folder's own run id for another store, and two syncs at once make each run
 once."""
@@ -21,7 +21,7 @@ def _client(tmp_path, name="s"):
     from mlflow.tracking import MlflowClient
 
     from raycpt.config import TrackingConfig
-    from raycpt.tracking import ensure_store, tracking_uri
+    from raycpt.runs.store import ensure_store, tracking_uri
 
     tcfg = TrackingConfig(run_root=str(tmp_path / name), experiment="raycpt")
     exp = ensure_store(tcfg)
@@ -54,7 +54,7 @@ RECORDS = [
 
 
 def test_each_record_lands_as_written_and_a_replay_adds_nothing(tmp_path):
-    from raycpt.tracking import Seen, project
+    from raycpt.runs.records import Seen, project
 
     client, exp = _client(tmp_path)
     run_id = client.create_run(exp, run_name="r").info.run_id
@@ -75,10 +75,11 @@ def test_each_record_lands_as_written_and_a_replay_adds_nothing(tmp_path):
 
 
 def _folder(tmp_path) -> Path:
-    """A sweep-shaped folder written through :class:`raycpt.runs.Run` with no store (the server was gone from the
+    """A sweep-shaped folder written through :class:`raycpt.runs.run.Run` with no store (the server was gone from the
     start): the command, one trial that finished, one that never began."""
     from raycpt.config import load_config, save_config
-    from raycpt.runs import Run, write_state
+    from raycpt.runs.folder import write_state
+    from raycpt.runs.run import Run
 
     cfg = load_config(None, [f"tracking.run_root={tmp_path / 'runs'}"])
     run_dir = tmp_path / "runs" / "sweep-x-1"
@@ -107,7 +108,7 @@ def _sync(run_dir, uri=None):
 
 
 def test_sync_makes_the_tree_of_runs_once_with_their_statuses(tmp_path):
-    from raycpt.runs import read_state
+    from raycpt.runs.folder import read_state
 
     run_dir = _folder(tmp_path)
     line = _sync(run_dir)
@@ -129,7 +130,7 @@ def test_sync_makes_the_tree_of_runs_once_with_their_statuses(tmp_path):
 
 
 def test_another_store_keeps_the_folders_own_run_id(tmp_path):
-    from raycpt.runs import read_state
+    from raycpt.runs.folder import read_state
 
     run_dir = _folder(tmp_path)
     _sync(run_dir)
@@ -160,7 +161,7 @@ def test_two_syncs_at_once_make_each_run_once(tmp_path):
 def test_a_point_recorded_twice_is_in_the_store_twice_after_a_replay_and_once_more_adds_none(tmp_path):
     """Live logging keeps a point the job logged twice (a build's final loss from its training and its own end
     records): the store then holds it twice, and a replay, counting what the store has, makes the same history."""
-    from raycpt.tracking import Seen, project
+    from raycpt.runs.records import Seen, project
 
     client, exp = _client(tmp_path)
     live, replay = (client.create_run(exp).info.run_id for _ in range(2))
@@ -187,7 +188,7 @@ def test_a_sync_of_a_folder_that_lost_a_trial_and_a_file_names_both_and_is_not_a
 
     from raycpt.config import load_config
     from raycpt.errors import RaycptError
-    from raycpt.runs import Run
+    from raycpt.runs.run import Run
 
     run_dir = _folder(tmp_path)
     summary = run_dir / "summary" / "summary.json"

@@ -12,7 +12,7 @@ import pytest
 
 from raycpt.config import load_config
 from raycpt.errors import RaycptError
-from raycpt.runs import AttemptClock, open_run_dir, refuse_existing_outputs, resume_changes
+from raycpt.runs.folder import AttemptClock, open_run_dir, refuse_existing_outputs, resume_changes
 
 
 def test_resume_keeps_the_saved_config_and_lists_changes(tmp_path):
@@ -28,7 +28,7 @@ def test_resume_keeps_the_saved_config_and_lists_changes(tmp_path):
 
 def test_attempt_clock_sums_attempts_including_a_killed_one(tmp_path):
     path = tmp_path / "attempts.json"
-    code = ("import sys, time; sys.path.insert(0, %r); from raycpt.runs import AttemptClock\n"
+    code = ("import sys, time; sys.path.insert(0, %r); from raycpt.runs.folder import AttemptClock\n"
             "with AttemptClock(%r, beat_s=0.2):\n    print('started', flush=True); time.sleep(600)\n"
             % (os.environ.get("PYTHONPATH", ""), str(path)))
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -11,7 +11,7 @@ from mlflow.store.db.utils import _get_latest_schema_revision
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
 from raycpt.config import load_config
-from raycpt.tracking import STORE_TEMPLATES, ensure_store, new_sqlite_store
+from raycpt.runs.store import STORE_TEMPLATES, ensure_store, new_sqlite_store
 
 
 def _schema(db) -> dict:

@@ -383,8 +383,8 @@ def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
     from raycpt.config import TrackingConfig
     from raycpt.jobs.sweep import log_summary
     from raycpt.report.sweep.summary import write_summary
-    from raycpt.runs import Run
-    from raycpt.tracking import ensure_store
+    from raycpt.runs.run import Run
+    from raycpt.runs.store import ensure_store
 
     (tmp_path / "runs").mkdir()
     cfg = TrackingConfig(run_root=str(tmp_path / "runs"), uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}",

@@ -1,4 +1,4 @@
-"""Issue 27 for sweeps, no Ray and no server: a trial's child run (:func:`raycpt.runs.open_child`) made or ended
+"""Issue 27 for sweeps, no Ray and no server: a trial's child run (:func:`raycpt.runs.run.open_child`) made or ended
 while the tracking server is gone, and the store probe of a trial process."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 
 
 class _Client:
-    """Records the calls of a unit's run (:func:`raycpt.runs.open_child`); ``gone``: every call finds the server
+    """Records the calls of a unit's run (:func:`raycpt.runs.run.open_child`); ``gone``: every call finds the server
     gone."""
 
     def __init__(self, gone=False):
@@ -36,7 +36,7 @@ def _child(monkeypatch, client, meta, exp, parent, name, meta_data=None):
     import mlflow.tracking
 
     from raycpt.config import ExperimentConfig
-    from raycpt.runs import open_child
+    from raycpt.runs.run import open_child
 
     monkeypatch.setattr(mlflow.tracking, "MlflowClient", lambda *a, **k: client)
     return open_child(ExperimentConfig(), "sweep", meta.parent, meta.name, exp, parent, name, meta=meta_data)

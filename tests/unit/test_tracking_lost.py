@@ -1,5 +1,5 @@
 """Issue 27 helpers, no Ray and no server: what counts as a tracking server gone, what a lost server makes
-:func:`raycpt.tracking.tracked` do, the step metrics ``raycpt runs sync`` replays, a folder's state never left
+:func:`raycpt.runs.lost.tracked` do, the step metrics ``raycpt runs sync`` replays, a folder's state never left
 ``running``, and the test-only full-disk fault."""
 
 import errno
@@ -56,7 +56,7 @@ def test_tracked_swallows_only_a_server_gone_then_skips_every_later_call(fresh_l
 
 
 def test_ended_state_never_leaves_running(tmp_path):
-    from raycpt.runs import ended_state, read_state, write_state
+    from raycpt.runs.folder import ended_state, read_state, write_state
 
     write_state(tmp_path, status="running")
     with pytest.raises(OSError):

@@ -32,7 +32,7 @@ def _tag_in_db(db: Path, experiment: str) -> tuple[str, str]:
 
 
 def test_experiment_kind_tag_on_sqlite(tmp_path):
-    from raycpt.tracking import ensure_store
+    from raycpt.runs.store import ensure_store
 
     cfg = load_config(None, [f"tracking.run_root={tmp_path / 'runs'}", "tracking.experiment=kind-test"])
     exp_id = ensure_store(cfg.tracking)
@@ -87,7 +87,7 @@ def test_raycpt_ui_serves_no_writable_artifact_store_and_still_shows_a_runs_file
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from raycpt.tracking import ensure_store
+    from raycpt.runs.store import ensure_store
 
     runs, cwd = tmp_path / "runs", tmp_path / "cwd"
     cwd.mkdir()

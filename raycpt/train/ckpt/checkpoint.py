@@ -27,7 +27,7 @@ optimizer state: nothing trains from it again (a resume of a run killed after it
 ``train_state.pt`` carries ``optimizer: None`` and a resume that would train from it is refused.
 
 Ray Tune's restore, which unpickles ``tuner.pkl``, is guarded by
-:func:`raycpt.runs.assert_private_folder`.
+:func:`raycpt.runs.folder.assert_private_folder`.
 """
 
 from __future__ import annotations

@@ -36,9 +36,11 @@ from raycpt.io import atomic_write_json, run_root
 from raycpt.models.shards import ensure_base_shards
 from raycpt.report.progress import StepProgress
 from raycpt.report.train import plot_loss_curve, read_events, read_step_records
-from raycpt.runs import config_params, ended_state, read_state, write_state
+from raycpt.runs.folder import ended_state, read_state, write_state
+from raycpt.runs.run import config_params
 from raycpt.strategies import LayerPlan
-from raycpt.tracking import adopt_lost, tracking_uri
+from raycpt.runs.lost import adopt_lost
+from raycpt.runs.store import tracking_uri
 from raycpt.train.worker.callbacks import callbacks_for
 from raycpt.train.ckpt.checkpoint import weights_dtype
 from raycpt.train.driver.failures import raycpt_failure_policy
@@ -96,7 +98,7 @@ def run_training(cfg: ExperimentConfig, run, *, run_dir: Optional[Path] = None, 
                  in_process: bool = False) -> TrainResult:
     """Train ``cfg.model`` with ``cfg.plan`` on ``cfg.data`` under a Ray ``TorchTrainer``, recording into ``run``.
 
-    ``run`` (a :class:`raycpt.runs.Run`: the ``raycpt train`` command's, or a grid trial's child) receives the
+    ``run`` (a :class:`raycpt.runs.run.Run`: the ``raycpt train`` command's, or a grid trial's child) receives the
     params, metrics and files, and this function opens and ends no run; ``run_dir`` is the training folder (default
     the run's folder; a trial trains in ``<trial>/train``): the one lifecycle is the caller's (``raycpt train``'s
     job, :mod:`raycpt.jobs.train`, or the grid's trial).

@@ -9,7 +9,7 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig
 from raycpt.errors import RaycptError
-from raycpt.runs import check_resume_config
+from raycpt.runs.folder import check_resume_config
 from raycpt.train.ckpt.manifest import STATE_JSON, find_checkpoints
 from raycpt.train.driver.result import read_json
 
@@ -29,7 +29,7 @@ def latest_checkpoint(run_dir: Path, report: bool = False) -> Optional[tuple[int
 
 def check_resume_settings(run_dir: Path, cfg: ExperimentConfig, accept: bool = False) -> None:
     """``--resume`` continues a run with the settings it was made with; one line when ``cfg`` differs (``accept``:
-    ``--accept-changes``, :func:`raycpt.runs.check_resume_config`)."""
+    ``--accept-changes``, :func:`raycpt.runs.folder.check_resume_config`)."""
     check_resume_config(run_dir, cfg, accept=accept,
                         why="A resume continues a run with its own settings (its learning-rate schedule depends on "
                             "them).")

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from raycpt.tracking import append_record, call_unless_lost, clean_metrics, project, read_records
+from raycpt.runs.lost import call_unless_lost
+from raycpt.runs.records import append_record, clean_metrics, project, read_records
 from raycpt.train.worker.background import BackgroundCalls
 from raycpt.train.ckpt.checkpoint import json_safe
 from raycpt.train.worker.sysmetrics import StepSystemMetrics
@@ -17,8 +18,8 @@ METRICS_FILE = "train_metrics.jsonl"
 
 class MetricsLogger:
     """Rank 0's sink: the step records (a JSONL file in the training folder, which the driver's progress bar tails)
-    and the run's records (:data:`raycpt.tracking.RECORDS` in the run's folder, ``target.records``), each
-    projected into MLflow (:func:`raycpt.tracking.project`) while the server answers.
+    and the run's records (:data:`raycpt.runs.records.RECORDS` in the run's folder, ``target.records``), each
+    projected into MLflow (:func:`raycpt.runs.records.project`) while the server answers.
 
     The MLflow calls (a SQLite write or an HTTP round trip each) run on one background thread, in order
     (:class:`raycpt.train.worker.background.BackgroundCalls`), so a step never waits for the store; :meth:`close` (end of
@@ -40,7 +41,7 @@ class MetricsLogger:
             self.client = MlflowClient(tracking_uri=self.uri)
 
     def _guarded(self, fn, step: Optional[int], *args, **kwargs):
-        """``fn(...)`` unless the tracking server was found gone (:func:`raycpt.tracking.call_unless_lost`: the
+        """``fn(...)`` unless the tracking server was found gone (:func:`raycpt.runs.lost.call_unless_lost`: the
         first call that finds it gone records that with this step in the run folder; training goes on)."""
         return call_unless_lost(fn, args, kwargs, self.uri, step, self.path.parent if self.path is not None else None)
 

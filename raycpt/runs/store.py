@@ -1,0 +1,227 @@
+"""The MLflow store a run root records into: its URI (SQLite in the run root by absolute path, or a server),
+made once per root from a template of the installed MLflow's schema, checked writable, browsed at ``runs_url``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Optional
+from urllib.parse import urlsplit
+
+from raycpt.cluster import check_store
+from raycpt.config import TrackingConfig
+from raycpt.errors import RaycptError
+from raycpt.io import cache_root, run_root
+
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+
+
+EXPERIMENT_KIND = "custom_model_development"
+"""MLflow 3's UI picks an experiment's first view from this tag: model training opens on the runs table
+(without it, MLflow 3.17 opens on the GenAI traces overview)."""
+
+
+def tracking_uri(cfg: TrackingConfig) -> str:
+    """The MLflow URI: the configured one (or ``$RAYCPT_TRACKING_URI``, which a cluster sets to its
+    server), else ``sqlite:////abs/run_root/mlflow.db``."""
+    if cfg.uri or os.environ.get("RAYCPT_TRACKING_URI"):
+        uri = cfg.uri or os.environ["RAYCPT_TRACKING_URI"]
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+            uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+        return uri
+    return f"sqlite:///{run_root(cfg) / 'mlflow.db'}"
+
+
+def ensure_store(cfg: TrackingConfig) -> str:
+    """Create the store and the experiment from the driver; return the experiment id. A store that cannot be
+    opened (a corrupt ``mlflow.db``, a file that is not a database, a database URI whose driver is not
+    installed) is one line; a new SQLite store is created under a file lock, so two commands starting at
+    once on a fresh run root do not race on its schema (one waits for the other)."""
+    check_store(cfg)  # one line for a bad scheme, a server that does not answer, an unwritable run root
+    uri = tracking_uri(cfg)
+    try:
+        with _store_lock(uri):
+            return _ensure_store(cfg, uri)
+    except ModuleNotFoundError as e:
+        raise RaycptError(f"tracking.uri {_safe_uri(uri)}: its database driver is not installed (no module "
+                          f"{e.name!r}); pip install it (e.g. psycopg2-binary for postgresql://, pymysql for "
+                          "mysql+pymysql://) or leave tracking.uri empty for SQLite in the run root") from None
+    except Exception as e:  # noqa: BLE001 - only the store's own errors become one line
+        if not _store_error(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise RaycptError(f"tracking.uri {_safe_uri(uri)}: the MLflow store cannot be opened ({first}); is it an "
+                          "MLflow database? Move it aside (a new one is made) or name another store") from None
+
+
+def _safe_uri(uri: str) -> str:
+    """``uri`` without a password (``scheme://user:***@host/db``)."""
+    parts = urlsplit(uri)
+    if parts.password:
+        return uri.replace(f":{parts.password}@", ":***@", 1)
+    return uri
+
+
+def _store_error(e: BaseException) -> bool:
+    """An error of the store itself (SQLAlchemy, the DB-API, MLflow's own), not a bug of ours."""
+    names = {c.__module__.split(".")[0] for c in type(e).__mro__}
+    return bool(names & {"sqlalchemy", "sqlite3", "mlflow", "alembic", "psycopg2", "pymysql", "MySQLdb"})
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str):
+    """An exclusive ``flock`` on ``<db>.lock`` next to a SQLite store while it is created (no-op otherwise)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(f".{db.name}.lock"), "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+STORE_TEMPLATES = "mlflow-store"
+"""Folder of the user's cache (:func:`raycpt.io.cache_root`) holding one empty SQLite store per MLflow schema."""
+
+
+def new_sqlite_store(db: Path) -> bool:
+    """Make the new SQLite store ``db`` a copy of an empty store of this MLflow's schema, kept in the user's cache
+    (made there once, by MLflow's own table creation and migrations, under a lock): a new run root then opens its
+    store in milliseconds instead of replaying every schema migration (~5 s here). The template holds the tables
+    at the newest revision and no experiment, so MLflow adds its Default experiment at the new store's first open,
+    with that store's artifact root. Returns whether ``db`` was made; False (MLflow creates the store itself)
+    when ``db`` exists or the template cannot be had."""
+    if db.exists():
+        return False
+    try:
+        template = _store_template()
+        tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
+        shutil.copyfile(template, tmp)
+        os.replace(tmp, db)
+        return True
+    except Exception:  # noqa: BLE001 - an older or newer MLflow without these helpers: the slow way
+        return False
+
+
+def _store_template() -> Path:
+    import fcntl
+
+    import mlflow
+    import sqlalchemy
+    from mlflow.store.db import utils as db_utils
+
+    folder = cache_root() / STORE_TEMPLATES
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"mlflow-{mlflow.__version__}.db"  # a release's schema is fixed: its newest migration
+    if path.is_file() and template_ok(path):
+        return path
+    with open(folder / ".lock", "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if path.is_file() and not template_ok(path):  # damaged in the cache: it would break every new run root
+            logging.getLogger(__name__).warning("warning: the cached MLflow store template %s is damaged: made again",
+                                                path)
+            path.unlink()
+        if not path.is_file():
+            tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+            tmp.unlink(missing_ok=True)
+            engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+            quiet = [logging.getLogger(n) for n in ("mlflow.store.db.utils", "alembic")]
+            levels = [q.level for q in quiet]
+            try:
+                for q in quiet:  # no "creating tables" chatter around a command's own lines
+                    q.setLevel(logging.WARNING)
+                db_utils._initialize_tables(engine)
+            finally:
+                engine.dispose()
+                for q, lv in zip(quiet, levels):
+                    q.setLevel(lv)
+            os.replace(tmp, path)
+    return path
+
+
+def template_ok(path: Path) -> bool:
+    """Whether the cached store template is a whole SQLite database with MLflow's schema revision in it."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            ok = con.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+            return ok and con.execute("SELECT version_num FROM alembic_version").fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
+def _ensure_store(cfg: TrackingConfig, uri: str) -> str:
+    import mlflow
+
+    if uri.startswith("sqlite:///"):
+        new_sqlite_store(Path(uri[len("sqlite:///"):]))
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.tracking.MlflowClient(uri)
+    if client.get_experiment_by_name(cfg.experiment) is None and uri.startswith("sqlite:"):
+        # artifacts next to the store, not in ./mlruns of whatever folder the command runs from
+        art = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+        try:
+            client.create_experiment(cfg.experiment, artifact_location=art)
+        except Exception:  # noqa: BLE001 - another process created it first
+            pass
+    exp = mlflow.set_experiment(cfg.experiment)
+    if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # the UI then opens on the runs table
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return exp.experiment_id
+
+
+def runs_url(experiment_id: str, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """The MLflow UI's runs table of an experiment (parent runs with their children)."""
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/runs"
+
+
+STORE_WRITE_ERRORS = ("unable to open database file", "attempt to write a readonly database",
+                      "database or disk is full", "disk I/O error", "readonly database")
+"""SQLite's words for a store it cannot write: its folder read-only (``chattr +i``, a read-only mount: the journal
+cannot be made), its disk full, the device failing."""
+
+
+def store_unwritable(e: Optional[BaseException]) -> Optional[str]:
+    """SQLite's words (:data:`STORE_WRITE_ERRORS`) when ``e`` or its chain says the MLflow store cannot be written,
+    else None."""
+    seen, cur = set(), e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        text = str(cur)
+        found = next((w for w in STORE_WRITE_ERRORS if w in text), None)
+        if found is not None and "OperationalError" in f"{type(cur).__name__} {text}":
+            return found
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def missing_run(cfg: TrackingConfig, run_id: Optional[str]) -> bool:
+    """Whether the store of ``cfg`` answers that it has no run ``run_id`` (a store replaced or deleted, a folder
+    copied from another run root); False when it has it, or for no id."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    if not run_id:
+        return False
+    ensure_store(cfg)
+    try:
+        MlflowClient(tracking_uri(cfg)).get_run(run_id)
+    except MlflowException as e:
+        if getattr(e, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return True
+    return False
