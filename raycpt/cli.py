@@ -1,8 +1,7 @@
 """raycpt command line: a TABLE of job objects (litgpt's ``__main__``). Each row (:class:`Row`) names the job (a
 :class:`raycpt.jobs.job.Job`, by a :func:`lazy` reference), its renderer (:mod:`raycpt.report.render`) and which
 option sets which dotted config key; every option becomes an override *before* the config loads, so every check sees
-what will run. :func:`run_row` runs a row's job with :func:`raycpt.jobs.job.run_job` and renders the result. The
-console entry and its one-line errors (exit code 2 for bad input) are :mod:`raycpt.entry`.
+what will run. :func:`run_row` runs a row's job (:func:`raycpt.jobs.job.run_job`) and renders it; the console entry is :mod:`raycpt.entry`.
 
 Usage pattern: ``raycpt <command> [CONFIG.yaml] [section.key=value ...] [--options]``.
 """
@@ -17,11 +16,12 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from raycpt.cluster import check_store, cluster_check_lines
+from raycpt.cluster import cluster_check_lines
 from raycpt.config import load_config
 from raycpt.evaluate.registry import benchmark_choices
 from raycpt.jobs.job import Options, run_job
 from raycpt.registry import PLANS, SELECTORS
+from raycpt.runs.store import check_store
 from raycpt.report import render as R
 from raycpt.usage import Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from raycpt.cluster import check_store
+from raycpt.runs.store import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root

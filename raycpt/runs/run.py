@@ -17,21 +17,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib.metadata as md
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Optional
 
-from raycpt.cluster import check_store, node_tags, version_tags
+from raycpt import __version__
 from raycpt.config import ExperimentConfig, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
-from raycpt.runtime import on_ray_death, sigterm_as_interrupt
+from raycpt.runs.folder import END_STATE, OPENING, end_status, open_run_dir, read_state, write_state
 from raycpt.runs.lost import mark_lost, store_or_lost, tracked, tracking_lost
 from raycpt.runs.records import append_record, clean_metrics, flatten, project
-from raycpt.runs.store import ensure_store, missing_run, store_unwritable, tracking_uri
-from raycpt.runs.folder import END_STATE, OPENING, end_status, open_run_dir, read_state, write_state
+from raycpt.runs.store import check_store, ensure_store, missing_run, store_unwritable, tracking_uri
+from raycpt.runtime import on_ray_death, sigterm_as_interrupt
 
 
 class Run:
@@ -344,3 +348,57 @@ warning line per folder, :func:`raycpt.runs.lost.lost_line`)."""
 def note_lost_run(run_dir) -> None:
     if Path(run_dir) not in LOST_RUNS:
         LOST_RUNS.append(Path(run_dir))
+
+
+# ------------------------------------------------------------------------------------- tags
+def git_commit() -> Optional[str]:
+    """The commit of this checkout (or ``$RAYCPT_GIT_COMMIT``, baked into the image), else None."""
+    if os.environ.get("RAYCPT_GIT_COMMIT"):
+        return os.environ["RAYCPT_GIT_COMMIT"]
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def version_tags() -> dict[str, str]:
+    """Tags for a parent run: raycpt, git commit, image, Ray, torch, CUDA, MLflow, transformers versions."""
+    import mlflow
+    import ray
+    import torch
+
+    try:
+        raycpt_version = md.version("raycpt")
+    except md.PackageNotFoundError:  # a working-dir job (ray job submit) of an uninstalled checkout
+        raycpt_version = __version__
+    tags = {"raycpt.version": raycpt_version, "raycpt.ray_version": ray.__version__,
+            "raycpt.torch_version": torch.__version__, "raycpt.cuda_version": torch.version.cuda or "none",
+            "raycpt.mlflow_version": mlflow.__version__, "raycpt.python_version": sys.version.split()[0]}
+    try:
+        tags["raycpt.transformers_version"] = md.version("transformers")
+    except md.PackageNotFoundError:  # pragma: no cover - a dependency
+        pass
+    if torch.cuda.is_available():
+        tags["raycpt.gpu"] = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    commit = git_commit()
+    if commit:
+        tags["raycpt.git_commit"] = commit
+    if os.environ.get("RAYCPT_IMAGE"):
+        tags["raycpt.image"] = os.environ["RAYCPT_IMAGE"]
+    return tags
+
+
+def node_tags() -> dict[str, str]:
+    """``raycpt.node_id`` / ``raycpt.node_ip`` of the Ray node this process runs on (empty outside Ray)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return {}
+        ctx = ray.get_runtime_context()
+        return {"raycpt.node_id": ctx.get_node_id(), "raycpt.node_ip": ray.util.get_node_ip_address()}
+    except Exception:  # noqa: BLE001 - tags are informative; never fail a trial on them
+        return {}

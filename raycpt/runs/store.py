@@ -8,13 +8,17 @@ import logging
 import os
 import shutil
 import sqlite3
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
 from pathlib import Path
-from typing import Optional
-from urllib.parse import urlsplit
+from typing import Callable, Optional
+from urllib.parse import urlparse, urlsplit
 
-from raycpt.cluster import check_store
 from raycpt.config import TrackingConfig
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, ServerUnreachable
 from raycpt.io import cache_root, run_root
 
 
@@ -225,3 +229,113 @@ def missing_run(cfg: TrackingConfig, run_id: Optional[str]) -> bool:
             raise
         return True
     return False
+
+
+#: schemes MLflow 3.x accepts as a tracking URI (the ``./mlruns`` file store is in maintenance mode)
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+_checked: set[tuple[str, str]] = set()
+
+
+# ------------------------------------------------------------------------------------- the store
+def uri_scheme(uri: str) -> str:
+    """``sqlite`` for ``sqlite:////x.db``, ``postgresql`` for ``postgresql+psycopg2://...``."""
+    return urlparse(uri).scheme.split("+", 1)[0].lower()
+
+
+def check_uri_scheme(uri: str) -> str:
+    scheme = uri_scheme(uri)
+    if scheme not in TRACKING_SCHEMES:
+        raise RaycptError(
+            f"tracking.uri {uri!r}: unknown scheme {scheme or '(none)'!r}; use http(s)://HOST:PORT (an MLflow "
+            "server), sqlite:////abs/path/mlflow.db, a database URI, or leave it empty (SQLite in the run root)")
+    return scheme
+
+
+def probe_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """One GET of the server's ``/health`` with a short timeout; raise one line if nothing answers."""
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - the user's own server
+            r.read(64)
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):  # an authenticating proxy in front of MLflow: it answered
+            return
+        raise RaycptError(f"tracking.uri {uri}: {url} answered HTTP {e.code}; is this an MLflow server "
+                          "(`mlflow server`, see cluster/README.md)?") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise ServerUnreachable(f"tracking.uri {uri}: no MLflow server answers within {timeout:g} s ({reason}); start "
+                          "one (cluster/README.md) or leave tracking.uri empty for SQLite in the run root") from None
+
+
+def wait_for_server(uri: str, wait_s: float, poll_s: float = 2.0, say: Callable[[str], None] | None = None) -> None:
+    """:func:`probe_server` until it answers or ``wait_s`` seconds have passed (``tracking.wait_s``: the RayJob's
+    MLflow container may start after Ray's head is Ready), saying once that it waits; the last refusal, with the
+    time waited, when it never answers. ``wait_s=0``: one probe."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return probe_server(uri, timeout=min(PROBE_TIMEOUT_S, max(deadline - time.monotonic(), 0.5)))
+        except ServerUnreachable as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if wait_s > 0:
+                    raise ServerUnreachable(f"{e} (waited {wait_s:g} s, tracking.wait_s)") from None
+                raise
+            if not said:
+                (say or _stderr)(f"raycpt: waiting up to {wait_s:g} s for the MLflow server at {uri} (tracking.wait_s)")
+                said = True
+            time.sleep(min(poll_s, left))
+
+
+def check_run_root(root: Path) -> None:
+    """One line when the process could not create ``root`` or write in it. Creates nothing: a probe
+    file is written (and removed) in ``root`` or, when it does not exist yet, its nearest existing parent,
+    so a command refused later for another reason leaves no empty run root behind."""
+    existing = root
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(existing))
+        probe = existing / f".raycpt-write-check-{uuid.uuid4().hex[:8]}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise RaycptError(f"tracking.run_root {str(root)!r} is not a writable folder "
+                          f"({e.strerror or e}{': ' + str(e.filename) if e.filename else ''})") from None
+
+
+def check_store(cfg: TrackingConfig) -> None:
+    """Validate ``cfg.uri`` (scheme; a server that answers, within ``cfg.wait_s`` seconds) and ``cfg.run_root``
+    (writable), once per process and setting. Caps MLflow's own HTTP retries (unless the user set them: 2 retries, backoff 1 s,
+    20 s per request; MLflow's defaults wait about 4 minutes) so a server that dies mid-run is found gone
+    within seconds (:func:`raycpt.runs.lost.mark_lost`), and Ray workers started after this inherit them."""
+    try:
+        root = Path(cfg.run_root).expanduser().resolve()
+    except RuntimeError:  # pathlib's "Could not determine home directory."
+        raise RaycptError(f"tracking.run_root {cfg.run_root!r}: ~ names the home folder, but this process has none "
+                          "($HOME is not set): write the path in full") from None
+    uri = cfg.uri or os.environ.get("RAYCPT_TRACKING_URI") or ""
+    key = (str(root), uri)
+    if key in _checked:
+        return
+    check_run_root(root)
+    if uri:
+        scheme = check_uri_scheme(uri)
+        if scheme in ("http", "https"):
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+            wait_for_server(uri, cfg.wait_s)
+    _checked.add(key)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from raycpt import cluster
+from raycpt.runs import run, store
 from raycpt.config import TrackingConfig
 from raycpt.errors import RaycptError
 
@@ -42,11 +43,11 @@ def test_single_node_needs_no_storage_check(tmp_path):
 
 def test_unknown_scheme_is_one_line():
     with pytest.raises(RaycptError, match=r"tracking.uri 'ftp://x/y': unknown scheme 'ftp'"):
-        cluster.check_store(TrackingConfig(run_root="/tmp", uri="ftp://x/y"))
+        store.check_store(TrackingConfig(run_root="/tmp", uri="ftp://x/y"))
     with pytest.raises(RaycptError, match=r"unknown scheme '\(none\)'"):
-        cluster.check_uri_scheme("just-a-name")
-    assert cluster.check_uri_scheme("postgresql+psycopg2://u@h/db") == "postgresql"
-    assert cluster.check_uri_scheme("sqlite:////tmp/x.db") == "sqlite"
+        store.check_uri_scheme("just-a-name")
+    assert store.check_uri_scheme("postgresql+psycopg2://u@h/db") == "postgresql"
+    assert store.check_uri_scheme("sqlite:////tmp/x.db") == "sqlite"
 
 
 def _refused_port() -> int:
@@ -61,7 +62,7 @@ def test_refused_port_fails_fast(tmp_path):
     uri = f"http://127.0.0.1:{_refused_port()}"
     t0 = time.time()
     with pytest.raises(RaycptError, match=r"no MLflow server answers") as e:
-        cluster.check_store(TrackingConfig(run_root=str(tmp_path), uri=uri))
+        store.check_store(TrackingConfig(run_root=str(tmp_path), uri=uri))
     assert time.time() - t0 < 15 and "\n" not in str(e.value) and uri in str(e.value)
 
 
@@ -69,10 +70,10 @@ def test_unwritable_run_root(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     with pytest.raises(RaycptError, match=r"tracking.run_root .*a-file/runs' is not a writable folder"):
-        cluster.check_store(TrackingConfig(run_root=str(blocker / "runs")))
+        store.check_store(TrackingConfig(run_root=str(blocker / "runs")))
     # /proc is a read-only place even for root
     with pytest.raises(RaycptError, match=r"is not a writable folder"):
-        cluster.check_run_root(Path("/proc/raycpt-runs"))
+        store.check_run_root(Path("/proc/raycpt-runs"))
 
 
 @pytest.mark.parametrize("uri", [None, "http://127.0.0.1:1"])
@@ -114,7 +115,7 @@ def test_version_tags_match_the_installed_packages():
     import ray
     import torch
 
-    tags = cluster.version_tags()
+    tags = run.version_tags()
     assert tags["raycpt.ray_version"] == ray.__version__ == md.version("ray")
     assert tags["raycpt.torch_version"] == torch.__version__
     assert tags["raycpt.cuda_version"] == (torch.version.cuda or "none")

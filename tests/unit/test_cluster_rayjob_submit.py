@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raycpt.cluster import wait_for_server
+from raycpt.runs.store import wait_for_server
 from raycpt.errors import ServerUnreachable
 
 ROOT = Path(__file__).resolve().parents[2]
