@@ -1,7 +1,7 @@
 """raycpt command line: a TABLE of job objects (litgpt's ``__main__``). Each row (:class:`Row`) names the job (a
 :class:`raycpt.jobs.job.Job`, by a :func:`lazy` reference), its renderer (:mod:`raycpt.report.render`) and which
 option sets which dotted config key; every option becomes an override *before* the config loads, so every check sees
-what will run. :func:`run_row` runs a row's job (:func:`raycpt.jobs.job.run_job`), then renders it (:mod:`raycpt.entry`).
+what will run. :func:`run_row` runs a row's job (:func:`raycpt.jobs.job.run_job`) and renders it (see raycpt.entry).
 
 Usage pattern: ``raycpt <command> [CONFIG.yaml] [section.key=value ...] [--options]``.
 """
