@@ -126,3 +126,15 @@ def test_a_tokenizer_that_puts_bos_first_gives_its_prefix():
     assert prefix_id_of(SimpleNamespace(bos_token_id=None)) is None
     no_bos_first = type("T", (), {"bos_token_id": 5, "__call__": lambda self, text: {"input_ids": [7]}})()
     assert prefix_id_of(no_bos_first) is None  # it has a BOS but does not put it before a text
+
+
+def test_an_evaluation_record_from_before_the_rule_is_not_reused():
+    from raycpt.jobs.base_row import CACHE_VERSION
+    from raycpt.train.final_eval import current_definition
+    from raycpt.train.worker_eval import EvalRequest
+
+    with_blocks = EvalRequest(out_dir="x", name="t", heldout_path="heldout.json")
+    assert not current_definition({"heldout_loss": 4.53}, with_blocks)  # written by the packed definition
+    assert current_definition({"heldout_loss": 4.65, "loss_definition": "per-document"}, with_blocks)
+    assert current_definition({"questions": {}}, EvalRequest(out_dir="x", name="t"))  # no loss in it: any record
+    assert CACHE_VERSION >= 2  # the base row's cache key changed with the definition
