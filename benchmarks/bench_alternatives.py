@@ -64,9 +64,9 @@ def case(plan_words: list[str], seq: int, batch: int, steps: int, threads: int) 
 
     from raycpt.models.adapters import inject_lora
     from raycpt.strategies import apply_plan
-    from raycpt.train.prepare import prepare_plan, resolve_model_path
-    from raycpt.train.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
-    from raycpt.train.step_options import loss_chunk_tokens
+    from raycpt.train.driver.prepare import prepare_plan, resolve_model_path
+    from raycpt.train.worker.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
+    from raycpt.train.worker.step_options import loss_chunk_tokens
 
     torch.set_num_threads(threads)
     cfg = _cfg(plan_words, seq, batch)
@@ -113,7 +113,7 @@ def _sub(args: list[str]) -> dict:
 def layer_sizes(seq: int) -> tuple[list[int], int]:
     """Parameters per decoder layer and the layer count, from a weightless copy of the model."""
     from raycpt.models.stack import LayerStack
-    from raycpt.train.prepare import model_skeleton, resolve_model_path
+    from raycpt.train.driver.prepare import model_skeleton, resolve_model_path
 
     stack = LayerStack.of(model_skeleton(resolve_model_path(_cfg([], seq, 1))))
     return [sum(p.numel() for p in layer.parameters()) for layer in stack.layers], stack.num_layers

@@ -5,7 +5,7 @@ Nine checks, one run (``--smoke``: the same code on a handful of sweeps, under a
 about 20 minutes on one loaded core):
 
 1. **null_false_claim_rate** - ``--sweeps`` (>= 200) null sweeps fed to
-   :func:`raycpt.report.sweep.build_summary`: 7 cells (``full``, ``train_shallow`` and ``train_deep`` at
+   :func:`raycpt.report.sweep.summary.build_summary`: 7 cells (``full``, ``train_shallow`` and ``train_deep`` at
    three splits: 6 rows against full), ``wordnet_mc`` (domain, 400 questions in 4 categories) and ``mmlu``
    (general, 456 in 4), three modes (logit, generate, cloze), a held-out set (128 documents x 4 blocks),
    the primary declared as ``wordnet_mc/logit`` (``report.primary``), Holm with the gate at 0.05. *Null*: every trial answers
@@ -59,14 +59,15 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raycpt.diagnostics.scores import boundary_score_interval, boundary_scores, minmax, scaled  # noqa: E402
-from raycpt.report.sweep import build_summary  # noqa: E402
-from raycpt.report.sweep_outcomes import question_outcomes  # noqa: E402
+from raycpt.report.sweep.summary import build_summary  # noqa: E402
+from raycpt.report.sweep.outcomes import question_outcomes  # noqa: E402
 from raycpt.stats import paired_delta, paired_score_bounds, ratio_delta_t  # noqa: E402
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]
@@ -155,7 +156,8 @@ OFFSETS = (0.0, 0.5, 1.0, 2.0)
 SHAPES = {  # the default (configs/default.yaml) and configs/paper-check.yaml, primary heldout_loss in both
     "default": {"tasks": {"wordnet_mc": 48}, "docs": 128, "blocks": 2, "seeds": (0,), "general": []},
     "default+floor": {"tasks": {"wordnet_mc": 48}, "docs": 128, "blocks": 2, "seeds": (0,), "general": [],
-                      "floor": (1, 2)},  # sweep.floor_seeds=[1,2]: full twice more, every other row once
+                      "floor": (1, 2)},  # sweep.floor_seeds=[1,2] (issue 50): full at 1 and 2, every other row at 1
+    "seeds3": {"tasks": {"wordnet_mc": 48}, "docs": 128, "blocks": 2, "seeds": (0, 1, 2), "general": []},
     "paper-check": {"tasks": {"wordnet_mc": 400, "mmlu": 114}, "docs": 128, "blocks": 2, "seeds": (0, 1, 2),
                     "general": ["mmlu"]},
 }
@@ -170,28 +172,40 @@ def offset_of(shape: dict, m: float) -> float:
 
 
 def simulate_runs(rng: np.random.Generator, shape: dict, offset_sd: float, gain_sd: float = 0.0,
-                  flip: float = 0.01) -> list[dict]:
+                  flip: float = 0.01, mult: Optional[dict] = None, forget: Optional[float] = None) -> list[dict]:
     """One sweep of ``shape``: every (row, seed) a training run. Answers: one shared base model, each run
     flipping them independently (``flip``). Held-out blocks: a shared document effect + the run's own offset
     (the same on all its blocks: what a separate training run does; :func:`offset_of`, so the run-to-run SD is
-    ``offset_sd`` x RUN_SD) + block noise (BLOCK_SD); ``GAIN_ROW`` truly ``gain_sd`` x RUN_SD lower."""
+    ``offset_sd`` x RUN_SD, times ``mult[row]`` for a row with its own run noise) + block noise (BLOCK_SD);
+    ``GAIN_ROW`` truly ``gain_sd`` x RUN_SD lower. ``shape["floor"]``: full again at every floor seed, every other
+    row at the first (``sweep.floor_seeds``). ``forget`` (not None): an untrained ``base`` row and a general probe
+    (its blocks like the held-out set's), every trained row's general loss ``forget`` nats above base."""
     docs = np.repeat(np.arange(shape["docs"]), shape["blocks"])
     base_blocks = 3.5 + 0.3 * rng.standard_normal(shape["docs"])[docs]
+    gen_blocks = 3.9 + 0.3 * rng.standard_normal(shape["docs"])[docs]
     base = {t: {m: rng.random(n) < BASE_ACC[m] for m in MODES} for t, n in shape["tasks"].items()}
-    one = len(shape["seeds"]) == 1
+    one = len(shape["seeds"]) == 1 and not shape.get("floor")
+    floor = tuple(shape.get("floor", ()))
+    runs = [(c, sd) for sd in shape["seeds"] for c in CELLS] + [(c, sd) for k, sd in enumerate(floor) for c in CELLS
+                                                               if k == 0 or c[0] == "full"]
     trials = []
-    for name, strategy, split in CELLS:
-        for sd in shape["seeds"]:
-            correct = {t: {m: (b ^ (rng.random(b.size) < flip)).astype(int) for m, b in by.items()}
-                       for t, by in base.items()}
-            shift = offset_of(shape, offset_sd) * rng.standard_normal() - (gain_sd * RUN_SD if name == GAIN_ROW else 0.0)
-            blocks = base_blocks + shift + BLOCK_SD * rng.standard_normal(docs.size)
-            t = _trial(name if one else f"{name}-s{sd}", strategy, split, correct, blocks, docs)
-            trials.append({**t, "group": name, "seed": sd})
-    for sd in shape.get("floor", ()):  # the noise floor: more runs of full alone, the same cell
+    for (name, strategy, split), sd in runs:
         correct = {t: {m: (b ^ (rng.random(b.size) < flip)).astype(int) for m, b in by.items()} for t, by in base.items()}
-        blocks = base_blocks + offset_of(shape, offset_sd) * rng.standard_normal() + BLOCK_SD * rng.standard_normal(docs.size)
-        trials.append({**_trial(f"full-s{sd}", "full", None, correct, blocks, docs), "group": "full", "seed": sd})
+        sdev = offset_of(shape, offset_sd * (mult or {}).get(name, 1.0))
+        shift = sdev * rng.standard_normal() - (gain_sd * RUN_SD if name == GAIN_ROW else 0.0)
+        blocks = base_blocks + shift + BLOCK_SD * rng.standard_normal(docs.size)
+        t = _trial(name if one else f"{name}-s{sd}", strategy, split, correct, blocks, docs)
+        if forget is not None:
+            g = gen_blocks + forget + sdev * rng.standard_normal() + BLOCK_SD * rng.standard_normal(docs.size)
+            t.update(general_blocks=g.tolist(), general_weights=[63] * len(g), general_docs=docs.tolist(),
+                     general_loss=float(g.mean()))
+        trials.append({**t, "group": name, "seed": sd})
+    if forget is not None:  # the untrained model: evaluated once, no run noise
+        correct = {t: {m: b.astype(int) for m, b in by.items()} for t, by in base.items()}
+        b = _trial("base", "base", None, correct, base_blocks, docs)
+        b.update(general_blocks=gen_blocks.tolist(), general_weights=[63] * len(gen_blocks), general_docs=docs.tolist(),
+                 general_loss=float(gen_blocks.mean()))
+        trials.insert(0, {**b, "group": "base", "seed": shape["seeds"][0]})
     return trials
 
 
@@ -208,19 +222,67 @@ def held_detected(summary: dict) -> bool:
                for c in summary["verdict"]["comparisons"])
 
 
-def run_noise_sweeps(n: int, shape: str, offset: float, gain: float, seed: int) -> tuple[float, float, float]:
+def run_noise_sweeps(n: int, shape: str, offset: float, gain: float, seed: int, mult: Optional[dict] = None
+                     ) -> tuple[float, float, float]:
     """(share of sweeps with a strategy claim - or, with ``gain``, detecting it -, its 95% MC half-width, the
-    share with any mark at all, checkpoint marks included)."""
+    share with any mark at all, checkpoint marks included). ``mult``: rows with their own run SD (x offset)."""
     rng = np.random.default_rng(seed)
     sh = SHAPES[shape]
     hits, marks = [], []
     for _ in range(n):
-        s = build_summary(simulate_runs(rng, sh, offset, gain), None, ["wordnet_mc"], sh["general"], resamples=200,
-                          report=HELD_REPORT)
+        s = build_summary(simulate_runs(rng, sh, offset, gain, mult=mult), None, ["wordnet_mc"], sh["general"],
+                          resamples=200, report=HELD_REPORT)
         hits.append(held_detected(s) if gain else strategy_claims(s))
         marks.append(claims(s))
     share = float(np.mean(hits))
     return share, mc_error(share, n), float(np.mean(marks))
+
+
+HETERO = {"plan-2x": {"train_deep-r0.5": 2.0}, "plan-3x": {"train_deep-r0.5": 3.0}, "full-2x": {"full": 2.0}}
+"""Issue 50's heterogeneous run noise: one plan at 2x / 3x the others' run SD, or full at 2x."""
+
+
+def forgetting_sweeps(n: int, forget: float, seed: int) -> tuple[float, float]:
+    """Share of 3-seed sweeps (no plan differs from full) in which the against-base family marks some row's general
+    loss as higher than base (``forget`` > 0: power; 0: with no gain either, the share with any vs-base mark, the
+    family's null rate), and its MC half-width."""
+    rng = np.random.default_rng(seed)
+    hits = []
+    for _ in range(n):
+        s = build_summary(simulate_runs(rng, SHAPES["seeds3"], 1.0, forget=forget), None, ["wordnet_mc"], [],
+                          resamples=200, report=HELD_REPORT)
+        vb = [c for c in s["verdict"]["comparisons"] if c.get("family") == "vs base"]
+        hits.append(any(c["sign"] == 1 and c["task"] == "general_loss" for c in vb) if forget
+                    else any(c["sign"] for c in vb))
+    share = float(np.mean(hits))
+    return share, mc_error(share, n)
+
+
+def issue50_results(args) -> None:
+    """Issue 50's lines: heterogeneous run noise at 3 seeds, the floor design, forgetting as its own family."""
+    m = 2 if args.smoke else args.het_sweeps
+    rates = {k: run_noise_sweeps(m, "seeds3", 1.0, 0.0, args.seed + 50 + j, mult)
+             for j, (k, mult) in enumerate(HETERO.items())}
+    worst = max(rates, key=lambda k: rates[k][0])
+    result("null_fwer_heterogeneous_run_noise", rates[worst][0], "<=", 0.05,
+           f"{m} null sweeps per case, 7 rows x 3 seeds, run SD 1 x {RUN_SD:g} otherwise, worst {worst}, "
+           f"+-{rates[worst][1]:.3f} (95% MC); " + ", ".join(f"{k} {v[0]:.3f}" for k, v in rates.items()))
+    cases = {"equal": None, **HETERO}
+    frates = {k: run_noise_sweeps(m, "default+floor", 1.0, 0.0, args.seed + 60 + j, mult)
+              for j, (k, mult) in enumerate(cases.items())}
+    fw = max(frates, key=lambda k: frates[k][0])
+    result("floor_design_fwer", frates[fw][0], "<=", 0.05,
+           f"{m} null sweeps per case, sweep.floor_seeds=[1,2] (full 3 runs, 6 plans 2: 15 runs, 2.1 x the one-seed "
+           f"7), worst {fw}, +-{frates[fw][1]:.3f} (95% MC); " + ", ".join(f"{k} {v[0]:.3f}" for k, v in frates.items()))
+    pw, hw, _ = run_noise_sweeps(m, "default+floor", 1.0, 5.0, args.seed + 70)
+    result("floor_design_power_5sd", pw, ">=", 0.5, f"{m} sweeps, {GAIN_ROW} 5 run SDs lower held-out loss, the "
+           f"same design, primary after the gated Holm, +-{hw:.3f} (95% MC)")
+    null, nhw = forgetting_sweeps(m, 0.0, args.seed + 80)
+    result("against_base_null_rate", null, "<=", 0.05, f"{m} null sweeps, 3 seeds, no gain or forgetting: share with "
+           f"any vs-base mark (its own family, Holm), +-{nhw:.3f} (95% MC)")
+    fp, fhw = forgetting_sweeps(m, 0.2, args.seed + 90)
+    result("forgetting_power_0p2", fp, ">=", 0.8, f"{m} sweeps, 3 seeds, every trained row 0.2 nats of forgetting "
+           f"on the general probe, no plan differs from full, +-{fhw:.3f} (95% MC)")
 
 
 def mc_error(share: float, n: int) -> float:
@@ -376,7 +438,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-sweeps", type=int, default=300, help="null sweeps per shape and offset of the run-noise checks")
     ap.add_argument("--mde-sweeps", type=int, default=100, help="sweeps per gain of the 3-seed MDE")
+    ap.add_argument("--het-sweeps", type=int, default=200, help="sweeps per case of the issue-50 checks")
+    ap.add_argument("--only-issue50", action="store_true", help="only the issue-50 lines")
     args = ap.parse_args(argv)
+    if args.only_issue50:
+        issue50_results(args)
+        return 0
     n = 4 if args.smoke else max(200, args.sweeps)
     t0 = time.perf_counter()
     null, null_hw = run_sweeps(n, args.flip, 0.0, args.seed)
@@ -407,6 +474,7 @@ def main(argv=None) -> int:
     hd, hb = heldout_coverage(50 if args.smoke else 2000)
     result("heldout_ci_coverage", hd, ">=", 0.93, f"t over 128 documents x 20 blocks; over blocks: {hb:.3f}")
     run_noise_results(args)
+    issue50_results(args)
     print(f"INFO wall {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 

@@ -142,7 +142,7 @@ def main() -> None:
 
     from raycpt.config import load_config
     from raycpt.data.store import list_stores
-    from raycpt.train.prepare import resolve_model_path
+    from raycpt.train.driver.prepare import resolve_model_path
 
     over = [f"model.ref={args.model}"] if args.model else []
     tok_path = resolve_model_path(load_config(str(ROOT / "configs/default.yaml"), over))

@@ -112,10 +112,10 @@ def main() -> None:
     from lm_eval.models.huggingface import HFLM
 
     from raycpt.evaluate import resolve_task
-    from raycpt.evaluate.lm_tasks import _load_lm_tasks
+    from raycpt.evaluate.lm_tasks import load_lm_tasks
 
     out = lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=tok, batch_size=1),
-                                  tasks=_load_lm_tasks(resolve_task("wordnet_mc"), "logit", cfg), limit=1,
+                                  tasks=load_lm_tasks(resolve_task("wordnet_mc"), "logit", cfg), limit=1,
                                   log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
     ctx = out["samples"]["wordnet_mc"][0]["arguments"][0][0]
     assert ctx == prompts[0], "floor prompt differs from lm-eval's context"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """FSDP2 against DDP on the same plans, in one run: do they train the same, and does FSDP save what it promises?
 
-Two gloo processes (:func:`raycpt.train.gloo.spawn`) run raycpt's own loop (:func:`raycpt.train.loop.run_loop`,
-wrapping by :func:`raycpt.train.parallel.wrap_model`) for ``full`` and ``train_deep`` (split 0.5), once with
+Two gloo processes (:func:`raycpt.train.worker.gloo.spawn`) run raycpt's own loop (:func:`raycpt.train.worker.loop.run_loop`,
+wrapping by :func:`raycpt.train.worker.parallel.wrap_model`) for ``full`` and ``train_deep`` (split 0.5), once with
 ``train.distributed=ddp`` and once with ``fsdp``, on the same blocks from the same seed, float32, the loss the loop
 picks. The model is built from a Llama config (SmolLM2-135M's shape by default: 30 layers, hidden 576, vocabulary
 49,152, tied embeddings; random weights, saved once as safetensors) and loaded by the loop as a run would.
@@ -15,7 +15,7 @@ picks. The model is built from a Llama config (SmolLM2-135M's shape by default: 
   larger of the two ranks. The processes run with ``MALLOC_MMAP_THRESHOLD_=65536`` (glibc returns every freed
   tensor to the kernel, so one job's freed heap cannot hide the next job's peak) and run one unmeasured warm-up
   job first (library set-up that happens once per process). ``RESULT fsdp_memory_ratio <fsdp/ddp, plan full> target <= 0.75``.
-* **Estimate**: :func:`raycpt.train.preflight.estimate_plan` of each job's config against its measured peak.
+* **Estimate**: :func:`raycpt.train.driver.preflight.estimate_plan` of each job's config against its measured peak.
   ``RESULT fsdp_memory_estimate_error <max |est/measured - 1|> target <= 0.2``.
 
 ``--smoke``: a 4-layer, hidden-64 model, 2 steps (seconds; the test suite runs it, the figures then say little).
@@ -27,6 +27,7 @@ Run: ``python benchmarks/bench_fsdp.py [--smoke] [--seq 256] [--batch 2] [--step
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -68,12 +69,12 @@ class PeakAfterStep:
 
 def run_jobs(rank: int, world: int, jobs: list[dict], out_dir: str) -> None:
     """In each gloo process: every job through run_loop, with its memory marks."""
-    from raycpt.train.gloo import GlooSession
-    from raycpt.train.loop import run_loop
+    from raycpt.train.worker.gloo import GlooSession
+    from raycpt.train.worker.loop import run_loop
 
     for i, job in enumerate(jobs):
         peak = PeakAfterStep()
-        config = {**job["config"], "callbacks": [peak]}
+        config = dataclasses.replace(job["spec"], callbacks=(peak,))
         session = GlooSession(np.load(job["blocks"]), Path(job["checkpoint_root"]))
         base = _rss_kb("VmRSS")
         _reset_peak()
@@ -98,8 +99,9 @@ def _model(root: Path, shape: dict) -> Path:
 
 
 def _jobs(root: Path, model: Path, args) -> list[dict]:
-    from raycpt.config import config_to_dict, load_config
+    from raycpt.config import load_config
     from raycpt.strategies import build_plan
+    from raycpt.train.worker.spec import WorkerSpec
 
     jobs = []
     for dist in ("ddp", "fsdp"):
@@ -112,8 +114,8 @@ def _jobs(root: Path, model: Path, args) -> list[dict]:
             p = build_plan(cfg.plan, cfg_layers(model), tied_embeddings=True)
             name = f"{dist}-{key}"
             jobs.append({"name": name, "dist": dist, "plan": key, "cfg": cfg, "plan_obj": p,
-                         "config": {"cfg": config_to_dict(cfg), "model_path": str(model), "plan": p.to_dict(),
-                                    "run_dir": str(root / name), "torch_threads": args.threads},
+                         "spec": WorkerSpec(cfg=cfg, model_path=str(model), plan=p, run_dir=str(root / name),
+                                            torch_threads=args.threads),
                          "blocks": str(root / "blocks.npy"), "checkpoint_root": str(root / name / "ckpts")})
     return jobs
 
@@ -123,8 +125,8 @@ def cfg_layers(model: Path) -> int:
 
 
 def _estimate(job: dict, model: Path) -> float:
-    from raycpt.train.prepare import model_skeleton
-    from raycpt.train.preflight import estimate_plan
+    from raycpt.train.driver.prepare import model_skeleton
+    from raycpt.train.driver.preflight import estimate_plan
     from raycpt.strategies import apply_plan
 
     skeleton = model_skeleton(str(model))
@@ -146,7 +148,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.seq, args.batch, args.steps = 32, 2, 2
-    from raycpt.train.gloo import spawn
+    from raycpt.train.worker.gloo import spawn
 
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp:
         root = Path(tmp)
@@ -155,7 +157,7 @@ def main() -> None:
         n_blocks = 2 * args.batch * (args.steps + 1)
         np.save(root / "blocks.npy", np.random.default_rng(0).integers(4, vocab, size=(n_blocks, args.seq)).astype(np.int32))
         jobs = _jobs(root, model, args)
-        plain = [{k: j[k] for k in ("name", "config", "blocks", "checkpoint_root")} for j in jobs]
+        plain = [{k: j[k] for k in ("name", "spec", "blocks", "checkpoint_root")} for j in jobs]
         warmup = {**plain[-1], "name": "warmup", "checkpoint_root": str(root / "warmup")}
         os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
         spawn(run_jobs, 2, [warmup] + plain, tmp)

@@ -14,11 +14,11 @@ this CPU, in one run:
    allocates AdamW's state). Measured = peak RSS (``VmHWM``) minus the RSS before the model was
    built, so weights, gradients, optimizer state, activations, logits and allocator slack all count,
    and the interpreter and libraries do not (the estimate has no CPU framework term either). The
-   estimate is :func:`raycpt.train.preflight.estimate_plan` of the same config.
+   estimate is :func:`raycpt.train.driver.preflight.estimate_plan` of the same config.
    ``RESULT memory_estimate_error <max |est/measured - 1|> target <= 0.20``.
 2. **LM head + loss alone**: final hidden states of 4 x 1024 tokens in (random, requiring grad), loss
    and head-weight gradient out; plain (full logits, transformers' ``ForCausalLMLoss``) against
-   :func:`raycpt.train.loss.chunked_lm_loss` (1024-token chunks). Memory: each in a fresh
+   :func:`raycpt.train.worker.loss.chunked_lm_loss` (1024-token chunks). Memory: each in a fresh
    subprocess, peak RSS over the RSS with the inputs allocated. Time: both in this process,
    interleaved ``--rounds`` times, this process's CPU time (``time.process_time``) with one torch
    thread (the shared machine's wall clock mostly measures the other users), median per variant.
@@ -69,10 +69,10 @@ def case(plan_name: str, seq: int, batch: int, ckpt: bool, threads: int) -> dict
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from raycpt.strategies import apply_plan
-    from raycpt.train.prepare import prepare_plan, resolve_model_path
-    from raycpt.train.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
-    from raycpt.train.preflight import estimate_plan
-    from raycpt.train.step_options import enable_activation_checkpointing, loss_chunk_tokens
+    from raycpt.train.driver.prepare import prepare_plan, resolve_model_path
+    from raycpt.train.worker.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
+    from raycpt.train.driver.preflight import estimate_plan
+    from raycpt.train.worker.step_options import enable_activation_checkpointing, loss_chunk_tokens
 
     torch.set_num_threads(threads)
     cfg = _cfg(plan_name, seq, batch, ckpt)
@@ -126,7 +126,7 @@ def _head_inputs():
 
 
 def _head_step(kind: str, h, head, y) -> float:
-    from raycpt.train.loss import chunked_lm_loss, plain_lm_loss
+    from raycpt.train.worker.loss import chunked_lm_loss, plain_lm_loss
 
     h.grad, head.weight.grad = None, None
     loss = plain_lm_loss(h, head, y) if kind == "plain" else chunked_lm_loss(h, head, y, chunk_tokens=HEAD[1])

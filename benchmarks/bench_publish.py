@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _smoke import add_smoke, smoke  # noqa: E402
 
-from raycpt.train.manifest import _VERIFIED, verify_checkpoint, write_manifest  # noqa: E402
-from raycpt.train.publish import publish_model  # noqa: E402
+from raycpt.train.ckpt.manifest import _VERIFIED, verify_checkpoint, write_manifest  # noqa: E402
+from raycpt.train.driver.publish import publish_model  # noqa: E402
 
 
 def default_model() -> Path:

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """What does Ray Train cost? Tokens/s of the TorchTrainer with one worker vs the same loop in a plain process.
 
-Both sides run raycpt's one training loop (:func:`raycpt.train.loop.run_loop`) with the same
+Both sides run raycpt's one training loop (:func:`raycpt.train.worker.loop.run_loop`) with the same
 config, model, plan and blocks:
 
-* **plain**: ``run_loop(config, LocalSession(blocks))`` in this process: no Ray at all, the blocks
+* **plain**: ``run_loop(spec, LocalSession(blocks))`` in this process: no Ray at all, the blocks
   come from a numpy array;
 * **ray**: a ``TorchTrainer`` with one worker (``ScalingConfig(num_workers=1,
   resources_per_worker={"CPU": 1})``) running ``train_loop_per_worker``, reading the packed-token
@@ -70,14 +70,15 @@ def main() -> None:
     import numpy as np
     import ray
 
-    from raycpt.config import RayConfig, config_to_dict, load_config
+    from raycpt.config import RayConfig, load_config
     from raycpt.data.pack import ensure_packed
     from raycpt.data.stream import PackedBlocks
     from raycpt.runtime import init_ray
-    from raycpt.train.prepare import prepare_plan, resolve_model_path
-    from raycpt.train.loop import run_loop, train_loop_per_worker
-    from raycpt.train.metrics_log import METRICS_FILE
-    from raycpt.train.session import LocalSession
+    from raycpt.train.driver.prepare import prepare_plan, resolve_model_path
+    from raycpt.train.worker.loop import run_loop, train_loop_per_worker
+    from raycpt.train.worker.metrics_log import METRICS_FILE
+    from raycpt.train.worker.session import LocalSession
+    from raycpt.train.worker.spec import StoreRef, WorkerSpec
 
     work = Path(tempfile.mkdtemp(prefix="bench-ray-overhead-"))
     over = [f"plan.name={args.plan}", f"data.seq_len={args.seq_len}", f"train.max_steps={args.steps}",
@@ -96,10 +97,9 @@ def main() -> None:
     blocks = PackedBlocks(store.path, store.manifest).rows(np.arange(n))
     tokens_per_step = args.batch * args.seq_len
 
-    def config(run_dir: Path) -> dict:
-        return {"cfg": config_to_dict(cfg), "model_path": model_path, "plan": plan.to_dict(), "run_dir": str(run_dir),
-                "mlflow": None, "resume_from": None, "store": str(store.path),
-                "store_build": store.build_id, "torch_threads": args.threads}
+    def config(run_dir: Path) -> WorkerSpec:
+        return WorkerSpec(cfg=cfg, model_path=model_path, plan=plan, run_dir=str(run_dir), store=StoreRef.of(store),
+                          torch_threads=args.threads)
 
     def plain(i: int) -> tuple[float, float, float]:
         d = work / f"plain{i}"
@@ -114,7 +114,7 @@ def main() -> None:
 
         d = work / f"ray{i}"
         t = time.time()
-        TorchTrainer(train_loop_per_worker, train_loop_config=config(d),
+        TorchTrainer(train_loop_per_worker, train_loop_config={"spec": config(d)},
                      scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
                      run_config=RunConfig(name=f"bench-{i}", storage_path=str(work / "ray"),
                                           checkpoint_config=CheckpointConfig(num_to_keep=1))).fit()

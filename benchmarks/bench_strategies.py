@@ -94,7 +94,7 @@ def flop_cost(model, plan, seq_len: int) -> float:
 
 def run_steps(model, plan, tcfg, batches, steps: int, device) -> list[tuple[float, float]]:
     from raycpt.strategies import apply_plan
-    from raycpt.train.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
+    from raycpt.train.worker.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
 
     apply_plan(model, plan)
     prefix = FrozenPrefix(model, plan)

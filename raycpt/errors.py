@@ -8,6 +8,7 @@ stay ordinary exceptions so they keep their traceback.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
@@ -35,6 +36,21 @@ class ConfigError(RaycptError):
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
         super().__init__(f"config error: {field}={value!r}: {allowed}")
+
+
+def json_record(line: str, where: str, fields) -> dict:
+    """One JSONL line as an object holding ``fields``; otherwise one line naming ``where`` (a file and line)."""
+    need = ", ".join(fields)
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RaycptError(f"{where} is not JSON ({e.msg} at column {e.colno}; each line needs {need})") from None
+    if not isinstance(rec, dict):
+        raise RaycptError(f"{where} is not a JSON object (a {type(rec).__name__}; each line needs {need})")
+    missing = [k for k in fields if k not in rec]
+    if missing:
+        raise RaycptError(f"{where} lacks {', '.join(missing)} (each line needs {need})")
+    return rec
 
 
 def read_user_text(path, what: str, limit: Optional[int] = None, hint: str = "") -> str:

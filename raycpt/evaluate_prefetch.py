@@ -22,7 +22,7 @@ from raycpt import runtime
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate import hub_offline_reason, resolve_eval_tasks
-from raycpt.report.progress import count_progress
+from raycpt.progress import progress_bar
 from raycpt.tasks.local import subjects_of
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def prefetch_hub_datasets(eval_cfg: EvalConfig, progress: bool = True, console=N
         return {}
     import datasets
 
-    with count_progress("fetching hub eval data", len(configs), enabled=progress, unit="subjects",
+    with progress_bar("fetching hub eval data", len(configs), enabled=progress, unit="subjects",
                         console=console, transient=True) as advance:
         for dataset, name in configs:
             try:

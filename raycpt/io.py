@@ -50,6 +50,18 @@ def cache_root(cache_dir: "str | os.PathLike | None" = None) -> Path:
     return Path(root).expanduser().absolute()
 
 
+def copy_chunks(src, out, *on_chunk) -> int:
+    """Copy the open binary file ``src`` into ``out`` in 4 MiB chunks, handing each chunk to every ``on_chunk``
+    (a hasher's ``update``, a progress bar's ``advance``-by-length); returns the bytes copied."""
+    n = 0
+    for chunk in iter(lambda: src.read(1 << 22), b""):
+        out.write(chunk)
+        n += len(chunk)
+        for f in on_chunk:
+            f(chunk)
+    return n
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 hex digest of a file, read in 4 MiB chunks."""
     h = hashlib.sha256()

@@ -370,7 +370,6 @@ class Run:
         self.client.set_terminated(self.run_id, status=status)
 
 
-CommandRun = Run  # the name jobs' docstrings used for a command's run
 
 
 def open_child(cfg: ExperimentConfig, command: str, folder: Path, meta_file: str, experiment_id: Optional[str],

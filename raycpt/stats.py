@@ -10,9 +10,10 @@ Which method is calibrated where is shown by ``benchmarks/bench_calibration.py``
   32-400 questions with few discordant pairs, where the percentile bootstrap falls to ~0.90).
 * :func:`ratio_delta_t` - a token-weighted mean difference of paired held-out blocks with a t-interval
   and p-value over documents (clusters), or over blocks without document ids.
-* :func:`pooled_run_test` - several seeds: a strategy against another, run-to-run noise pooled over the
-  sweep's runs (:func:`pooled_run_variance`) plus the shared units' sampling noise;
-  :func:`seed_interval` - the t-interval over seeds alone (a row's value).
+* :func:`welch_run_test` - several seeds: a strategy against another, each plan's own run variance
+  (Welch-Satterthwaite df) plus the shared units' sampling noise (the sweep's verdict);
+  :func:`pooled_run_test` - the same with run noise pooled over the sweep (:func:`pooled_run_variance`;
+  assumes equal run variance across plans); :func:`seed_interval` - the t-interval over seeds alone.
 * :func:`holm`, :func:`benjamini_hochberg`, :func:`adjust` - multiplicity control (the graphical, gated
   Holm of the sweep verdict is in :mod:`raycpt.report.verdict`).
 * :func:`bca_interval`, :func:`spearman_test` (exact permutation p, or "not testable" when even a perfect
@@ -354,6 +355,27 @@ def pooled_run_test(point: float, k_a: int, k_b: int, run_var: float, run_df: in
     half, p = float(half), float(p)
     n = int(k_a + k_b) if math.isfinite(k_b) else int(k_a) + 1  # k_b infinite: a fixed reference (the base model)
     return Interval(point, point - half, point + half, n, method, level, p)
+
+
+def welch_run_test(point: float, var_a: float, k_a: int, var_b: float, k_b: float, unit_var: float = 0.0,
+                   unit_df: float = math.inf, level: float = LEVEL, method: str = "runs per plan") -> Interval:
+    """Strategy a minus strategy b with each plan's *own* run variance (``var_a`` over its ``k_a`` >= 2 runs, the
+    sample variance; ``var_b`` over ``k_b``): se^2 = var_a / k_a + var_b / k_b + ``unit_var`` (the shared units'
+    sampling error), Student t on the Welch-Satterthwaite df se^4 / sum(part^2 / its df) (parts: k_a - 1,
+    k_b - 1, ``unit_df``). With ``unit_var`` 0 it is Welch's unequal-variance t-test. ``k_b = math.inf``: b is a
+    fixed reference (the untrained model) and adds nothing. No run variance is assumed shared between plans."""
+    from scipy.stats import t
+
+    parts = [(var_a / k_a, k_a - 1)] + ([(var_b / k_b, k_b - 1)] if math.isfinite(k_b) else []) + [(unit_var, unit_df)]
+    se2 = sum(v for v, _ in parts)
+    den = sum(v * v / d for v, d in parts if v > 0 and d > 0 and math.isfinite(d))
+    df = se2 * se2 / den if den > 0 else math.inf
+    n = int(k_a + k_b) if math.isfinite(k_b) else int(k_a) + 1
+    if se2 <= 0:
+        return Interval(point, point, point, n, method, level, 1.0 if point == 0 else 0.0)
+    se = math.sqrt(se2)
+    half = float(t.ppf((1.0 + level) / 2.0, df)) * se
+    return Interval(point, point - half, point + half, n, method, level, float(2 * t.sf(abs(point) / se, df)))
 
 
 def mean_sampling_variance(diffs: Sequence[float], strata: Optional[Sequence] = None) -> tuple[float, int]:

@@ -361,8 +361,16 @@ def store_or_lost(cfg: TrackingConfig, lost_dir, since: float = 0.0) -> Optional
 
 
 def tracked(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` (an MLflow call) unless the server was found gone; a call that finds it gone
-    records that (:func:`mark_lost`) and returns None instead of raising: the run goes on locally."""
+    """``fn(*args, **kwargs)`` (an MLflow call) unless the server was found gone (:func:`call_unless_lost`, the
+    server named by ``MLFLOW_TRACKING_URI``)."""
+    return call_unless_lost(fn, args, kwargs, os.environ.get("MLFLOW_TRACKING_URI", ""))
+
+
+def call_unless_lost(fn, args: tuple, kwargs: dict, uri: str, step: Optional[int] = None, run_dir=None):
+    """``fn(*args, **kwargs)`` (an MLflow call) unless the server at ``uri`` was found gone; the first call that
+    finds it gone (it does not answer) records that (:func:`mark_lost`, with the step whose record did not arrive
+    and, with ``run_dir``, in the run folder) and returns None instead of raising: the run goes on locally, later
+    calls are skipped. Any other error is raised."""
     if _lost:
         return None
     try:
@@ -370,7 +378,7 @@ def tracked(fn, *args, **kwargs):
     except Exception as e:  # noqa: BLE001 - only a server that does not answer is swallowed
         if not unreachable(e):
             raise
-        mark_lost(os.environ.get("MLFLOW_TRACKING_URI", ""), error=str(e))
+        mark_lost(uri, step, str(e), run_dir)
         return None
 
 

@@ -94,7 +94,7 @@ def _issue27_fixtures(tmp: Path, f: dict) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from raycpt.train.manifest import write_manifest
+    from raycpt.train.ckpt.manifest import write_manifest
 
     tiny = Path(f["model"])
     (tmp / "noweights").mkdir(exist_ok=True)
@@ -227,6 +227,20 @@ def cases(f: dict) -> list[Case]:
              "distinct positive learning-rate multipliers", owner="38"),
         Case("contribution learning-rate grid with a negative value",
              ["config", "validate", "contribution.lr_grid=[1, -3]"], "positive learning-rate multipliers", owner="38"),
+        Case("learning-rate grid value that underflows to 0", ["config", "validate", "sweep.lr_grid=[1e-320]"],
+             "train.lr x 1e-320 = 0", owner="51"),
+        Case("train.lr that rounds to 0 in float32", ["config", "validate", "train.lr=1e-320"], "rounds to 0",
+             owner="51"),
+        Case("train.seed past torch's range", ["config", "validate", "train.seed=18446744073709551616"],
+             "torch.manual_seed's range", owner="51"),
+        Case("sweep.seeds past torch's range", ["config", "validate", "sweep.seeds=[18446744073709551616]"],
+             "torch.manual_seed's range", owner="51"),
+        Case("sweep.floor_seeds past torch's range", ["config", "validate", "sweep.floor_seeds=[18446744073709551616]"],
+             "torch.manual_seed's range", owner="51"),
+        Case("run root component past NAME_MAX", ["config", "validate", f"tracking.run_root={t / ('r' * 300)}"],
+             "NAME_MAX", owner="51"),
+        Case("two grid values, one trial name", ["config", "validate", "sweep.lr_grid=[1,1.0001]"],
+             "both named -lr1", owner="51"),
         Case("ELO plan on a model without the layers it names", plan + ["plan.name=elo", "plan.elo_layers=3"],
              "trains the first and the last 3 layers, 6 of this 4-layer model's 4", owner="38"),
         Case("Spectrum matrix the layer lacks", plan + ["plan.name=spectrum", "plan.matrices=[1.mlp.nope]"],
@@ -411,8 +425,8 @@ def _issue41_fixtures(tmp: Path, f: dict) -> None:
     from raycpt.config import load_config, save_config
     from raycpt.models.shards import ensure_base_shards
     from raycpt.runs import Run, write_state
-    from raycpt.train.manifest import write_manifest
-    from raycpt.train.publish import publish_model
+    from raycpt.train.ckpt.manifest import write_manifest
+    from raycpt.train.driver.publish import publish_model
 
     tiny, r41 = Path(f["model"]), tmp / "runs41"
     os.mkfifo(tmp / "fifo.yaml")

@@ -5,7 +5,7 @@
 One Markdown row per reported run (each method's picked run of the learning-rate grid): trainable parameters,
 the picked rate (``edge`` when it is the grid's smallest or largest), the validation loss it was picked on, the
 held-out loss, its difference from ``full`` with the 95% interval over held-out documents
-(:func:`raycpt.report.sweep_stats.heldout_delta`, the summary's own), and training tokens/s. Reads
+(:func:`raycpt.report.sweep.cells.heldout_delta`, the summary's own), and training tokens/s. Reads
 ``summary/summary.json``; computes nothing the summary did not.
 """
 
@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from raycpt.report.sweep_outcomes import load_outcomes
-from raycpt.report.sweep_stats import heldout_delta
+from raycpt.report.sweep.outcomes import load_outcomes
+from raycpt.report.sweep.cells import heldout_delta
 
 
 def rows(run_dir: Path) -> list[str]:

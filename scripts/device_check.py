@@ -15,22 +15,22 @@ failures). In brackets: the fault ``--inject`` puts in.
 2. ``memory_<plan>``: one real training step (bf16 autocast on a GPU, the chunked loss the loop picks) of a
    Qwen3-0.6B-shaped model (random weights, no hub) at the papers' micro-batch 8 x 4096 tokens, for ``full``,
    ``train_shallow`` and ``train_deep`` (split 0.5). What stays allocated after the step (``zero_grad(set_to_none)``)
-   against the estimator's terms for it (:func:`raycpt.train.memory.resident_after_step`: float32 weights + AdamW
+   against the estimator's terms for it (:func:`raycpt.train.driver.memory.resident_after_step`: float32 weights + AdamW
    moments): PASS within 10% (CUDA: ``memory_allocated``; CPU: the bytes of every parameter, gradient and optimizer
    tensor). CUDA also: the step's peak (``max_memory_allocated``) against the estimate without its overhead term
    (the 1.5 GB context and the slack are not allocated tensors): PASS within 25%. [gradients kept after the step]
-3. ``gradients_<plan>``: after that step, the freeze check (:mod:`raycpt.train.verify`): every planned tensor got a
+3. ``gradients_<plan>``: after that step, the freeze check (:mod:`raycpt.train.worker.verify`): every planned tensor got a
    gradient, every frozen one is bitwise unchanged. [one trainable layer's gradients dropped]
-4. ``bf16_checkpoint_round_trip``: :func:`raycpt.train.loop.run_loop` in bf16, 4 steps with a checkpoint at 2, and
+4. ``bf16_checkpoint_round_trip``: :func:`raycpt.train.worker.loop.run_loop` in bf16, 4 steps with a checkpoint at 2, and
    a run resumed from it: the same per-step losses to the bit, float32 masters kept. [the resumed run reads the
    blocks in another order]
 5. ``eval_same_model``: both evaluation paths score one function: the trained weights as in-worker evaluation
-   holds them (the float32 masters cast to the checkpoint's dtype, :func:`raycpt.train.loop.eval_model`) and the
+   holds them (the float32 masters cast to the checkpoint's dtype, :func:`raycpt.train.worker.loop.eval_model`) and the
    checkpoint reloaded in its saved dtype (``raycpt eval``): held-out losses within 1e-6. [in-worker side in float32]
 6. ``trace_dtype``: logit-lens distributions of float32 against bf16 weights on the same prompts: PASS when the
    largest per-layer mean JS is below 0.01 nats (a bf16 trace then moves each layer's distribution by less than a
    hundredth of JS's range). [the bf16 side's final norm scaled 50x]
-7. ``fsdp_one_device``: raycpt's FSDP2 (:func:`raycpt.train.parallel.shard_fsdp`) on a one-device mesh (NCCL on a
+7. ``fsdp_one_device``: raycpt's FSDP2 (:func:`raycpt.train.worker.parallel.shard_fsdp`) on a one-device mesh (NCCL on a
    GPU, gloo on the CPU): parameters become DTensors, the loss equals the unwrapped model's, after a step frozen
    tensors are unchanged and trainable ones moved. [one layer left unsharded]
 8. ``reload_exact``: every architecture row saved and reloaded through the launcher's path on the device (float32):
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import json
 import os
@@ -65,19 +66,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from raycpt.config import PlanConfig, TrainConfig, config_to_dict, load_config  # noqa: E402
+from raycpt.config import PlanConfig, TrainConfig, load_config  # noqa: E402
 from raycpt.evaluate.heldout import lm_loss  # noqa: E402
 from raycpt.models.sources import load_model  # noqa: E402
 from raycpt.strategies import apply_plan, build_plan, plan_for_model  # noqa: E402
-from raycpt.train import memory, verify  # noqa: E402
-from raycpt.train.checkpoint import load_master_weights, read_train_state, weights_dtype  # noqa: E402
-from raycpt.train.parallel import local_tensor, shard_fsdp  # noqa: E402
-from raycpt.train.loop import run_loop  # noqa: E402
-from raycpt.train.session import LocalSession  # noqa: E402
-from raycpt.train.steps import FrozenPrefix, forward_backward, make_optimizer, make_scheduler  # noqa: E402
-from raycpt.train.worker_eval import cast_weights  # noqa: E402
-from raycpt.train.step_options import loss_chunk_tokens  # noqa: E402
-from raycpt.train.prepare import resolve_model_path  # noqa: E402
+from raycpt.train.driver import memory  # noqa: E402
+from raycpt.train.worker import verify  # noqa: E402
+from raycpt.train.ckpt.checkpoint import load_master_weights, read_train_state, weights_dtype  # noqa: E402
+from raycpt.train.worker.parallel import local_tensor, shard_fsdp  # noqa: E402
+from raycpt.train.worker.loop import run_loop  # noqa: E402
+from raycpt.train.worker.session import LocalSession  # noqa: E402
+from raycpt.train.worker.spec import WorkerSpec  # noqa: E402
+from raycpt.train.worker.steps import FrozenPrefix, forward_backward, make_optimizer, make_scheduler  # noqa: E402
+from raycpt.train.worker.evaluation import cast_weights  # noqa: E402
+from raycpt.train.worker.step_options import loss_chunk_tokens  # noqa: E402
+from raycpt.train.driver.prepare import resolve_model_path  # noqa: E402
 import raycpt.models.sources as model_sources  # noqa: E402
 from tiny import ARCHS, save_tiny, tiny_model  # noqa: E402  (tests/tiny.py: the suite's tiny configs)
 
@@ -231,14 +234,13 @@ def _save_small(root: Path) -> Path:
     return root / "model"
 
 
-def _loop_config(model_dir: Path, run_dir: Path, tiny: bool, steps: int = 4) -> dict:
+def _loop_config(model_dir: Path, run_dir: Path, tiny: bool, steps: int = 4) -> WorkerSpec:
     cfg = load_config(None, [f"model.ref={model_dir}", "data.seq_len=32", "plan.name=train_deep", "plan.split=0.5",
                              f"train.max_steps={steps}", "train.checkpoint_every=2", "train.lr=0.01",
                              "train.micro_batch_size=2", "train.precision=bf16", f"train.use_gpu={str(not tiny).lower()}",
                              "train.warmup_ratio=0"])
     plan = build_plan(cfg.plan, TINY["num_hidden_layers"], tied_embeddings=True)
-    return {"cfg": config_to_dict(cfg), "model_path": str(model_dir), "plan": plan.to_dict(), "run_dir": str(run_dir),
-            "torch_threads": 1}
+    return WorkerSpec(cfg=cfg, model_path=str(model_dir), plan=plan, run_dir=str(run_dir), torch_threads=1)
 
 
 def round_trip_and_eval(root: Path, tiny: bool) -> None:
@@ -246,8 +248,8 @@ def round_trip_and_eval(root: Path, tiny: bool) -> None:
     blocks = np.random.default_rng(0).integers(4, TINY["vocab_size"], size=(32, 32)).astype(np.int32)
     cfg = _loop_config(model_dir, root / "a", tiny)
     full = run_loop(cfg, LocalSession(blocks, root / "a" / "ckpts"))
-    resumed_cfg = {**copy.deepcopy(cfg), "run_dir": str(root / "b"),
-                   "resume_from": str(root / "a" / "ckpts" / "checkpoint_000002")}
+    resumed_cfg = dataclasses.replace(cfg, run_dir=str(root / "b"),
+                                      resume_from=str(root / "a" / "ckpts" / "checkpoint_000002"))
     # the fault: the resumed run does not read what the run would have read next (another order of the blocks)
     data = blocks[::-1].copy() if "round_trip" in INJECT else blocks
     resumed = run_loop(resumed_cfg, LocalSession(data, root / "b" / "ckpts"))
@@ -267,7 +269,7 @@ def eval_same_model(ckpt: Path, blocks, tiny: bool) -> None:
     load_master_weights(in_worker, read_train_state(ckpt)["master"])
     in_worker = in_worker.to(device)
     if "eval_same_model" not in INJECT:  # the fault: the premise the evaluation no longer has (float32 masters)
-        in_worker = cast_weights(in_worker, dtype)  # what raycpt.train.loop.eval_model does
+        in_worker = cast_weights(in_worker, dtype)  # what raycpt.train.worker.loop.eval_model does
     conf = json.loads((ckpt / "model" / "config.json").read_text())
     saved_dtype = conf.get("dtype") or conf.get("torch_dtype") or "auto"  # what `raycpt eval` loads it in
     saved, tok = load_model(str(ckpt / "model"), dtype=saved_dtype, device=str(device))
@@ -386,7 +388,16 @@ def train_killed_worker(root: Path, tiny: bool) -> None:
 
     from raycpt.config import RayConfig
     from raycpt.runtime import init_ray
-    from raycpt.train.launch import run_training
+    from raycpt.jobs import train as train_job
+    from raycpt.jobs.job import Options
+    from raycpt.runs import command_run
+    from raycpt.train.driver.launch import run_training
+
+    def train(cfg, **extras):  # raycpt train's path (its checks, its run) with the fault injected
+        plan = train_job.prepare(cfg, Options(progress=False))
+        spec = train_job.run_spec(plan, Options(progress=False))
+        with command_run(spec.cfg, spec.command, run_name=spec.name, on_open=spec.on_open) as run:
+            return run_training(plan.cfg, run, **extras)
 
     model_dir = root / "model"
     corpus = root / "corpus.jsonl"
@@ -400,10 +411,9 @@ def train_killed_worker(root: Path, tiny: bool) -> None:
             f"train.use_gpu={str(not tiny).lower()}", "eval.tasks=wordnet_mc"]
     started = init_ray(RayConfig(num_cpus=4, object_store_memory=500_000_000))
     try:
-        clean = run_training(load_config(None, base + ["name=clean"]))
+        clean = train(load_config(None, base + ["name=clean"]))
         try:
-            killed = run_training(load_config(None, base + ["name=killed"]), faults={"sigkill_step": 3,
-                                                                                     "sigkill_rank": 0})
+            killed = train(load_config(None, base + ["name=killed"]), faults={"sigkill_step": 3, "sigkill_rank": 0})
         except Exception as e:  # noqa: BLE001 - a run that could not restart is the check's FAIL
             report("train_killed_worker", False, f"the killed run did not finish: {str(e).splitlines()[0][:200]}")
             return

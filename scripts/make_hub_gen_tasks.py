@@ -35,7 +35,7 @@ generation_kwargs:
 filter_list:
   - name: extract
     filter:
-      - function: !function raycpt.tasks.utils.ChoiceFilter
+      - function: !function raycpt.evaluate.hooks.ChoiceFilter
       - function: take_first
 metric_list:
   - metric: exact_match

@@ -21,17 +21,17 @@ from raycpt.config.infra import RayConfig, TrackingConfig
 from raycpt.config.inputs import DataConfig, ModelConfig, ReplayConfig
 from raycpt.config.loading import load_config, save_config
 from raycpt.config.overrides import apply_overrides, config_with, set_dotted
-from raycpt.config.plan import PLANS, PlanConfig
+from raycpt.config.plan import PlanConfig
 from raycpt.config.sweep import ReportConfig, SweepConfig
 from raycpt.config.trace import TraceConfig, trace_dtype
 from raycpt.config.train import TrainConfig
-from raycpt.config.yaml_io import MAX_CONFIG_BYTES, MAX_CONFIG_NODES, read_yaml
+from raycpt.config.yaml_io import MAX_CONFIG_BYTES, MAX_CONFIG_NODES, read_yaml, read_yaml_documents
 from raycpt.errors import ConfigError
 
 __all__ = [
     "CompareConfig", "ConfigError", "ContributionConfig", "DataConfig", "EvalConfig", "ExperimentConfig",
     "HYBRID_BUILDS", "HybridConfig", "HybridSegmentConfig", "MAX_CONFIG_BYTES", "MAX_CONFIG_NODES", "ModelConfig",
-    "PLANS", "PlanConfig", "RayConfig", "ReplayConfig", "ReportConfig", "SelectConfig", "SweepConfig",
+    "PlanConfig", "RayConfig", "ReplayConfig", "ReportConfig", "SelectConfig", "SweepConfig",
     "TraceConfig", "TrackingConfig", "TrainConfig", "apply_overrides", "config_from_dict", "config_to_dict",
-    "config_with", "field_docs", "load_config", "read_yaml", "save_config", "set_dotted", "trace_dtype",
+    "config_with", "field_docs", "load_config", "read_yaml", "read_yaml_documents", "save_config", "set_dotted", "trace_dtype",
 ]

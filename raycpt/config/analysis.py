@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from raycpt.config.checks import _check
+from raycpt.config.checks import check_distinct_tags, check_field, check_seed, lr_tag
+from raycpt.registry import SELECTORS  # declared in raycpt.diagnostics, which the package root imports
 
 
 @dataclass
@@ -61,27 +62,28 @@ class ContributionConfig:
     """LR multiplier of those layers (> 0)."""
 
     def __post_init__(self):
-        _check(self.sample_temperature >= 0, "contribution.sample_temperature", self.sample_temperature,
+        check_field(self.sample_temperature >= 0, "contribution.sample_temperature", self.sample_temperature,
                "a number >= 0 (0 = the argmax answer)")
-        _check(self.sample_seed >= 0, "contribution.sample_seed", self.sample_seed, "an integer >= 0")
-        _check(self.elite_k >= 1, "contribution.elite_k", self.elite_k, "an integer >= 1")
+        check_seed("contribution.sample_seed", self.sample_seed)
+        check_field(self.elite_k >= 1, "contribution.elite_k", self.elite_k, "an integer >= 1")
         if self.lr_grid is not None:
-            _check(len(self.lr_grid) > 0 and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
+            check_field(len(self.lr_grid) > 0 and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
                                                  for m in self.lr_grid), "contribution.lr_grid", self.lr_grid,
                    "positive learning-rate multipliers, e.g. [0.333, 1, 3], or null")
-        _check(self.validation_docs >= 1, "contribution.validation_docs", self.validation_docs, "an integer >= 1")
-        _check(self.elite_lr_scale > 0, "contribution.elite_lr_scale", self.elite_lr_scale, "a positive number")
+            check_distinct_tags("contribution.lr_grid", self.lr_grid, lr_tag)
+        check_field(self.validation_docs >= 1, "contribution.validation_docs", self.validation_docs, "an integer >= 1")
+        check_field(self.elite_lr_scale > 0, "contribution.elite_lr_scale", self.elite_lr_scale, "a positive number")
         if isinstance(self.layers, str) and self.layers != "all":
             k = self.layers.split(":", 1)[1] if self.layers.startswith("every:") else ""
-            _check(k.isdigit() and int(k) >= 1, "contribution.layers", self.layers,
+            check_field(k.isdigit() and int(k) >= 1, "contribution.layers", self.layers,
                    "all, a list of layer indices, or every:K with an integer K >= 1")
-        _check(not isinstance(self.layers, list) or len(self.layers) > 0, "contribution.layers", self.layers,
+        check_field(not isinstance(self.layers, list) or len(self.layers) > 0, "contribution.layers", self.layers,
                "all, every:K or a non-empty list of layer indices")
-        _check(len(self.band) == 2 and 0 <= self.band[0] < self.band[1] <= 1, "contribution.band", self.band,
+        check_field(len(self.band) == 2 and 0 <= self.band[0] < self.band[1] <= 1, "contribution.band", self.band,
                "two relative depths [lo, hi] with 0 <= lo < hi <= 1")
-        _check(self.top_k >= 1, "contribution.top_k", self.top_k, "an integer >= 1")
-        _check(self.heldout_docs >= 1, "contribution.heldout_docs", self.heldout_docs, "an integer >= 1")
-        _check(self.max_concurrent_trials >= 1, "contribution.max_concurrent_trials", self.max_concurrent_trials,
+        check_field(self.top_k >= 1, "contribution.top_k", self.top_k, "an integer >= 1")
+        check_field(self.heldout_docs >= 1, "contribution.heldout_docs", self.heldout_docs, "an integer >= 1")
+        check_field(self.max_concurrent_trials >= 1, "contribution.max_concurrent_trials", self.max_concurrent_trials,
                "an integer >= 1")
 
     def layer_list(self, num_layers: int) -> list[int]:
@@ -91,7 +93,7 @@ class ContributionConfig:
         if isinstance(self.layers, str):
             return list(range(0, num_layers, int(self.layers.split(":", 1)[1])))
         for i in self.layers:
-            _check(0 <= i < num_layers, "contribution.layers", i,
+            check_field(0 <= i < num_layers, "contribution.layers", i,
                    f"not a layer of this {num_layers}-layer model (0..{num_layers - 1})")
         return sorted(set(self.layers))
 
@@ -117,19 +119,14 @@ class CompareConfig:
     """Prompts per forward batch of the hidden-state tasks."""
 
     def __post_init__(self):
-        _check(self.max_prompts >= 1, "compare.max_prompts", self.max_prompts, "an integer >= 1")
-        _check(self.max_len >= 2, "compare.max_len", self.max_len, "an integer >= 2")
-        _check(self.alpha > 0, "compare.alpha", self.alpha, "the Renyi order must be > 0 (1 = von Neumann)")
-        _check(self.outlier_factor == 0 or self.outlier_factor > 1, "compare.outlier_factor", self.outlier_factor,
+        check_field(self.max_prompts >= 1, "compare.max_prompts", self.max_prompts, "an integer >= 1")
+        check_field(self.max_len >= 2, "compare.max_len", self.max_len, "an integer >= 2")
+        check_field(self.alpha > 0, "compare.alpha", self.alpha, "the Renyi order must be > 0 (1 = von Neumann)")
+        check_field(self.outlier_factor == 0 or self.outlier_factor > 1, "compare.outlier_factor", self.outlier_factor,
                "0 (keep every token) or a factor > 1 of the median token norm")
-        _check(self.swap_blocks is None or self.swap_blocks >= 0, "compare.swap_blocks", self.swap_blocks,
+        check_field(self.swap_blocks is None or self.swap_blocks >= 0, "compare.swap_blocks", self.swap_blocks,
                "an integer >= 0 (0 = no swaps) or null")
-        _check(self.batch_size >= 1, "compare.batch_size", self.batch_size, "an integer >= 1")
-
-
-SELECTOR_NAMES = ("bi", "snr", "layertracer", "random", "elo", "gradnorm")
-"""The names of :data:`raycpt.diagnostics.selectors.SELECTORS` (the config sits below the diagnostics: a unit test
-holds the two equal)."""
+        check_field(self.batch_size >= 1, "compare.batch_size", self.batch_size, "an integer >= 1")
 
 
 @dataclass
@@ -137,7 +134,8 @@ class SelectConfig:
     """``raycpt select``: a layer selector's scores per layer -> a ranking file (its CLI options override these)."""
 
     method: str = "bi"
-    """Selector: bi (Block Influence on corpus blocks), snr (weight-only SNR, the mean over a layer's matrices),
+    """Selector: a name of the selector registry (:data:`raycpt.registry.SELECTORS`; ``raycpt select --help`` lists
+    them): bi (Block Influence on corpus blocks), snr (weight-only SNR, the mean over a layer's matrices),
     layertracer (LS^ - TP^ of a trace), random (seeded), elo (first and last layers first) or gradnorm (per-layer
     gradient norm of the LM loss on corpus blocks, AdaGradSelect-style)."""
     k: Optional[int] = None
@@ -152,6 +150,7 @@ class SelectConfig:
     """snr: divide each matrix's SNR by its largest singular value, as Spectrum's script does."""
 
     def __post_init__(self):
-        _check(self.method in SELECTOR_NAMES, "select.method", self.method, f"one of {', '.join(SELECTOR_NAMES)}")
-        _check(self.samples >= 1, "select.samples", self.samples, "an integer >= 1")
-        _check(self.seq_len is None or self.seq_len >= 2, "select.seq_len", self.seq_len, "an integer >= 2 or null")
+        check_field(self.method in SELECTORS, "select.method", self.method, f"one of {SELECTORS.choices()}")
+        check_field(self.samples >= 1, "select.samples", self.samples, "an integer >= 1")
+        check_seed("select.seed", self.seed)
+        check_field(self.seq_len is None or self.seq_len >= 2, "select.seq_len", self.seq_len, "an integer >= 2 or null")

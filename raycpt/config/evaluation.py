@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from raycpt.config.checks import _check
+from raycpt.config.checks import check_field
 from raycpt.tasks import MMLU_CATEGORIES
 from raycpt.tasks.local import LAYOUTS, subjects_of
 
@@ -52,22 +52,22 @@ class EvalConfig:
     where accuracy ties (docs/eval.md)."""
 
     def __post_init__(self):
-        _check(len(self.tasks) > 0, "eval.tasks", self.tasks, "a non-empty list")
+        check_field(len(self.tasks) > 0, "eval.tasks", self.tasks, "a non-empty list")
         _check_local_eval(self)
         for key in ("domain", "general"):
             names = getattr(self, key)
             dup = sorted({n for n in names if names.count(n) > 1})
-            _check(not dup, f"eval.{key}", names, f"distinct task names ({dup[0] if dup else ''!r} is listed twice)")
-            _check(all(str(n).strip() for n in names), f"eval.{key}", names, "non-empty task names")
+            check_field(not dup, f"eval.{key}", names, f"distinct task names ({dup[0] if dup else ''!r} is listed twice)")
+            check_field(all(str(n).strip() for n in names), f"eval.{key}", names, "non-empty task names")
         both = sorted(set(self.domain) & set(self.general))
-        _check(not both, "eval.general", self.general,
+        check_field(not both, "eval.general", self.general,
                f"tasks not also in eval.domain ({', '.join(both)} cannot be both domain and general)")
-        _check(len(self.modes) > 0, "eval.modes", self.modes, "one or more of logit, generate, cloze")
+        check_field(len(self.modes) > 0, "eval.modes", self.modes, "one or more of logit, generate, cloze")
         limits = self.limit.values() if isinstance(self.limit, dict) else [self.limit]
-        _check(all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1) for v in limits),
+        check_field(all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1) for v in limits),
                "eval.limit", self.limit, "an integer >= 1, null, or per task {task: integer >= 1 or null}")
-        _check(self.batch_size >= 1, "eval.batch_size", self.batch_size, "an integer >= 1")
-        _check(self.max_gen_toks >= 1, "eval.max_gen_toks", self.max_gen_toks, "an integer >= 1")
+        check_field(self.batch_size >= 1, "eval.batch_size", self.batch_size, "an integer >= 1")
+        check_field(self.max_gen_toks >= 1, "eval.max_gen_toks", self.max_gen_toks, "an integer >= 1")
 
 
 def _check_local_eval(cfg: "EvalConfig") -> None:
@@ -76,15 +76,15 @@ def _check_local_eval(cfg: "EvalConfig") -> None:
     allowed = "a task with a local layout: " + ", ".join(LAYOUTS)
     if isinstance(cfg.data_dir, dict):
         for key in cfg.data_dir:
-            _check(key in LAYOUTS, f"eval.data_dir.{key}", cfg.data_dir[key], allowed)
+            check_field(key in LAYOUTS, f"eval.data_dir.{key}", cfg.data_dir[key], allowed)
     local = set(LAYOUTS) if isinstance(cfg.data_dir, str) and cfg.data_dir else set(cfg.data_dir or {})
     for key, names in cfg.subjects.items():
         if key == "mmlu":  # offline, no data_dir: its subject tasks are filtered
             unknown = [n for n in names if n not in MMLU_CATEGORIES]
-            _check(not unknown and len(set(names)) == len(names) and names, "eval.subjects.mmlu", names,
+            check_field(not unknown and len(set(names)) == len(names) and names, "eval.subjects.mmlu", names,
                    f"distinct MMLU subjects (57, e.g. {', '.join(sorted(MMLU_CATEGORIES)[:3])})")
             continue
-        _check(key in LAYOUTS, f"eval.subjects.{key}", names, allowed + " or mmlu")
-        _check(key in local, f"eval.subjects.{key}", names,
+        check_field(key in LAYOUTS, f"eval.subjects.{key}", names, allowed + " or mmlu")
+        check_field(key in local, f"eval.subjects.{key}", names,
                f"subjects of a local copy only: set eval.data_dir for {key} (the hub task runs all subjects)")
         subjects_of(key, names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from raycpt.config.checks import _check
+from raycpt.config.checks import check_field, check_seed
 
 
 HYBRID_BUILDS = ("new_shallow", "new_deep", "custom")
@@ -58,21 +58,24 @@ class HybridConfig:
     """Custom build: ordered segments, each {donor, layers: [start, end), trainable} or {new: KIND, count, trainable}."""
 
     def __post_init__(self):
-        _check(len(self.builds) > 0, "hybrid.builds", self.builds, "a non-empty list of " + ", ".join(HYBRID_BUILDS))
+        check_field(len(self.builds) > 0, "hybrid.builds", self.builds, "a non-empty list of " + ", ".join(HYBRID_BUILDS))
         for b in self.builds:
-            _check(b in HYBRID_BUILDS, "hybrid.builds", b, "one of " + ", ".join(HYBRID_BUILDS))
-        _check(self.depth is None or (self.depth >= 2 and self.depth % 2 == 0), "hybrid.depth", self.depth,
+            check_field(b in HYBRID_BUILDS, "hybrid.builds", b, "one of " + ", ".join(HYBRID_BUILDS))
+        check_field(self.depth is None or (self.depth >= 2 and self.depth % 2 == 0), "hybrid.depth", self.depth,
                "an even integer >= 2 (half new, half donor layers) or null")
         if "custom" in self.builds:
-            _check(len(self.segments) > 0, "hybrid.segments", self.segments,
+            check_field(len(self.segments) > 0, "hybrid.segments", self.segments,
                    "a non-empty list of segments ({donor, layers: [start, end)} or {new: KIND, count: N}) "
                    "for the custom build")
+        check_seed("hybrid.init_seed", self.init_seed)
         for i, seg in enumerate(self.segments):
             name = f"hybrid.segments[{i}]"
-            _check(bool(seg.new) != bool(seg.layers), name, vars(seg),
+            if seg.init_seed is not None:
+                check_seed(f"{name}.init_seed", seg.init_seed)
+            check_field(bool(seg.new) != bool(seg.layers), name, vars(seg),
                    "either donor layers {donor, layers: [start, end)} or new layers {new: KIND, count: N}, not both")
             if seg.new:
-                _check(seg.count >= 1, f"{name}.count", seg.count, "an integer >= 1 for new layers")
+                check_field(seg.count >= 1, f"{name}.count", seg.count, "an integer >= 1 for new layers")
             else:
-                _check(len(seg.layers) == 2 and 0 <= seg.layers[0] < seg.layers[1], f"{name}.layers", seg.layers,
+                check_field(len(seg.layers) == 2 and 0 <= seg.layers[0] < seg.layers[1], f"{name}.layers", seg.layers,
                        "a donor layer range [start, end) with 0 <= start < end")

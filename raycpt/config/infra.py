@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from raycpt.errors import ConfigError
+
 
 @dataclass
 class TrackingConfig:
@@ -16,6 +18,13 @@ class TrackingConfig:
     ``sqlite:///<run_root>/mlflow.db``."""
     experiment: str = "raycpt"
     """MLflow experiment name."""
+    wait_s: float = 0.0
+    """Seconds to wait for an ``http(s)`` tracking server to answer ``/health`` before refusing with one line (a
+    server started beside the job, like the RayJob's MLflow container); 0 = ask once (5 s timeout)."""
+
+    def __post_init__(self):
+        if not 0 <= self.wait_s <= 86_400:
+            raise ConfigError("tracking.wait_s", self.wait_s, "seconds in [0, 86400] (0 = ask the server once)")
 
 
 @dataclass

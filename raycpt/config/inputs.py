@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from raycpt.config.checks import _check
+from raycpt.config.checks import check_field, check_seed
 
 
 @dataclass
@@ -34,10 +34,10 @@ class ReplayConfig:
     """Blocks per mixing window of the stream (the replay slots of each are placed by a seeded permutation)."""
 
     def __post_init__(self):
-        _check(isinstance(self.ratio, (int, float)) and math.isfinite(self.ratio) and 0.0 <= self.ratio < 1.0,
+        check_field(isinstance(self.ratio, (int, float)) and math.isfinite(self.ratio) and 0.0 <= self.ratio < 1.0,
                "data.replay.ratio", self.ratio, "a share in [0, 1) (0 = no replay)")
-        _check(self.window >= 1, "data.replay.window", self.window, "an integer >= 1")
-        _check(self.ratio == 0 or len(self.corpus) > 0, "data.replay.corpus", self.corpus,
+        check_field(self.window >= 1, "data.replay.window", self.window, "an integer >= 1")
+        check_field(self.ratio == 0 or len(self.corpus) > 0, "data.replay.corpus", self.corpus,
                "a non-empty list of corpus sources when data.replay.ratio > 0")
 
 
@@ -72,8 +72,11 @@ class DataConfig:
     """Replay: a second corpus mixed into the stream at ``ratio`` (deterministic, resumable; docs/train.md)."""
 
     def __post_init__(self):
-        _check(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
-        _check(0.0 <= self.heldout_share < 0.5, "data.heldout_share", self.heldout_share,
+        check_field(self.seq_len >= 8, "data.seq_len", self.seq_len, "an integer >= 8")
+        check_field(0.0 <= self.heldout_share < 0.5, "data.heldout_share", self.heldout_share,
                "a share in [0, 0.5) (0 = the corpus tail after data.max_documents)")
-        _check(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
-        _check(self.shuffle_window >= 1, "data.shuffle_window", self.shuffle_window, "an integer >= 1")
+        check_field(len(self.corpus) > 0, "data.corpus", self.corpus, "a non-empty list of corpus sources")
+        check_field(self.shuffle_window >= 1, "data.shuffle_window", self.shuffle_window, "an integer >= 1")
+        if self.shuffle_seed is not None:
+            check_seed("data.shuffle_seed", self.shuffle_seed)
+        check_seed("data.heldout_seed", self.heldout_seed)

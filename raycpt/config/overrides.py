@@ -7,7 +7,7 @@ import yaml
 
 from raycpt.config.coerce import config_from_dict, config_to_dict
 from raycpt.config.experiment import ExperimentConfig
-from raycpt.config.yaml_io import _LEADING_ZERO, _YamlLoader
+from raycpt.config.yaml_io import LEADING_ZERO, YamlLoader
 from raycpt.errors import RaycptError
 
 
@@ -17,10 +17,10 @@ def _parse_scalar(text: str):
     if not text.strip():
         return ""
     try:
-        value = yaml.load(text, Loader=_YamlLoader)
+        value = yaml.load(text, Loader=YamlLoader)
     except yaml.YAMLError:
         return text
-    if isinstance(value, str) and not _LEADING_ZERO.match(value):  # int fields still take "010" (-> 10)
+    if isinstance(value, str) and not LEADING_ZERO.match(value):  # int fields still take "010" (-> 10)
         try:
             return float(value) if any(c in value for c in ".eE") else int(value)
         except ValueError:

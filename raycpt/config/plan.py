@@ -1,18 +1,13 @@
-"""``plan``: which layers train (a name of the plan registry and its settings), and that registry."""
+"""``plan``: which layers train (a name of the plan registry, :data:`raycpt.registry.PLANS`, and its settings)."""
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
-from raycpt.config.checks import _check
-
-
-PLANS: dict[str, Any] = {}
-"""The plan registry, filled by ``@register_plan`` in :mod:`raycpt.strategies` (which the package root imports,
-so it is complete before any config is built): ``plan.name`` is checked against it, and a new plan is one
-decorated function."""
+from raycpt.config.checks import check_field, check_seed
+from raycpt.registry import PLANS  # filled by @register_plan in raycpt.strategies, which the package root imports
 
 
 @dataclass
@@ -71,8 +66,9 @@ class PlanConfig:
     """``lisa``: K, optimizer steps between draws (steps 1..K use draw 0, K+1..2K draw 1, ...); it must be below
     ``train.max_steps`` (else LISA never switches: refused in one line). null = derived from the run,
     ``max(1, train.max_steps // 4)``: at least 4 draws (3 switches) in any run."""
-    lisa_seed: int = 0
-    """``lisa``: seed of the draws; draw j is a pure function of (lisa_seed, j)."""
+    lisa_seed: Optional[int] = None
+    """``lisa``: seed of the draws; draw j is a pure function of (lisa_seed, j). null = the run's ``train.seed``, so
+    a sweep's seeds draw different layer schedules and LISA's run-to-run noise includes its draws (issue 50)."""
     elo_layers: int = 1
     """``elo`` (ELO, EACL 2026): the first and the last this many decoder layers train (1 = layers 0 and N-1)."""
     matrices: list[str] = field(default_factory=list)
@@ -84,26 +80,28 @@ class PlanConfig:
     layers; only they train."""
 
     def __post_init__(self):
-        _check(self.lora_rank >= 1, "plan.lora_rank", self.lora_rank, "an integer >= 1")
-        _check(self.lora_alpha is None or self.lora_alpha > 0, "plan.lora_alpha", self.lora_alpha,
+        check_field(self.lora_rank >= 1, "plan.lora_rank", self.lora_rank, "an integer >= 1")
+        check_field(self.lora_alpha is None or self.lora_alpha > 0, "plan.lora_alpha", self.lora_alpha,
                "a positive number, or null (2 x plan.lora_rank)")
-        _check(self.lisa_layers >= 1, "plan.lisa_layers", self.lisa_layers, "an integer >= 1")
-        _check(self.lisa_interval is None or self.lisa_interval >= 1, "plan.lisa_interval", self.lisa_interval,
+        check_field(self.lisa_layers >= 1, "plan.lisa_layers", self.lisa_layers, "an integer >= 1")
+        check_field(self.lisa_interval is None or self.lisa_interval >= 1, "plan.lisa_interval", self.lisa_interval,
                "an integer >= 1, or null (train.max_steps // 4)")
         for m in self.matrices:
             head, _, rest = str(m).partition(".")
-            _check(head.isdigit() and bool(rest), "plan.matrices", m, "entries <layer>.<module path>, e.g. "
+            check_field(head.isdigit() and bool(rest), "plan.matrices", m, "entries <layer>.<module path>, e.g. "
                    "3.self_attn.q_proj")
-        _check(self.elo_layers >= 1, "plan.elo_layers", self.elo_layers, "an integer >= 1")
-        _check(self.expand_blocks >= 1, "plan.expand_blocks", self.expand_blocks, "an integer >= 1")
-        close = difflib.get_close_matches(self.name, list(PLANS), n=1)
-        _check(self.name in PLANS, "plan.name", self.name,
-               "one of " + ", ".join(PLANS) + (f" (did you mean {close[0]!r}?)" if close else ""))
-        _check(0 < self.split < 1, "plan.split", self.split, "a ratio strictly between 0 and 1")
-        _check(all(c in "01" for c in self.pattern), "plan.pattern", self.pattern, "a string of 0 and 1, e.g. 01100")
-        _check(self.k >= 1, "plan.k", self.k, "an integer >= 1")
-        _check(self.elite_lr_scale > 0, "plan.elite_lr_scale", self.elite_lr_scale, "a positive number")
-        _check(self.elite_pick in ("top", "bottom"), "plan.elite_pick", self.elite_pick,
+        check_field(self.elo_layers >= 1, "plan.elo_layers", self.elo_layers, "an integer >= 1")
+        if self.lisa_seed is not None:  # None: the run's train.seed
+            check_seed("plan.lisa_seed", self.lisa_seed)
+        check_field(self.expand_blocks >= 1, "plan.expand_blocks", self.expand_blocks, "an integer >= 1")
+        close = difflib.get_close_matches(self.name, PLANS.names(), n=1)
+        check_field(self.name in PLANS, "plan.name", self.name,
+               "one of " + PLANS.choices() + (f" (did you mean {close[0]!r}?)" if close else ""))
+        check_field(0 < self.split < 1, "plan.split", self.split, "a ratio strictly between 0 and 1")
+        check_field(all(c in "01" for c in self.pattern), "plan.pattern", self.pattern, "a string of 0 and 1, e.g. 01100")
+        check_field(self.k >= 1, "plan.k", self.k, "an integer >= 1")
+        check_field(self.elite_lr_scale > 0, "plan.elite_lr_scale", self.elite_lr_scale, "a positive number")
+        check_field(self.elite_pick in ("top", "bottom"), "plan.elite_pick", self.elite_pick,
                "top (the k best-ranked layers) or bottom (the k lowest-scored: the control)")
         for k, v in self.lr_scales.items():
-            _check(v > 0, f"plan.lr_scales.{k}", v, "a positive multiplier")
+            check_field(v > 0, f"plan.lr_scales.{k}", v, "a positive multiplier")

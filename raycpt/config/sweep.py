@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from raycpt.config.checks import _check
+from raycpt.config.checks import check_distinct_tags, check_field, check_seed, lr_tag
 
 
 @dataclass
@@ -73,44 +73,49 @@ class SweepConfig:
     """Run every trial once per seed (``train.seed`` of that run; trial ``<name>-s<seed>``); the summary shows
     the mean and a 95% t-interval over seeds. None = one run per trial at ``train.seed``."""
     floor_seeds: Optional[list[int]] = None
-    """Extra runs of ``full`` alone at these seeds (trials ``full-s<seed>``; every other row runs once at
-    ``train.seed``): a measured run-to-run noise floor, so a one-seed sweep's marks become claims about the
-    strategies under a stated model (run noise the same for every plan; docs/analysis.md). Two extra runs add
-    2 degrees of freedom. None = no floor: the verdict then compares checkpoints and says so."""
+    """A run-to-run noise floor (issue 50): ``full`` runs again at each of these seeds and every other row at the
+    first (trials ``<name>-s<seed>``), so every plan has its own run variance and the verdict's marks are claims
+    about strategies (each plan's own run noise: docs/analysis.md). [1,2]: full 3 runs, every other row 2 (about
+    twice the one-seed sweep). None = no floor: the verdict then compares checkpoints and says so."""
 
     def __post_init__(self):
         if self.seeds is not None:
-            _check(len(self.seeds) > 0, "sweep.seeds", self.seeds,
+            check_field(len(self.seeds) > 0, "sweep.seeds", self.seeds,
                    "a non-empty list of distinct integers, or null (one run per trial at train.seed)")
             dup = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
-            _check(not dup, "sweep.seeds", self.seeds, f"distinct integers (seed {dup[0] if dup else ''} is listed twice)")
+            check_field(not dup, "sweep.seeds", self.seeds, f"distinct integers (seed {dup[0] if dup else ''} is listed twice)")
+            for sd in self.seeds:
+                check_seed("sweep.seeds", sd)
         if self.floor_seeds is not None:
             f = self.floor_seeds
-            _check(len(f) > 0 and all(isinstance(x, int) and not isinstance(x, bool) for x in f)
+            check_field(len(f) > 0 and all(isinstance(x, int) and not isinstance(x, bool) for x in f)
                    and len(set(f)) == len(f), "sweep.floor_seeds", f,
                    "a non-empty list of distinct integers (extra seeds of full), or null")
-            _check(self.seeds is None, "sweep.floor_seeds", f,
+            for sd in f:
+                check_seed("sweep.floor_seeds", sd)
+            check_field(self.seeds is None, "sweep.floor_seeds", f,
                    "null when sweep.seeds is set (every row then has several runs already)")
-            _check(self.include_full or "full" in self.strategies, "sweep.floor_seeds", f,
+            check_field(self.include_full or "full" in self.strategies, "sweep.floor_seeds", f,
                    "null when the sweep has no full row (the floor is extra runs of full)")
         if self.lr_grid is not None:
-            _check(len(self.lr_grid) > 0 and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
+            check_field(len(self.lr_grid) > 0 and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
                                                  for m in self.lr_grid) and len(set(self.lr_grid)) == len(self.lr_grid),
                    "sweep.lr_grid", self.lr_grid, "distinct positive learning-rate multipliers, e.g. [0.333, 1, 3], "
                    "or null")
-        _check(self.lora_lr_scale > 0, "sweep.lora_lr_scale", self.lora_lr_scale, "a positive multiplier")
-        _check(isinstance(self.validation_docs, int) and self.validation_docs >= 1, "sweep.validation_docs",
+            check_distinct_tags("sweep.lr_grid", self.lr_grid, lr_tag)
+        check_field(self.lora_lr_scale > 0, "sweep.lora_lr_scale", self.lora_lr_scale, "a positive multiplier")
+        check_field(isinstance(self.validation_docs, int) and self.validation_docs >= 1, "sweep.validation_docs",
                self.validation_docs, "an integer >= 1")
         for r in self.splits:
-            _check(isinstance(r, (int, float)) and 0 < r < 1, "sweep.splits", r, "ratios strictly between 0 and 1")
-        _check(self.max_concurrent_trials >= 1, "sweep.max_concurrent_trials", self.max_concurrent_trials,
+            check_field(isinstance(r, (int, float)) and 0 < r < 1, "sweep.splits", r, "ratios strictly between 0 and 1")
+        check_field(self.max_concurrent_trials >= 1, "sweep.max_concurrent_trials", self.max_concurrent_trials,
                "an integer >= 1")
-        _check(isinstance(self.heldout_docs, int) and not isinstance(self.heldout_docs, bool)
+        check_field(isinstance(self.heldout_docs, int) and not isinstance(self.heldout_docs, bool)
                and self.heldout_docs >= 0, "sweep.heldout_docs", self.heldout_docs, "an integer >= 0 (0 = off)")
-        _check(isinstance(self.general_docs, int) and not isinstance(self.general_docs, bool)
+        check_field(isinstance(self.general_docs, int) and not isinstance(self.general_docs, bool)
                and self.general_docs >= 0, "sweep.general_docs", self.general_docs, "an integer >= 0 (0 = off)")
         for name, over in self.recipes.items():
-            _check(isinstance(over, dict) and all(isinstance(k, str) and "." in k for k in over),
+            check_field(isinstance(over, dict) and all(isinstance(k, str) and "." in k for k in over),
                    f"sweep.recipes.{name}", over, "a mapping of dotted config keys to values, e.g. {plan.name: middle}")
 
 
@@ -128,9 +133,9 @@ class ReportConfig:
     """The error rate of ``adjust`` (family-wise for holm, false-discovery rate for bh)."""
 
     def __post_init__(self):
-        _check(0 < self.alpha < 1, "report.alpha", self.alpha, "a rate strictly between 0 and 1, e.g. 0.05")
+        check_field(0 < self.alpha < 1, "report.alpha", self.alpha, "a rate strictly between 0 and 1, e.g. 0.05")
         parts = self.primary.split("/") if self.primary else []
-        _check(not self.primary or self.primary == "heldout_loss" or (len(parts) == 2 and all(parts)
+        check_field(not self.primary or self.primary == "heldout_loss" or (len(parts) == 2 and all(parts)
                                                                       and parts[1] in ("logit", "generate", "cloze")),
                "report.primary", self.primary, "'task/mode' with mode logit, generate or cloze (e.g. "
                "wordnet_mc/logit), 'heldout_loss', or ''")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from raycpt.config.checks import _check
+from raycpt.config.checks import check_field
 
 
 @dataclass
@@ -43,15 +43,15 @@ class TraceConfig:
     ``median``. The table shows the paper's mean-based S(b) beside it."""
 
     def __post_init__(self):
-        _check(self.top_k >= 0, "trace.top_k", self.top_k, "an integer >= 0 (0 = full vocabulary)")
-        _check(self.eps > 0, "trace.eps", self.eps, "a positive number")
+        check_field(self.top_k >= 0, "trace.top_k", self.top_k, "an integer >= 0 (0 = full vocabulary)")
+        check_field(self.eps > 0, "trace.eps", self.eps, "a positive number")
         for r in self.splits:
-            _check(0 < r < 1, "trace.splits", r, "ratios strictly between 0 and 1")
-        _check(len(self.grid) == 3 and 0 < self.grid[0] <= self.grid[1] < 1 and self.grid[2] > 0,
+            check_field(0 < r < 1, "trace.splits", r, "ratios strictly between 0 and 1")
+        check_field(len(self.grid) == 3 and 0 < self.grid[0] <= self.grid[1] < 1 and self.grid[2] > 0,
                "trace.grid", self.grid, "[start, stop, step] with 0 < start <= stop < 1 and step > 0")
-        _check(self.batch_size >= 1, "trace.batch_size", self.batch_size, "an integer >= 1")
-        _check(self.num_actors >= 1, "trace.num_actors", self.num_actors, "an integer >= 1")
-        _check(self.max_prompts is None or self.max_prompts >= 1, "trace.max_prompts", self.max_prompts,
+        check_field(self.batch_size >= 1, "trace.batch_size", self.batch_size, "an integer >= 1")
+        check_field(self.num_actors >= 1, "trace.num_actors", self.num_actors, "an integer >= 1")
+        check_field(self.max_prompts is None or self.max_prompts >= 1, "trace.max_prompts", self.max_prompts,
                "an integer >= 1 or null")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from raycpt.config.checks import _check
+from raycpt.config.checks import check_field, check_rate, check_seed
 
 
 @dataclass
@@ -70,22 +70,23 @@ class TrainConfig:
     """Peak dense TFLOP/s of one worker's device for MFU; None = a table of known GPUs (no MFU on CPU)."""
 
     def __post_init__(self):
-        _check(self.lr > 0, "train.lr", self.lr, "a positive number")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "train.betas", self.betas,
+        check_rate("train.lr", self.lr)
+        check_seed("train.seed", self.seed)
+        check_field(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "train.betas", self.betas,
                "two numbers in [0, 1)")
-        _check(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "a number in [0, 1)")
-        _check(self.max_steps >= 1, "train.max_steps", self.max_steps, "an integer >= 1")
-        _check(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, "an integer >= 1")
-        _check(self.grad_accum >= 1, "train.grad_accum", self.grad_accum, "an integer >= 1")
-        _check(self.num_workers >= 1, "train.num_workers", self.num_workers, "an integer >= 1")
-        _check(self.checkpoint_every >= 1, "train.checkpoint_every", self.checkpoint_every, "an integer >= 1")
-        _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
-        _check(self.max_failures >= 0, "train.max_failures", self.max_failures, "an integer >= 0")
-        _check(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "a number >= 0")
-        _check(self.drift_every >= 0, "train.drift_every", self.drift_every, "an integer >= 0")
-        _check(self.loss_chunk_tokens >= 1, "train.loss_chunk_tokens", self.loss_chunk_tokens,
+        check_field(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "a number in [0, 1)")
+        check_field(self.max_steps >= 1, "train.max_steps", self.max_steps, "an integer >= 1")
+        check_field(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, "an integer >= 1")
+        check_field(self.grad_accum >= 1, "train.grad_accum", self.grad_accum, "an integer >= 1")
+        check_field(self.num_workers >= 1, "train.num_workers", self.num_workers, "an integer >= 1")
+        check_field(self.checkpoint_every >= 1, "train.checkpoint_every", self.checkpoint_every, "an integer >= 1")
+        check_field(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
+        check_field(self.max_failures >= 0, "train.max_failures", self.max_failures, "an integer >= 0")
+        check_field(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "a number >= 0")
+        check_field(self.drift_every >= 0, "train.drift_every", self.drift_every, "an integer >= 0")
+        check_field(self.loss_chunk_tokens >= 1, "train.loss_chunk_tokens", self.loss_chunk_tokens,
                "an integer >= 1 (tokens per chunk of the chunked loss; train.loss=plain for the full-logits loss)")
-        _check(self.device_memory_gb is None or self.device_memory_gb > 0, "train.device_memory_gb",
+        check_field(self.device_memory_gb is None or self.device_memory_gb > 0, "train.device_memory_gb",
                self.device_memory_gb, "a positive number of GB or null")
-        _check(self.peak_tflops is None or self.peak_tflops > 0, "train.peak_tflops", self.peak_tflops,
+        check_field(self.peak_tflops is None or self.peak_tflops > 0, "train.peak_tflops", self.peak_tflops,
                "a positive number or null")

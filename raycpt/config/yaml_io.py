@@ -19,7 +19,7 @@ MAX_CONFIG_NODES = 100_000
 "billion laughs") would otherwise expand to gigabytes when the config is validated, copied or printed."""
 
 
-class _YamlLoader(yaml.SafeLoader):
+class YamlLoader(yaml.SafeLoader):
     """SafeLoader without YAML 1.1 octal: ``01100`` (a plan pattern) stays a string, not 576; a key given
     twice in one mapping is an error naming both lines (PyYAML keeps the last silently); the tree's size
     with aliases expanded is bounded (:data:`MAX_CONFIG_NODES`)."""
@@ -64,24 +64,48 @@ def _check_expanded_size(root) -> None:
                             "(&anchor / *alias); a config needs no such nesting", root.start_mark)
 
 
-_YamlLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
+YamlLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
 for _ch in "-+0":
-    _YamlLoader.yaml_implicit_resolvers.setdefault(_ch, []).insert(0, ("tag:yaml.org,2002:str", _LEADING_ZERO))
+    YamlLoader.yaml_implicit_resolvers.setdefault(_ch, []).insert(0, ("tag:yaml.org,2002:str", LEADING_ZERO))
+
+
+def yaml_error_line(e: yaml.YAMLError) -> str:
+    """A YAML error as the bounded tail of one line: `` at line N: problem`` (``: problem`` without a mark)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark is not None else ""
+    return f"{where}: {str(getattr(e, 'problem', None) or e).splitlines()[0][:300]}"
 
 
 def read_yaml(path: str | os.PathLike) -> dict:
     p = Path(path)
     text = read_user_text(p, "config file", limit=MAX_CONFIG_BYTES, hint="a config is")
     try:
-        data = yaml.load(text, Loader=_YamlLoader)
+        data = yaml.load(text, Loader=YamlLoader)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = str(getattr(e, "problem", None) or e).splitlines()[0][:300]  # one line, bounded
-        raise RaycptError(f"config file {p} is not valid YAML{where}: {problem}") from None
+        raise RaycptError(f"config file {p} is not valid YAML{yaml_error_line(e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise RaycptError(f"config file {p} must hold a mapping at the top level, not {type(data).__name__}")
     return data
+
+
+def read_yaml_documents(path: str | os.PathLike, what: str, limit: int = MAX_CONFIG_BYTES,
+                        hint: str = "") -> tuple[str, list[tuple[yaml.Node, object]]]:
+    """Every document of a user-named YAML file (a Kubernetes manifest may hold several), read and parsed as a
+    config is (:func:`read_user_text`'s bounds, this loader's alias bound and duplicate-key refusal): the text,
+    and each document's composed node (with line marks) beside its data. One RaycptError line otherwise."""
+    p = Path(path)
+    text = read_user_text(p, what, limit=limit, hint=hint)
+    loader = YamlLoader(text)
+    docs: list[tuple[yaml.Node, object]] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            docs.append((node, loader.construct_document(node)))
+    except yaml.YAMLError as e:
+        raise RaycptError(f"{what} {p} is not valid YAML{yaml_error_line(e)}") from None
+    finally:
+        loader.dispose()
+    return text, docs

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from raycpt.data.stream import DEFAULT_WINDOW, EpochOrder, _seed
+from raycpt.data.stream import DEFAULT_WINDOW, EpochOrder, as_seed
 
 MIX_WINDOW = 64
 
@@ -38,7 +38,7 @@ def replay_mask(w: int, ratio: float, seed: int, window: int = MIX_WINDOW) -> np
     """Window ``w``'s slots: True = replay (``floor((w+1) q) - floor(w q)`` of them, seeded positions)."""
     k = replay_before_window(w + 1, ratio, window) - replay_before_window(w, ratio, window)
     mask = np.zeros(window, dtype=bool)
-    mask[np.random.default_rng([_seed(seed), 2, int(w)]).permutation(window)[:k]] = True
+    mask[np.random.default_rng([as_seed(seed), 2, int(w)]).permutation(window)[:k]] = True
     return mask
 
 

@@ -35,7 +35,7 @@ DEFAULT_WINDOW = 65536
 OPEN_SHARDS = 128
 
 
-def _seed(seed: int) -> int:
+def as_seed(seed: int) -> int:
     return int(seed) % (1 << 63)
 
 
@@ -46,7 +46,7 @@ class EpochOrder:
     def __init__(self, counts: Sequence[int], seed: int, epoch: int, window: int = DEFAULT_WINDOW):
         self.counts = np.asarray(counts, dtype=np.int64)
         self.n = int(self.counts.sum())
-        self.seed, self.epoch, self.window = _seed(seed), int(epoch), max(1, int(window))
+        self.seed, self.epoch, self.window = as_seed(seed), int(epoch), max(1, int(window))
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
         self.perm = np.random.default_rng([self.seed, self.epoch, 0]).permutation(len(self.counts))
         laid = self.counts[self.perm]

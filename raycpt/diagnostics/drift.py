@@ -10,7 +10,7 @@ Per decoder layer, against the start:
 
 plus ``drift.dW.mean`` / ``drift.cka.min``. The training-time callback that computes them every
 ``train.drift_every`` steps, logs them and writes ``drift.json`` / ``drift.png`` is
-:class:`raycpt.train.callbacks.DriftCallback`.
+:class:`raycpt.train.worker.callbacks.DriftCallback`.
 """
 
 from __future__ import annotations

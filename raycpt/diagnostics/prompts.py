@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, json_record
 
 BUILTIN = {"builtin:wordnet-lexical": "wordnet_lexical.jsonl"}
 REQUIRED = ("s1", "s2", "group")
@@ -140,16 +140,7 @@ def load_prompt_records(source: str) -> list[PromptRecord]:
         if not line.strip():
             continue
         where = f"prompt file {path} line {n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RaycptError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(obj, dict):
-            raise RaycptError(f"{where}: expected a JSON object with s1, s2, group, got {type(obj).__name__}")
-        missing = [k for k in REQUIRED if k not in obj]
-        if missing:
-            raise RaycptError(f"{where}: missing field{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                              "(each record needs s1, s2, group)")
+        obj = json_record(line, where, REQUIRED)
         for k in REQUIRED:
             if not isinstance(obj[k], str):
                 raise RaycptError(f"{where}: field {k} must be a string, got {type(obj[k]).__name__}")

@@ -23,6 +23,9 @@ Each selector returns an ``(N,)`` float array; :func:`write_selection` writes it
 * **Gradient norm** (AdaGradSelect, arXiv 2512.15764): per layer, the L2 norm of the LM loss's gradient with
   respect to the layer's parameters on corpus blocks, averaged over the batches.
 
+The selectors are registered in :data:`raycpt.registry.SELECTORS` (declared in :mod:`raycpt.diagnostics`, so the
+config and the CLI help read their names without torch); each score function here takes :class:`SelectorInputs`.
+
 Spectrum as its authors run it (per weight type, not per layer) is :mod:`raycpt.diagnostics.spectrum`; ``snr``
 here is the layer-level variant (the mean over a layer's matrices), kept under its own name.
 """
@@ -40,13 +43,14 @@ import numpy as np
 import torch
 
 from raycpt.errors import RaycptError
+from raycpt.registry import SELECTORS
 from raycpt.strategies import write_ranking
 
 
-# ------------------------------------------------------------------------------------ the registry
+# ------------------------------------------------------------------------------------ the one path
 @dataclass(frozen=True)
 class SelectorInputs:
-    """What a selector may read (each reads only what its :attr:`Selector.needs` names): the model and its decoder
+    """What a selector may read (each reads only what its registered ``needs`` names): the model and its decoder
     layers, corpus blocks as ``(B, T)`` token-id arrays with the batch size, a trace's normalised profiles, the
     number of layers, the seed and Spectrum's normalisation switch."""
 
@@ -62,33 +66,9 @@ class SelectorInputs:
     advance: Callable[[int], None] = field(default=lambda n: None)
 
 
-@dataclass(frozen=True)
-class Selector:
-    """One layer selector: its name (``select.method``), the ranking file's metric, what it needs (``weights``:
-    the model; ``blocks``: the model and corpus blocks; ``trace``: a trace's profiles; ``seed``: nothing else) and
-    its score function of :class:`SelectorInputs`."""
-
-    name: str
-    metric: str
-    needs: str
-    score: Callable[[SelectorInputs], np.ndarray]
-
-
-SELECTORS: dict[str, Selector] = {}
-"""THE selector registry (``raycpt select``, ``--budget``'s rankings), in registration order."""
-
-
-def register_selector(name: str, metric: str, needs: str):
-    def deco(fn):
-        SELECTORS[name] = Selector(name, metric, needs, fn)
-        return fn
-
-    return deco
-
-
 def select_scores(method: str, inputs: SelectorInputs) -> np.ndarray:
     """The ``(N,)`` scores of the registered selector ``method``: the one path every caller takes."""
-    scores = np.asarray(SELECTORS[method].score(inputs), dtype=np.float64)
+    scores = np.asarray(SELECTORS.get(method)(inputs), dtype=np.float64)
     if scores.shape != (inputs.num_layers,):
         raise RuntimeError(f"selector {method}: {scores.shape} scores for {inputs.num_layers} layers")
     return scores
@@ -150,7 +130,6 @@ def block_influence(model, layers, batches: Iterable[tuple[torch.Tensor, Optiona
     return block_influence_from_cosines(cos, masks)
 
 
-@register_selector("bi", "block_influence", "blocks")
 def block_influence_of_blocks(x: SelectorInputs) -> np.ndarray:
     """Block Influence over corpus blocks of equal length, ``x.batch`` at a time (:func:`block_influence` per
     batch, averaged with the batches' block counts as weights: every token weighs the same)."""
@@ -211,8 +190,8 @@ def layer_matrices(layer: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-@register_selector("snr", "weight_snr", "weights")
-def _snr(x: SelectorInputs) -> np.ndarray:
+def weight_snr_of(x: SelectorInputs) -> np.ndarray:
+    """``snr``: :func:`weight_snr` of the layers."""
     return weight_snr(x.layers, normalize=x.normalize)
 
 
@@ -232,13 +211,13 @@ def layertracer_scores(tp_norm, ls_norm) -> np.ndarray:
     return np.asarray(ls_norm, dtype=np.float64) - np.asarray(tp_norm, dtype=np.float64)
 
 
-@register_selector("layertracer", "ls_norm_minus_tp_norm", "trace")
-def _layertracer(x: SelectorInputs) -> np.ndarray:
+def layertracer_of(x: SelectorInputs) -> np.ndarray:
+    """``layertracer``: :func:`layertracer_scores` of a trace's profiles."""
     return layertracer_scores(x.tp_norm, x.ls_norm)
 
 
-@register_selector("random", "random", "seed")
-def _random(x: SelectorInputs) -> np.ndarray:
+def random_of(x: SelectorInputs) -> np.ndarray:
+    """``random``: :func:`random_scores`."""
     return random_scores(x.num_layers, x.seed)
 
 
@@ -257,8 +236,8 @@ def elo_scores(num_layers: int) -> np.ndarray:
     return np.abs(np.arange(n, dtype=np.float64) - (n - 1) / 2.0)
 
 
-@register_selector("elo", "distance_from_middle", "seed")
-def _elo(x: SelectorInputs) -> np.ndarray:
+def elo_of(x: SelectorInputs) -> np.ndarray:
+    """``elo``: :func:`elo_scores`."""
     return elo_scores(x.num_layers)
 
 
@@ -287,7 +266,6 @@ def layer_grad_norms(model, layers, ids: torch.Tensor) -> np.ndarray:
     return out
 
 
-@register_selector("gradnorm", "gradient_norm", "blocks")
 def gradient_norm_scores(x: SelectorInputs) -> np.ndarray:
     """AdaGradSelect-style (arXiv 2512.15764): the per-layer gradient norm of the LM loss, averaged over the corpus
     blocks ``x.batch`` at a time (weighted by the batches' block counts); the layers whose loss gradient is
@@ -318,9 +296,6 @@ def write_selection(path, model: str, method: str, scores, k: Optional[int] = No
     """Write ``scores`` as a ranking file (best first) with the method, and ``k`` / the top-k when given."""
     s = np.asarray(scores, dtype=np.float64)
     more = {"method": method, **({"k": int(k), "top_k": top_k(s, k)} if k is not None else {}), **(extra or {})}
-    return write_ranking(path, model, len(s), {i: float(v) for i, v in enumerate(s)}, metric=SELECTORS[method].metric,
+    return write_ranking(path, model, len(s), {i: float(v) for i, v in enumerate(s)}, metric=SELECTORS.info(method, "metric"),
                          extra=more)
 
-
-METHODS = tuple(SELECTORS)
-METRICS = {name: sel.metric for name, sel in SELECTORS.items()}

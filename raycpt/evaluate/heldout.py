@@ -112,7 +112,7 @@ def token_losses(model, ids, chunk_tokens: Optional[int] = None):
     """``(batch, len - 1)`` float32 next-token cross-entropies of ``ids`` in one forward (no KV cache). With
     ``chunk_tokens`` the head and the cross-entropy run that many rows at a time on the decoder's final hidden
     states (with the model's ``final_logit_softcapping``), so the full logits never exist; the head must be a plain
-    ``Linear`` without extra scaling (:func:`raycpt.train.loss.chunked_supported`)."""
+    ``Linear`` without extra scaling (:func:`raycpt.train.worker.loss.chunked_supported`)."""
     import torch
 
     targets = ids[:, 1:].reshape(-1)

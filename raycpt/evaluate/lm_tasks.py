@@ -93,7 +93,7 @@ def _load_local_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
     return tasks
 
 
-def _load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
+def load_lm_tasks(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list:
     """Build the lm-eval Task objects of one benchmark in one mode (data is read here)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 

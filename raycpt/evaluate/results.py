@@ -88,7 +88,7 @@ def option_lengths(sample: dict) -> list[int]:
     return [len(str(arg[1]).strip()) for arg in sample["arguments"]]
 
 
-def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: str = "logit",
+def records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: str = "logit",
                    continuous: bool = True) -> dict[str, dict]:
     """Per question of a ``multiple_choice`` run (logit: the four letters; cloze: the four option
     texts): the log-likelihoods in option order, the first maximum as the prediction, ``correct``, and with
@@ -99,7 +99,7 @@ def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: st
         lls = [float(r[0]) if isinstance(r, (list, tuple)) else float(r) for r in s["filtered_resps"]]
         best = max(range(len(lls)), key=lambda i: (lls[i], -i))  # first maximum, like numpy.argmax
         gold = LETTERS[int(s["target"])]
-        key, base = _question_key(task_name, s, spec)
+        key, base = question_key(task_name, s, spec)
         rec = {"prediction": LETTERS[best], "logprobs": lls, "correct": LETTERS[best] == gold}
         if continuous:
             rec.update(continuous_scores(lls, int(s["target"]), option_lengths(s)))
@@ -109,20 +109,20 @@ def _records_logit(task_name: str, samples: list[dict], spec: TaskSpec, mode: st
     return out
 
 
-def _records_generate(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[str, dict]:
+def records_generate(task_name: str, samples: list[dict], spec: TaskSpec) -> dict[str, dict]:
     out = {}
     for s in samples:
         text = s["resps"][0][0] if s["resps"] and s["resps"][0] else ""
         filt = s["filtered_resps"]
         extracted = (filt[0] if isinstance(filt, list) else filt) or None
         gold = str(s["target"]).strip()
-        key, base = _question_key(task_name, s, spec)
+        key, base = question_key(task_name, s, spec)
         out[key] = {**base, "gold": gold,
                     "generate": {"text": text, "extracted": extracted, "correct": extracted == gold}}
     return out
 
 
-def _question_key(task_name: str, s: dict, spec: TaskSpec) -> tuple[str, dict]:
+def question_key(task_name: str, s: dict, spec: TaskSpec) -> tuple[str, dict]:
     doc = s["doc"]
     if spec.kind in ("hub", "local"):
         subject = re.sub(r"^(ceval-valid_|ceval_gen_|ceval_cloze_|cmmlu_gen_|cmmlu_cloze_|cmmlu_)", "", task_name)

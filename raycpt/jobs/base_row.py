@@ -1,37 +1,53 @@
 """The sweep's ``base`` row and its general probe: the untrained model, evaluated once with the trials' own
-evaluation, against which every row's domain gain and forgetting are read (:mod:`raycpt.report.sweep_base`).
+evaluation, against which every row's domain gain and forgetting are read (:mod:`raycpt.report.sweep.base`).
 
 The base row is a trial of the grid (:data:`BASE`: its own child run, progress line and ``result.json``, placed
 like every trial, on a GPU on a cluster) whose body evaluates instead of training. Its evaluation is cached
-under ``<run_root>/base_eval/<key>/`` by the model (its source's sha256), the evaluation settings, the held-out
-and general blocks and :data:`CACHE_VERSION`: a resumed sweep, or a later sweep with the same model and
-evaluation, reads it instead of evaluating again (:func:`raycpt.train.final_eval.final_evaluation` is the memo).
+under ``<run_root>/base_eval/<key>/``, and a cache entry is a claim about content: the key covers what determines
+the numbers (:func:`cache_key`: every file of the model folder by sha256, weights and tokenizer included, hashed once
+through a memo of size, times and inode; the evaluation settings and question files; ``model.dtype``; the held-out
+and general blocks; the code version of the evaluation), the entry carries the sha256 of each of its files
+(``entry.json``, written last) and is verified when read (:func:`entry_problem`). An entry that does not verify,
+or has the wrong shape, is moved aside and evaluated again, with one line saying why (:func:`verified_cache`).
+A resumed sweep, or a later sweep with the same model and evaluation, reads a verified entry instead of evaluating
+again (:func:`raycpt.train.driver.final_eval.final_evaluation` is the memo).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
+import os
 import shutil
+import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
 
 from raycpt.config import ExperimentConfig
 from raycpt.evaluate import mmlu_questions
 from raycpt.evaluate.general import general_blocks, general_documents
-from raycpt.io import atomic_write_json, run_root
-from raycpt.train.final_eval import final_evaluation
-from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
+from raycpt.io import atomic_write_json, run_root, sha256_file
+from raycpt.models.digests import folder_digest
+from raycpt.train.driver.final_eval import final_evaluation
+from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
 
 BASE = "base"
 """The base row's name and strategy (a sweep has no plan of that name: ``full`` and every plan train)."""
 BPB_KEYS = ("heldout_bpb", "general_bpb")
 """Beside ``heldout_loss`` / ``general_loss`` (nats per counted target): the same targets in bits per byte of their
 text (:mod:`raycpt.evaluate.heldout`)."""
-CACHE_VERSION = 2
-"""Part of the cache key: raise it when what an evaluation records changes, so no older record is reused (2: the
+CACHE_VERSION = 3
+"""Part of the cache key: raise it when what an evaluation records changes, so no older record is reused (3: the
 held-out and general losses score each document on its own, with bits per byte, :mod:`raycpt.evaluate.heldout`)."""
+ENTRY_FILE = "entry.json"
+"""In a cache entry, written last: the key's digest and every other file's sha256 (:func:`seal_entry`)."""
+ENTRY_FORMAT = "raycpt.base-eval-entry/1"
+DIGEST_MEMO = "digests.json"
+"""In ``<run_root>/base_eval``: the model files' digests by size, times and inode (:mod:`raycpt.models.digests`)."""
 
 
 def general_probe(cfg: ExperimentConfig, model_path: str):
@@ -46,42 +62,166 @@ def general_probe(cfg: ExperimentConfig, model_path: str):
 
 
 def _sha(path: Optional[str]) -> Optional[str]:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    return sha256_file(Path(path)) if path else None
 
 
-def model_identity(model_path: str) -> str:
-    """What the base row's cache knows a model by: the sha256 its pull recorded (``raycpt_source.json``), else its
-    resolved folder and the sha256 of its ``config.json``."""
-    src = Path(model_path) / "raycpt_source.json"
-    if src.is_file():
-        sha = json.loads(src.read_text(encoding="utf-8")).get("sha256")
-        if sha:
-            return f"sha256:{sha}"
-    return f"{Path(model_path).resolve()}:{_sha(str(Path(model_path) / 'config.json'))}"
+EVAL_CODE = ("raycpt/evaluate", "raycpt/tasks", "raycpt/assets/wordnet_mc.jsonl", "raycpt/train/worker/evaluation.py",
+             "raycpt/train/worker/loss.py", "raycpt/train/driver/final_eval.py", "raycpt/models/sources.py",
+             "raycpt/jobs/base_row.py")
+"""The code and data an evaluation's numbers come from, relative to the package's parent folder."""
+
+
+@functools.lru_cache(maxsize=1)
+def eval_code_version() -> str:
+    """The code version of the evaluation: the sha256 of :data:`EVAL_CODE`'s files (an edit of the bridge, a task or
+    the loss changes it) and the versions of torch, transformers and lm-eval that compute the numbers."""
+    top = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256(str(CACHE_VERSION).encode())
+    for rel in EVAL_CODE:
+        p = top / rel
+        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+            if f.is_file() and "__pycache__" not in f.parts:
+                h.update(f"{f.relative_to(top).as_posix()}\0".encode() + f.read_bytes())
+    for dist in ("torch", "transformers", "lm_eval"):
+        try:
+            h.update(f"{dist}={version(dist)}".encode())
+        except PackageNotFoundError:
+            h.update(f"{dist}=none".encode())
+    return h.hexdigest()
+
+
+def model_identity(model_path: str, memo: Optional[Path] = None) -> dict:
+    """What the base row's cache knows a model by: the sha256 of every file of its folder (weights, config,
+    tokenizer: :func:`raycpt.models.digests.folder_digest`, hashed once per file through ``memo``). Not its path or a
+    recorded digest: a folder rewritten in place is another model."""
+    return folder_digest(model_path, memo)
+
+
+def _task_files(cfg: ExperimentConfig) -> dict:
+    """The digest of each ``eval.tasks`` entry that is a file (a question file): its content, not its path."""
+    return {t: sha256_file(Path(t)) for t in cfg.eval.tasks if Path(t).expanduser().is_file()}
+
+
+def cache_key(cfg: ExperimentConfig, model_path: str, shared: dict, memo: Optional[Path] = None) -> dict:
+    """What determines the base row's numbers: the model's files by content (:func:`model_identity`), the
+    evaluation settings (``eval``, its question files by content), ``model.dtype``, the held-out and general blocks
+    (their files' sha256) and the code version of the evaluation (:func:`eval_code_version`)."""
+    return {"model": model_identity(model_path, memo), "eval": dataclasses.asdict(cfg.eval),
+            "task_files": _task_files(cfg), "dtype": cfg.model.dtype, "heldout": _sha(shared.get("heldout_path")),
+            "general": _sha(shared.get("general_path")), "code": eval_code_version()}
+
+
+def _key_digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def base_cache_root(cfg: ExperimentConfig) -> Path:
+    """``<run_root>/base_eval``: the entries, and the digest memo of the model files (:data:`DIGEST_MEMO`)."""
+    return run_root(cfg.tracking) / "base_eval"
 
 
 def base_cache_dir(cfg: ExperimentConfig, model_path: str, shared: dict) -> Path:
-    """``<run_root>/base_eval/<key>``: the key hashes the model (:func:`model_identity`), the evaluation settings
-    (``eval``, ``model.dtype``), the held-out and general blocks (their files' sha256) and :data:`CACHE_VERSION`."""
-    key = {"model": model_identity(model_path), "eval": dataclasses.asdict(cfg.eval), "dtype": cfg.model.dtype,
-           "heldout": _sha(shared.get("heldout_path")), "general": _sha(shared.get("general_path")),
-           "version": CACHE_VERSION}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return run_root(cfg.tracking) / "base_eval" / digest
+    """``<run_root>/base_eval/<key>``: the first 16 hex digits of the sha256 of :func:`cache_key`."""
+    root = base_cache_root(cfg)
+    return root / _key_digest(cache_key(cfg, model_path, shared, root / DIGEST_MEMO))[:16]
+
+
+def _cache_files(cache: Path) -> dict:
+    return {p.relative_to(cache).as_posix(): sha256_file(p) for p in sorted(cache.rglob("*"))
+            if p.is_file() and p.name != ENTRY_FILE and not p.name.startswith(".")}
+
+
+def seal_entry(cache: Path, key: dict) -> None:
+    """Write ``entry.json`` (last): the entry's key in full and the sha256 of every file of the entry."""
+    atomic_write_json(cache / ENTRY_FILE, {"format": ENTRY_FORMAT, "key": _key_digest(key),
+                                           "files": _cache_files(cache)})
+
+
+def record_problem(doc) -> Optional[str]:
+    """None when ``doc`` has the shape of an ``eval_result.json`` (scores ``{task: {mode: {key: number}}}``, held-out
+    and general losses numbers or null); else what is wrong, in a few words."""
+    if not isinstance(doc, dict):
+        return f"{EVAL_RESULT_FILE} holds a {type(doc).__name__}, not an object"
+    scores = doc.get("scores")
+    if not isinstance(scores, dict) or not all(
+            isinstance(modes, dict) and all(isinstance(sc, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in sc.values())
+                for sc in modes.values()) for modes in scores.values()):
+        return f"its scores are not {{task: {{mode: {{key: number}}}}}}"
+    for k in ("heldout_loss", "general_loss"):
+        v = doc.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            return f"its {k} is {v!r}, not a finite number"
+    return None
+
+
+def entry_problem(cache: Path, key: dict) -> Optional[str]:
+    """None when the cache entry ``cache`` verifies: its ``entry.json`` names this key and every file of the entry
+    with its sha256, and its ``eval_result.json`` has the shape of one (:func:`record_problem`); else why not."""
+    try:
+        seal = json.loads((cache / ENTRY_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"it has no {ENTRY_FILE} (cut short, or written by an older raycpt)"
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return f"its {ENTRY_FILE} cannot be read ({type(e).__name__})"
+    if not isinstance(seal, dict) or seal.get("format") != ENTRY_FORMAT or not isinstance(seal.get("files"), dict):
+        return f"its {ENTRY_FILE} is not a {ENTRY_FORMAT} record"
+    if seal.get("key") != _key_digest(key):
+        return "it was written for another model, evaluation or code version"
+    if EVAL_RESULT_FILE not in seal["files"]:
+        return f"its {ENTRY_FILE} lists no {EVAL_RESULT_FILE}"
+    found = _cache_files(cache)
+    for rel, digest in seal["files"].items():
+        if rel not in found:
+            return f"{rel} is missing"
+        if found[rel] != digest:
+            return f"{rel} does not match its sha256 in {ENTRY_FILE} (changed after it was written)"
+    try:
+        doc = json.loads((cache / EVAL_RESULT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return f"{EVAL_RESULT_FILE} cannot be read ({type(e).__name__})"
+    return record_problem(doc)
+
+
+def verified_cache(cfg: ExperimentConfig, model_path: str, shared: dict, say=print) -> Path:
+    """The base row's cache folder for this model and evaluation, ready to be read or filled: an entry that does not
+    verify (:func:`entry_problem`) is moved aside (``<key>.refused-<n>``, kept for a look) with one line saying why,
+    so the evaluation runs again into an empty folder."""
+    root = base_cache_root(cfg)
+    key = cache_key(cfg, model_path, shared, root / DIGEST_MEMO)
+    cache = root / _key_digest(key)[:16]
+    if not cache.exists():
+        return cache
+    why = entry_problem(cache, key)
+    if why is None:
+        return cache
+    n = 1
+    while cache.with_name(f"{cache.name}.refused-{n}").exists():
+        n += 1
+    aside = cache.with_name(f"{cache.name}.refused-{n}")
+    os.replace(cache, aside)
+    say(f"warning: base row: cache entry {cache} refused ({why}); evaluating the base model again "
+        f"(the refused entry is kept as {aside.name})")
+    return cache
 
 
 def base_result(trial, spec) -> dict:
     """The base row's trial body: the cached evaluation of the untrained model (evaluated here when the cache has
-    none), copied into the trial's ``eval/``, and the result a trial returns (no training: no losses, nothing
-    trainable), its metrics on the trial's child run."""
+    none that verifies), copied into the trial's ``eval/``, and the result a trial returns (no training: no losses,
+    nothing trainable), its metrics on the trial's child run."""
     cfg, shared = trial.cfg, trial.shared
     model_path = shared["model_path"]
-    cache = base_cache_dir(cfg, model_path, shared)
+    cache = verified_cache(cfg, model_path, shared, say=_warn)
+    fresh = not (cache / ENTRY_FILE).is_file()
+    if fresh:
+        shutil.rmtree(cache, ignore_errors=True)  # a folder cut short before its seal: none of it is trusted
     req = EvalRequest(out_dir=str(cache), name=BASE, heldout_path=shared.get("heldout_path"),
                       general_path=shared.get("general_path"))
     if trial.run.created or not trial.run.run_id:
         spec.log_params(trial.run, cfg.train.seed)
     ev, heldout = final_evaluation(model_path, cfg.eval, req, threads=trial.threads)
+    if fresh:
+        seal_entry(cache, cache_key(cfg, model_path, shared, base_cache_root(cfg) / DIGEST_MEMO))
     (trial.dir / "eval").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cache / EVAL_RESULT_FILE, trial.dir / "eval" / EVAL_RESULT_FILE)
     record = json.loads((cache / EVAL_RESULT_FILE).read_text(encoding="utf-8"))
@@ -96,6 +236,10 @@ def base_result(trial, spec) -> dict:
                            **{k: result[k] for k in ("heldout_loss", "general_loss", *BPB_KEYS)
                               if result[k] is not None}})
     return result
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 GENERAL_DOCS_FILE = "general_docs.json"

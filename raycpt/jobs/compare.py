@@ -39,9 +39,9 @@ from raycpt.jobs.job import Options, RunSpec, Steps, run_job
 from raycpt.models.folders import check_pair, find_model_in_run, is_model_folder  # noqa: F401 - re-exported
 from raycpt.models.sources import load_model, resolve_model_path
 from raycpt.report.compare import build_rows, write_outputs
-from raycpt.report.progress import count_progress
+from raycpt.progress import progress_bar
 from raycpt.runtime import ray_session
-from raycpt.train.final_eval import reserved_device
+from raycpt.train.driver.final_eval import reserved_device
 
 
 # ------------------------------------------------------------------------------------- references
@@ -276,7 +276,7 @@ def execute(plan: ComparePlan, run, options: Options) -> CompareResult:
     result = CompareResult(run_dir=run_dir, rows=[], mlflow_run_id=run.run_id)
     seqs, swap_blocks = plan.seqs, plan.swap_blocks
     per_pair = 4 + (2 + 2 * swap_blocks if swap_blocks else 0)
-    with ray_session(cfg.ray), count_progress("compare", per_pair * len(plan.pairs), unit="Ray tasks",
+    with ray_session(cfg.ray), progress_bar("compare", per_pair * len(plan.pairs), unit="Ray tasks",
                                                             console=console, transient=True) as advance:
         for name, bp, tp, label in plan.pairs:
             out_dir = run_dir if not plan.sweep else run_dir / "trials" / name

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raycpt.config import ExperimentConfig, config_with
+from raycpt.config.checks import lr_tag
 from raycpt.diagnostics.contribution import (analyze_scan, answers_of, elite_lr_control, gold_prob_of, primary_score,
                                              spearman)
 from raycpt.diagnostics.similarity import weight_change
@@ -48,9 +49,9 @@ from raycpt.report.tuning import pick_by_validation, tuning_lines
 from raycpt.runs import read_state
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.strategies import ranked_pick, read_ranking, write_ranking
-from raycpt.train.final_eval import final_evaluation
-from raycpt.train.preflight import full_plan, preflight
-from raycpt.train.worker_eval import EvalRequest
+from raycpt.train.driver.final_eval import final_evaluation
+from raycpt.train.driver.preflight import full_plan, preflight
+from raycpt.train.worker.evaluation import EvalRequest
 
 
 @dataclass(frozen=True)
@@ -302,7 +303,7 @@ def execute(plan, run, options: Options):
 def execute_scan(plan: ContributionPlan, run, resume: bool = False, console=None,
                  shards_checked: Optional[dict] = None) -> ContributionResult:
     """The scan's grid, the analysis and its files (inside the command's :func:`raycpt.runs.command_run`).
-    ``shards_checked``: the base shards the driver verified (:func:`raycpt.train.publish.base_shards_ahead`)."""
+    ``shards_checked``: the base shards the driver verified (:func:`raycpt.train.driver.publish.base_shards_ahead`)."""
     t0, cfg, run_dir = time.time(), plan.cfg, run.run_dir
     c, state = cfg.contribution, read_state(run_dir)
     shared = {"model_path": plan.model_path, "heldout_path": str(atomic_write_json(
@@ -345,7 +346,7 @@ def _tune_lr(plan: ContributionPlan, run, shared: dict, resume: bool, console) -
     val = validation_blocks(cfg.data, plan.model_path, c.validation_docs,
                             c.heldout_docs if c.score == "heldout_loss" else 0)
     shared = {**shared, "validation_path": str(atomic_write_json(run.run_dir / "validation_blocks.json", val))}
-    specs = [ScanTrial(f"full-lr{m:.3g}", "full", lr_mult=float(m)) for m in c.lr_grid]
+    specs = [ScanTrial(f"full-{lr_tag(m)}", "full", lr_mult=float(m)) for m in c.lr_grid]
     grid = Grid("contribution", specs, shared=shared, cpus=c.cpus_per_trial, data_cpus=c.data_cpus_per_trial,
                 max_concurrent=c.max_concurrent_trials, max_steps=cfg.train.max_steps, model_path=plan.model_path,
                 tune_name="tune-lr")

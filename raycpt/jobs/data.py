@@ -13,7 +13,7 @@ from raycpt.jobs.job import NoRun, Options
 from raycpt.runtime import cluster_address, ray_session
 from raycpt.io import run_root
 from raycpt.data.run_store import pack_corpus, replay_corpus
-from raycpt.train.prepare import resolve_model_path
+from raycpt.train.driver.prepare import resolve_model_path
 
 
 def prepare_store(cfg: ExperimentConfig, options: Options) -> None:

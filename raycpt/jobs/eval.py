@@ -28,8 +28,8 @@ from raycpt.models.sources import resolve_model_path
 from raycpt.progress import progress_bar
 from raycpt.report.eval import write_results
 from raycpt.runtime import cluster_address, ray_session
-from raycpt.train.final_eval import saved_model_load
-from raycpt.train.manifest import MANIFEST_FILE, MODEL_DIR, verify_checkpoint
+from raycpt.train.driver.final_eval import saved_model_load
+from raycpt.train.ckpt.manifest import MANIFEST_FILE, MODEL_DIR, verify_checkpoint
 
 _REF_SCHEMES = ("pypi:", "hf:", "hybrid:")
 

@@ -20,7 +20,7 @@ from raycpt.errors import RaycptError
 from raycpt.jobs.job import NoRun, Options
 from raycpt.models.folders import find_model_in_run, is_model_folder
 from raycpt.models.shards import weights_problem
-from raycpt.train.manifest import MANIFEST_FILE, verify_checkpoint
+from raycpt.train.ckpt.manifest import MANIFEST_FILE, verify_checkpoint
 
 
 def export_model(cfg, options: Options) -> str:

@@ -24,7 +24,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import json
 import os
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,14 +45,15 @@ from raycpt.runs import AttemptClock, assert_private_folder, memo, open_child
 from raycpt.runtime import ray_starting
 from raycpt.tracking import adopt_lost, mark_lost, store_or_lost, tracking_lost
 from raycpt.data.run_store import packed_corpus
-from raycpt.train.final_eval import final_evaluation
-from raycpt.train.launch import run_training
-from raycpt.train.publish import base_shards_ahead
-from raycpt.train.worker_eval import EvalRequest
+from raycpt.train.driver.failures import TRIAL_MAX_FAILURES, worker_death
+from raycpt.train.driver.final_eval import final_evaluation
+from raycpt.train.driver.launch import run_training
+from raycpt.train.driver.publish import base_shards_ahead
+from raycpt.train.worker.evaluation import EvalRequest
 
 RESULT = "result.json"
 SHARDS_CHECKED = "base_shards_checked"
-"""The ``Grid.shared`` key of the base shards the driver verified (:func:`raycpt.train.publish.base_shards_ahead`)."""
+"""The ``Grid.shared`` key of the base shards the driver verified (:func:`raycpt.train.driver.publish.base_shards_ahead`)."""
 
 
 class GridIncomplete(RaycptError):
@@ -183,7 +187,7 @@ def warm_imports() -> None:
 def ahead_of_trials(plan):
     """The :class:`raycpt.jobs.job.RunSpec` ``around`` of a grid command (sweep, contribution): its checks passed,
     so Ray starts and the base shards are written while the MLflow run opens (issue 28); inside, ``plan.shards_ready()``
-    waits for the shards and returns the verified folders (:func:`raycpt.train.publish.base_shards_ahead`)."""
+    waits for the shards and returns the verified folders (:func:`raycpt.train.driver.publish.base_shards_ahead`)."""
     with ray_starting(plan.cfg.ray), base_shards_ahead(plan.cfg, plan.model_path) as ready:
         plan.shards_ready = ready
         yield
@@ -195,7 +199,7 @@ def no_shards() -> dict:
 
 
 def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str, dict]:
-    """Run every trial of ``grid`` under ``parent`` (the job's :class:`raycpt.runs.CommandRun`; Ray must be up,
+    """Run every trial of ``grid`` under ``parent`` (the job's :class:`raycpt.runs.Run`; Ray must be up,
     unless ``grid.inline``) and return ``{name: result}`` in spec order.
 
     Raises :class:`GridIncomplete` (one line ending in "continue with --resume") when a trial did not
@@ -217,19 +221,64 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
     try:
         if grid.inline:
             for s in grid.specs:
-                results[s.name] = run_trial({**space, "spec": dataclasses.asdict(s), "console": console})
+                _inline_trial({**space, "spec": dataclasses.asdict(s), "console": console}, results, errors)
         else:
             results, errors = _fit(run_dir, grid, space, resume, console)
     except KeyboardInterrupt:  # Ctrl-C: the unfinished trials end KILLED, and one line says how to go on
         pass
+    except Exception as e:  # noqa: BLE001 - a worker death that escaped Tune: the unfinished trials failed
+        cause = worker_death(e)
+        if cause is None:
+            raise
+        results = {**_finished(run_dir / grid.folder, names), **results}
+        errors = {n: cause for n in names if n not in results}
     adopt_lost(run_dir, space["started"])  # a trial found the tracking server gone: the rest of the job is local
     missing = [n for n in names if n not in results]
     if missing:
         status = "FAILED" if errors else "KILLED"  # no trial error: Tune (or the user) stopped the grid
         why = f" ({'; '.join(f'{n}: {e}' for n, e in errors.items())})" if errors else ""
         raise GridIncomplete(f"{grid.command} {'interrupted' if status == 'KILLED' else 'incomplete'}: "
-                             f"{', '.join(missing)} did not finish{why}; continue with --resume ({run_dir})", status)
+                             f"{', '.join(missing)} did not finish{why}; continue with --resume ({run_dir}): "
+                             f"{resume_command(grid.command)}", status)
     return {n: results[n] for n in names}
+
+
+def resume_command(command: str) -> str:
+    """The command line that continues this one: the console script's own arguments plus ``--resume`` (a library
+    caller: ``raycpt <command> <its config> --resume``)."""
+    if Path(sys.argv[0]).name in ("raycpt", "__main__.py") and command in sys.argv[1:]:
+        args = [a for a in sys.argv[1:] if a != "--resume"]
+        return shlex.join(["raycpt", *args, "--resume"])
+    return f"raycpt {command} <its config> --resume"
+
+
+def _inline_trial(config: dict, results: dict, errors: dict) -> None:
+    """One inline trial, retried up to :data:`TRIAL_MAX_FAILURES` times when its work's process dies (Ray's memory
+    monitor, a SIGKILL: :func:`raycpt.train.driver.failures.worker_death`), then recorded as that trial's failure so
+    the grid goes on; any other error ends the grid as before."""
+    name = config["spec"]["name"]
+    for attempt in range(TRIAL_MAX_FAILURES + 1):
+        try:
+            results[name] = run_trial(config)
+            return
+        except Exception as e:  # noqa: BLE001 - only a worker death is the trial's failure; the rest is raised
+            cause = worker_death(e)
+            if cause is None:
+                raise
+            errors[name] = f"{cause}, {attempt + 1} attempt(s)"
+
+
+def _finished(trials_root: Path, names: list[str]) -> dict:
+    """The trials whose ``result.json`` is on disk (what finished before the grid's driver lost Tune)."""
+    out = {}
+    for n in names:
+        try:
+            doc = json.loads((trials_root / n / RESULT).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            out[n] = doc
+    return out
 
 
 def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple[dict, dict]:
@@ -254,7 +303,7 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
                                         trial_dirname_creator=lambda t: t.config["spec"]["name"],
                                         trial_name_creator=lambda t: t.config["spec"]["name"]),
             run_config=tune.RunConfig(name=grid.tune_name, storage_path=str(run_dir), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=1)))
+                                      failure_config=tune.FailureConfig(max_failures=TRIAL_MAX_FAILURES)))
     # Tune's console reporter off (verbose=0 alone still prints its experiment box and paths): the grid shows
     # its own per-trial progress, and the Tune results stay under <run>/tune
     progress = TrialsProgress(run_dir / grid.folder, [s.name for s in grid.specs], grid.max_steps, console)
@@ -267,7 +316,9 @@ def _fit(run_dir: Path, grid: Grid, space: dict, resume: bool, console) -> tuple
             results[name] = r.metrics["result"]
         elif r.error is not None:
             lines = [ln for ln in str(r.error).splitlines() if ln.strip()]
-            errors[name] = lines[-1][:200] if lines else type(r.error).__name__
+            death = worker_death(r.error)
+            errors[name] = f"{death}, {TRIAL_MAX_FAILURES + 1} attempt(s)" if death else \
+                lines[-1][:200] if lines else type(r.error).__name__
     return results, errors
 
 

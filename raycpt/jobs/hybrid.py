@@ -2,7 +2,7 @@
 
 :func:`build_hybrids` resolves every build of ``cfg.hybrid`` against its donors (configs only, so
 a bad spec fails before anything is written), assembles each with
-:func:`raycpt.models.hybrid.build_hybrid` and saves it (safetensors + the donor's tokenizer) with
+:func:`raycpt.models.hybrid.model.build_hybrid` and saves it (safetensors + the donor's tokenizer) with
 its segment map (``segment_map.json``).
 
 :func:`run_hybrid` does, for every build (``new_shallow`` and ``new_deep`` by default), in one run
@@ -11,7 +11,7 @@ process: each places its own Ray Train workers and trace actors) under one MLflo
 *child* run per build:
 
 1. build and save the hybrid (``builds/<build>/initial``);
-2. train it with Ray Train (:func:`raycpt.train.launch.run_training`) on ``cfg.data`` with the plan
+2. train it with Ray Train (:func:`raycpt.train.driver.launch.run_training`) on ``cfg.data`` with the plan
    its segments define - a ``layers`` plan listing the layers of the trainable segments
    (``plan.train_embeddings`` / ``train_final_norm`` / ``train_head`` are kept from the config);
 3. evaluate it: its training worker evaluates the final weights (both modes) right after training;
@@ -44,13 +44,13 @@ from raycpt.io import atomic_write_json, atomic_write_text
 from raycpt.jobs.grid import Grid, Trial, grid_params, run_grid, train_and_evaluate
 from raycpt.jobs.job import NoRun, Options, RunSpec, Steps, run_job
 from raycpt.jobs.trace import run_trace
-from raycpt.models.hybrid_build import build_hybrid, param_counts, save_hybrid, segment_rows
-from raycpt.models.hybrid_plans import plan_from_config
+from raycpt.models.hybrid.build import build_hybrid, param_counts, save_hybrid, segment_rows
+from raycpt.models.hybrid.plans import plan_from_config
 from raycpt.report.eval import render_table, table_text, write_results
 from raycpt.report.hybrid import plot_profiles
 from raycpt.runs import open_run_dir, read_state, refuse_existing_outputs
 from raycpt.runtime import ray_session
-from raycpt.train.preflight import full_plan, preflight
+from raycpt.train.driver.preflight import full_plan, preflight
 
 SEGMENT_MAP = "segment_map.json"
 

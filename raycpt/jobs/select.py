@@ -20,15 +20,15 @@ import numpy as np
 
 from raycpt.config import ExperimentConfig
 from raycpt.data.corpus import eos_id_of, iter_documents, pack_token_lists, spread_sample
-from raycpt.diagnostics.selectors import (METRICS, SELECTORS, SelectorInputs, select_scores, top_k,
-                                          write_selection)
+from raycpt.diagnostics.selectors import SelectorInputs, select_scores, top_k, write_selection
 from raycpt.errors import RaycptError
 from raycpt.jobs.grid import model_layers
-from raycpt.jobs.job import Options, RunSpec, Steps, run_job
+from raycpt.jobs.job import Options, RunSpec, Steps
 from raycpt.jobs.trace import prepare_trace, run_trace
 from raycpt.models.sources import load_model
 from raycpt.models.stack import LayerStack
-from raycpt.report.progress import count_progress
+from raycpt.progress import progress_bar
+from raycpt.registry import SELECTORS
 from raycpt.report.select import scores_csv, scores_plot
 
 BATCH = 4  # corpus blocks per forward of bi
@@ -99,19 +99,19 @@ def corpus_blocks(cfg: ExperimentConfig, tokenizer) -> np.ndarray:
 
 
 def selector_inputs(prep: _Prepared, run, progress: bool) -> tuple[SelectorInputs, str]:
-    """What the chosen selector needs (:attr:`raycpt.diagnostics.selectors.Selector.needs`), computed once, and a
-    one-line note of what its scores are computed on."""
-    cfg, sel = prep.cfg, SELECTORS[prep.cfg.select.method]
+    """What the chosen selector needs (its registered ``needs``, :data:`raycpt.registry.SELECTORS`), computed once,
+    and a one-line note of what its scores are computed on."""
+    cfg, needs = prep.cfg, SELECTORS.info(prep.cfg.select.method, "needs")
     base = dict(num_layers=prep.num_layers, seed=cfg.select.seed, normalize=cfg.select.normalize, batch=BATCH)
-    if sel.needs == "trace":
+    if needs == "trace":
         res = run_trace(prep.trace.cfg, run_dir=run.run_dir / "trace", parent=run, progress=progress)
         return SelectorInputs(tp_norm=res.tp_norm, ls_norm=res.ls_norm, **base), (
             f"LS^ - TP^ of a trace on {res.num_prompts} prompts (recommended split r = {res.recommended_split:g})")
-    if sel.needs == "seed":
+    if needs == "seed":
         return SelectorInputs(**base), f"seeded uniform draw, seed {cfg.select.seed}"
     model, tok = load_model(prep.model_path, dtype="float32", device="cpu")
     layers = LayerStack(model).layers
-    if sel.needs == "weights":
+    if needs == "weights":
         return SelectorInputs(model=model, layers=layers, **base), ("SNR / s_max per matrix" if cfg.select.normalize
                                                                     else "SNR per matrix") + ", mean over the layer"
     blocks = corpus_blocks(cfg, tok)
@@ -124,7 +124,7 @@ def scores_of(prep: _Prepared, run, progress: bool = True) -> tuple[np.ndarray, 
     one-line note of what they were computed on."""
     inputs, note = selector_inputs(prep, run, progress)
     total = len(inputs.blocks) if inputs.blocks is not None else 0
-    with count_progress(f"select {prep.cfg.select.method}", total, progress and total > 0, unit="blocks") as advance:
+    with progress_bar(f"select {prep.cfg.select.method}", total, progress and total > 0, unit="blocks") as advance:
         return select_scores(prep.cfg.select.method, dataclasses.replace(inputs, advance=advance)), note
 
 
@@ -145,7 +145,7 @@ def execute(prep: _Prepared, run, options: Options) -> SelectResult:
     paths = {"ranking": write_selection(d / "ranking.json", cfg.model.ref, s.method, scores, k=prep.k,
                                         extra={"note": note, "wall_s": wall_s}),
              "scores_csv": scores_csv(d / "scores.csv", scores, best),
-             "plot": scores_plot(d / "scores.png", scores, best, f"{METRICS[s.method]} per layer, "
+             "plot": scores_plot(d / "scores.png", scores, best, f"{SELECTORS.info(s.method, 'metric')} per layer, "
                                  f"{Path(cfg.model.ref).name} (top-{prep.k} marked)")}
     _log(run, s.method, scores, best, paths, wall_s)
     return SelectResult(run_dir=d, run_id=run.run_id, model_ref=cfg.model.ref, method=s.method, k=prep.k,
@@ -162,7 +162,3 @@ def _log(run, method: str, scores: np.ndarray, best: list[int], paths: dict, wal
 
 SELECT = Steps(prepare, execute, run_spec)
 
-
-def run_select(cfg: ExperimentConfig, progress: bool = True) -> SelectResult:
-    """``raycpt select``: checks first (:func:`prepare`), then the one lifecycle (:func:`raycpt.runs.command_run`)."""
-    return run_job(SELECT, cfg, Options(progress=progress))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from raycpt.errors import RaycptError
 from raycpt.jobs.job import NoRun, Options
-from raycpt.report.sweep_outcomes import load_outcomes
+from raycpt.report.sweep.outcomes import load_outcomes
 
 
 @dataclass

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raycpt.config import ExperimentConfig, config_with
+from raycpt.config.checks import lr_tag
 from raycpt.config.sweep import lr_multipliers
 from raycpt.data.validation import validation_blocks
 from raycpt.diagnostics.selectors import SelectorInputs, ranking_order, select_scores
@@ -37,16 +38,16 @@ from raycpt.jobs.trace import run_trace
 from raycpt.models.adapters import lora_targets, lora_trainable_params
 from raycpt.models.sources import load_model
 from raycpt.models.stack import LayerStack
-from raycpt.report.sweep import report_options, write_summary
-from raycpt.report.sweep_outcomes import HELDOUT_DOCS_FILE
+from raycpt.report.sweep.summary import report_options, write_summary
+from raycpt.report.sweep.outcomes import HELDOUT_DOCS_FILE
 from raycpt.report.tuning import pick_by_validation, tuning_lines, tuning_markdown
 from raycpt.runs import SWEEP_NEUTRAL, SWEEP_SECTIONS, check_resume_config, memo
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.splits import check_split, split_index
 from raycpt.strategies import budget_plans, check_budget, split_plans, takes_split
-from raycpt.train.prepare import model_skeleton
-from raycpt.train.preflight import preflight, sweep_plans
-from raycpt.train.worker_eval import EVAL_RESULT_FILE
+from raycpt.train.driver.prepare import model_skeleton
+from raycpt.train.driver.preflight import preflight, sweep_plans
+from raycpt.train.worker.evaluation import EVAL_RESULT_FILE
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def with_lr_grid(specs: list[TrialSpec], mults: list[float], base_lr: float) -> 
     ``base_lr``, times m); one multiplier of 1 = the trials unchanged."""
     if [float(m) for m in mults] == [1.0]:
         return specs
-    return [dataclasses.replace(t, name=f"{t.name}-lr{m:.3g}", lr_mult=float(m), base_name=t.name,
+    return [dataclasses.replace(t, name=f"{t.name}-{lr_tag(m)}", lr_mult=float(m), base_name=t.name,
                                 group=t.group or t.name,
                                 recipe={**t.recipe, "train.lr": float(t.recipe.get("train.lr", base_lr)) * float(m)})
             for t in specs for m in mults]
@@ -147,8 +148,9 @@ def plan_grid(splits: list[float], strategies: list[str], num_layers: int, inclu
 
     With ``seeds`` every trial runs once per seed, named ``<name>-s<seed>`` (seed-major: the whole grid
     at the first seed, then at the next, so an interrupted sweep has complete tables early). With
-    ``floor_seeds`` (``sweep.floor_seeds``) ``full`` also runs at each of them (``full-s<seed>``, after the
-    grid), one cell with the ``full`` run at ``base_seed`` (``train.seed``), which they must not repeat.
+    ``floor_seeds`` (``sweep.floor_seeds``, issue 50) ``full`` also runs at each of them and every other row at the
+    first (``<name>-s<seed>``, after the grid), one cell with its run at ``base_seed`` (``train.seed``), which they
+    must not repeat: every plan has its own run variance (2 runs; full 1 + len(floor_seeds)).
 
     Raises RaycptError (one line, :func:`raycpt.splits.check_split`) for a split that is not a ratio in
     (0, 1) or leaves a side empty for this model, an unknown strategy, or an empty grid."""
@@ -162,15 +164,16 @@ def plan_grid(splits: list[float], strategies: list[str], num_layers: int, inclu
 
 
 def _with_floor(specs: list[TrialSpec], floor_seeds: list[int], base_seed: Optional[int]) -> list[TrialSpec]:
-    """The grid plus ``full`` at every floor seed, all of full's runs one cell (group ``full``)."""
+    """The grid, then ``full`` at every floor seed and every other row at the first, each row's runs one cell."""
     if base_seed is not None and base_seed in floor_seeds:
-        raise RaycptError(f"sweep.floor_seeds: {list(floor_seeds)} repeats train.seed ({base_seed}), whose full run "
+        raise RaycptError(f"sweep.floor_seeds: {list(floor_seeds)} repeats train.seed ({base_seed}), whose runs "
                           "the grid has already; give other seeds")
-    full = next((t for t in specs if t.name == "full"), None)
-    if full is None:
+    if not any(t.name == "full" for t in specs):
         raise RaycptError("sweep.floor_seeds: the grid has no full row to run again (sweep.include_full=true)")
-    specs = [dataclasses.replace(t, seed=base_seed, group="full") if t is full else t for t in specs]
-    return specs + [dataclasses.replace(full, name=f"full-s{int(sd)}", seed=int(sd), group="full") for sd in floor_seeds]
+    grid = [dataclasses.replace(t, seed=base_seed, group=t.name) for t in specs]
+    more = [dataclasses.replace(t, name=f"{t.name}-s{int(sd)}", seed=int(sd), group=t.name)
+            for k, sd in enumerate(floor_seeds) for t in grid if k == 0 or t.name == "full"]
+    return grid + more
 
 
 def with_base(specs: list[TrialSpec], include: bool = True) -> list[TrialSpec]:

@@ -44,7 +44,7 @@ from raycpt.jobs.grid import model_layers
 from raycpt.jobs.job import Options, RunSpec, Steps, run_job
 from raycpt.models.sources import load_model
 from raycpt.models.stack import LayerStack
-from raycpt.report.progress import count_progress
+from raycpt.progress import progress_bar
 from raycpt.report.trace import aggregate, write_artifacts
 from raycpt.runtime import cluster_address, ray_session
 from raycpt.splits import check_ratio, check_split
@@ -212,7 +212,7 @@ def _rows_in_process(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
     parts: list[dict[str, np.ndarray]] = []
     try:
         actor = TraceActor(**_actor_kwargs(prep))
-        with count_progress("trace", len(items), progress, unit="prompts") as advance:
+        with progress_bar("trace", len(items), progress, unit="prompts") as advance:
             for s in range(0, len(items), size):
                 chunk = items[s:s + size]
                 batch = {k: [it[k] for it in chunk] for k in ("index", "input_ids", "context", "last")}
@@ -244,7 +244,7 @@ def _compute_rows(prep: _Prepared, progress: bool) -> dict[str, np.ndarray]:
         num_gpus=t.gpus_per_actor,
     )
     parts: list[dict[str, np.ndarray]] = []
-    with count_progress("trace", len(items), progress, unit="prompts") as advance:
+    with progress_bar("trace", len(items), progress, unit="prompts") as advance:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
             parts.append({k: np.asarray(v) for k, v in batch.items()})
             advance(len(batch["index"]))

@@ -1,4 +1,4 @@
-"""``raycpt train``: one plan trained under a Ray ``TorchTrainer`` (:func:`raycpt.train.launch.run_training`),
+"""``raycpt train``: one plan trained under a Ray ``TorchTrainer`` (:func:`raycpt.train.driver.launch.run_training`),
 inside the command's :func:`raycpt.runs.command_run`; and ``raycpt plan show``, the plan's layer map without training.
 
 :func:`prepare` checks the train settings, the eval tasks and the memory of the plan before any run folder;
@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from raycpt.config import ExperimentConfig
-from raycpt.jobs.job import NoRun, Options, RunSpec, Steps, run_job
+from raycpt.jobs.job import NoRun, Options, RunSpec, Steps
 from raycpt.runtime import ray_session
 from raycpt.strategies import plan_table
 from raycpt.data.run_store import packed_corpus, replay_corpus
-from raycpt.train.launch import run_training
-from raycpt.train.prepare import check_train_config, prepare_plan, resolve_model_path
-from raycpt.train.resume import check_resume_run
-from raycpt.train.preflight import preflight
+from raycpt.train.driver.launch import run_training
+from raycpt.train.driver.prepare import check_train_config, prepare_plan, resolve_model_path
+from raycpt.train.driver.resume import check_resume_run
+from raycpt.train.driver.preflight import preflight
 
 
 @dataclass
@@ -51,17 +51,12 @@ def run_spec(plan: TrainPlan, options: Options) -> RunSpec:
 
 
 def execute(plan: TrainPlan, run, options: Options):
-    """Train in the run folder under the command's MLflow run; the :class:`raycpt.train.result.TrainResult`."""
+    """Train in the run folder under the command's MLflow run; the :class:`raycpt.train.driver.result.TrainResult`."""
     with ray_session(plan.cfg.ray):
         return run_training(plan.cfg, run, resume=options.resume, progress=options.progress)
 
 
 TRAIN = Steps(prepare, execute, run_spec)
-
-
-def run_train(cfg: ExperimentConfig, resume: bool = False, console=None, progress: bool = True):
-    """``raycpt train`` (see the module docstring)."""
-    return run_job(TRAIN, cfg, Options(console=console, resume=resume, progress=progress))
 
 
 def show_plan(cfg: ExperimentConfig, options: Options):

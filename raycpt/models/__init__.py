@@ -23,15 +23,14 @@ _AUTO = "transformers.models.auto.configuration_auto"
 
 
 def _register_model() -> None:
-    """Import :mod:`raycpt.models.hybrid` (it registers the model class at its end) unless it is loading."""
-    if "raycpt.models.hybrid" in sys.modules:  # loaded, or loading (it registers itself at its end)
+    """Import :mod:`raycpt.models.hybrid.model` (it registers the model class at its end) unless it is loading."""
+    if "raycpt.models.hybrid.model" in sys.modules:  # loaded, or loading (it registers itself at its end)
         return
-    import raycpt.models.hybrid  # noqa: F401 - lazy: torch and transformers' modeling code
+    import raycpt.models.hybrid.model  # noqa: F401 - lazy: torch and transformers' modeling code
 
 
 def _register_config() -> None:
-    from raycpt.models import hybrid_config
-
+    from raycpt.models.hybrid import config as hybrid_config
     hybrid_config.on_new_config = _register_model
     hybrid_config.register_config()
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -176,8 +176,3 @@ def load_adapter_state(model, folder) -> None:
         for k, v in saved.items():
             params[k].copy_(v)
 
-
-def adapter_counts(model) -> Optional[int]:
-    """Number of adapter tensors in ``model`` (None when it has none)."""
-    n = sum(1 for name, _ in model.named_parameters() if is_adapter_param(name))
-    return n or None

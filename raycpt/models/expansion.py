@@ -1,6 +1,6 @@
 """Where block expansion (LLaMA-Pro) puts its new layers: plain arithmetic on layer counts, no torch, so that the
 plan registry (``strategies``, imported by ``import raycpt``) can use it. The model is built in
-:mod:`raycpt.models.hybrid_expand`, which re-exports these."""
+:mod:`raycpt.models.hybrid.expand`, which re-exports these."""
 
 from __future__ import annotations
 

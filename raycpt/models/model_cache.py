@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from raycpt.io import cache_root as user_cache
-from raycpt.models.refs import _Ref
+from raycpt.io import cache_root as user_cache, sha256_file
+from raycpt.models.refs import Ref
 
 
 SOURCE_JSON = "raycpt_source.json"
@@ -50,11 +50,11 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return user_cache(cache_dir)
 
 
-def _key(ref: str, revision: Optional[str]) -> str:
+def cache_key(ref: str, revision: Optional[str]) -> str:
     return hashlib.sha256(f"{ref}@{revision or ''}".encode()).hexdigest()[:12]
 
 
-def _slug(ref: str) -> str:
+def cache_slug(ref: str) -> str:
     last = re.split(r"\+(?=pypi:)|\+", ref)[0].rstrip("/").split("/")[-1] or "model"
     last = re.sub(r"\.gguf(\.part\d+)?$", "", last, flags=re.I)
     slug = re.sub(r"[^a-z0-9]+", "-", last.lower()).strip("-")
@@ -63,18 +63,18 @@ def _slug(ref: str) -> str:
 
 def cache_path(ref: str, cache_dir=None, revision: Optional[str] = None) -> Path:
     """Folder a reference resolves to in the cache (whether or not it exists yet)."""
-    return cache_root(cache_dir) / "models" / f"{_slug(ref)}-{_key(ref, revision)}"
+    return cache_root(cache_dir) / "models" / f"{cache_slug(ref)}-{cache_key(ref, revision)}"
 
 
-def _intact(folder: Path, name: str) -> Optional[dict]:
+def intact(folder: Path, name: str) -> Optional[dict]:
     """The metadata of a fetched file whose copy still has its recorded sha256, else None."""
-    meta = _read_meta(folder)
-    if meta is None or not (folder / name).is_file() or _sha256_file(folder / name) != meta.get("sha256"):
+    meta = read_meta(folder)
+    if meta is None or not (folder / name).is_file() or sha256_file(folder / name) != meta.get("sha256"):
         return None
     return meta
 
 
-def _read_meta(folder: Path) -> Optional[dict]:
+def read_meta(folder: Path) -> Optional[dict]:
     f = folder / SOURCE_JSON
     if not f.is_file():
         return None
@@ -84,7 +84,7 @@ def _read_meta(folder: Path) -> Optional[dict]:
         return None
 
 
-def _still_fresh(meta: dict, parsed: _Ref) -> bool:
+def still_fresh(meta: dict, parsed: Ref) -> bool:
     """Local GGUF sources must still have the size and mtime they had when converted."""
     if parsed.kind != "gguf":
         return True
@@ -96,13 +96,13 @@ def _still_fresh(meta: dict, parsed: _Ref) -> bool:
     return recorded == now
 
 
-def _info_from_meta(ref: str, folder: Path, meta: dict, cached: bool, seconds: float) -> ModelInfo:
+def info_from_meta(ref: str, folder: Path, meta: dict, cached: bool, seconds: float) -> ModelInfo:
     return ModelInfo(ref=ref, path=str(folder), cached=cached, seconds=seconds, sha256=meta.get("sha256"),
                      model_type=meta.get("model_type"), num_layers=meta.get("num_layers"),
                      num_params=meta.get("num_params"), kind=meta.get("kind", ""), sources=meta.get("sources", []))
 
 
-def _clean_stale_work_dirs(final: Path) -> None:
+def clean_stale_work_dirs(final: Path) -> None:
     """Remove ``.tmp-<name>-<pid>`` folders of pulls whose process is gone (killed mid-pull)."""
     for d in final.parent.glob(f".tmp-{final.name}-*"):
         pid = d.name.rsplit("-", 1)[-1]
@@ -120,13 +120,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _publish(out: Path, final: Path, replace: bool) -> None:
+def publish(out: Path, final: Path, replace: bool) -> None:
     """Move the finished folder into place with one rename.
 
     Without ``replace``, a complete folder that a concurrent pull of the same reference published
     first is kept (ours is dropped); with it (``force``, or a stale local-file conversion) the old
     folder is swapped out, then removed."""
-    if final.exists() and _read_meta(final) is not None and not replace:
+    if final.exists() and read_meta(final) is not None and not replace:
         return
     old = None
     if final.exists():
@@ -136,7 +136,7 @@ def _publish(out: Path, final: Path, replace: bool) -> None:
     try:
         os.rename(out, final)
     except OSError:
-        if _read_meta(final) is None:  # not a concurrent pull that finished first
+        if read_meta(final) is None:  # not a concurrent pull that finished first
             if old is not None and not final.exists():
                 os.rename(old, final)
                 old = None
@@ -146,25 +146,14 @@ def _publish(out: Path, final: Path, replace: bool) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
-
-
-def _describe_in_place(ref: str, folder: Path, t0: float) -> ModelInfo:
-    desc = _describe_folder(folder)
+def describe_in_place(ref: str, folder: Path, t0: float) -> ModelInfo:
+    desc = describe_folder(folder)
     return ModelInfo(ref=ref, path=str(folder), cached=True, seconds=time.perf_counter() - t0, sha256=None,
                      model_type=desc.get("model_type"), num_layers=desc.get("num_layers"),
                      num_params=desc.get("num_params"), kind="folder")
 
 
-def _describe_folder(folder: Path) -> dict:
+def describe_folder(folder: Path) -> dict:
     """model_type / layers / params of a saved HF folder, from config.json and safetensors headers only."""
     try:
         cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))

@@ -6,7 +6,7 @@ import io
 from typing import Optional
 
 
-class _Progress:
+class PullProgress:
     """A rich progress display: one line per step, a byte bar for copies. Silent when disabled."""
 
     def __init__(self, enabled: bool):

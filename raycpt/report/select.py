@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from raycpt.report.figures import save_figure
-from raycpt.report.trace import FIGURE, _plt, _write_text
+from raycpt.report.trace import FIGURE, pyplot, write_text
 
 
 def scores_csv(path: Path, scores: np.ndarray, top: Sequence[int]) -> Path:
@@ -21,12 +21,12 @@ def scores_csv(path: Path, scores: np.ndarray, top: Sequence[int]) -> Path:
     top = set(top)
     lines = ["layer,score,rank,top_k"] + [f"{i},{'' if not np.isfinite(v) else repr(float(v))},{rank[i]},"
                                           f"{int(i in top)}" for i, v in enumerate(s)]
-    return _write_text(Path(path), "\n".join(lines) + "\n")
+    return write_text(Path(path), "\n".join(lines) + "\n")
 
 
 def scores_plot(path: Path, scores: np.ndarray, top: Sequence[int], title: str) -> Path:
     """Bars of the score per decoder layer (layer 0 left); the top-k layers in a second colour."""
-    plt = _plt()
+    plt = pyplot()
     s = np.asarray(scores, dtype=np.float64)
     fig, ax = plt.subplots(figsize=(max(5.0, 0.25 * len(s) + 2), 3.2))
     colors = ["tab:orange" if i in set(top) else "tab:blue" for i in range(len(s))]

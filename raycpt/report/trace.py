@@ -27,14 +27,14 @@ def _aside(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
 
 
-def _write_text(path: Path, text: str) -> Path:
+def write_text(path: Path, text: str) -> Path:
     tmp = _aside(path)
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,7 +144,7 @@ def profiles_csv(profiles: dict) -> str:
 # ------------------------------------------------------------------------------------------ plots
 def heatmap(matrix: np.ndarray, groups: Sequence[str], title: str, cmap: str, path: Path, label: str) -> Path:
     """Groups x layers heatmap of a per-layer mean (the paper's Fig. 4 rows are task groups)."""
-    plt = _plt()
+    plt = pyplot()
     m = np.asarray(matrix, dtype=np.float64)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * m.shape[1] + 3), 0.42 * m.shape[0] + 1.6))
     im = ax.imshow(m, aspect="auto", cmap=cmap, interpolation="nearest")
@@ -162,7 +162,7 @@ def heatmap(matrix: np.ndarray, groups: Sequence[str], title: str, cmap: str, pa
 def profile_plot(profiles: dict, recommended: dict, requested: Sequence[float], path: Path, title: str = "") -> Path:
     """Normalised TP and LS against layer; the recommended split solid, the requested splits dashed
     (Fig. 10: shallow side shaded green, deep side red, for the recommended split)."""
-    plt = _plt()
+    plt = pyplot()
     tp, ls = np.asarray(profiles["tp_norm"]), np.asarray(profiles["ls_norm"])
     n = len(tp)
     x = np.arange(n)
@@ -225,10 +225,10 @@ def write_artifacts(run_dir: Path, df, profiles: dict, table: Sequence[dict], re
                                        "Reds", run_dir / "heatmap_djs.png", "mean dJS")
     paths["profile"] = profile_plot(profiles, recommended, requested, run_dir / "profile.png",
                                     f"{title}: normalised TP and LS")
-    paths["split_table_csv"] = _write_text(run_dir / "split_table.csv", table_csv(table))
-    paths["split_table_md"] = _write_text(run_dir / "split_table.md", table_markdown(table, recommended))
-    paths["profiles_csv"] = _write_text(run_dir / "profiles.csv", profiles_csv(profiles))
-    paths["summary"] = _write_text(run_dir / "summary.json", json.dumps(_jsonable(summary), indent=2))
+    paths["split_table_csv"] = write_text(run_dir / "split_table.csv", table_csv(table))
+    paths["split_table_md"] = write_text(run_dir / "split_table.md", table_markdown(table, recommended))
+    paths["profiles_csv"] = write_text(run_dir / "profiles.csv", profiles_csv(profiles))
+    paths["summary"] = write_text(run_dir / "summary.json", json.dumps(_jsonable(summary), indent=2))
     return paths
 
 

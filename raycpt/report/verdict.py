@@ -7,7 +7,12 @@ task's questions, exact McNemar) and of the held-out loss (t over documents). On
 pre-declared **primary** comparison (``report.primary``: ``task/mode`` or ``heldout_loss``); the rest are
 **secondary** (exploratory).
 
-**Error control** (``report.adjust``):
+**Two families** (issue 50): the comparisons against ``full`` (which plan is better than training every layer)
+and the comparisons against the untrained model (``family: base``: each row's gain and forgetting). Each family
+gets its own ``report.alpha`` and its own control, so a real forgetting is reported whether or not any plan beats
+``full``; the legend names the family of every mark.
+
+**Error control** (``report.adjust``), within each family:
 
 * ``holm`` (default) - family-wise error <= ``report.alpha`` over *every* mark of the sweep, by the
   graphical procedure of Bretz et al. (2009) with a gate: the primary comparisons of the rows share
@@ -111,22 +116,29 @@ def graph_adjusted(pvalues: Sequence[float], weights: Sequence[float], graph: Se
     return out
 
 
+FAMILY_FULL, FAMILY_BASE = "vs full", "vs base"
+
+
 def adjusted(comparisons: list[dict], method: str = "holm") -> list[Optional[float]]:
-    """Adjusted p-values of the family (``comparisons[i]["p"]``, ``["primary"]``); None where p is None."""
-    idx = [i for i, c in enumerate(comparisons) if c.get("p") is not None]
+    """Adjusted p-values of the comparisons (``comparisons[i]["p"]``, ``["primary"]``), each family
+    (``["family"]``: :data:`FAMILY_FULL` by default, :data:`FAMILY_BASE`) controlled on its own; None where p is
+    None."""
     out: list[Optional[float]] = [None] * len(comparisons)
-    if not idx:
-        return out
-    ps = [float(comparisons[i]["p"]) for i in idx]
-    if method == "bh":
-        vals = adjust(ps, "bh")
-    elif method == "holm":
-        w, g = _gate_graph([bool(comparisons[i].get("primary")) for i in idx])
-        vals = graph_adjusted(ps, w, g)
-    else:
-        raise ValueError(f"report.adjust={method!r}: holm or bh")
-    for i, v in zip(idx, vals):
-        out[i] = v
+    for fam in dict.fromkeys(c.get("family", FAMILY_FULL) for c in comparisons):
+        idx = [i for i, c in enumerate(comparisons)
+               if c.get("p") is not None and c.get("family", FAMILY_FULL) == fam]
+        if not idx:
+            continue
+        ps = [float(comparisons[i]["p"]) for i in idx]
+        if method == "bh":
+            vals = adjust(ps, "bh")
+        elif method == "holm":
+            w, g = _gate_graph([bool(comparisons[i].get("primary")) for i in idx])
+            vals = graph_adjusted(ps, w, g)
+        else:
+            raise ValueError(f"report.adjust={method!r}: holm or bh")
+        for i, v in zip(idx, vals):
+            out[i] = v
     return out
 
 
@@ -136,7 +148,8 @@ def decide(comparisons: list[dict], method: str = "holm", alpha: float = ALPHA) 
     out = []
     for c, pa in zip(comparisons, adjusted(comparisons, method)):
         sign = None if pa is None else (0 if pa >= alpha or not c.get("delta") else (1 if c["delta"] > 0 else -1))
-        out.append({**c, "p_adj": pa, "sign": sign, "role": "primary" if c.get("primary") else "secondary"})
+        out.append({**c, "p_adj": pa, "sign": sign, "role": "primary" if c.get("primary") else "secondary",
+                    "family": c.get("family", FAMILY_FULL)})
     return out
 
 
@@ -164,13 +177,13 @@ def best_row(values: dict[str, float], pair_p, alpha: float = ALPHA, higher_is_b
 NOISE = {
     "exact McNemar + score interval": ("question sampling only (one run per row: two checkpoints on the same "
                                        "questions, not two strategies)"),
-    "runs pooled + documents": ("run-to-run noise (a strategy claim: the run variance pooled over every run of the "
-                                "sweep, one variance for all plans, t on its df) and document sampling of the held-out "
-                                "set (blocks averaged over a row's runs, documents as clusters)"),
-    "runs pooled + questions": ("run-to-run noise (a strategy claim: the run variance pooled over every run of the "
-                                "sweep, one variance for all plans, t on its df) and question sampling (each "
-                                "question's share right over a row's runs)"),
-    "runs pooled": "run-to-run noise pooled over the sweep's runs (a strategy claim) on a fixed question set",
+    "runs per plan + documents": ("run-to-run noise (a strategy claim: each plan's own run variance, Welch-"
+                                  "Satterthwaite df; not assumed equal across plans) and document sampling of the "
+                                  "held-out set (blocks averaged over a row's runs, documents as clusters)"),
+    "runs per plan + questions": ("run-to-run noise (a strategy claim: each plan's own run variance, Welch-"
+                                  "Satterthwaite df; not assumed equal across plans) and question sampling (each "
+                                  "question's share right over a row's runs)"),
+    "runs per plan": "run-to-run noise, each plan's own run variance (a strategy claim) on a fixed question set",
     "t over seeds": "seed noise on a fixed question set (no per-question records)",
     "t over documents": ("document sampling of the held-out set only (the blocks of a document taken as one unit; "
                          "one run per row: two checkpoints, not two strategies)"),
@@ -189,16 +202,22 @@ def method_words(method: str, alpha: float = ALPHA) -> str:
                 f"<= {alpha:g} (false-discovery rate, not family-wise)")
     return (f"Holm with a gate (graphical procedure): the primary comparison across rows first, then the "
             f"secondary ones with the alpha the rejected primaries pass on; family-wise error <= {alpha:g} "
-            f"over every ▲ / ▼ of the sweep")
+            f"over every ▲ / ▼ of the family")
 
 
 def legend(methods: Sequence[str], primary: Optional[str], adjust_method: str = "holm", alpha: float = ALPHA,
-           family_size: int = 0) -> list[str]:
-    """The legend lines: what the marks mean, the primary comparison, and the noise each interval covers."""
-    lines = [f"▲ / ▼ = better / worse than full after multiplicity control ({method_words(adjust_method, alpha)}; "
-             f"{family_size} comparisons in the family); an interval excluding 0 without a mark is not a finding.",
-             f"Primary comparison (pre-declared, report.primary): {primary or 'none (all comparisons secondary)'}; "
-             "every other comparison is secondary and exploratory."]
+           family_size: int = 0, base_size: int = 0) -> list[str]:
+    """The legend lines: what the marks mean in each family, the primary comparison, and the noise each interval
+    covers. ``family_size``: comparisons against full; ``base_size``: against base (their own family)."""
+    lines = [f"▲ / ▼ in a Δ vs full column: family 'vs full', better / worse than full after multiplicity control "
+             f"({method_words(adjust_method, alpha)} of that family; {family_size} comparisons); an interval "
+             "excluding 0 without a mark is not a finding."]
+    if base_size:
+        lines.append(f"▲ / ▼ in a gain / forgetting column: family 'vs base', better / worse than the untrained model, "
+                     f"its own error control ({adjust_method}, error <= {alpha:g} over its {base_size} comparisons), "
+                     "decided whether or not any plan beats full.")
+    lines += [f"Primary comparison (pre-declared, report.primary): {primary or 'none (all comparisons secondary)'}; "
+              "every other comparison is secondary and exploratory."]
     for m in dict.fromkeys(m for m in methods if m):
         lines.append(f"[{m}] 95% interval covers {NOISE.get(m, 'the noise its method names')}.")
     return lines

@@ -7,19 +7,18 @@ from raycpt.errors import RaycptError
 from raycpt.strategies.apply import stack_of
 from raycpt.strategies.lisa import lisa_period
 from raycpt.strategies.plan import LayerPlan
-from raycpt.strategies.registry import PLANS, _check_layer
+from raycpt.strategies.registry import PLANS, check_layer
 
 
-def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=None) -> LayerPlan:
+def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=None, seed=None) -> LayerPlan:
     """Turn ``cfg.plan`` into a :class:`LayerPlan` for a model with ``num_layers`` decoder layers
-    (``max_steps``: ``train.max_steps``, which LISA's period is checked against or derived from).
+    (``max_steps``: ``train.max_steps``, which LISA's period is checked against or derived from; ``seed``:
+    ``train.seed``, LISA's draws' seed unless ``plan.lisa_seed`` is set).
 
     Raises RaycptError (one line) for an unknown plan, layers out of range, a split with an empty
     side, or a plan in which nothing trains."""
     name = pcfg.name
-    if name not in PLANS:
-        raise RaycptError(f"unknown plan {name!r}: use one of {', '.join(PLANS)}")
-    spec = PLANS[name](pcfg, num_layers)
+    spec = PLANS.get(name)(pcfg, num_layers)  # an unknown name: one line naming the registered plans
     layers = tuple(sorted(set(int(i) for i in spec.layers)))
     notes = list(spec.notes)
     emb = pcfg.train_embeddings if spec.train_embeddings is None else spec.train_embeddings
@@ -39,7 +38,7 @@ def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=N
         notes.append("tied embeddings: the input embeddings and the LM head are one shared matrix")
     scales = dict(spec.lr_scales)
     for key, s in (pcfg.lr_scales or {}).items():
-        i = _check_layer(key, num_layers, "plan.lr_scales layer")
+        i = check_layer(key, num_layers, "plan.lr_scales layer")
         if i not in layers:
             notes.append(f"lr scale x{s:g} for layer {i} ignored: that layer is frozen")
             continue
@@ -50,10 +49,10 @@ def build_plan(pcfg, num_layers: int, tied_embeddings: bool = False, max_steps=N
     return LayerPlan(name=name, num_layers=num_layers, trainable_layers=layers, lr_scales=scales,
                      train_embeddings=bool(emb), train_final_norm=bool(norm), train_head=bool(head),
                      tied_embeddings=bool(tied_embeddings), notes=tuple(notes), matrices=dict(spec.matrices),
-                     **_extras(pcfg, name, layers, max_steps))
+                     **_extras(pcfg, name, layers, max_steps, seed))
 
 
-def _extras(pcfg, name: str, layers, max_steps=None) -> dict:
+def _extras(pcfg, name: str, layers, max_steps=None, seed=None) -> dict:
     """The adapter and LISA fields of a plan (none for a plain plan): LoRA's alpha (null: 2r) and rsLoRA switch,
     LISA's period (:func:`raycpt.strategies.lisa.lisa_period`)."""
     out: dict = {}
@@ -69,7 +68,7 @@ def _extras(pcfg, name: str, layers, max_steps=None) -> dict:
         if pcfg.lr_scales:
             raise RaycptError("plan.lr_scales with plan.name=lisa: LISA trains every layer at lr x1")
         out.update(lisa_layers=int(pcfg.lisa_layers), lisa_interval=lisa_period(pcfg.lisa_interval, max_steps),
-                   lisa_seed=int(pcfg.lisa_seed))
+                   lisa_seed=int(pcfg.lisa_seed if pcfg.lisa_seed is not None else (seed or 0)))
     return out
 
 

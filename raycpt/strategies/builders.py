@@ -10,7 +10,7 @@ from raycpt.errors import RaycptError
 from raycpt.models.expansion import expand_positions
 from raycpt.splits import check_split, rule_line
 from raycpt.strategies.rankings import read_ranking
-from raycpt.strategies.registry import PlanSpec, _check_layer, register_plan
+from raycpt.strategies.registry import PlanSpec, check_layer, register_plan
 
 
 @register_plan("full")
@@ -64,12 +64,12 @@ def _blocks(pcfg, n: int) -> PlanSpec:
 
 @register_plan("layers")
 def _layers(pcfg, n: int) -> PlanSpec:
-    return PlanSpec(sorted({_check_layer(i, n, "plan.layers") for i in pcfg.layers}))
+    return PlanSpec(sorted({check_layer(i, n, "plan.layers") for i in pcfg.layers}))
 
 
 @register_plan("single")
 def _single(pcfg, n: int) -> PlanSpec:
-    return PlanSpec([_check_layer(pcfg.layer, n, "plan.layer")])
+    return PlanSpec([check_layer(pcfg.layer, n, "plan.layer")])
 
 
 @register_plan("middle")
@@ -147,7 +147,7 @@ def _spectrum(pcfg, n: int) -> PlanSpec:
     chosen: dict[int, list[str]] = {}
     for m in pcfg.matrices:
         layer, _, module = str(m).partition(".")
-        chosen.setdefault(_check_layer(int(layer), n, "plan.matrices layer"), []).append(module)
+        chosen.setdefault(check_layer(int(layer), n, "plan.matrices layer"), []).append(module)
     if not chosen:
         raise RaycptError("plan.matrices is empty: the spectrum plan trains the matrices it names (raycpt sweep "
                           "--budget fills it from Spectrum's per-type SNR selection)")

@@ -10,7 +10,7 @@ from typing import Optional
 
 from raycpt.errors import RaycptError, read_user_text
 from raycpt.io import atomic_write_json
-from raycpt.strategies.registry import _check_layer
+from raycpt.strategies.registry import check_layer
 
 
 RANKING_FORMAT = "raycpt.layer-ranking/1"
@@ -34,7 +34,7 @@ def write_ranking(path, model: str, num_layers: int, scores: dict[int, float], m
 
     rows = []
     for i, s in sorted(((int(i), s) for i, s in scores.items()), key=key):
-        _check_layer(i, num_layers, "ranking layer")
+        check_layer(i, num_layers, "ranking layer")
         rows.append({"layer": i, "score": None if s is None or not math.isfinite(float(s)) else float(s)})
     doc = {"format": RANKING_FORMAT, "model": model, "num_layers": int(num_layers), "metric": metric,
            "ranking": rows}
@@ -68,7 +68,7 @@ def read_ranking(path, num_layers: Optional[int] = None) -> dict:
         if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))):
             raise RaycptError(f"ranking file {p}: layer {i} has score {s!r}; expected a number or null")
         if limit is not None:
-            _check_layer(i, limit, f"ranking file {p.name}: layer")
+            check_layer(i, limit, f"ranking file {p.name}: layer")
         if i in seen:
             raise RaycptError(f"ranking file {p}: layer {i} is listed twice")
         seen.add(i)

@@ -1,7 +1,7 @@
 """FSDP2 that trains exactly the plan, on CPU: 2 gloo processes run raycpt's own loop and wrapping.
 
-The processes are started with ``torch.multiprocessing`` (:mod:`raycpt.train.gloo`); each runs
-:func:`raycpt.train.loop.run_loop` with :func:`raycpt.train.parallel.wrap_model`, the same code a Ray
+The processes are started with ``torch.multiprocessing`` (:mod:`raycpt.train.worker.gloo`); each runs
+:func:`raycpt.train.worker.loop.run_loop` with :func:`raycpt.train.worker.parallel.wrap_model`, the same code a Ray
 Train worker runs (Ray only starts processes and the process group). Every expected value comes from
 somewhere else than the code under test: the base weights on disk, a DDP run of the same plan, an
 uninterrupted run, the float32 masters' own bits.
@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from raycpt.config import config_to_dict, load_config
 from raycpt.strategies import apply_plan, build_plan
-from raycpt.train.gloo import run_jobs, spawn
+from raycpt.train.worker.gloo import run_jobs, spawn
+from worker_specs import worker_spec
 
 
 PLANS = {
@@ -61,7 +62,7 @@ def _job(root: Path, name: str, model: Path, plan: dict, *, distributed="fsdp", 
     p = build_plan(cfg.plan, 4, tied_embeddings=True)
     config = {"cfg": config_to_dict(cfg), "model_path": str(model), "plan": p.to_dict(), "run_dir": str(root / name),
               "torch_threads": 1, "resume_from": resume_from, "faults": faults, "evaluate": evaluate}
-    return {"config": config, "blocks": str(root / "blocks.npy"), "checkpoint_root": str(root / name / "ckpts"),
+    return {"spec": worker_spec(config), "blocks": str(root / "blocks.npy"), "checkpoint_root": str(root / name / "ckpts"),
             "out": str(root / f"{name}.json")}
 
 
@@ -95,7 +96,7 @@ def runs(tmp_path_factory):
                      resume_from=str(root / "bf16" / "ckpts" / "checkpoint_000002")))
     jobs.append(_job(root, "ddp-to-fsdp", models["qwen3"], deep,
                      resume_from=str(root / "ddp-qwen3-train_deep" / "ckpts" / "checkpoint_000002")))
-    from raycpt.train.worker_eval import EvalRequest
+    from raycpt.train.worker.evaluation import EvalRequest
 
     jobs.append(_job(root, "bf16-eval", models["llama"], PLANS["train_shallow"], precision="bf16", steps=2, every=2,
                      evaluate=EvalRequest(out_dir=str(root / "bf16-eval" / "eval"), name="trial")))
@@ -241,9 +242,9 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
     checkpoint's dtype) gives the same per-question log-probabilities as evaluating the published folder, by
     final_evaluation and by `raycpt eval`."""
     from raycpt.config import config_from_dict
-    from raycpt.train.publish import publish_model
-    from raycpt.train.final_eval import final_evaluation, saved_dtype
-    from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
+    from raycpt.train.driver.publish import publish_model
+    from raycpt.train.driver.final_eval import final_evaluation, saved_dtype
+    from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
 
     root, _ = runs
     got = json.loads((root / "bf16-eval" / "eval" / EVAL_RESULT_FILE).read_text())
@@ -266,8 +267,7 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
 def test_on_a_restart_only_rank_0_reads_the_checkpoints(monkeypatch, tmp_path):
     import ray.train
 
-    from raycpt.train import session as loop
-
+    from raycpt.train.worker import session as loop
     calls = []
     monkeypatch.setattr(loop, "verify_checkpoint", lambda d: calls.append(d))
     monkeypatch.setattr(loop, "find_checkpoints", lambda root: calls.append(root) or [])

@@ -18,12 +18,12 @@ def _state(folder):
 
 
 def test_local_mode_same_losses_reference_publish_and_resume_after_finish(ray_local, tmp_path, tiny_dir):
-    from raycpt.train.launch import run_training
+    from train_runs import train_command
 
     base = _base(tmp_path, tiny_dir, num_workers=1, max_steps=4, checkpoint_every=2)
-    group = run_training(load_config(None, base + ["name=group"]))
+    group = train_command(load_config(None, base + ["name=group"]))
     lean = base + ["name=local", "train.publish=reference", "train.keep_finished_checkpoints=false"]
-    local = run_training(load_config(None, lean), in_process=True)
+    local = train_command(load_config(None, lean), in_process=True)
 
     assert local.steps == group.steps == [1, 2, 3, 4]
     assert local.losses == group.losses  # the same loop, the same threads: the same floats
@@ -40,5 +40,5 @@ def test_local_mode_same_losses_reference_publish_and_resume_after_finish(ray_lo
     links = sorted(p.name for p in local.final_model_dir.iterdir() if p.is_symlink())
     assert links == ["layer-000.safetensors", "layer-001.safetensors", "rest.safetensors"]  # train_deep of 4 layers
 
-    again = run_training(load_config(None, lean), resume=True, in_process=True)
+    again = train_command(load_config(None, lean), resume=True, in_process=True)
     assert again.reused and again.losses == local.losses and again.final_model_dir == local.final_model_dir

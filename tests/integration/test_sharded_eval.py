@@ -23,8 +23,8 @@ def _corpus(path: Path, n: int = 120) -> Path:
 def test_two_workers_evaluate_shards_with_one_workers_predictions(ray_local, tmp_path, tiny_dir):
     from raycpt.evaluate import evaluate_model
     from raycpt.models.sources import load_model
-    from raycpt.train.launch import run_training
-    from raycpt.train.worker_eval import EVAL_RESULT_FILE, EvalRequest
+    from train_runs import train_command
+    from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
 
     corpus = _corpus(tmp_path / "corpus.jsonl")
     cfg = load_config(None, [f"model.ref={tiny_dir}", f"data.corpus=[{corpus}]", "data.seq_len=32",
@@ -34,7 +34,7 @@ def test_two_workers_evaluate_shards_with_one_workers_predictions(ray_local, tmp
                              "eval.limit=9", "eval.batch_size=4", "eval.max_gen_toks=4"])
     ecfg = cfg.eval
     out = tmp_path / "eval"
-    res = run_training(cfg, evaluate=EvalRequest(out_dir=str(out), name="trial"))
+    res = train_command(cfg, evaluate=EvalRequest(out_dir=str(out), name="trial"))
     got = json.loads((out / EVAL_RESULT_FILE).read_text())
     model, tok = load_model(str(res.final_model_dir), dtype="float32", device="cpu")
     one = evaluate_model(model, ecfg, tokenizer=tok)

@@ -31,7 +31,7 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     import mlflow
 
     from raycpt.jobs.sweep import run_sweep
-    from raycpt.report.sweep_stats import summary_table
+    from raycpt.report.sweep.cells import summary_table
 
     # the first 50 documents train; 10 after them give every trial's held-out loss
     # sweep.keep_checkpoints: the store check below reads each finished trial's checkpoints (a finished trial
@@ -146,8 +146,8 @@ def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, 
     from transformers import AutoModelForCausalLM
 
     from raycpt.evaluate import evaluate_model
-    from raycpt.train.final_eval import final_evaluation
-    from raycpt.train.worker_eval import EvalRequest
+    from raycpt.train.driver.final_eval import final_evaluation
+    from raycpt.train.worker.evaluation import EvalRequest
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir)
     blocks = [[(7 * i + j) % 50 + 3 for j in range(16)] for i in range(3)]

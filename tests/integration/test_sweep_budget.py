@@ -16,7 +16,7 @@ def _cfg(tmp_path, tiny_dir, budget):
 
 def test_budget_trials_train_what_they_promise(tiny_dir, tmp_path):
     from raycpt.jobs.sweep import prepare, trial_config
-    from raycpt.train.prepare import prepare_plan
+    from raycpt.train.driver.prepare import prepare_plan
     from tiny import tiny_model
 
     model = tiny_model("llama", num_layers=4)  # save_tiny's model

@@ -30,7 +30,7 @@ def test_sigkill_driver_then_resume(tmp_path, tiny_dir):
     import mlflow
 
     from raycpt.config import save_config
-    from raycpt.train.manifest import checkpoint_step
+    from raycpt.train.ckpt.manifest import checkpoint_step
 
     cfg = tiny_sweep_config(tmp_path, tiny_dir, ["sweep.trace_first=false", "train.max_steps=6",
                                                  "train.checkpoint_every=2"])

@@ -121,7 +121,7 @@ def test_trace_cli_prints_table(ray_local, tiny_dir, tmp_path, monkeypatch, caps
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--prompts", "BAD"], "line 2: not valid JSON"),
+    (["--prompts", "BAD"], "line 2 is not JSON"),
     (["--prompts", "EMPTY"], "is empty"),
     (["--splits", "1.5"], "strictly between 0 and 1"),
     (["--splits", "0.5,0"], "strictly between 0 and 1"),

@@ -44,11 +44,11 @@ def _statuses(run_root: Path) -> list[str]:
 
 
 def test_worker_sigkill_resumes_with_identical_losses(ray_local, tmp_path, tiny_dir):
-    from raycpt.train.launch import run_training
+    from train_runs import train_command
 
     base = _base(tmp_path, tiny_dir)
-    clean = run_training(load_config(None, base + ["name=clean"]))
-    killed = run_training(load_config(None, base + ["name=killed"]), faults={"sigkill_rank": 1, "sigkill_step": 5})
+    clean = train_command(load_config(None, base + ["name=clean"]))
+    killed = train_command(load_config(None, base + ["name=killed"]), faults={"sigkill_rank": 1, "sigkill_step": 5})
     assert clean.steps == killed.steps == [1, 2, 3, 4, 5, 6]
     a, b = np.array(clean.losses), np.array(killed.losses)
     assert np.max(np.abs(a - b) / np.abs(a)) <= 1e-5
@@ -76,7 +76,7 @@ def test_cli_resume_after_driver_sigkill(ray_local, tmp_path, tiny_dir):
     runs = tmp_path / "runs"
     try:
         deadline = time.time() + 900  # a contended 2-core machine can take minutes to start the run
-        from raycpt.train.manifest import find_checkpoints
+        from raycpt.train.ckpt.manifest import find_checkpoints
 
         while time.time() < deadline and p.poll() is None:
             if any(len(find_checkpoints(d / "ray")) >= 2 for d in runs.glob("train-default-*")):
@@ -92,7 +92,7 @@ def test_cli_resume_after_driver_sigkill(ray_local, tmp_path, tiny_dir):
     (run_dir,) = list(runs.glob("train-default-*"))
     assert not (run_dir / "final_model").exists()
     first_run_id = json.loads((run_dir / "state.json").read_text())["mlflow_run_id"]
-    from raycpt.train.manifest import find_checkpoints
+    from raycpt.train.ckpt.manifest import find_checkpoints
 
     (older_step, _), (_, newest) = find_checkpoints(run_dir / "ray")[-2:]
     weights = newest / "model" / "model.safetensors"
@@ -161,10 +161,10 @@ def test_worker_kill9_from_outside_resumes_exactly_with_one_mlflow_point_per_ste
     import psutil
     import ray
 
-    from raycpt.train.launch import run_training
+    from train_runs import train_command
 
     base = _base(tmp_path, tiny_dir, max_steps=10, checkpoint_every=2)
-    clean = run_training(load_config(None, base + ["name=clean"]))
+    clean = train_command(load_config(None, base + ["name=clean"]))
     address = ray.get_runtime_context().gcs_address
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAYCPT_FAULTS": json.dumps({"step_sleep": 0.5})}  # pacing only
     exe = Path(sys.executable).with_name("raycpt")
@@ -249,12 +249,12 @@ def test_lora_on_ray_train_two_workers_resumes_exactly_and_publishes_merged_weig
     import torch
     from safetensors.torch import load_file
 
-    from raycpt.train.launch import run_training
+    from train_runs import train_command
 
     base = _base(tmp_path, tiny_dir) + ["plan.name=blocks", "plan.pattern=0110", "plan.adapter=lora",
                                         "plan.lora_rank=4", "train.lr=1e-2"]
-    clean = run_training(load_config(None, base + ["name=lora-clean"]))
-    killed = run_training(load_config(None, base + ["name=lora-killed"]), faults={"sigkill_rank": 1,
+    clean = train_command(load_config(None, base + ["name=lora-clean"]))
+    killed = train_command(load_config(None, base + ["name=lora-killed"]), faults={"sigkill_rank": 1,
                                                                                    "sigkill_step": 5})
     assert clean.steps == killed.steps == [1, 2, 3, 4, 5, 6]
     a, b = np.array(clean.losses), np.array(killed.losses)
@@ -270,12 +270,12 @@ def test_lora_on_ray_train_two_workers_resumes_exactly_and_publishes_merged_weig
 
 @pytest.mark.slow  # ~5 min each; the loop-level resume tests in tests/unit/test_lora.py, test_lisa.py run in CI
 def test_lisa_on_ray_train_resumes_a_killed_worker_to_the_same_losses(ray_local, tmp_path, tiny_dir):
-    from raycpt.train.launch import run_training
+    from train_runs import train_command
 
     base = _base(tmp_path, tiny_dir, num_workers=1, cpus_per_worker=1) + [
         "plan.name=lisa", "plan.lisa_layers=2", "plan.lisa_interval=3", "train.lr=1e-2"]
-    clean = run_training(load_config(None, base + ["name=lisa-clean"]))
-    killed = run_training(load_config(None, base + ["name=lisa-killed"]), faults={"sigkill_step": 5})
+    clean = train_command(load_config(None, base + ["name=lisa-clean"]))
+    killed = train_command(load_config(None, base + ["name=lisa-killed"]), faults={"sigkill_step": 5})
     assert clean.steps == killed.steps == [1, 2, 3, 4, 5, 6]
     assert clean.losses == killed.losses  # one worker, the same draws: bitwise
     events = read_events(killed.run_dir / "train_metrics.jsonl")

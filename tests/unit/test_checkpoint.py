@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from raycpt.errors import RaycptError
-from raycpt.train.checkpoint import json_safe, read_train_state
-from raycpt.train.manifest import STATE_PT, find_checkpoints, verify_checkpoint
-from raycpt.train.publish import publish_model, verify_model_folder
-from raycpt.train.callbacks import StepCallback
-from raycpt.train.loop import run_loop
-from raycpt.train.session import LocalSession
+from raycpt.train.ckpt.checkpoint import json_safe, read_train_state
+from raycpt.train.ckpt.manifest import STATE_PT, find_checkpoints, verify_checkpoint
+from raycpt.train.driver.publish import publish_model, verify_model_folder
+from raycpt.train.worker.callbacks import StepCallback
+from raycpt.train.worker.loop import run_loop
+from raycpt.train.worker.session import LocalSession
+from worker_specs import worker_spec
 from test_train_loop import _blocks, _loop_config
 
 
@@ -26,7 +27,7 @@ from test_train_loop import _blocks, _loop_config
 def finished(tiny_dir, tmp_path):
     cfg = _loop_config(tiny_dir, tmp_path / "a", dict(name="train_deep", split=0.5), max_steps=4, checkpoint_every=2,
                        lr=0.01, micro_batch_size=2)
-    out = run_loop(cfg, LocalSession(_blocks(), tmp_path / "a" / "ckpts"))
+    out = run_loop(worker_spec(cfg), LocalSession(_blocks(), tmp_path / "a" / "ckpts"))
     assert out["status"]["status"] == "finished"
     return cfg, out, tmp_path / "a" / "ckpts"
 
@@ -86,7 +87,7 @@ def test_bf16_checkpoint_has_bf16_weights_float32_master_and_resumes_exactly(tin
 
     common = dict(max_steps=4, checkpoint_every=2, lr=0.01, micro_batch_size=2, precision="bf16")
     cfg = _loop_config(tiny_dir, tmp_path / "a", dict(name="train_deep", split=0.5), **common)
-    full = run_loop(cfg, LocalSession(_blocks(), tmp_path / "a" / "ckpts"))
+    full = run_loop(worker_spec(cfg), LocalSession(_blocks(), tmp_path / "a" / "ckpts"))
     c2 = tmp_path / "a" / "ckpts" / "checkpoint_000002"
     w = load_file(str(c2 / "model" / "model.safetensors"))
     assert {v.dtype for v in w.values()} == {torch.bfloat16}
@@ -99,7 +100,7 @@ def test_bf16_checkpoint_has_bf16_weights_float32_master_and_resumes_exactly(tin
     assert next(m.parameters()).dtype == torch.bfloat16
     cfg_b = copy.deepcopy(cfg)
     cfg_b.update(run_dir=str(tmp_path / "b"), resume_from=str(c2))
-    resumed = run_loop(cfg_b, LocalSession(_blocks(), tmp_path / "b" / "ckpts"))
+    resumed = run_loop(worker_spec(cfg_b), LocalSession(_blocks(), tmp_path / "b" / "ckpts"))
     assert resumed["losses"] == full["losses"]  # master weights kept: the resume is bitwise exact
     ma = read_train_state(tmp_path / "a" / "ckpts" / "checkpoint_000004")["master"]
     mb = read_train_state(tmp_path / "b" / "ckpts" / "checkpoint_000004")["master"]
@@ -122,7 +123,7 @@ def test_nonfinite_weights_are_never_checkpointed(tiny_dir, tmp_path):
     cfg = _loop_config(tiny_dir, tmp_path, dict(name="train_shallow", split=0.5), max_steps=4, checkpoint_every=1,
                        lr=0.01, micro_batch_size=2)
     cfg["callbacks"] = [_Poison()]
-    out = run_loop(cfg, LocalSession(_blocks(), tmp_path / "ckpts"))
+    out = run_loop(worker_spec(cfg), LocalSession(_blocks(), tmp_path / "ckpts"))
     from transformers import AutoModelForCausalLM
 
     n = sum(v.is_floating_point() for v in AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict().values())

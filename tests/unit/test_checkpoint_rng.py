@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raycpt.train.rng import rng_state, set_rng_state
+from raycpt.train.ckpt.rng import rng_state, set_rng_state
 
 
 def _fake_cuda(monkeypatch, visible: int) -> list:

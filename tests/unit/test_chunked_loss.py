@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from raycpt.strategies import apply_plan, build_plan
-from raycpt.train.loss import chunked_lm_loss, chunked_supported, model_loss, plain_lm_loss, shift_labels
+from raycpt.train.worker.loss import chunked_lm_loss, chunked_supported, model_loss, plain_lm_loss, shift_labels
 from tiny import tiny_model
 
 RTOL = 1e-5

@@ -92,7 +92,7 @@ def test_cli_bad_store_exits_2_with_one_line(tmp_path, uri):
 
 
 def test_step_system_metrics_cover_the_window():
-    from raycpt.train.sysmetrics import StepSystemMetrics
+    from raycpt.train.worker.sysmetrics import StepSystemMetrics
 
     sm = StepSystemMetrics()
     t_end = time.time() + 0.5

@@ -35,10 +35,11 @@ def test_drift_callback_in_training_loop_single_layer(tiny_dir, tmp_path):
 
     from raycpt.config import ExperimentConfig, PlanConfig, TrainConfig, config_to_dict
     from raycpt.diagnostics.drift import probe_ids
-    from raycpt.train.callbacks import DriftCallback
+    from raycpt.train.worker.callbacks import DriftCallback
     from raycpt.strategies import build_plan
-    from raycpt.train.loop import run_loop
-    from raycpt.train.session import LocalSession
+    from raycpt.train.worker.loop import run_loop
+    from worker_specs import worker_spec
+    from raycpt.train.worker.session import LocalSession
 
     cfg = ExperimentConfig(train=TrainConfig(max_steps=4, micro_batch_size=2, lr=1e-2, warmup_ratio=0.0,
                                              checkpoint_every=4, drift_every=2),
@@ -50,8 +51,8 @@ def test_drift_callback_in_training_loop_single_layer(tiny_dir, tmp_path):
     blocks = np.random.default_rng(0).integers(4, 120, size=(16, 16))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    run_loop({"cfg": config_to_dict(cfg), "model_path": str(tiny_dir), "plan": plan.to_dict(),
-              "run_dir": str(run_dir), "mlflow": None, "torch_threads": 1, "callbacks": [cb]},
+    run_loop(worker_spec({"cfg": config_to_dict(cfg), "model_path": str(tiny_dir), "plan": plan.to_dict(),
+              "run_dir": str(run_dir), "mlflow": None, "torch_threads": 1, "callbacks": [cb]}),
              LocalSession(blocks, tmp_path / "ckpts"))
     hist = json.loads((run_dir / "drift.json").read_text())
     assert [h["step"] for h in hist] == [0, 2, 4]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raycpt.config import load_config
-from raycpt.train.final_eval import saved_dtype, saved_model_load
+from raycpt.train.driver.final_eval import saved_dtype, saved_model_load
 
 EVAL = ["eval.tasks=[wordnet_mc]", "eval.modes=[logit]", "eval.limit=6", "eval.batch_size=4"]
 
@@ -24,7 +24,7 @@ def published_bf16(tmp_path_factory):
     model = tiny_model("llama").to(torch.bfloat16)
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
-    from raycpt.train.manifest import write_manifest
+    from raycpt.train.ckpt.manifest import write_manifest
 
     write_manifest(path, step=0, finite=True)  # a real manifest: raycpt eval verifies it (issue 27)
     return path
@@ -44,8 +44,8 @@ def test_saved_model_load_is_the_saved_dtype_on_the_reserved_device(published_bf
 def test_raycpt_eval_scores_the_saved_model_as_final_evaluation_does(published_bf16, tmp_path):
     from raycpt.evaluate import evaluate_model
     from raycpt.jobs.eval import _eval_remote, evaluate_checkpoints
-    from raycpt.train.final_eval import final_evaluation
-    from raycpt.train.worker_eval import EvalRequest
+    from raycpt.train.driver.final_eval import final_evaluation
+    from raycpt.train.worker.evaluation import EvalRequest
 
     cfg = load_config(None, EVAL)
     final, _ = final_evaluation(published_bf16, cfg.eval, EvalRequest(str(tmp_path / "final"), "trial"))

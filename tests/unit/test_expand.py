@@ -11,13 +11,15 @@ import transformers as T
 
 from raycpt.config import PlanConfig, config_to_dict, load_config
 from raycpt.errors import RaycptError
-from raycpt.models.hybrid_build import save_hybrid
-from raycpt.models.hybrid_expand import (build_expanded, expand_groups, expand_positions, expand_trainable_params,
+from raycpt.models.hybrid.build import save_hybrid
+from raycpt.models.expansion import expand_groups, expand_positions, expand_trainable_params
+from raycpt.models.hybrid.expand import (build_expanded,
                                          expanded_model_folder)
 from raycpt.strategies import apply_plan, build_plan, plan_for_model
-from raycpt.train.loop import run_loop
-from raycpt.train.session import LocalSession
-from raycpt.train.steps import make_optimizer, make_scheduler, train_step
+from raycpt.train.worker.loop import run_loop
+from worker_specs import worker_spec
+from raycpt.train.worker.session import LocalSession
+from raycpt.train.worker.steps import make_optimizer, make_scheduler, train_step
 from tiny import save_tiny
 
 
@@ -81,7 +83,7 @@ def test_after_a_step_only_the_new_blocks_changed(tmp_path):
 def test_the_launcher_builds_the_expanded_model_once_and_the_loop_trains_it(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYCPT_CACHE", str(tmp_path / "cache"))
     base_dir = save_tiny(tmp_path / "base", num_layers=4)
-    from raycpt.train.prepare import prepare_plan, resolve_model_path
+    from raycpt.train.driver.prepare import prepare_plan, resolve_model_path
 
     cfg = load_config(None, [f"model.ref={base_dir}", "data.seq_len=16", "plan.name=expand", "plan.expand_blocks=2",
                              "train.max_steps=3", "train.checkpoint_every=3", "train.lr=0.01",
@@ -98,12 +100,12 @@ def test_the_launcher_builds_the_expanded_model_once_and_the_loop_trains_it(tmp_
     assert counts["trainable"] == expand_trainable_params([sum(p.numel() for p in layer.parameters())
                                                            for layer in base.model.layers], 2)
     blocks = np.random.default_rng(0).integers(4, 128, size=(32, 16)).astype(np.int32)
-    out = run_loop({"cfg": config_to_dict(cfg), "model_path": path, "plan": plan.to_dict(),
-                    "run_dir": str(tmp_path / "run"), "torch_threads": 1},
+    out = run_loop(worker_spec({"cfg": config_to_dict(cfg), "model_path": path, "plan": plan.to_dict(),
+                    "run_dir": str(tmp_path / "run"), "torch_threads": 1}),
                    LocalSession(blocks, tmp_path / "ckpts"))
     assert out["status"]["status"] == "finished"
     from raycpt.data.stream import ArrayBlocks
-    from raycpt.train.loop import micro_batches
+    from raycpt.train.worker.loop import micro_batches
 
     _, ids = next(micro_batches(ArrayBlocks(blocks), cfg.data, 2, 0, 1, cfg.train.seed, skip=0))
     with torch.no_grad():  # the loop's first loss (expanded model, step 1) is the base model's on that batch

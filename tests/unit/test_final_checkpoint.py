@@ -9,11 +9,12 @@ import torch
 
 from raycpt.errors import RaycptError
 from raycpt.models.shards import TRAINED_FILE, ensure_base_shards
-from raycpt.train import manifest as ck
-from raycpt.train.checkpoint import read_train_state
-from raycpt.train.manifest import verify_checkpoint
-from raycpt.train.publish import publish_model, verify_model_folder
-from raycpt.train.loop import run_loop
+from raycpt.train.ckpt import manifest as ck
+from raycpt.train.ckpt.checkpoint import read_train_state
+from raycpt.train.ckpt.manifest import verify_checkpoint
+from raycpt.train.driver.publish import publish_model, verify_model_folder
+from raycpt.train.worker.loop import run_loop
+from worker_specs import worker_spec
 from test_publish_reference import _Blocks, _bits, _tensors
 from test_train_loop import _loop_config
 
@@ -23,7 +24,7 @@ COMMON = dict(max_steps=3, checkpoint_every=1, keep_checkpoints=3, lr=0.01, micr
 
 def _run(tiny_dir, root, shards, keep_finished: bool, **extra):
     cfg = _loop_config(tiny_dir, root, PLAN, **{**COMMON, "keep_finished_checkpoints": keep_finished, **extra})
-    out = run_loop(cfg, _Blocks(str(root / "ray" / "a1"), 3, str(shards)))
+    out = run_loop(worker_spec(cfg), _Blocks(str(root / "ray" / "a1"), 3, str(shards)))
     assert out["status"]["status"] == "finished"
     return out, root / "ray" / "a1"
 
@@ -53,12 +54,12 @@ def test_a_final_checkpoint_resumes_to_publish_but_not_to_train_on(tiny_dir, tmp
     drop, droot = _run(tiny_dir, tmp_path / "d", shards, keep_finished=False)
     cfg = _loop_config(tiny_dir, tmp_path / "r", PLAN, **{**COMMON, "keep_finished_checkpoints": False})
     cfg["resume_from"] = str(droot / "checkpoint_000003")
-    again = run_loop(cfg, _Blocks(str(tmp_path / "r" / "ray" / "a2"), 3, str(shards)))
+    again = run_loop(worker_spec(cfg), _Blocks(str(tmp_path / "r" / "ray" / "a2"), 3, str(shards)))
     assert again["status"]["status"] == "finished" and again["losses"] == drop["losses"]  # nothing trained again
     longer = _loop_config(tiny_dir, tmp_path / "l", PLAN, **{**COMMON, "max_steps": 5})
     longer["resume_from"] = str(droot / "checkpoint_000003")
     with pytest.raises(RaycptError, match="last .no optimizer state.: it cannot train on to train.max_steps=5"):
-        run_loop(longer, _Blocks(str(tmp_path / "l" / "ray" / "a2"), 3, str(shards)))
+        run_loop(worker_spec(longer), _Blocks(str(tmp_path / "l" / "ray" / "a2"), 3, str(shards)))
 
 
 def test_publish_by_link_shares_the_files_and_outlives_the_checkpoint(tiny_dir, tmp_path):
@@ -99,8 +100,8 @@ def test_a_checkpoint_just_written_is_not_hashed_again_until_a_file_changes(tiny
     _, root = _run(tiny_dir, tmp_path / "d", shards, keep_finished=False)
     ckpt = root / "checkpoint_000003"
     hashed = []
-    real = ck._sha256
-    monkeypatch.setattr(ck, "_sha256", lambda p: hashed.append(p) or real(p))
+    real = ck.sha256_file
+    monkeypatch.setattr(ck, "sha256_file", lambda p: hashed.append(p) or real(p))
     assert verify_checkpoint(ckpt) is None and hashed == []  # written by this process: its manifest stands
     f = ckpt / "model" / TRAINED_FILE
     data = bytearray(f.read_bytes())
@@ -122,7 +123,7 @@ def test_layer_l2_read_from_a_referencing_folder_equals_the_whole_models(tiny_di
     shards = ensure_base_shards(tiny_dir, tmp_path / "root" / "base_shards", "float32")
     cfg = _loop_config(tiny_dir, tmp_path / "root" / "t", dict(name="single", layer=2),
                        **{**COMMON, "keep_finished_checkpoints": False})
-    run_loop(cfg, _Blocks(str(tmp_path / "root" / "t" / "ray" / "a1"), 3, str(shards)))
+    run_loop(worker_spec(cfg), _Blocks(str(tmp_path / "root" / "t" / "ray" / "a1"), 3, str(shards)))
     dest = tmp_path / "root" / "t" / "final_model"
     publish_model(tmp_path / "root" / "t" / "ray" / "a1" / "checkpoint_000003", dest, base_shards=shards, link=True)
     fast = layer_l2_by_reference(dest, tiny_dir, 4)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from raycpt.evaluate.heldout import document_block_scores
-from raycpt.train.worker_eval import heldout_block_scores
+from raycpt.train.worker.evaluation import heldout_block_scores
 from tiny import tiny_model, tiny_tokenizer
 
 
@@ -32,7 +32,7 @@ def test_chunked_block_losses_equal_the_reference(arch):
 
 
 def test_a_model_goes_on_a_gpu_only_where_one_was_reserved():
-    from raycpt.train.final_eval import eval_device
+    from raycpt.train.driver.final_eval import eval_device
 
     assert eval_device(cuda_available=True, in_ray_worker=True, reserved_gpus=0) == "cpu"  # a CPU-only trial
     assert eval_device(cuda_available=True, in_ray_worker=True, reserved_gpus=1) == "cuda"

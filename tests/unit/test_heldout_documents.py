@@ -130,11 +130,11 @@ def test_a_tokenizer_that_puts_bos_first_gives_its_prefix():
 
 def test_an_evaluation_record_from_before_the_rule_is_not_reused():
     from raycpt.jobs.base_row import CACHE_VERSION
-    from raycpt.train.final_eval import current_definition
-    from raycpt.train.worker_eval import EvalRequest
+    from raycpt.train.driver.final_eval import current_definition
+    from raycpt.train.worker.evaluation import EvalRequest
 
     with_blocks = EvalRequest(out_dir="x", name="t", heldout_path="heldout.json")
     assert not current_definition({"heldout_loss": 4.53}, with_blocks)  # written by the packed definition
     assert current_definition({"heldout_loss": 4.65, "loss_definition": "per-document"}, with_blocks)
     assert current_definition({"questions": {}}, EvalRequest(out_dir="x", name="t"))  # no loss in it: any record
-    assert CACHE_VERSION >= 2  # the base row's cache key changed with the definition
+    assert CACHE_VERSION >= 3  # the base row's cache key changed with the definition

@@ -44,15 +44,15 @@ def donors(tmp_path_factory):
 
 
 def build(segments, head):
-    from raycpt.models.hybrid_build import build_hybrid
-    from raycpt.models.hybrid_plans import plan_hybrid
+    from raycpt.models.hybrid.build import build_hybrid
+    from raycpt.models.hybrid.plans import plan_hybrid
 
     return build_hybrid(plan_hybrid(segments, head))
 
 
 def shorthand(donor: str, placement: str, kind: str, depth: int = LAYERS, config=None):
-    from raycpt.models.hybrid_build import build_hybrid
-    from raycpt.models.hybrid_plans import plan_hybrid, shorthand_segments
+    from raycpt.models.hybrid.build import build_hybrid
+    from raycpt.models.hybrid.plans import plan_hybrid, shorthand_segments
 
     if config is None:  # short scan chunks: the pure-PyTorch Mamba2 scan pads every sequence to a chunk
         config = {"chunk_size": 16} if kind in ("mamba2", "nemotron_h") else {}
@@ -70,7 +70,7 @@ def load_donor(path):
 
 @pytest.mark.parametrize("placement", ["new_shallow", "new_deep"])
 def test_shorthands_place_new_and_donor_layers(donors, placement):
-    from raycpt.models.hybrid_plans import shorthand_segments
+    from raycpt.models.hybrid.plans import shorthand_segments
 
     segs = shorthand_segments(placement, donors["llama"], 30, 12, "mamba2")
     if placement == "new_shallow":  # new layers first (trained), the donor's DEEP layers after (frozen)
@@ -82,7 +82,7 @@ def test_shorthands_place_new_and_donor_layers(donors, placement):
 
 
 def test_segment_map_counts(donors):
-    from raycpt.models.hybrid_build import hybrid_plan, param_counts, segment_rows
+    from raycpt.models.hybrid.build import hybrid_plan, param_counts, segment_rows
 
     model, _ = shorthand(donors["llama"], "new_shallow", "mamba2")
     donor = load_donor(donors["llama"])
@@ -178,7 +178,7 @@ def test_copied_donor_layer_same_output_as_in_donor(donors):
 def test_save_load_identical_logits(donors, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from raycpt.models.hybrid_build import save_hybrid
+    from raycpt.models.hybrid.build import save_hybrid
 
     model, tok = shorthand(donors["llama"], "new_deep", "nemotron_h")
     folder = save_hybrid(model, tok, tmp_path / "hyb")
@@ -196,7 +196,7 @@ def test_save_load_identical_logits(donors, tmp_path):
 def test_fresh_process_loads_hybrid_without_remote_code(donors, tmp_path):
     """A new process that only imports ``raycpt.models`` (as Ray workers and lm-eval callers do)
     loads a saved hybrid with plain AutoModelForCausalLM; and importing it stays cheap."""
-    from raycpt.models.hybrid_build import save_hybrid
+    from raycpt.models.hybrid.build import save_hybrid
 
     model, tok = shorthand(donors["llama"], "new_shallow", "mamba2")
     folder = save_hybrid(model, tok, tmp_path / "hyb")
@@ -267,10 +267,11 @@ def test_generate_matches_naive_greedy_loop(donors, kind):
 def test_training_step_leaves_frozen_segments_bitwise_unchanged(donors, tmp_path):
     """Two optimizer steps of the project's training loop (no Ray) with the hybrid's plan."""
     from raycpt.config import ExperimentConfig, PlanConfig, TrainConfig, config_to_dict
-    from raycpt.models.hybrid_build import hybrid_plan, save_hybrid
+    from raycpt.models.hybrid.build import hybrid_plan, save_hybrid
     from raycpt.strategies import build_plan
-    from raycpt.train.loop import run_loop
-    from raycpt.train.session import LocalSession
+    from raycpt.train.worker.loop import run_loop
+    from worker_specs import worker_spec
+    from raycpt.train.worker.session import LocalSession
     from safetensors.torch import load_file
 
     model, tok = shorthand(donors["llama"], "new_shallow", "mamba2")
@@ -281,8 +282,8 @@ def test_training_step_leaves_frozen_segments_bitwise_unchanged(donors, tmp_path
                                              checkpoint_every=2))
     blocks = np.random.default_rng(0).integers(4, 128, size=(8, 16))
     session = LocalSession(blocks, tmp_path / "ckpts")
-    run_loop({"cfg": config_to_dict(cfg), "model_path": str(folder), "plan": plan.to_dict(), "run_dir": None,
-              "mlflow": None, "torch_threads": 1}, session)
+    run_loop(worker_spec({"cfg": config_to_dict(cfg), "model_path": str(folder), "plan": plan.to_dict(), "run_dir": None,
+              "mlflow": None, "torch_threads": 1}), session)
     ckpt = session.reports[-1][1]
     after = load_file(str(Path(ckpt) / "model" / "model.safetensors"))
     before = load_file(str(folder / "model.safetensors"))
@@ -297,7 +298,7 @@ def test_training_step_leaves_frozen_segments_bitwise_unchanged(donors, tmp_path
 # ------------------------------------------------------------------------------------------------ errors
 
 def test_bad_specs_raise_one_clear_error(donors):
-    from raycpt.models.hybrid_plans import plan_hybrid
+    from raycpt.models.hybrid.plans import plan_hybrid
 
     with pytest.raises(RaycptError, match="hidden size 64 .* has 32"):
         plan_hybrid([{"donor": donors["wide"], "layers": [0, 2]}], donors["llama"])
@@ -405,8 +406,8 @@ _MOE = {"chunk_size": 16, "layers_block_type": ["moe", "full_attention"], "n_rou
 def test_identity_init_first_loss_is_the_donor_layers_alone(donors, arch, placement, kind, config):
     """hybrid.init=identity: before training, the hybrid's loss equals that of a model made of its donor
     layers alone (rel. 1e-5); fresh init gives a different loss (the check can fail)."""
-    from raycpt.models.hybrid_build import build_hybrid
-    from raycpt.models.hybrid_plans import plan_hybrid, shorthand_segments
+    from raycpt.models.hybrid.build import build_hybrid
+    from raycpt.models.hybrid.plans import plan_hybrid, shorthand_segments
 
     if config is None:
         config = {"chunk_size": 16} if kind in ("mamba2", "nemotron_h") else {}
@@ -439,8 +440,8 @@ def test_identity_init_zeroes_only_the_residual_writes(donors):
 
 
 def shorthand_segments_build(donor, init):
-    from raycpt.models.hybrid_build import build_hybrid
-    from raycpt.models.hybrid_plans import plan_hybrid, shorthand_segments
+    from raycpt.models.hybrid.build import build_hybrid
+    from raycpt.models.hybrid.plans import plan_hybrid, shorthand_segments
 
     segs = shorthand_segments("new_shallow", donor, LAYERS, LAYERS, "mamba2", {"chunk_size": 16}, init_seed=3,
                               init=init)
@@ -449,7 +450,7 @@ def shorthand_segments_build(donor, init):
 
 def test_bad_init_is_one_line_exit_2(donors, tmp_path, capsys):
     from raycpt.entry import main
-    from raycpt.models.hybrid_plans import plan_hybrid
+    from raycpt.models.hybrid.plans import plan_hybrid
 
     cfg = _yaml(tmp_path, donors, {"depth": 4, "init": "zeros"})
     assert main(["hybrid", "build", cfg]) == 2

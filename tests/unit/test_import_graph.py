@@ -21,9 +21,9 @@ the code needs:
    ``jobs.info`` / ``jobs.data`` / ``jobs.sync``: the commands that run no experiment), each a ``Job``
    (``jobs/job.py``): ``prepare(cfg, options)`` -> ``execute(plan, run, options)``, run by ``run_job``.
 3. ``raycpt.train`` - the TorchTrainer launcher, the worker loop and its per-step callbacks (drift).
-4. ``raycpt.evaluate`` (and ``raycpt.evaluate_prefetch``, hub data fetched once on the driver) and
-   ``raycpt.tasks.utils`` - the lm-eval bridge (``tasks/utils.py`` is the
-   half lm-eval loads from the task YAMLs; it uses the bridge's answer extraction and question files).
+4. ``raycpt.evaluate`` (and ``raycpt.evaluate_prefetch``, hub data fetched once on the driver) - the lm-eval
+   bridge (``evaluate/hooks.py`` is the half lm-eval loads from the task YAMLs; it uses the bridge's answer
+   extraction and question files, so it lives inside the bridge and ``raycpt.tasks`` imports nothing above it).
    Above report (ARCHITECTURE.md drew it below): the bridge writes its per-question files with
    ``report.eval``, and no report needs the bridge.
 5. ``raycpt.report`` - plots, tables and progress bars from results (data in, files out); ``report.render``
@@ -71,7 +71,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt", "raycpt.__main__", "raycpt.entry", "raycpt.cli"),
     ("raycpt.jobs",),
     ("raycpt.train",),
-    ("raycpt.evaluate", "raycpt.evaluate_prefetch", "raycpt.tasks.utils"),
+    ("raycpt.evaluate", "raycpt.evaluate_prefetch"),
     ("raycpt.report",),
     ("raycpt.diagnostics",),
     ("raycpt.strategies",),
@@ -79,7 +79,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt.models",),
     ("raycpt.runs", "raycpt.tracking", "raycpt.runtime", "raycpt.worker_setup", "raycpt.cluster", "raycpt.ui"),
     ("raycpt.config", "raycpt.tasks"),
-    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress"),
+    ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress",
+     "raycpt.registry"),  # the leaf registry (issue 46 item 5): every layer above may register into it or read it
 )
 
 
@@ -216,7 +217,7 @@ def test_graph_reads_the_package():
     assert len(g) > 30, "the walker found too few modules"
     # spot checks against the source: a module-level import and a function-level one
     assert "raycpt.errors" in g["raycpt.config"]
-    assert "raycpt.train.loop" in g["raycpt.train.launch"]
+    assert "raycpt.train.worker.loop" in g["raycpt.train.driver.launch"]
     # the CLI table's lazy references: cli -> every job module its rows name
     assert {"raycpt.jobs.sweep", "raycpt.jobs.info", "raycpt.jobs.data", "raycpt.jobs.sync"} <= g["raycpt.cli"]
 
@@ -276,7 +277,7 @@ def test_checker_finds_a_cycle_and_an_upward_import(tmp_path):
     assert unlayered({**g, "other": set()}, SYNTHETIC_LAYERS) == ["other"]
 
 
-@pytest.mark.parametrize("module,layer", [("raycpt.cli", 0), ("raycpt.jobs.eval", 1), ("raycpt.tasks.utils", 3),
+@pytest.mark.parametrize("module,layer", [("raycpt.cli", 0), ("raycpt.jobs.eval", 1), ("raycpt.evaluate.hooks", 3),
                                           ("raycpt.report.eval", 4), ("raycpt.tasks", 10), ("raycpt.io", 11)])
 def test_longest_prefix_names_the_layer(module, layer):
     assert layer_of(module, LAYERS) == layer
@@ -316,7 +317,6 @@ LAZY_THIRD_PARTY: dict[str, str] = {
     "typer": "the CLI's: the library does not need it, usage.py reads its click's exception classes only to "
              "word a usage error",
     "click": "typer's click (older typer): read only to word a usage error, like typer",
-    "yaml": "config show in jobs/info.py (raycpt.config imports it at its top anyway)",
     "tokenizers": "the fast tokenizer backend: only in a corpus pack task",
     "sqlalchemy": "MLflow's SQL store: only when the SQLite store template is made",
 }
@@ -329,22 +329,22 @@ LAZY_STDLIB: dict[str, str] = {
 
 #: raycpt's own modules imported inside a function: "file:imported module" -> why not at the top
 LAZY_RAYCPT: dict[str, str] = {
-    "raycpt/models/__init__.py:raycpt.models.hybrid":
+    "raycpt/models/__init__.py:raycpt.models.hybrid.model":
         "the lazy registration of the hybrid model: runs when transformers' auto-model module loads; at the top "
         "`import raycpt` would import torch and transformers' modeling code",
-    "raycpt/models/__init__.py:raycpt.models.hybrid_config":
+    "raycpt/models/__init__.py:raycpt.models.hybrid.config":
         "the same for AutoConfig: the hybrid config class subclasses transformers' PretrainedConfig",
     "raycpt/strategies/apply.py:raycpt.models.stack":
         "`import raycpt` imports the plan registry and models.stack imports torch: stack_of() imports it with a "
         "model in hand (the one place the plans meet the model modules)",
     "raycpt/strategies/apply.py:raycpt.models.adapters":
         "models.adapters imports torch (see above): adapter_ids() runs with a model in hand",
-    "raycpt/report/render.py:raycpt.report.sweep_format":
+    "raycpt/report/render.py:raycpt.report.sweep.views.format":
         "render.py prints every command's result, light ones too (models list, config show): the sweep's tables "
         "import raycpt.stats, which imports numpy",
-    "raycpt/report/render.py:raycpt.report.sweep_rich": "as raycpt.report.sweep_format (numpy, for the sweep only)",
-    "raycpt/report/render.py:raycpt.report.sweep_terminal":
-        "as raycpt.report.sweep_format (numpy, for the sweep's compact verdict and table only)",
+    "raycpt/report/render.py:raycpt.report.sweep.views.rich": "as raycpt.report.sweep.views.format (numpy, for the sweep only)",
+    "raycpt/report/render.py:raycpt.report.sweep.views.terminal":
+        "as raycpt.report.sweep.views.format (numpy, for the sweep's compact verdict and table only)",
     "raycpt/report/render.py:raycpt.report.trace":
         "report.trace imports diagnostics.scores, which imports torch: only for the trace's table",
     "raycpt/report/render.py:raycpt.data.store":

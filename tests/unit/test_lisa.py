@@ -13,8 +13,9 @@ import torch
 from raycpt.config import PlanConfig, config_to_dict, load_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import build_plan, lisa_draw, lisa_interval_index, lisa_trainable_params
-from raycpt.train.loop import run_loop
-from raycpt.train.session import LocalSession
+from raycpt.train.worker.loop import run_loop
+from worker_specs import worker_spec
+from raycpt.train.worker.session import LocalSession
 
 N, G, K = 4, 2, 2
 
@@ -74,7 +75,7 @@ def _weights(ckpt):
 
 
 def test_each_interval_trains_its_draw_and_resets_layer_state(tiny_dir, tmp_path):
-    out = run_loop(_cfg(tiny_dir, tmp_path, **COMMON), LocalSession(BLOCKS, tmp_path / "ckpts"))
+    out = run_loop(worker_spec(_cfg(tiny_dir, tmp_path, **COMMON)), LocalSession(BLOCKS, tmp_path / "ckpts"))
     assert out["status"]["status"] == "finished" and len(out["losses"]) == 6
     ck = lambda s: tmp_path / "ckpts" / f"checkpoint_{s:06d}"  # noqa: E731
     for j in range(3):  # interval j = steps 2j+1, 2j+2: compare the weights before and after it
@@ -96,7 +97,7 @@ def test_each_interval_trains_its_draw_and_resets_layer_state(tiny_dir, tmp_path
     # the count one step trains, as the sweep's table shows it: G layers + the always-trained tensors, by hand
     from raycpt.report.train import read_events
     from raycpt.strategies import LayerPlan
-    from raycpt.train.result import per_step_trainable
+    from raycpt.train.driver.result import per_step_trainable
 
     base = _weights_of_base(tiny_dir)
     one_layer = sum(v.numel() for k, v in base.items() if ".layers.0." in k)
@@ -113,10 +114,10 @@ def _weights_of_base(tiny_dir):
 
 @pytest.mark.parametrize("resume_at", [3, 4])  # inside interval 1 (steps 3-4), and at its edge
 def test_a_resumed_run_gives_the_same_per_step_losses(tiny_dir, tmp_path, resume_at):
-    full = run_loop(_cfg(tiny_dir, tmp_path / "a", **COMMON), LocalSession(BLOCKS, tmp_path / "a" / "ckpts"))
+    full = run_loop(worker_spec(_cfg(tiny_dir, tmp_path / "a", **COMMON)), LocalSession(BLOCKS, tmp_path / "a" / "ckpts"))
     cfg = _cfg(tiny_dir, tmp_path / "b", **COMMON)
     cfg["resume_from"] = str(tmp_path / "a" / "ckpts" / f"checkpoint_{resume_at:06d}")
-    resumed = run_loop(cfg, LocalSession(BLOCKS, tmp_path / "b" / "ckpts"))
+    resumed = run_loop(worker_spec(cfg), LocalSession(BLOCKS, tmp_path / "b" / "ckpts"))
     assert resumed["losses"] == full["losses"]
     a, b = _weights(tmp_path / "a" / "ckpts" / "checkpoint_000006"), _weights(tmp_path / "b" / "ckpts" /
                                                                                 "checkpoint_000006")
@@ -129,13 +130,13 @@ def test_the_freeze_check_runs_per_interval(tiny_dir, tmp_path):
     cfg = _cfg(tiny_dir, tmp_path, **COMMON)
     cfg["faults"] = {"drop_grad_layer": layer}
     with pytest.raises(RaycptError, match=rf"freeze check at the first step of LISA interval 1: layers\.{layer}: .* received a gradient"):
-        run_loop(cfg, LocalSession(BLOCKS, tmp_path / "ckpts"))
+        run_loop(worker_spec(cfg), LocalSession(BLOCKS, tmp_path / "ckpts"))
     assert (tmp_path / "ckpts" / "checkpoint_000002").is_dir()  # interval 0 trained and checked fine
     assert not (tmp_path / "ckpts" / "checkpoint_000003").exists()
 
 
 def test_lisa_on_several_workers_is_refused(tiny_dir):
-    from raycpt.train.prepare import prepare_plan
+    from raycpt.train.driver.prepare import prepare_plan
 
     cfg = load_config(None, [f"model.ref={tiny_dir}", "plan.name=lisa", "train.num_workers=2"])
     with pytest.raises(RaycptError, match="plan.name=lisa trains on one worker"):
@@ -144,20 +145,20 @@ def test_lisa_on_several_workers_is_refused(tiny_dir):
 
 def test_bf16_lisa_keeps_float32_masters_of_every_layer_and_resumes_exactly(tiny_dir, tmp_path):
     common = {**COMMON, "precision": "bf16"}
-    full = run_loop(_cfg(tiny_dir, tmp_path / "a", **common), LocalSession(BLOCKS, tmp_path / "a" / "ckpts"))
+    full = run_loop(worker_spec(_cfg(tiny_dir, tmp_path / "a", **common)), LocalSession(BLOCKS, tmp_path / "a" / "ckpts"))
     ck = tmp_path / "a" / "ckpts" / "checkpoint_000004"
     master = torch.load(ck / "train_state.pt", weights_only=True)["master"]
     layers = {int(k.split(".")[2]) for k in master if ".layers." in k}
     assert layers == set(range(N))  # not only the current draw: earlier intervals trained the others
     cfg = _cfg(tiny_dir, tmp_path / "b", **common)
     cfg["resume_from"] = str(ck)
-    assert run_loop(cfg, LocalSession(BLOCKS, tmp_path / "b" / "ckpts"))["losses"] == full["losses"]
+    assert run_loop(worker_spec(cfg), LocalSession(BLOCKS, tmp_path / "b" / "ckpts"))["losses"] == full["losses"]
 
 
 def test_the_memory_estimate_counts_the_largest_draw():
     import transformers as T
 
-    from raycpt.train.memory import estimate_memory, model_shape
+    from raycpt.train.driver.memory import estimate_memory, model_shape
     from tiny import tiny_config
 
     with torch.device("meta"):
@@ -184,3 +185,15 @@ def test_lisa_period_is_derived_from_the_run_or_refused_when_it_never_switches()
             build_plan(PlanConfig(name="lisa", lisa_interval=k), 4, max_steps=8)
     with pytest.raises(RaycptError, match="derived from train.max_steps"):
         build_plan(PlanConfig(name="lisa"), 4)
+
+
+def test_lisa_draws_follow_the_run_seed_unless_lisa_seed_is_set():
+    """Issue 50: plan.lisa_seed null takes train.seed, so a sweep's seeds draw different schedules; set, it wins."""
+    import dataclasses
+
+    pc = PlanConfig(name="lisa", lisa_layers=2, lisa_interval=3)
+    p0, p7 = build_plan(pc, 12, seed=0), build_plan(pc, 12, seed=7)
+    assert (p0.lisa_seed, p7.lisa_seed) == (0, 7)
+    assert [lisa_draw(0, j, p0.trainable_layers, 2) for j in range(8)] != \
+        [lisa_draw(7, j, p7.trainable_layers, 2) for j in range(8)]
+    assert build_plan(dataclasses.replace(pc, lisa_seed=4), 12, seed=7).lisa_seed == 4

@@ -14,10 +14,11 @@ from raycpt.errors import RaycptError
 from raycpt.models.adapters import (inject_lora, is_adapter_param, lora_trainable_params, merge_lora_,
                                     merged_state_dict)
 from raycpt.strategies import apply_plan, build_plan, plan_table
-from raycpt.train import verify
-from raycpt.train.loop import run_loop
-from raycpt.train.session import LocalSession
-from raycpt.train.steps import make_optimizer, make_scheduler, train_step
+from raycpt.train.worker import verify
+from raycpt.train.worker.loop import run_loop
+from worker_specs import worker_spec
+from raycpt.train.worker.session import LocalSession
+from raycpt.train.worker.steps import make_optimizer, make_scheduler, train_step
 from tiny import tiny_config, tiny_model
 
 H, I, KV = 32, 64, 16  # tiny_config: hidden 32, intermediate 2*32, 2 kv heads of head_dim 8
@@ -170,7 +171,7 @@ def test_lora_full_trains_layers_adapters_only_not_embeddings():
 
 
 def test_the_memory_estimate_counts_adapters_not_layer_weights():
-    from raycpt.train.memory import estimate_memory, model_shape
+    from raycpt.train.driver.memory import estimate_memory, model_shape
 
     plan = _plan()
     import transformers as T
@@ -206,7 +207,7 @@ def test_the_loop_saves_merged_weights_and_peft_adapters_and_resumes_exactly(tin
     blocks = np.random.default_rng(0).integers(4, 128, size=(64, 16)).astype(np.int32)
     cfg = _loop_config(tiny_dir, tmp_path / "a", max_steps=4, checkpoint_every=2, lr=0.01, micro_batch_size=2,
                        warmup_ratio=0.0)
-    full = run_loop(cfg, LocalSession(blocks, tmp_path / "a" / "ckpts"))
+    full = run_loop(worker_spec(cfg), LocalSession(blocks, tmp_path / "a" / "ckpts"))
     assert full["status"]["status"] == "finished" and len(full["losses"]) == 4
     assert full["counts"]["trainable"] == _by_hand_params(4, [1, 2])
     final = tmp_path / "a" / "ckpts" / "checkpoint_000004"
@@ -227,7 +228,7 @@ def test_the_loop_saves_merged_weights_and_peft_adapters_and_resumes_exactly(tin
     cfg_b = copy.deepcopy(cfg)
     cfg_b["run_dir"] = str(tmp_path / "b")
     cfg_b["resume_from"] = str(tmp_path / "a" / "ckpts" / "checkpoint_000002")
-    resumed = run_loop(cfg_b, LocalSession(blocks, tmp_path / "b" / "ckpts"))
+    resumed = run_loop(worker_spec(cfg_b), LocalSession(blocks, tmp_path / "b" / "ckpts"))
     assert resumed["losses"] == full["losses"]  # bitwise: base + adapters + optimizer state restored
     a = load_file(str(final / "model" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "ckpts" / "checkpoint_000004" / "model" / "model.safetensors"))
@@ -242,13 +243,13 @@ def test_bf16_training_checkpoints_merged_bf16_weights_and_resumes_exactly(tiny_
     blocks = np.random.default_rng(0).integers(4, 128, size=(64, 16)).astype(np.int32)
     cfg = _loop_config(tiny_dir, tmp_path / "a", max_steps=4, checkpoint_every=2, lr=0.01, micro_batch_size=2,
                        warmup_ratio=0.0, precision="bf16")
-    full = run_loop(cfg, LocalSession(blocks, tmp_path / "a" / "ck"))
+    full = run_loop(worker_spec(cfg), LocalSession(blocks, tmp_path / "a" / "ck"))
     ck2 = tmp_path / "a" / "ck" / "checkpoint_000002"
     assert {v.dtype for v in load_file(str(ck2 / "model" / "model.safetensors")).values()} == {torch.bfloat16}
     assert {v.dtype for v in load_file(str(ck2 / "adapter" / "adapter_model.safetensors")).values()} == {torch.float32}
     cfg_b = copy.deepcopy(cfg)
     cfg_b.update(run_dir=str(tmp_path / "b"), resume_from=str(ck2))
-    assert run_loop(cfg_b, LocalSession(blocks, tmp_path / "b" / "ck"))["losses"] == full["losses"]
+    assert run_loop(worker_spec(cfg_b), LocalSession(blocks, tmp_path / "b" / "ck"))["losses"] == full["losses"]
 
 
 @pytest.mark.parametrize("rank", [2, 8])

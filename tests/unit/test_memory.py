@@ -14,7 +14,7 @@ import transformers as T
 from raycpt.config import PlanConfig
 from raycpt.errors import RaycptError
 from raycpt.strategies import apply_plan, build_plan
-from raycpt.train.memory import check_fits, estimate_memory, layer_activation_floats, model_shape
+from raycpt.train.driver.memory import check_fits, estimate_memory, layer_activation_floats, model_shape
 
 
 def _saved_floats_per_token(model, tokens=48, batch=2) -> float:
@@ -115,7 +115,7 @@ def _cli(*args):
 
 def test_bad_inputs_through_the_console_script(tiny_dir, tmp_path):
     from test_hybrid import LAYERS, shorthand  # noqa: F401
-    from raycpt.models.hybrid_build import save_hybrid
+    from raycpt.models.hybrid.build import save_hybrid
 
     r = _cli("plan", "show", f"model.ref={tiny_dir}", "plan.name=full", "train.device_memory_gb=0.0001")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
@@ -140,9 +140,10 @@ def test_loop_with_chunked_loss_and_checkpointing_matches_the_plain_loop(tiny_di
     tokens/s per worker is logged (no MFU on a CPU without train.peak_tflops, with it: the arithmetic)."""
     from test_train_loop import _loop_config
 
-    from raycpt.train.loop import run_loop
-    from raycpt.train.metrics_log import METRICS_FILE
-    from raycpt.train.session import LocalSession
+    from raycpt.train.worker.loop import run_loop
+    from worker_specs import worker_spec
+    from raycpt.train.worker.metrics_log import METRICS_FILE
+    from raycpt.train.worker.session import LocalSession
 
     blocks = np.random.default_rng(0).integers(4, 128, size=(16, 16)).astype(np.int32)
     runs = {}
@@ -150,7 +151,7 @@ def test_loop_with_chunked_loss_and_checkpointing_matches_the_plain_loop(tiny_di
                         "ckpt": dict(loss="chunked", activation_checkpointing="true", peak_tflops=0.001)}.items():
         cfg = _loop_config(tiny_dir, tmp_path / name, dict(name="full"), max_steps=3, lr=0.01, micro_batch_size=2,
                            checkpoint_every=3, **extra)
-        runs[name] = run_loop(cfg, LocalSession(blocks))
+        runs[name] = run_loop(worker_spec(cfg), LocalSession(blocks))
     assert runs["chunked"]["losses"] == pytest.approx(runs["plain"]["losses"], rel=1e-5)
     assert runs["ckpt"]["losses"] == pytest.approx(runs["plain"]["losses"], rel=1e-5)
     import json
@@ -169,8 +170,8 @@ def test_sweep_estimates_full_as_it_trains_under_equal_footing():
     import dataclasses
 
     from raycpt.config import load_config
-    from raycpt.train.memory import _trainable
-    from raycpt.train.preflight import sweep_plans
+    from raycpt.train.driver.memory import _trainable
+    from raycpt.train.driver.preflight import sweep_plans
     from tiny import tiny_model
 
     model = tiny_model("llama", num_layers=4)

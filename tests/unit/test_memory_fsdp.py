@@ -13,9 +13,9 @@ import transformers as T
 from raycpt.config import PlanConfig, TrainConfig, load_config
 from raycpt.errors import RaycptError
 from raycpt.strategies import apply_plan, build_plan
-from raycpt.train.memory import estimate_memory, layer_activation_bytes, model_shape
-from raycpt.train.parallel import check_parallel
-from raycpt.train.step_options import loss_chunk_tokens
+from raycpt.train.driver.memory import estimate_memory, layer_activation_bytes, model_shape
+from raycpt.train.worker.parallel import check_parallel
+from raycpt.train.worker.step_options import loss_chunk_tokens
 
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,

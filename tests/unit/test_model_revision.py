@@ -45,8 +45,8 @@ def test_revision_reaches_every_resolve(fake_hub, tmp_path):
     from raycpt.jobs.compare import resolve_ref
     from raycpt.jobs.grid import model_layers
     from raycpt.jobs.trace import prepare_trace
-    from raycpt.models.hybrid_plans import plan_from_config
-    from raycpt.train.prepare import resolve_model_path
+    from raycpt.models.hybrid.plans import plan_from_config
+    from raycpt.train.driver.prepare import resolve_model_path
 
     cfg = _cfg(tmp_path)
     hybrid = plan_from_config(HybridConfig(), "new_shallow", cfg.model.ref, cfg.model)  # donor = model.ref

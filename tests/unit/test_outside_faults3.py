@@ -150,20 +150,20 @@ def test_a_raycpt_error_that_ray_data_carries_only_as_text_is_one_line():
 def test_a_finished_run_whose_result_lacks_tokens_per_s_reads_it_from_its_step_records(tmp_path):
     """``train --resume`` of a finished run whose ``train_result.json`` lacks ``tokens_per_s`` (an older or
     hand-edited record) was a 48-line KeyError (and turned the finished run FAILED)."""
-    from raycpt.train.result import _result_from_files
+    from raycpt.train.driver.result import result_from_files
 
     saved = {"final_model_dir": str(tmp_path / "final_model"), "losses": [4.0, 3.5, 3.0], "steps": [1, 2, 3],
              "wall_s": 12.5, "trainable_params": 10, "frozen_params": 20, "plan": {"name": "full"}}
     (tmp_path / "train_result.json").write_text(json.dumps(saved))
     records = [{"step": s, "loss": l, "tokens_per_s": r, "step_time_s": 0.1}
                for s, l, r in ((1, 4.0, 50.0), (2, 3.5, 200.0), (3, 3.0, 100.0))]
-    res = _result_from_files(tmp_path, {"status": "finished"}, records)
+    res = result_from_files(tmp_path, {"status": "finished"}, records)
     assert res.tokens_per_s == 100.0  # the median of 50, 200, 100 (by hand)
     assert res.losses == [4.0, 3.5, 3.0] and res.wall_s == 12.5 and res.reused
     del saved["trainable_params"]
     (tmp_path / "train_result.json").write_text(json.dumps(saved))
     with pytest.raises(RaycptError, match=r"train_result.json lacks tokens_per_s, trainable_params \(an older"):
-        _result_from_files(tmp_path, {}, [])
+        result_from_files(tmp_path, {}, [])
 
 
 # ------------------------------------------------------------------------------- resume checks everything
@@ -208,7 +208,7 @@ class _Store:
 
 
 def test_a_resume_after_the_replay_corpus_was_re_packed_is_refused_naming_it(tmp_path):
-    from raycpt.train.resume import check_resume_data
+    from raycpt.train.driver.resume import check_resume_data
 
     ckpt = tmp_path / "checkpoint_000002"
     ckpt.mkdir()

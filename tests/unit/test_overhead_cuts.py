@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raycpt.models.shards import _same_bits
-from raycpt.train.manifest import all_finite
+from raycpt.train.ckpt.manifest import all_finite
 
 
 def _naive_finite(sd: dict) -> tuple[int, int]:
@@ -85,8 +85,8 @@ def test_every_evaluation_record_has_the_heldout_seconds(tiny_dir, tmp_path):
     """The untrained base of a scan is evaluated by ``final_evaluation``, the trained trials in their worker: both
     write the held-out loss's seconds, which the overhead benchmark counts as computation."""
     from raycpt.config import load_config
-    from raycpt.train.final_eval import final_evaluation
-    from raycpt.train.worker_eval import EvalRequest
+    from raycpt.train.driver.final_eval import final_evaluation
+    from raycpt.train.worker.evaluation import EvalRequest
 
     blocks = tmp_path / "heldout.json"
     blocks.write_text(json.dumps([[1, 2, 3, 4, 5, 6, 7, 8]] * 3))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from raycpt.errors import RaycptError
-from raycpt.train import parallel
+from raycpt.train.worker import parallel
 from tiny import tiny_model
 
 
@@ -33,7 +33,7 @@ def test_the_frozen_prefix_hook_runs_before_hooks_registered_earlier():
     """Prepended: under FSDP2 its re-enabling of grad comes before FSDP's own pre-forward of that layer."""
     from raycpt.config import PlanConfig
     from raycpt.strategies import apply_plan, plan_for_model
-    from raycpt.train.steps import FrozenPrefix
+    from raycpt.train.worker.steps import FrozenPrefix
 
     model = tiny_model("llama", num_layers=4)
     plan = plan_for_model(PlanConfig(name="train_deep", split=0.5), model)

@@ -1,11 +1,11 @@
-"""Per-step peak memory (raycpt.train.peakmem) and the train result's peak / LISA per-step count."""
+"""Per-step peak memory (raycpt.train.worker.peakmem) and the train result's peak / LISA per-step count."""
 
 import os
 
 import pytest
 import torch
 
-from raycpt.train.peakmem import StepPeak, hwm_kb
+from raycpt.train.worker.peakmem import StepPeak, hwm_kb
 
 
 def test_hwm_parsed_from_status_text():
@@ -36,7 +36,7 @@ def test_a_freed_step_allocation_is_in_the_peak_and_the_next_step_forgets_it():
 
 def test_train_result_peak_and_lisa_count_from_records():
     from raycpt.strategies import LayerPlan
-    from raycpt.train.result import peak_of, per_step_trainable
+    from raycpt.train.driver.result import peak_of, per_step_trainable
 
     assert peak_of([{"step": 1, "peak_memory_mb": 10.5}, {"step": 2}, {"step": 3, "peak_memory_mb": 12.0}]) == 12.0
     assert peak_of([{"step": 1}]) is None

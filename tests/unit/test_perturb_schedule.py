@@ -51,8 +51,8 @@ def mixed_prompts() -> list[EncodedPrompt]:
 
 
 def tiny_hybrid(kind: str):
-    from raycpt.models.hybrid_build import build_hybrid
-    from raycpt.models.hybrid_plans import plan_hybrid, shorthand_segments
+    from raycpt.models.hybrid.build import build_hybrid
+    from raycpt.models.hybrid.plans import plan_hybrid, shorthand_segments
     import tempfile
 
     from tiny import save_tiny

@@ -10,9 +10,10 @@ import torch
 from safetensors import safe_open
 
 from raycpt.models.shards import INDEX_FILE, TRAINED_FILE, ensure_base_shards, group_of
-from raycpt.train.publish import publish_model, verify_model_folder
-from raycpt.train.loop import run_loop
-from raycpt.train.session import InProcessSession, LocalSession
+from raycpt.train.driver.publish import publish_model, verify_model_folder
+from raycpt.train.worker.loop import run_loop
+from worker_specs import worker_spec
+from raycpt.train.worker.session import InProcessSession, LocalSession
 from test_train_loop import _blocks, _loop_config
 
 
@@ -21,7 +22,7 @@ def trained(tiny_dir, tmp_path):
     """train_deep at r=0.5 of the 4-layer tiny model: layers 2 and 3 train, the rest stays the base's."""
     cfg = _loop_config(tiny_dir, tmp_path / "a", dict(name="train_deep", split=0.5), max_steps=2, checkpoint_every=2,
                        lr=0.01, micro_batch_size=2)
-    out = run_loop(cfg, LocalSession(_blocks(), tmp_path / "a" / "ckpts"))
+    out = run_loop(worker_spec(cfg), LocalSession(_blocks(), tmp_path / "a" / "ckpts"))
     assert out["status"]["status"] == "finished"
     return tmp_path / "a" / "ckpts" / "checkpoint_000002"
 
@@ -77,7 +78,7 @@ def test_reference_publish_loads_bitwise_and_stores_only_trained_layers(tiny_dir
 
 def test_a_publish_killed_midway_is_swept_on_the_next_start(tiny_dir, trained, tmp_path):
     from raycpt.config import load_config
-    from raycpt.train.launch import _open_run
+    from raycpt.train.driver.launch import _open_run
 
     run_dir = tmp_path / "train"
     left = run_dir / ".final_model.1a2b3c4d"  # what kill -9 during the publish leaves
@@ -106,15 +107,15 @@ class _Blocks(InProcessSession):
 def test_in_process_checkpoints_link_frozen_layers_and_resume_exactly(tiny_dir, tmp_path):
     """InProcessSession with base shards: checkpoints renamed into place, frozen layers linked, the newest
     ``keep`` kept; the same losses as the plain session; a resume from a linked checkpoint continues exactly."""
-    from raycpt.train.manifest import verify_checkpoint
+    from raycpt.train.ckpt.manifest import verify_checkpoint
 
     common = dict(max_steps=4, checkpoint_every=1, keep_checkpoints=2, lr=0.01, micro_batch_size=2)
-    plain = run_loop(_loop_config(tiny_dir, tmp_path / "p", dict(name="train_deep", split=0.5), **common),
+    plain = run_loop(worker_spec(_loop_config(tiny_dir, tmp_path / "p", dict(name="train_deep", split=0.5), **common)),
                      LocalSession(_blocks(), tmp_path / "p" / "ckpts"))
     shards = ensure_base_shards(tiny_dir, tmp_path / "base_shards", "float32")
     root = tmp_path / "r" / "ray" / "attempt"
     cfg = _loop_config(tiny_dir, tmp_path / "r", dict(name="train_deep", split=0.5), **common)
-    linked = run_loop(cfg, _Blocks(str(root), 2, str(shards)))
+    linked = run_loop(worker_spec(cfg), _Blocks(str(root), 2, str(shards)))
     assert linked["losses"] == plain["losses"]
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint_000003", "checkpoint_000004"]  # nothing hidden left
     c3 = root / "checkpoint_000003"
@@ -128,5 +129,5 @@ def test_in_process_checkpoints_link_frozen_layers_and_resume_exactly(tiny_dir, 
     assert all(_bits(got[k]) == _bits(ref[k]) for k in ref)
     cfg_b = _loop_config(tiny_dir, tmp_path / "b", dict(name="train_deep", split=0.5), **common)
     cfg_b["resume_from"] = str(c3)
-    resumed = run_loop(cfg_b, _Blocks(str(tmp_path / "b" / "ray" / "a2"), 2, str(shards)))
+    resumed = run_loop(worker_spec(cfg_b), _Blocks(str(tmp_path / "b" / "ray" / "a2"), 2, str(shards)))
     assert resumed["losses"] == plain["losses"]  # the step-4 loss after a resume from the linked step-3 checkpoint

@@ -13,11 +13,11 @@ import transformers as T
 
 from raycpt.config import load_config
 from raycpt.models.buffers import non_persistent_buffers, restore_buffers
-from raycpt.models.hybrid_build import build_hybrid, save_hybrid
-from raycpt.models.hybrid_plans import plan_hybrid
+from raycpt.models.hybrid.build import build_hybrid, save_hybrid
+from raycpt.models.hybrid.plans import plan_hybrid
 from raycpt.models.sources import load_model
 from raycpt.models.stack import TABLE
-from raycpt.train.prepare import resolve_model_path
+from raycpt.train.driver.prepare import resolve_model_path
 from tiny import save_tiny, tiny_model, tiny_tokenizer
 
 ROWS = ["llama", "qwen2", "qwen3", "gemma3", "mamba2", "nemotron_h"]

@@ -91,8 +91,9 @@ def test_the_loop_reads_the_mixed_stream_and_resumes_exactly(tiny_dir, tmp_path)
 
     from raycpt.config import config_to_dict
     from raycpt.strategies import build_plan
-    from raycpt.train.loop import run_loop
-    from raycpt.train.session import LocalSession
+    from raycpt.train.worker.loop import run_loop
+    from worker_specs import worker_spec
+    from raycpt.train.worker.session import LocalSession
 
     cfg = load_config(None, [f"model.ref={tiny_dir}", "data.seq_len=16", "plan.name=train_deep",
                              "data.replay.ratio=0.25", "data.replay.corpus=[unused.jsonl]", "train.max_steps=4",
@@ -102,10 +103,10 @@ def test_the_loop_reads_the_mixed_stream_and_resumes_exactly(tiny_dir, tmp_path)
             "run_dir": str(tmp_path / "a"), "torch_threads": 1}
     rng = np.random.default_rng(0)
     prim, rep = rng.integers(4, 60, size=(64, 16)), rng.integers(60, 128, size=(32, 16))
-    full = run_loop(conf, LocalSession(prim, tmp_path / "a" / "ck", replay_blocks=rep))
-    plain = run_loop({**conf, "run_dir": str(tmp_path / "p")}, LocalSession(prim, None, replay_blocks=rep[:, ::-1]))
+    full = run_loop(worker_spec(conf), LocalSession(prim, tmp_path / "a" / "ck", replay_blocks=rep))
+    plain = run_loop(worker_spec({**conf, "run_dir": str(tmp_path / "p")}), LocalSession(prim, None, replay_blocks=rep[:, ::-1]))
     assert full["losses"] != plain["losses"]  # the replay blocks are read: other replay data, other losses
     conf_b = copy.deepcopy(conf)
     conf_b.update(run_dir=str(tmp_path / "b"), resume_from=str(tmp_path / "a" / "ck" / "checkpoint_000002"))
-    resumed = run_loop(conf_b, LocalSession(prim, tmp_path / "b" / "ck", replay_blocks=rep))
+    resumed = run_loop(worker_spec(conf_b), LocalSession(prim, tmp_path / "b" / "ck", replay_blocks=rep))
     assert resumed["losses"] == full["losses"]

@@ -9,7 +9,7 @@ import pytest
 from raycpt.config import DataConfig, load_config
 from raycpt.data.pack import ensure_packed, find_packed
 from raycpt.errors import RaycptError
-from raycpt.train.resume import check_resume_data, resume_data_mismatch
+from raycpt.train.driver.resume import check_resume_data, resume_data_mismatch
 from tiny import save_tiny
 
 

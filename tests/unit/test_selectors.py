@@ -212,20 +212,26 @@ def test_budget_out_of_range_is_one_line(budget, msg):
 
 
 def test_the_registry_is_the_one_path_and_the_configs_names():
-    """Every selector ``raycpt select`` and ``--budget`` use is registered once; the config accepts exactly its
-    names (the config sits below the diagnostics, so it spells them: held equal here); the registered Block
+    """Every selector ``raycpt select`` and ``--budget`` use is registered once, in the one registry; the config
+    accepts exactly its names (it reads the registry; the names and metrics are spelled here); the registered Block
     Influence over equal-length corpus blocks, 2 at a time, equals one hand mean of 1 - cos over all 5 x 7 tokens;
     the best-first order puts NaN and an infinity last, ties by the lower layer."""
-    from raycpt.config.analysis import SELECTOR_NAMES, SelectConfig
-    from raycpt.diagnostics.selectors import METHODS, METRICS, SELECTORS, SelectorInputs, ranking_order, select_scores
+    from raycpt.config.analysis import SelectConfig
+    from raycpt.diagnostics.selectors import SelectorInputs, ranking_order, select_scores
     from raycpt.errors import RaycptError
+    from raycpt.registry import SELECTORS
 
-    assert tuple(SELECTORS) == METHODS == SELECTOR_NAMES == ("bi", "snr", "layertracer", "random", "elo",
-                                                              "gradnorm")
-    assert METRICS == {"bi": "block_influence", "snr": "weight_snr", "layertracer": "ls_norm_minus_tp_norm",
-                       "random": "random", "elo": "distance_from_middle", "gradnorm": "gradient_norm"}
-    with pytest.raises(RaycptError, match="select.method"):
+    names = ("bi", "snr", "layertracer", "random", "elo", "gradnorm")
+    assert SELECTORS.names() == names
+    assert {n: SELECTORS.info(n, "metric") for n in names} == {
+        "bi": "block_influence", "snr": "weight_snr", "layertracer": "ls_norm_minus_tp_norm", "random": "random",
+        "elo": "distance_from_middle", "gradnorm": "gradient_norm"}
+    for n in names:
+        assert SelectConfig(method=n).method == n
+    with pytest.raises(RaycptError, match="select.method") as e:
         SelectConfig(method="adagrad")
+    assert str(e.value) == ("config error: select.method='adagrad': one of bi, snr, layertracer, random, elo, "
+                            "gradnorm")
     model = tiny_model("llama", num_layers=3, hidden=32, seed=4)
     blocks = np.random.default_rng(0).integers(4, 128, size=(5, 7))
     seen = []

@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from raycpt.errors import RaycptError
 from raycpt.models.shards import config_weights_problem, ensure_base_shards, safetensors_problem, weights_problem
-from raycpt.train.publish import publish_model, verify_model_folder
+from raycpt.train.driver.publish import publish_model, verify_model_folder
 from test_publish_reference import trained  # noqa: F401 - the fixture
 
 

@@ -266,9 +266,9 @@ def test_publish_keeps_a_folder_a_concurrent_pull_finished_first(tmp_path):
     for d, tag in ((final, "first"), (out, "second")):
         d.mkdir()
         (d / "raycpt_source.json").write_text(json.dumps({"tag": tag}))
-    sources._publish(out, final, replace=False)
+    sources.publish(out, final, replace=False)
     assert json.loads((final / "raycpt_source.json").read_text())["tag"] == "first"
-    sources._publish(out, final, replace=True)  # force: swapped, old copy removed
+    sources.publish(out, final, replace=True)  # force: swapped, old copy removed
     assert json.loads((final / "raycpt_source.json").read_text())["tag"] == "second"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 

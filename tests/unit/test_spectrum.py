@@ -11,8 +11,8 @@ from raycpt.config import PlanConfig
 from raycpt.diagnostics.spectrum import matrix_names, spectrum_order, spectrum_pick, spectrum_snr
 from raycpt.errors import RaycptError
 from raycpt.strategies import apply_plan, build_plan, plan_table
-from raycpt.train import verify
-from raycpt.train.steps import make_optimizer
+from raycpt.train.worker import verify
+from raycpt.train.worker.steps import make_optimizer
 from raycpt.config import TrainConfig
 from tiny import tiny_model
 

@@ -212,9 +212,9 @@ def test_one_architecture_table_behind_the_layer_view_the_hybrid_kinds_and_the_m
     they cannot disagree: ``mistral`` is a hybrid kind and a memory family, and LayerStack takes it."""
     import transformers as T
 
-    from raycpt.models.hybrid import KINDS
+    from raycpt.models.hybrid.model import KINDS
     from raycpt.models.stack import ARCHITECTURES, TABLE, LayerStack
-    from raycpt.train.memory import FAMILY
+    from raycpt.train.driver.memory import FAMILY
 
     assert set(KINDS) <= set(TABLE) <= set(ARCHITECTURES)
     assert {TABLE[k].name for k in FAMILY if k in TABLE} == {a.name for a in TABLE.values() if a.memory}

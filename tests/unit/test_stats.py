@@ -321,3 +321,25 @@ def test_paired_mean_t_is_scipys_paired_t_and_stratified_by_hand():
     assert (iv.point, iv.lo, iv.hi) == pytest.approx((point, point - q * se, point + q * se), rel=1e-9)
     assert iv.p == pytest.approx(2 * st.t.sf(abs(point) / se, 38), rel=1e-9)
     assert S.paired_mean_t([1, 2], [1, 2]).p == 1.0
+
+
+def test_welch_run_test_is_welchs_t_test_and_adds_the_units_part_by_hand():
+    """Issue 50: each plan's own run variance. Without unit noise it is scipy's unequal-variance t-test (interval
+    and p); with it, se^2 gains the part and the Welch-Satterthwaite df its term; a fixed reference adds nothing."""
+    import scipy.stats as st
+
+    from raycpt.stats import welch_run_test
+
+    a, b = [3.1, 2.4, 4.0, 3.3], [1.0, 1.9, 0.2]
+    ref = st.ttest_ind(a, b, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    iv = welch_run_test(np.mean(a) - np.mean(b), np.var(a, ddof=1), 4, np.var(b, ddof=1), 3)
+    assert iv.p == pytest.approx(ref.pvalue, rel=1e-10) and (iv.lo, iv.hi) == pytest.approx((ci.low, ci.high))
+    va, vb, vu = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 3, 0.05
+    df = (va + vb + vu) ** 2 / (va ** 2 / 3 + vb ** 2 / 2 + vu ** 2 / 20)
+    d = np.mean(a) - np.mean(b)
+    iv = welch_run_test(d, np.var(a, ddof=1), 4, np.var(b, ddof=1), 3, vu, 20)
+    assert iv.p == pytest.approx(2 * st.t.sf(d / math.sqrt(va + vb + vu), df), rel=1e-10)
+    # b fixed (the untrained model): the one-sample t of a's runs against b's value
+    one = welch_run_test(np.mean(a) - 1.0, np.var(a, ddof=1), 4, 0.0, math.inf)
+    assert one.p == pytest.approx(st.ttest_1samp(a, 1.0).pvalue, rel=1e-10) and one.n == 5

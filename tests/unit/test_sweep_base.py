@@ -10,9 +10,9 @@ import pytest
 from scipy import stats as st
 
 from raycpt.evaluate.general import general_blocks, general_documents
-from raycpt.report.sweep import build_summary
-from raycpt.report.sweep_base import against_base, pareto_front
-from raycpt.report.sweep_outcomes import question_outcomes
+from raycpt.report.sweep.summary import build_summary
+from raycpt.report.sweep.base import against_base, pareto_front
+from raycpt.report.sweep.outcomes import question_outcomes
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]
 
@@ -116,12 +116,15 @@ def test_base_comparisons_join_the_verdicts_family_and_marks_read_better_or_wors
         (n, t, m) for n in ("full", "train_shallow-r0.5")
         for t, m in (("heldout_loss", None), ("wn", "cloze.prob"), ("general_loss", None))}
     assert not any(c["a"] == "base" for c in fam)  # the base row against full is not a second copy of full vs base
-    assert s["verdict"]["family_size"] == sum(c["p"] is not None for c in fam)
+    # issue 50: the against-base comparisons are their own family, counted and controlled apart
+    assert {c["family"] for c in vs_base} == {"vs base"} and {c["family"] for c in fam if c["b"] != "base"} == {"vs full"}
+    assert s["verdict"]["family_size"] == sum(c["p"] is not None for c in fam if c["b"] != "base")
+    assert s["verdict"]["base_size"] == sum(c["p"] is not None for c in vs_base)
     full = next(r for r in s["base"]["rows"] if r["name"] == "full")
     held, prob, gen = full["cells"]
     # the family decided on row - base: full's lower held-out loss is sign -1 (better), its higher general loss +1
     assert held["sign"] == -1 and prob["sign"] == 1 and gen["sign"] == 1
-    from raycpt.report.sweep_markdown import summary_markdown
+    from raycpt.report.sweep.views.markdown import summary_markdown
 
     md = summary_markdown(s)
     assert "Gain and forgetting against base" in md and "cloze.prob" in md
@@ -194,7 +197,7 @@ def test_base_row_is_evaluated_once_and_reused_on_resume(tiny_dir, tmp_path, mon
     """The untrained model's evaluation runs once per model and evaluation settings: a resumed sweep's base trial
     (a new trial folder) and a second sweep read the cache; another eval.limit evaluates again. Counted at the
     evaluation bridge."""
-    import raycpt.train.final_eval as fe
+    import raycpt.train.driver.final_eval as fe
     from raycpt.config import load_config
     from raycpt.jobs.base_row import BASE, base_cache_dir
     from raycpt.jobs.grid import Trial
@@ -243,7 +246,7 @@ def test_write_summary_draws_the_tradeoff_and_runs_show_prints_the_per_category_
 
     from raycpt.jobs.show import show_run
     from raycpt.report.render import render_runs_show
-    from raycpt.report.sweep import write_summary
+    from raycpt.report.sweep.summary import write_summary
 
     s = write_summary(tmp_path, _trials(), None, num_layers=30, domain=["wn"], general=[],
                       report={"primary": "heldout_loss"})
@@ -256,3 +259,23 @@ def test_write_summary_draws_the_tradeoff_and_runs_show_prints_the_per_category_
     for needle in ("wn, cloze mode: accuracy", "wn, cloze.prob score", "STEM", "gain / forgetting vs base",
                    "Verdict", "tradeoff.png"):
         assert needle in text, needle
+
+
+def test_one_seed_terminal_shows_intervals_but_no_marks_and_no_best():
+    """Issue 50: one run per row and no noise estimate - the compact verdict and table show each Δ with its interval
+    and no ▲ / ▼ and no "Best" line (the summary's own cells keep their checkpoint decisions for summary.md)."""
+    from rich.console import Console
+
+    from raycpt.report.sweep.seeds import strategy_claims_allowed
+    from raycpt.report.sweep.views.terminal import compact_table, compact_verdict
+
+    s = build_summary(_trials(), None, ["wn"], [], resamples=200, report={"primary": "heldout_loss"})
+    assert s["verdict"]["claim"] == "checkpoint" and not strategy_claims_allowed(s)
+    assert any(c["sign"] for c in s["verdict"]["comparisons"])  # marks exist to hide: the test is not vacuous
+    console = Console(width=100, record=True)
+    for line in compact_verdict(s):
+        console.print(line)
+    console.print(compact_table(s))
+    text = console.export_text()
+    assert "▲" not in text and "▼" not in text
+    assert "Best" not in text and "±" in text and "point estimates" in text

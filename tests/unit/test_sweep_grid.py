@@ -98,13 +98,17 @@ def test_seeded_spec_survives_the_ray_boundary():
     assert TrialSpec(**dataclasses.asdict(s)) == s
 
 
-def test_floor_seeds_add_runs_of_full_alone_as_one_cell():
-    """sweep.floor_seeds (issue 36): full again at each floor seed, after the grid; full's runs one cell."""
+def test_floor_seeds_run_full_at_each_and_every_plan_at_the_first():
+    """sweep.floor_seeds (issue 50): after the grid, every row again at the first floor seed and full at each; every
+    row's runs one cell, so every plan has its own run variance."""
     specs = plan_grid([0.5], ["train_shallow", "train_deep"], 12, floor_seeds=[1, 2], base_seed=0)
-    assert [s.name for s in specs] == ["full", "train_shallow-r0.5", "train_deep-r0.5", "full-s1", "full-s2"]
-    assert [(s.seed, s.group) for s in specs] == [(0, "full"), (None, None), (None, None), (1, "full"), (2, "full")]
+    assert [s.name for s in specs] == ["full", "train_shallow-r0.5", "train_deep-r0.5", "full-s1",
+                                       "train_shallow-r0.5-s1", "train_deep-r0.5-s1", "full-s2"]
+    assert [(s.seed, s.group) for s in specs] == [(0, "full"), (0, "train_shallow-r0.5"), (0, "train_deep-r0.5"),
+                                                  (1, "full"), (1, "train_shallow-r0.5"), (1, "train_deep-r0.5"),
+                                                  (2, "full")]
     cfg = ExperimentConfig()
-    assert [trial_config(cfg, s).train.seed for s in specs] == [0, 0, 0, 1, 2]
+    assert [trial_config(cfg, s).train.seed for s in specs] == [0, 0, 0, 1, 1, 1, 2]
     with pytest.raises(RaycptError, match=r"repeats train.seed \(0\)"):
         plan_grid([0.5], ["train_shallow"], 12, floor_seeds=[0, 1], base_seed=0)
     with pytest.raises(RaycptError, match="no full row"):

@@ -75,10 +75,10 @@ def test_answer_first_token():
 
 
 @pytest.mark.parametrize("line,msg", [
-    ("{not json", r"line 2: not valid JSON"),
-    ('["s1", "s2"]', r"line 2: expected a JSON object"),
-    ('{"s1": "a;", "group": "g"}', r"line 2: missing field s2"),
-    ('{"s1": "a;"}', r"line 2: missing fields s2, group"),
+    ("{not json", r"line 2 is not JSON"),
+    ('["s1", "s2"]', r"line 2 is not a JSON object"),
+    ('{"s1": "a;", "group": "g"}', r"line 2 lacks s2 \(each line needs s1, s2, group\)"),
+    ('{"s1": "a;"}', r"line 2 lacks s2, group"),
     ('{"s1": "", "s2": " q->", "group": "g"}', r"line 2: s1 is empty"),
     ('{"s1": "a;", "s2": "  ", "group": "g"}', r"line 2: s2 is empty"),
     ('{"s1": "a;", "s2": " q->", "group": 3}', r"line 2: field group must be a string"),

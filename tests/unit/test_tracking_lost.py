@@ -77,7 +77,7 @@ def test_ended_state_never_leaves_running(tmp_path):
 
 def test_the_full_disk_fault_fails_only_its_step_half_written(tmp_path):
     from raycpt.errors import environment_error
-    from raycpt.train.faults import FaultHooks
+    from raycpt.train.worker.faults import FaultHooks
 
     hooks = FaultHooks({"oserror_step": 2}, 0, tmp_path)
     hooks.checkpoint_write(1, str(tmp_path))
@@ -138,7 +138,7 @@ def test_the_failure_policy_raises_a_full_disk_at_once_and_retries_the_rest():
     from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
     from ray.train.v2.api.exceptions import WorkerGroupError
 
-    from raycpt.train.failures import OneLineFailurePolicy
+    from raycpt.train.driver.failures import OneLineFailurePolicy
 
     policy = OneLineFailurePolicy(FailureConfig(max_failures=2))
     full = WorkerGroupError("w", {0: OSError(errno.ENOSPC, "No space left on device", "/r/x")})
@@ -152,8 +152,7 @@ def test_a_full_disk_told_in_words_becomes_the_oserror_of_the_one_line(tmp_path,
     import errno
 
     from raycpt.errors import environment_error, oserror_in_words
-    from raycpt.train import checkpoint as ck
-
+    from raycpt.train.ckpt import checkpoint as ck
     # what safetensors and pyarrow said on a full 1 MB tmpfs here (torch.save said only "unexpected pos 576 vs 534")
     st = RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
     e = oserror_in_words(st, tmp_path / "ckpt")
@@ -182,8 +181,7 @@ def test_a_full_disk_told_in_words_becomes_the_oserror_of_the_one_line(tmp_path,
 def test_an_oserror_without_its_path_gets_the_folder_written(tmp_path):
     import errno
 
-    from raycpt.train import checkpoint as ck
-
+    from raycpt.train.ckpt import checkpoint as ck
     # what pyarrow raised when Ray copied a checkpoint onto a full tmpfs: errno 28, no filename
     with pytest.raises(OSError) as got:
         with ck.disk_errors_as_oserror(tmp_path / "checkpoint_000002"):

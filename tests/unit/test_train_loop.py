@@ -10,10 +10,11 @@ import torch
 
 from raycpt.config import PlanConfig, TrainConfig, config_to_dict, load_config
 from raycpt.strategies import apply_plan, plan_for_model
-from raycpt.train.callbacks import StepCallback
-from raycpt.train.loop import micro_batches, run_loop
-from raycpt.train.session import LocalSession
-from raycpt.train.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
+from raycpt.train.worker.callbacks import StepCallback
+from raycpt.train.worker.loop import micro_batches, run_loop
+from worker_specs import worker_spec
+from raycpt.train.worker.session import LocalSession
+from raycpt.train.worker.steps import FrozenPrefix, make_optimizer, make_scheduler, train_step
 from tiny import tiny_model
 
 
@@ -145,7 +146,7 @@ def test_resume_from_checkpoint_is_exact(tiny_dir, tmp_path):
     common = dict(max_steps=6, checkpoint_every=3, lr=0.01, micro_batch_size=2, grad_accum=2, warmup_ratio=0.2)
     cfg = _loop_config(tiny_dir, tmp_path / "a", dict(name="train_deep", split=0.5), **common)
     sess = LocalSession(blocks, tmp_path / "a" / "ckpts")
-    full = run_loop(cfg, sess)
+    full = run_loop(worker_spec(cfg), sess)
     assert full["status"]["status"] == "finished" and len(full["losses"]) == 6
     ckpt3 = tmp_path / "a" / "ckpts" / "checkpoint_000003"
     state = json.loads((ckpt3 / "train_state.json").read_text())
@@ -154,7 +155,7 @@ def test_resume_from_checkpoint_is_exact(tiny_dir, tmp_path):
     cfg_b = copy.deepcopy(cfg)
     cfg_b["run_dir"] = str(tmp_path / "b")
     cfg_b["resume_from"] = str(ckpt3)
-    resumed = run_loop(cfg_b, LocalSession(blocks, tmp_path / "b" / "ckpts"))
+    resumed = run_loop(worker_spec(cfg_b), LocalSession(blocks, tmp_path / "b" / "ckpts"))
     assert resumed["losses"] == full["losses"]  # history from the checkpoint + steps 4..6, bitwise equal
     from safetensors.torch import load_file
 
@@ -168,7 +169,7 @@ def test_nonfinite_loss_stops_before_the_update(tiny_dir, tmp_path):
                        lr=0.01, micro_batch_size=2)
     cfg["faults"] = {"nan_step": 3}
     sess = LocalSession(_blocks(), tmp_path / "ckpts")
-    out = run_loop(cfg, sess)
+    out = run_loop(worker_spec(cfg), sess)
     assert out["status"] == {"status": "nonfinite", "step": 3, "what": "loss", "value": "nan",
                              "last_checkpoint_step": 2}
     assert len(out["losses"]) == 2
@@ -192,7 +193,7 @@ def test_step_callbacks_run_every_n(tiny_dir, tmp_path):
                        micro_batch_size=2)
     cb = _Counter()
     cfg["callbacks"] = [cb]
-    run_loop(cfg, LocalSession(_blocks()))
+    run_loop(worker_spec(cfg), LocalSession(_blocks()))
     assert cb.calls == [2, 4]
     recs = [json.loads(line) for line in (tmp_path / "train_metrics.jsonl").read_text().splitlines()]
     assert [r.get("extra_metric") for r in recs if "loss" in r] == [None, 2.0, None, 4.0, None]
@@ -213,6 +214,6 @@ def test_a_worker_builds_the_layer_view_once(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(stack_mod.LayerStack, "__init__", counting)
     cfg = _loop_config(tiny_dir, tmp_path, dict(name="train_shallow", split=0.5), max_steps=3, checkpoint_every=2,
                        micro_batch_size=2)
-    out = run_loop(cfg, LocalSession(_blocks(), tmp_path / "ckpts"))
+    out = run_loop(worker_spec(cfg), LocalSession(_blocks(), tmp_path / "ckpts"))
     assert out["status"]["status"] == "finished"
     assert len(built) == len(set(built)) == 1, f"{len(built)} layer views built for {len(set(built))} model(s)"

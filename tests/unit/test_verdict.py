@@ -78,3 +78,20 @@ def test_primary_spec_and_legend():
     assert "question sampling" in text and "document sampling" in text and "12 comparisons" in text
     assert "family-wise error <= 0.05" in text
     assert "false-discovery rate" in "\n".join(legend([], None, "bh"))
+
+
+def test_against_base_comparisons_are_their_own_family_with_their_own_alpha():
+    """Issue 50: no plan differs from full (p = 0.5 each: Holm 1.0), every row forgets (p = 0.004, 0.03 against base).
+    Gated with the vs-full family the forgetting could never be marked; in its own family it is plain Holm:
+    0.004 * 2 = 0.008 and max(0.008, 0.03 * 1) = 0.03, both below 0.05."""
+    from raycpt.report.verdict import decide
+
+    comps = [{"a": "s", "b": "full", "task": "heldout_loss", "mode": None, "delta": 0.01, "p": 0.5, "primary": True},
+             {"a": "d", "b": "full", "task": "heldout_loss", "mode": None, "delta": 0.01, "p": 0.5, "primary": True},
+             {"a": "s", "b": "base", "task": "general_loss", "mode": None, "delta": 0.2, "p": 0.004,
+              "family": "vs base"},
+             {"a": "d", "b": "base", "task": "general_loss", "mode": None, "delta": 0.2, "p": 0.03,
+              "family": "vs base"}]
+    out = decide(comps)
+    assert [c["p_adj"] for c in out] == pytest.approx([1.0, 1.0, 0.008, 0.03])  # 0.5 x 2 = 1 in the vs-full family
+    assert [c["sign"] for c in out] == [0, 0, 1, 1] and [c["family"] for c in out] == ["vs full"] * 2 + ["vs base"] * 2

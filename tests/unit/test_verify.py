@@ -6,8 +6,8 @@ import torch
 from raycpt.config import PlanConfig, TrainConfig
 from raycpt.errors import RaycptError
 from raycpt.strategies import apply_plan, plan_for_model
-from raycpt.train import verify
-from raycpt.train.steps import FrozenPrefix, make_optimizer
+from raycpt.train.worker import verify
+from raycpt.train.worker.steps import FrozenPrefix, make_optimizer
 from tiny import tiny_model
 
 

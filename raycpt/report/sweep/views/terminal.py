@@ -1,0 +1,129 @@
+"""What ``raycpt sweep`` prints when it ends, short enough to read: the verdict in a few lines, then one table -
+per row the primary comparison against ``full`` and gain and forgetting against the untrained model, each with its
+95% interval (as ``±`` the half-width: the intervals here are t-intervals, symmetric). The per-category tables, the
+S(b) gains, the whole legend and the runs go to ``summary/summary.md`` and ``raycpt runs show RUN_DIR``
+(:mod:`raycpt.report.sweep.views.rich`). Also the Markdown form of the gain-and-forgetting table for summary.md."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from raycpt.report.sweep.views.format import fmt_p, mark_of
+from raycpt.report.sweep.views.markdown import oriented_mark, split_words
+from raycpt.report.sweep.seeds import CHECKPOINT, FLOOR_HINT, SEEDS_HINT, strategy_claims_allowed
+from raycpt.report.verdict import HELDOUT
+
+MAX_AXES = 3  # gain / forgetting columns in the terminal table (the rest: summary.md)
+
+
+def compact_verdict(summary: dict) -> list[str]:
+    """The verdict in at most six short lines: what the marks compare, the primary comparison's tally, the best
+    row, the trade-off's Pareto front, S(b)."""
+    v = summary.get("verdict") or {}
+    lines = []
+    allowed = strategy_claims_allowed(summary)  # issue 50: no ▲ / ▼ and no best without run noise measured
+    if v.get("claim") == CHECKPOINT:
+        lines.append(f"One run per row: each Δ compares two checkpoints, shown with its interval and no marks or best "
+                     f"(run-to-run noise not measured: {SEEDS_HINT} or {FLOOR_HINT} for strategy claims).")
+    prim = [c for c in v.get("comparisons", []) if c.get("primary")]
+    if prim and allowed:
+        worse = sum(c["sign"] == (1 if c["task"] == HELDOUT else -1) for c in prim)
+        better = sum(c["sign"] == (-1 if c["task"] == HELDOUT else 1) for c in prim)
+        lines.append(f"Primary {v.get('primary')} vs full ({v.get('adjust')}, {v.get('family_size')} comparisons, "
+                     f"error <= {v.get('alpha', 0.05):g}): {better} ▲ better, {worse} ▼ worse, "
+                     f"{len(prim) - better - worse} no clear change.")
+    elif prim:
+        lines.append(f"Primary {v.get('primary')} vs full: each row's Δ below with its checkpoint interval.")
+    else:
+        lines.append(f"Primary comparison: {v.get('primary') or 'none declared'} - not evaluated in this sweep.")
+    b = v.get("best") if allowed else None
+    if b:
+        lines.append(f"Best on {b['metric']}: {b['best']} (beats every row, largest p = {fmt_p(b['p'])} of "
+                     f"{b['pairs']} pairs)" if b["best"] else
+                     f"Best on {b['metric']}: none clear (top {b['top']} vs {b['runner_up']}: p = {fmt_p(b['p'])})")
+    base = summary.get("base") or {}
+    if base.get("axes"):
+        lines.append(f"Gain vs forgetting against base (summary/tradeoff.png): Pareto front of the point estimates "
+                     f"{', '.join(base['pareto']) or '-'}.")
+    elif base.get("rows") is not None and not base.get("rows"):
+        lines.append("No base row (sweep.include_base=false): gain and forgetting are not measured.")
+    lines += split_words(summary)[:1]
+    return lines
+
+
+def _pm(cell: Optional[dict], digits: int, lower_is_better: bool = False) -> str:
+    """``+0.512±0.021 ▲``: a delta, the half-width of its interval, the adjusted mark."""
+    if not cell or cell.get("delta") is None:
+        return "-"
+    value = cell.get("shown", cell["delta"])
+    txt = f"{value:+.{digits}f}"
+    lo, hi = cell.get("shown_lo", cell.get("lo")), cell.get("shown_hi", cell.get("hi"))
+    if lo is not None:
+        txt += "±" + f"{(hi - lo) / 2:.{digits}f}".lstrip("0")
+    return txt + mark_of(cell.get("sign"), lower_is_better).strip()
+
+
+def _axis_columns(base: dict) -> list[int]:
+    """The terminal's gain / forgetting columns: the trade-off's two axes, then the next metrics, at most
+    :data:`MAX_AXES`, gain first."""
+    metrics = base.get("metrics") or []
+    first = list(base.get("axes") or [])
+    rest = [i for i in range(len(metrics)) if i not in first]
+    order = sorted(first + rest[:max(0, MAX_AXES - len(first))], key=lambda i: (metrics[i]["axis"] != "gain", i))
+    return order[:MAX_AXES]
+
+
+def _header(m: dict) -> str:
+    """A short column head (the table's caption says which task and mode): ``gain loss``, ``gain P(gold)``,
+    ``forget loss``, ``forget P(gold)``."""
+    return f"{'gain' if m['axis'] == 'gain' else 'forget'} {'loss' if m['mode'] is None else 'P(gold)'}"
+
+
+def _caption(metrics: list[dict], cols: list[int]) -> str:
+    """What each gain / forgetting column reads, in words."""
+    words = []
+    for i in cols:
+        m = metrics[i]
+        if m["mode"] is None:
+            what = {"heldout_loss": "held-out domain loss", "general_loss": "general-text loss"}.get(m["task"], m["task"])
+            how = "base − row" if m["axis"] == "gain" else "row − base"
+            words.append(f"{_header(m)}: {what}, {how} (nats)")
+        else:
+            how = "row − base" if m["axis"] == "gain" else "base − row"
+            words.append(f"{_header(m)}: {m['label']}, {how} (points)")
+    return "; ".join(words)
+
+
+def compact_table(summary: dict):
+    """One line per row: the primary comparison against full (the held-out loss: its Δ; a task/mode: points), then
+    gain and forgetting against base (± half of the 95% interval; ▲ / ▼ only after multiplicity control: ▲ better,
+    ▼ worse than base). The base row's Δ against full is left unmarked (not in the family: full against base says it)."""
+    from rich import box
+    from rich.table import Table
+
+    base = summary.get("base") or {}
+    cols = _axis_columns(base)
+    metrics = base.get("metrics") or []
+    by_row = {r["name"]: r for r in base.get("rows", [])}
+    marks = strategy_claims_allowed(summary)  # checkpoint comparisons: Δ and interval, no ▲ / ▼ (issue 50)
+    table = Table(title="held-out loss Δ vs full; gain / forgetting vs base (± 95%" + ("; ▲▼ better/worse)" if marks
+                                                                                     else ")"),
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1), title_justify="left",
+                  caption=_caption(metrics, cols) or None, caption_justify="left")
+    for col in ["row", "Δ vs full"] + [_header(metrics[i]) for i in cols]:
+        table.add_column(col, justify="left" if col == "row" else "right", no_wrap=True)
+    first = next(iter((summary.get("tables") or {}).values()), [])
+
+    def pm(cell, *args, **kw):
+        return _pm(cell if marks or not cell else {**cell, "sign": None}, *args, **kw)
+    for r in first:
+        if r["strategy"] == "base":  # its Δ against full is full's gain read backwards: unmarked
+            cells = [pm(r.get("heldout_delta"), 3, lower_is_better=True)] + ["0 (ref)"] * len(cols)
+        else:
+            cells = [pm(r.get("heldout_delta"), 3, lower_is_better=True)]
+            row = by_row.get(r["name"]) or {"cells": [{}] * len(metrics)}
+            for i in cols:
+                c = row["cells"][i] if i < len(row["cells"]) else {}
+                cells.append(pm(oriented_mark(c, metrics[i]), 3 if metrics[i]["mode"] is None else 2))
+        table.add_row(r["name"], *cells)
+    return table
