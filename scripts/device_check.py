@@ -389,9 +389,10 @@ def eval_same_model(ckpt: Path, blocks, tiny: bool) -> None:
         in_worker = cast_weights(in_worker, dtype)  # what raycpt.train.worker.loop.eval_model does
     conf = json.loads((ckpt / "model" / "config.json").read_text())
     saved_dtype = conf.get("dtype") or conf.get("torch_dtype") or "auto"  # what `raycpt eval` loads it in
-    saved, _ = load_model(str(ckpt / "model"), dtype=saved_dtype, device=str(device))
+    saved, tok = load_model(str(ckpt / "model"), dtype=saved_dtype, device=str(device))
     held = [list(map(int, b)) for b in blocks[:8]]
-    a, b = lm_loss(in_worker, held), lm_loss(saved, held)
+    eos = tok.eos_token_id if tok is not None and tok.eos_token_id is not None else -1  # -1: one document a block
+    a, b = lm_loss(in_worker, held, eos), lm_loss(saved, held, eos)
     rel = abs(a - b) / abs(a)
     report("eval_same_model", rel <= 1e-6, f"held-out loss in-worker ({next(in_worker.parameters()).dtype}) {a:.6f}, "
            f"checkpoint reload ({next(saved.parameters()).dtype}) {b:.6f}: {rel:.2e} apart (<= 1e-6)",

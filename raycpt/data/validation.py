@@ -5,7 +5,8 @@ With ``data.heldout_share`` > 0 the hash holds a set of documents out of trainin
 held-out test sample is an evenly spaced ``heldout_docs`` of them (:func:`raycpt.data.corpus.heldout_documents`);
 the validation slice is an evenly spaced ``num_docs`` of the rest, with every text the test sample holds left out
 (duplicated glosses). With share 0 the test documents are the ``heldout_docs`` after ``data.max_documents`` and the
-validation slice the ``num_docs`` after those. Deterministic: a function of the config alone.
+validation slice the ``num_docs`` after those. Deterministic: a function of the config alone. Its loss, like the
+held-out loss, scores each document of a block on its own (:mod:`raycpt.evaluate.heldout`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ steps where accuracy on 2 questions a subject does not (docs/analysis.md, "Gain 
 
 ``sweep.general_docs`` documents are taken evenly spaced over the file (every subject is represented), packed
 into ``data.seq_len`` blocks the way the held-out domain documents are, with each block's document (the
-clusters of the interval, :func:`raycpt.stats.ratio_delta_t`).
+clusters of the interval, :func:`raycpt.stats.ratio_delta_t`), and scored like them: each document on its own,
+no EOS target and no target whose context holds another document (:mod:`raycpt.evaluate.heldout`).
 """
 
 from __future__ import annotations

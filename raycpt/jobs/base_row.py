@@ -37,8 +37,12 @@ from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
 
 BASE = "base"
 """The base row's name and strategy (a sweep has no plan of that name: ``full`` and every plan train)."""
-CACHE_VERSION = 2
-"""Part of the cache key: raise it when what an evaluation records changes, so no older record is reused."""
+BPB_KEYS = ("heldout_bpb", "general_bpb")
+"""Beside ``heldout_loss`` / ``general_loss`` (nats per counted target): the same targets in bits per byte of their
+text (:mod:`raycpt.evaluate.heldout`)."""
+CACHE_VERSION = 3
+"""Part of the cache key: raise it when what an evaluation records changes, so no older record is reused (3: the
+held-out and general losses score each document on its own, with bits per byte, :mod:`raycpt.evaluate.heldout`)."""
 ENTRY_FILE = "entry.json"
 """In a cache entry, written last: the key's digest and every other file's sha256 (:func:`seal_entry`)."""
 ENTRY_FORMAT = "raycpt.base-eval-entry/1"
@@ -220,15 +224,17 @@ def base_result(trial, spec) -> dict:
         seal_entry(cache, cache_key(cfg, model_path, shared, base_cache_root(cfg) / DIGEST_MEMO))
     (trial.dir / "eval").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cache / EVAL_RESULT_FILE, trial.dir / "eval" / EVAL_RESULT_FILE)
-    general = json.loads((cache / EVAL_RESULT_FILE).read_text(encoding="utf-8")).get("general_loss")
+    record = json.loads((cache / EVAL_RESULT_FILE).read_text(encoding="utf-8"))
+    general = record.get("general_loss")
     result = {"name": spec.name, "strategy": BASE, "split": None, "b": None, "seed": cfg.train.seed,
               "group": spec.name, "eval_file": str(trial.dir / "eval" / EVAL_RESULT_FILE), "trainable_params": 0,
               "frozen_params": None, "tokens_per_s": 0.0, "wall_s": trial.elapsed, "losses": [], "final_loss": None,
               "final_model_dir": str(model_path), "scores": ev.metrics(), "mlflow_run_id": trial.run.run_id,
               "heldout_loss": heldout, "general_loss": general, "peak_memory_mb": None, "trainable_per_step": None,
-              "pid": None, "base_cache": str(cache)}
+              "pid": None, "base_cache": str(cache), **{k: record.get(k) for k in BPB_KEYS}}
     trial.run.log_metrics({**ev.metrics(), "wall_time_s": trial.elapsed,
-                           **{k: result[k] for k in ("heldout_loss", "general_loss") if result[k] is not None}})
+                           **{k: result[k] for k in ("heldout_loss", "general_loss", *BPB_KEYS)
+                              if result[k] is not None}})
     return result
 
 

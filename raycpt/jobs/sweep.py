@@ -28,7 +28,7 @@ from raycpt.diagnostics.spectrum import spectrum_pick, spectrum_snr
 from raycpt.errors import RaycptError
 from raycpt.evaluate_prefetch import prefetch_hub_datasets
 from raycpt.io import atomic_write_json, atomic_write_text
-from raycpt.jobs.base_row import BASE, base_result, eval_value, general_probe, probe_files
+from raycpt.jobs.base_row import BASE, BPB_KEYS, base_result, eval_value, general_probe, probe_files
 from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, Trial, ahead_of_trials, grid_params, heldout_blocks, model_layers,
                               no_shards, run_grid, train_and_evaluate, warm_imports)
 from raycpt.jobs.job import Options, RunSpec, Steps, run_job
@@ -89,6 +89,7 @@ class TrialSpec:
             "final_loss": float(train.losses[-1]) if train.losses else float("nan"),
             "final_model_dir": str(train.final_model_dir), "scores": cells, "mlflow_run_id": run.run_id,
             "heldout_loss": heldout, "general_loss": eval_value(trial.dir / "eval", "general_loss"),
+            **{k: eval_value(trial.dir / "eval", k) for k in BPB_KEYS},
             "peak_memory_mb": train.peak_memory_mb,
             "trainable_per_step": train.trainable_per_step, "pid": train.pid,
             **({"tune": self.group or self.name, "lr_mult": self.lr_mult, "base_name": self.base_name,
@@ -127,7 +128,7 @@ def with_lr_grid(specs: list[TrialSpec], mults: list[float], base_lr: float) -> 
 def trial_metrics(result: dict) -> dict:
     """The metrics a sweep trial's child run gets at its end, from its ``result.json`` (``raycpt runs sync`` logs
     the same)."""
-    losses = {k: result.get(k) for k in ("heldout_loss", "general_loss", "validation_loss")
+    losses = {k: result.get(k) for k in ("heldout_loss", "general_loss", "validation_loss", *BPB_KEYS)
               if result.get(k) is not None}
     return {**result["scores"], "wall_time_s": result["wall_s"], "tokens_per_s": result["tokens_per_s"],
             "trainable_params": result["trainable_params"], **losses}

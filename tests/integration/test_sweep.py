@@ -157,18 +157,19 @@ def test_trial_fallback_evaluation_matches_the_bridge_and_a_hand_loss(tmp_path, 
                                    threads=2)
     cells = ev.metrics()
     assert cells == pytest.approx(evaluate_model(str(tiny_dir), cfg.eval).metrics())
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, torch_dtype=torch.float32).eval()
-    ids = torch.tensor(blocks)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    # no EOS (2) in these blocks: each is one document's piece, scored after the tokenizer's BOS (1), which it
+    # puts before every text; the targets are the block's tokens after its first
+    ids = torch.tensor([[1] + b for b in blocks])
+    labels = ids.clone()
+    labels[:, :2] = -100
     with torch.no_grad():
-        logits = model(ids).logits[:, :-1]
-    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-    assert heldout == pytest.approx(float(ref), rel=1e-5)
+        each = [float(model(input_ids=ids[i:i + 1], labels=labels[i:i + 1]).loss) for i in range(3)]
+    assert heldout == pytest.approx(sum(each) / 3, rel=1e-5)
     # the fallback writes the worker's eval_result.json, per-block held-out losses included (for the
     # paired bootstrap over blocks), and a second call reads it instead of evaluating again
     saved = json.loads((tmp_path / "eval" / "eval_result.json").read_text())
-    each = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                             reduction="none").view(3, -1).mean(1)
-    assert saved["heldout_block_losses"] == pytest.approx(each.tolist(), rel=1e-5)
+    assert saved["heldout_block_losses"] == pytest.approx(each, rel=1e-5)
     assert saved["heldout_block_weights"] == [15, 15, 15] and saved["questions"] == ev.questions
     again, heldout2 = final_evaluation(str(tmp_path / "nowhere"), cfg.eval,
                                        EvalRequest(str(tmp_path / "eval"), "t", str(path)))

@@ -183,17 +183,22 @@ def test_heldout_blocks_and_lm_loss(tiny_dir, tmp_path):
     text = "".join(f"document number {i} " * 3 + "</s>" for i in (8, 9))
     assert len(blocks) == (len(text) - 2 * len("</s>") + 2) // 16 and all(len(b) == 16 for b in blocks)
     model = tiny_model("llama", 2)
-    ids = torch.tensor(blocks)
+    eos = 2  # "</s>"
+    # per block: each piece of a document between EOS tokens is its own forward (transformers' labels path), its
+    # tokens after the first the targets; the block's loss is their mean
+    sums, counts = [], []
     with torch.no_grad():
-        logits = model(ids).logits[:, :-1]
-    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-    assert lm_loss(model, blocks, batch_size=1) == pytest.approx(float(ref), rel=1e-5)
-    # per block: each block's loss is the model's own loss on that block alone (transformers' labels path)
+        for b in blocks:
+            cuts = [-1] + [i for i, t in enumerate(b) if t == eos] + [len(b)]
+            pieces = [b[x + 1:y] for x, y in zip(cuts, cuts[1:]) if y - x - 1 >= 2]
+            sums.append(sum(float(model(input_ids=torch.tensor([p]), labels=torch.tensor([p])).loss) * (len(p) - 1)
+                            for p in pieces))
+            counts.append(sum(len(p) - 1 for p in pieces))
+    assert lm_loss(model, blocks, eos, batch_size=1) == pytest.approx(sum(sums) / sum(counts), rel=1e-5)
     from raycpt.evaluate.heldout import lm_block_losses
 
-    with torch.no_grad():
-        each = [float(model(input_ids=ids[i:i + 1], labels=ids[i:i + 1]).loss) for i in range(len(blocks))]
-    assert lm_block_losses(model, blocks, batch_size=2) == pytest.approx(each, rel=1e-5)
+    assert lm_block_losses(model, blocks, eos, batch_size=2) == pytest.approx(
+        [x / n for x, n in zip(sums, counts)], rel=1e-5)
     cfg.data.max_documents = 10
     with pytest.raises(RaycptError, match="no documents after the first 10"):
         heldout_blocks(cfg, str(tiny_dir), 5, "contribution.score=heldout_loss", "contribution.heldout_docs")

@@ -35,17 +35,21 @@ class _FakeRun:
 
 
 def _plain_heldout_loss(folder: Path) -> float:
-    """The token-mean next-token cross-entropy of BLOCKS under the model in ``folder``, computed directly."""
+    """The held-out loss of BLOCKS under the model in ``folder``, computed directly: each document piece (the
+    stretches between EOS tokens, 2 in the tiny tokenizer) in its own forward after the tokenizer's BOS (1, which it
+    puts before every text), its tokens after the first the targets; the mean over all of them."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     total, n = 0.0, 0
     with torch.no_grad():
         for b in BLOCKS:
-            ids = torch.tensor([b])
-            logits = model(ids).logits[0, :-1].float()
-            total += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
-            n += len(b) - 1
+            cuts = [-1] + [i for i, t in enumerate(b) if t == 2] + [len(b)]
+            for piece in (b[x + 1:y] for x, y in zip(cuts, cuts[1:]) if y - x - 1 >= 2):
+                ids = torch.tensor([[1] + piece])
+                logits = model(ids).logits[0, 1:-1].float()  # after the BOS and the piece's first token
+                total += float(torch.nn.functional.cross_entropy(logits, ids[0, 2:], reduction="sum"))
+                n += len(piece) - 1
     return total / n
 
 

@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-from raycpt.evaluate.heldout import lm_block_losses
-from raycpt.train.worker.evaluation import heldout_block_losses
-from raycpt.train.worker.loss import chunked_block_losses
-from tiny import tiny_model
+from raycpt.evaluate.heldout import document_block_scores
+from raycpt.train.worker.evaluation import heldout_block_scores
+from tiny import tiny_model, tiny_tokenizer
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
@@ -15,13 +14,20 @@ def test_chunked_block_losses_equal_the_reference(arch):
     if arch == "gemma3":
         model.config.final_logit_softcapping = 3.0  # small, so the cap matters
     g = torch.Generator().manual_seed(0)
-    blocks = torch.randint(4, 128, (5, 20), generator=g).tolist()
-    want = lm_block_losses(model, blocks, batch_size=2)
-    got = chunked_block_losses(model, blocks, batch_size=2, chunk_tokens=7)  # chunks cross block boundaries
-    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
-    assert len(set(round(x, 4) for x in want)) > 1  # the blocks differ: a per-block mix-up would show
+    blocks = torch.randint(5, 99, (5, 20), generator=g)  # printable ASCII characters but the space
+    blocks[:, 6] = blocks[1:4, 13] = 2  # documents end inside the blocks (EOS = 2, the tiny tokenizer's)
+    blocks = blocks.tolist()
+    want = document_block_scores(model, blocks, 2, batch_size=2)
+    got = document_block_scores(model, blocks, 2, batch_size=2, chunk_tokens=7)  # chunks cross run boundaries
+    assert got.targets == want.targets
+    assert got.losses == pytest.approx(want.losses, rel=1e-5, abs=1e-6)
+    assert len(set(round(x, 4) for x in want.losses)) > 1  # the blocks differ: a per-block mix-up would show
     model.train()
-    assert heldout_block_losses(model, blocks, 2) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    tok = tiny_tokenizer()  # puts its BOS (1) first: every document then starts after it
+    both = heldout_block_scores(model, tok, blocks, 2)
+    assert both.losses == pytest.approx(document_block_scores(model, blocks, 2, 2, prefix_id=1).losses,
+                                        rel=1e-5, abs=1e-6)
+    assert both.bytes == [2 * k for k in both.targets]  # it decodes ' X' per token: 2 bytes per counted target
     assert model.training  # left as it was
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycpt.evaluate import evaluate_model
+from raycpt.evaluate.heldout import DEFINITION
 from raycpt.evaluate.results import EvalResult
 from raycpt.io import atomic_write_json
 from raycpt.models.sources import load_model
@@ -61,6 +62,15 @@ def saved_model_load(model_dir) -> dict:
     return {"dtype": saved_dtype(model_dir), "device": reserved_device()}
 
 
+def current_definition(record: dict, req: EvalRequest) -> bool:
+    """Whether a written ``eval_result.json`` may be reused: without a blocks file any; with one, only a record whose
+    losses follow today's rule (``loss_definition``, :data:`raycpt.evaluate.heldout.DEFINITION`): a record from
+    before per-document scoring is evaluated again, never read as the new loss."""
+    if not (req.heldout_path or req.general_path or req.validation_path):
+        return True
+    return record.get("loss_definition") == DEFINITION
+
+
 def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optional[int] = None):
     """``(EvalResult, held-out loss or None)`` of a training run's final model.
 
@@ -69,10 +79,10 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
     in the dtype it was saved in (:func:`saved_dtype`), with ``threads``
     torch threads, and the held-out loss on the blocks of ``req.heldout_path``; it then writes the same
     ``eval_result.json`` the worker would have (per-block held-out losses included), so a resumed trial
-    reads it instead of evaluating again."""
+    reads it instead of evaluating again (unless it predates per-document scoring: :func:`current_definition`)."""
 
     done = read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
-    if done:
+    if done and current_definition(done, req):
         return EvalResult.from_dict(done), done.get("heldout_loss")
     import torch
 
@@ -82,6 +92,6 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
     model, tok = load_model(str(final_model_dir), **saved_model_load(final_model_dir))
     ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=req.out_dir, name=req.name)
     record = eval_result_record(ev, model, req.heldout_path, eval_cfg.batch_size,
-                                validation_path=req.validation_path, general_path=req.general_path)
+                                validation_path=req.validation_path, general_path=req.general_path, tokenizer=tok)
     atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, record)
     return ev, record["heldout_loss"]

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from raycpt.data.corpus import eos_id_of
 from raycpt.evaluate import evaluate_model, merge_shards
-from raycpt.evaluate.heldout import block_weights, lm_block_losses
+from raycpt.evaluate.heldout import DEFINITION, BlockScores, document_block_scores, prefix_id_of
 from raycpt.io import atomic_write_json
 from raycpt.models.adapters import merge_lora_
 from raycpt.train.ckpt.checkpoint import model_state, weights_dtype
-from raycpt.train.worker.loss import chunked_block_losses, chunked_supported
+from raycpt.train.worker.loss import DEFAULT_CHUNK_TOKENS, chunked_supported
 from raycpt.train.worker.session import SessionBase
 
 EVAL_RESULT_FILE = "eval_result.json"
@@ -104,33 +105,41 @@ def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Op
     finally:
         model.config.use_cache = use_cache
     out = eval_result_record(res, model, req.heldout_path, eval_cfg.batch_size,
-                             validation_path=req.validation_path, general_path=req.general_path)
+                             validation_path=req.validation_path, general_path=req.general_path, tokenizer=tokenizer)
     return atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)
 
 
 def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int,
-                       validation_path: Optional[str] = None, general_path: Optional[str] = None) -> dict:
+                       validation_path: Optional[str] = None, general_path: Optional[str] = None,
+                       tokenizer=None) -> dict:
     """What ``eval_result.json`` holds: ``EvalResult.to_dict()``, the flat ``metrics``, and with a held-out
-    blocks file its ``heldout_loss`` (token mean) and ``heldout_block_losses`` / ``heldout_block_weights``
-    (per block, for the paired bootstrap over blocks), and its seconds as ``seconds["heldout"]``; None / absent
-    without one. The same with the general probe's blocks (``general_path``) under ``general_*`` and with the
-    validation slice's (``validation_path``, ``sweep.lr_grid``: the grid's choice is made on these blocks, never
-    on the held-out ones) under ``validation_*``."""
+    blocks file its ``heldout_loss`` (each document scored on its own, the token mean over the counted targets:
+    :mod:`raycpt.evaluate.heldout`), ``heldout_bpb`` (bits per byte of the same targets), ``heldout_block_losses`` /
+    ``heldout_block_weights`` (per block: the loss and its counted targets, for the paired interval over blocks) and
+    ``heldout_block_bytes``, and its seconds as ``seconds["heldout"]``; None / absent without one. The same with
+    the general probe's blocks (``general_path``) under ``general_*`` and with the validation slice's
+    (``validation_path``, ``sweep.lr_grid``: the grid's choice is made on these blocks, never on the held-out ones)
+    under ``validation_*``. ``loss_definition`` names the rule (:data:`raycpt.evaluate.heldout.DEFINITION`).
+    ``tokenizer``: the model's (its EOS separates the documents); required with any blocks file."""
     out = {**res.to_dict(), "metrics": res.metrics(), "heldout_loss": None}
     for key, path in (("heldout", heldout_path), ("general", general_path), ("validation", validation_path)):
         if path:
             t0 = time.perf_counter()
             blocks = json.loads(Path(path).read_text())
-            losses, weights = heldout_block_losses(model, blocks, batch_size), block_weights(blocks)
-            out.update({f"{key}_loss": sum(x * n for x, n in zip(losses, weights)) / sum(weights),
-                        f"{key}_block_losses": losses, f"{key}_block_weights": weights,
+            sc = heldout_block_scores(model, tokenizer, blocks, batch_size)
+            out.update({f"{key}_loss": sc.loss(), f"{key}_bpb": sc.bpb(), f"{key}_block_losses": sc.losses,
+                        f"{key}_block_weights": sc.targets, f"{key}_block_bytes": sc.bytes,
+                        "loss_definition": DEFINITION,
                         "seconds": {**out.get("seconds", {}), key: time.perf_counter() - t0}})
     return out
 
 
-def heldout_block_losses(model, blocks: list[list[int]], batch_size: int) -> list[float]:
-    """Per-block held-out losses: chunked over the vocabulary when the head allows
-    (:func:`raycpt.train.worker.loss.chunked_block_losses`), else the full-logit reference."""
-    if chunked_supported(model) is None:
-        return chunked_block_losses(model, blocks, batch_size)
-    return lm_block_losses(model, blocks, batch_size=batch_size)
+def heldout_block_scores(model, tokenizer, blocks: list[list[int]], batch_size: int) -> BlockScores:
+    """Per-block document-aware losses, counts and bytes (:func:`raycpt.evaluate.heldout.document_block_scores`):
+    chunked over the vocabulary when the head allows (:func:`raycpt.train.worker.loss.chunked_supported`), else from
+    the full logits."""
+    if tokenizer is None:
+        raise ValueError("eval_result_record: a blocks file needs the model's tokenizer (its EOS separates documents)")
+    chunk = DEFAULT_CHUNK_TOKENS if chunked_supported(model) is None else None
+    return document_block_scores(model, blocks, eos_id_of(tokenizer), batch_size, prefix_id=prefix_id_of(tokenizer),
+                                 tokenizer=tokenizer, chunk_tokens=chunk)

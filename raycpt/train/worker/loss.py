@@ -172,34 +172,3 @@ def model_loss(wrapped, model, ids: torch.Tensor, chunk_tokens: Optional[int]) -
         handle.remove()
     return chunked_lm_loss(box[-1], model.get_output_embeddings(), ids, chunk_tokens, softcap_of(model.config))
 
-
-def chunked_block_losses(model, blocks: list[list[int]], batch_size: int = 8,
-                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> list[float]:
-    """:func:`raycpt.evaluate.heldout.lm_block_losses` (mean next-token cross-entropy of each packed block, float32
-    logits, the model's softcap) without the full logits: the decoder's final hidden states, then the head and
-    the cross-entropy ``chunk_tokens`` rows at a time, so one chunk's logits exist at once instead of
-    ``batch x seq x vocab`` (32 x 4096 x 151,936 floats, ~80 GB, for Qwen3's held-out set). The model is run in
-    eval mode without the KV cache and left in the mode it was in; needs :func:`chunked_supported`."""
-    head, cap = model.get_output_embeddings(), softcap_of(model.config)
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    out: list[float] = []
-    try:
-        with torch.no_grad():
-            for i in range(0, len(blocks), batch_size):
-                ids = torch.tensor(blocks[i:i + batch_size], dtype=torch.long, device=device)
-                h = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[:, :-1]
-                rows, targets = h.reshape(-1, h.shape[-1]), ids[:, 1:].reshape(-1)
-                ce = torch.empty(rows.shape[0], dtype=torch.float32, device=device)
-                for s in range(0, rows.shape[0], chunk_tokens):
-                    z = head(rows[s:s + chunk_tokens]).float()
-                    if cap is not None:
-                        z = torch.tanh(z / cap) * cap
-                    ce[s:s + chunk_tokens] = torch.nn.functional.cross_entropy(z, targets[s:s + chunk_tokens],
-                                                                               reduction="none")
-                out += ce.view(ids.shape[0], -1).mean(dim=1).tolist()
-    finally:
-        if was_training:
-            model.train()
-    return out
