@@ -241,7 +241,6 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
     """One dtype for both paths: the in-worker evaluation of an FSDP bf16 run (rank 0, the gathered weights in the
     checkpoint's dtype) gives the same per-question log-probabilities as evaluating the published folder, by
     final_evaluation and by `raycpt eval`."""
-    from raycpt.config import config_from_dict
     from raycpt.train.driver.publish import publish_model
     from raycpt.train.driver.final_eval import final_evaluation, saved_dtype
     from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
@@ -251,8 +250,8 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
     final = root / "bf16-eval" / "final_model"
     publish_model(root / "bf16-eval" / "ckpts" / "checkpoint_000002", final)
     assert saved_dtype(final) == "bfloat16"
-    job_cfg = json.loads(json.dumps(_job(root, "x", final, PLANS["train_shallow"])["config"]["cfg"]))
-    ev, _ = final_evaluation(final, config_from_dict(job_cfg).eval, EvalRequest(str(root / "reeval"), "trial"))
+    job_cfg = _job(root, "x", final, PLANS["train_shallow"])["spec"].cfg
+    ev, _ = final_evaluation(final, job_cfg.eval, EvalRequest(str(root / "reeval"), "trial"))
     a, b = got["questions"]["wordnet_mc"], ev.questions["wordnet_mc"]
     assert len(a) == len(b) == 6 and [q["id"] for q in a] == [q["id"] for q in b]
     assert [q["logit"]["logprobs"] for q in a] == [q["logit"]["logprobs"] for q in b]
@@ -260,7 +259,7 @@ def test_fsdp_evaluates_in_the_worker_and_scores_what_evaluating_the_saved_model
     # and `raycpt eval` of the same folder (its in-process loader; each Ray task runs the same call)
     from raycpt.jobs.eval import evaluate_checkpoints
 
-    cli = evaluate_checkpoints(config_from_dict(job_cfg), [str(final)], use_ray=False, progress=False)[0]
+    cli = evaluate_checkpoints(job_cfg, [str(final)], use_ray=False, progress=False)[0]
     assert [q["logit"]["logprobs"] for q in cli.questions["wordnet_mc"]] == [q["logit"]["logprobs"] for q in a]
 
 
