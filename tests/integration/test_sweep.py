@@ -99,21 +99,39 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     again = evaluate_model(full["final_model_dir"], cfg.eval).metrics()
     assert again == pytest.approx(full["scores"])
 
-    # held-out loss: documents 50..59, packed by hand, cross-entropy computed here with torch
+    # held-out loss: documents 50..59, packed by hand into blocks of 32, then each document scored on its own
+    # (issue 50): a block cut at EOS into runs, each run its own forward (after the tokenizer's BOS when it puts one
+    # before every text), every token after a run's first counted, computed here with torch
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(full["final_model_dir"])
     docs = [json.loads(line)["text"] for line in (tmp_path / "corpus.jsonl").read_text().splitlines()[50:60]]
     flat = [t for d in docs for t in tok(d, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
-    blocks = torch.tensor([flat[i:i + 32] for i in range(0, len(flat) - 31, 32)])
+    blocks = [flat[i:i + 32] for i in range(0, len(flat) - 31, 32)]
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None and tok("a")["input_ids"][:1] == [tok.bos_token_id] \
+        else []
+    runs = []
+    for b in blocks:
+        cur = []
+        for x in b + [tok.eos_token_id]:
+            if x == tok.eos_token_id:
+                if len(cur) >= 2:
+                    runs.append(cur)
+                cur = []
+            else:
+                cur.append(x)
     for t in res.trials:
         model = AutoModelForCausalLM.from_pretrained(t["final_model_dir"], torch_dtype=torch.float32).eval()
+        nats, n = 0.0, 0
         with torch.no_grad():
-            logits = model(blocks).logits[:, :-1]
-        ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
-        assert t["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
-        assert by_name[t["name"]]["heldout_loss"] == pytest.approx(float(ref), rel=1e-4)
+            for r in runs:
+                ids = torch.tensor([bos + r])
+                logits = model(ids).logits[0, len(bos):-1]
+                nats += float(torch.nn.functional.cross_entropy(logits, ids[0, len(bos) + 1:], reduction="sum"))
+                n += len(r) - 1
+        assert t["heldout_loss"] == pytest.approx(nats / n, rel=1e-4)
+        assert by_name[t["name"]]["heldout_loss"] == pytest.approx(nats / n, rel=1e-4)
     assert "held-out loss" in (summary / "summary.md").read_text()
     # the base row (the untrained model, its final_model_dir the model folder): every row's gain against it is
     # its held-out loss below base's, by the hand losses above

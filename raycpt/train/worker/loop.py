@@ -337,7 +337,8 @@ class TrainingRecipe:
         if ran is not None:
             self.sdpa_ran = ran
             if self.logger is not None:
-                self.logger.event({"event": "sdpa_backend", "step": step, "ran": ran, "forced": self.sdpa_backend})
+                # a record of its own (not an "event": those are the run's lifecycle, start/resume/finished)
+                self.logger.event({"sdpa_backend": ran, "step": step, "forced": self.sdpa_backend})
         loss_local = self.faults.loss(step, loss_local)
         self.faults.drop_grads(step, self.model)
         first = step == self.start_step + 1 or switched
