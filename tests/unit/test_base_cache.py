@@ -13,25 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_run import FakeRun
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]
 BLOCKS = [[1 + (7 * i + 3 * j) % 90 for j in range(12)] for i in range(4)]  # 4 blocks of 12 token ids
 
 
-class _FakeRun:
-    created, run_id, elapsed = True, "r" * 32, 1.5
-
-    def __init__(self):
-        self.metrics, self.params = {}, {}
-
-    def log_metrics(self, m):
-        self.metrics.update(m)
-
-    def log_params(self, p):
-        self.params.update(p)
-
-    def set_tags(self, t):
-        pass
+_FakeRun = FakeRun
 
 
 def _plain_heldout_loss(folder: Path) -> float:

@@ -13,6 +13,7 @@ from raycpt.evaluate.general import general_blocks, general_documents
 from raycpt.report.sweep.summary import build_summary
 from raycpt.report.sweep.base import against_base, pareto_front
 from raycpt.report.sweep.outcomes import question_outcomes
+from fake_run import FakeRun
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]
 
@@ -177,20 +178,7 @@ def test_general_documents_are_evenly_spaced_and_blocks_keep_their_documents():
 
 
 # ------------------------------------------------------------------------------------------ the base row's cache
-class _FakeRun:
-    created, run_id, elapsed = True, "r" * 32, 1.5
-
-    def __init__(self):
-        self.metrics, self.params = {}, {}
-
-    def log_metrics(self, m):
-        self.metrics.update(m)
-
-    def log_params(self, p):
-        self.params.update(p)
-
-    def set_tags(self, t):
-        pass
+_FakeRun = FakeRun
 
 
 def test_base_row_is_evaluated_once_and_reused_on_resume(tiny_dir, tmp_path, monkeypatch):
