@@ -57,6 +57,12 @@ COMMANDS: dict[str, Row] = {
                      Opt("budget", S, "equal-budget comparison at this trainable-parameter count (sets "
                          "sweep.budget)", "sweep.budget"),
                      RESUME, ACCEPT)),
+    "decide": Row(lazy("raycpt.jobs.decide", "DECIDE"), R.render_decide, "The same arms at a short and a long token "
+                  "budget, each at its own learning rate, k seeds each: does the short ranking hold (decision "
+                  "accuracy)?", (
+                      Opt("horizons", S, "token budgets as multiples of train.max_steps, e.g. 1,8 (sets "
+                          "decide.horizons)", "decide.horizons", floats("--horizons")),
+                      RESUME)),
     "trace": Row(lazy("raycpt.jobs.trace", "TRACE"), R.render_trace, "LayerTracer: Task Particle and Layer-wise "
                  "Sensitivity per layer, S(b) per split, recommended split.", (
                      Opt("prompts", S, "JSONL of {s1, s2, group} records (default trace.prompts = "

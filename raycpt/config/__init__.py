@@ -15,6 +15,7 @@ from raycpt.config.coerce import config_from_dict, config_to_dict
 from raycpt.config.compare import CompareConfig
 from raycpt.config.contribution import ContributionConfig
 from raycpt.config.data import DataConfig, ReplayConfig
+from raycpt.config.decide import DecideConfig
 from raycpt.config.docs import field_docs
 from raycpt.config.eval import EvalConfig
 from raycpt.config.experiment import ExperimentConfig
@@ -34,7 +35,7 @@ from raycpt.config.yaml_io import MAX_CONFIG_BYTES, MAX_CONFIG_NODES, read_yaml,
 from raycpt.errors import ConfigError
 
 __all__ = [
-    "CompareConfig", "ConfigError", "ContributionConfig", "DataConfig", "EvalConfig", "ExperimentConfig",
+    "CompareConfig", "ConfigError", "ContributionConfig", "DataConfig", "DecideConfig", "EvalConfig", "ExperimentConfig",
     "HYBRID_BUILDS", "HybridConfig", "HybridSegmentConfig", "MAX_CONFIG_BYTES", "MAX_CONFIG_NODES", "ModelConfig",
     "PlanConfig", "RayConfig", "ReplayConfig", "ReportConfig", "SelectConfig", "SweepConfig",
     "TraceConfig", "TrackingConfig", "TrainConfig", "apply_overrides", "config_from_dict", "config_to_dict",

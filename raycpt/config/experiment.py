@@ -11,6 +11,7 @@ from raycpt.config.checks import check_field, check_names, check_rate, lr_tag, n
 from raycpt.config.compare import CompareConfig
 from raycpt.config.contribution import ContributionConfig
 from raycpt.config.data import DataConfig
+from raycpt.config.decide import DecideConfig
 from raycpt.config.eval import EvalConfig
 from raycpt.config.hybrid import HybridConfig
 from raycpt.config.model import ModelConfig
@@ -45,6 +46,8 @@ class ExperimentConfig:
     """How the sweep summary decides: the primary comparison and the multiplicity control."""
     select: SelectConfig = field(default_factory=SelectConfig)
     """``raycpt select``: which selector, how many layers, its corpus sample."""
+    decide: DecideConfig = field(default_factory=DecideConfig)
+    """``raycpt decide``: the arms, horizons, seeds and learning-rate search of the decision-accuracy measurement."""
 
     def __post_init__(self):
         check_field(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.name) is not None
@@ -54,7 +57,7 @@ class ExperimentConfig:
         check_folder_names(self)
 
 
-COMMANDS = ("contribution", "compare", "select", "sweep", "train", "trace", "hybrid", "eval")
+COMMANDS = ("contribution", "compare", "select", "sweep", "train", "trace", "hybrid", "eval", "decide")
 """The commands that make a run folder ``<command>-<name>-<8 hex>`` (the longest decides its length)."""
 
 

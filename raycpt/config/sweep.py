@@ -30,6 +30,11 @@ class SweepConfig:
     LoRA's usual rate x m for the LoRA row); each method's run with the lowest loss on the validation slice
     (``validation_docs``, disjoint from the held-out test documents) is the one the summary reports, the grid and
     the choice beside it. null = [1/3, 1, 3] with ``--budget`` and no grid otherwise; [1] = no grid."""
+    lr_step: float = 3.0
+    """A method whose pick is its grid's largest (smallest) rate runs again at pick x (/) this (issue 47)."""
+    lr_max_extensions: int = 3
+    """Rates a method may add beyond ``lr_grid``; a method still at its grid's edge after them is *untuned*: marked in
+    every table, no part of best or of the marks. 0 = the grid as given."""
     lora_lr_scale: float = 10.0
     """LoRA's usual learning rate relative to ``train.lr`` (LoRA runs at about 10x full fine-tuning's rate): the
     budget's LoRA row trains at ``train.lr`` x this (its grid centre)."""
@@ -102,6 +107,11 @@ class SweepConfig:
                    "sweep.lr_grid", self.lr_grid, "distinct positive learning-rate multipliers, e.g. [0.333, 1, 3], "
                    "or null")
             check_distinct_tags("sweep.lr_grid", self.lr_grid, lr_tag)
+        check_field(isinstance(self.lr_step, (int, float)) and self.lr_step > 1, "sweep.lr_step", self.lr_step,
+                    "a factor > 1")
+        check_field(isinstance(self.lr_max_extensions, int) and not isinstance(self.lr_max_extensions, bool)
+                    and self.lr_max_extensions >= 0, "sweep.lr_max_extensions", self.lr_max_extensions,
+                    "an integer >= 0")
         check_field(self.lora_lr_scale > 0, "sweep.lora_lr_scale", self.lora_lr_scale, "a positive multiplier")
         check_field(isinstance(self.validation_docs, int) and self.validation_docs >= 1, "sweep.validation_docs",
                self.validation_docs, "an integer >= 1")

@@ -23,6 +23,7 @@ from raycpt.config import ExperimentConfig, config_with
 from raycpt.config.checks import lr_tag
 from raycpt.config.sweep import lr_multipliers
 from raycpt.data.validation import validation_blocks
+from raycpt.decide import extend_rates, rate_rows
 from raycpt.diagnostics.selectors import SelectorInputs, ranking_order, select_scores
 from raycpt.diagnostics.spectrum import spectrum_pick, spectrum_snr
 from raycpt.errors import RaycptError
@@ -331,17 +332,19 @@ def parse_budget(value) -> int:
         raise RaycptError(f"--budget {value!r}: expected a trainable-parameter count (a whole number)") from None
 
 
-def budget_rows(cfg: ExperimentConfig, model_path: str) -> list[dict]:
+def budget_rows(cfg: ExperimentConfig, model_path: str, selectors: Optional[list[str]] = None) -> list[dict]:
     """The equal-budget trials: the budget checked against the model first (one line), then the rankings of
     :data:`BUDGET_SELECTORS` and Spectrum's per-type SNR computed on the driver by the registered selectors (:func:`raycpt.diagnostics.selectors.select_scores`,
-    the path ``raycpt select`` takes), best first, then :func:`raycpt.strategies.budget_plans`."""
+    the path ``raycpt select`` takes), best first, then :func:`raycpt.strategies.budget_plans`; ``selectors``: only
+    these rankings (``raycpt decide``'s budget arms), None = all."""
     nums = budget_numbers(model_skeleton(model_path), cfg.plan.lora_targets)
     budget = check_budget(parse_budget(cfg.sweep.budget), nums["layer_params"], nums["total"])
     model, tok = load_model(model_path, dtype="float32", device="cpu")
     layers = LayerStack(model).layers
     inputs = SelectorInputs(num_layers=len(layers), model=model, layers=layers, blocks=corpus_blocks(cfg, tok),
                             batch=BATCH)
-    order = {name: ranking_order(select_scores(m, inputs)) for name, m in BUDGET_SELECTORS.items()}
+    order = {name: ranking_order(select_scores(m, inputs)) for name, m in BUDGET_SELECTORS.items()
+             if selectors is None or name in selectors}
     return budget_plans(budget, nums["layer_params"], nums["non_layer_params"], nums["lora_per_rank"],
                         nums["max_rank"], rankings=order, lora_lr=cfg.train.lr * cfg.sweep.lora_lr_scale,
                         spectrum=spectrum_inputs(layers, nums["embed_head_params"]))
@@ -399,6 +402,7 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
                     max_steps=cfg.train.max_steps, model_path=plan.model_path)
         grid.shared[SHARDS_CHECKED] = plan.shards_ready() or {}
         trials = list(run_grid(run, grid, resume=resume, console=console).values())
+        trials += extend_lr_grid(run, grid, trials, cfg, resume, console)
         stop_ray_soon()  # Ray shuts down while the summary is written
         trials, tuning = pick_by_validation(trials)
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
@@ -409,6 +413,46 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
         run.state(done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace,
                        wall_s=time.time() - plan.t0)
+
+
+def extend_lr_grid(run, grid: Grid, trials: list[dict], cfg: ExperimentConfig, resume: bool = False,
+                   console=None) -> list[dict]:
+    """Each method at its own optimum (issue 47, :mod:`raycpt.decide.search`): while a method's pick is its grid's
+    largest or smallest rate and it has added fewer than ``sweep.lr_max_extensions`` rates, its runs (every seed) go
+    on at pick x ``sweep.lr_step`` (or / step), one Tune grid per round (``tune-lr<k>``); the added trials' results."""
+    s = cfg.sweep
+    if lr_multipliers(s) == [1.0] or not s.lr_max_extensions:
+        return []
+    specs = {t.name: t for t in grid.specs}
+    added: list[dict] = []
+    for k in range(1, s.lr_max_extensions + 1):
+        _, table = pick_by_validation(trials + added)
+        rows = rate_rows({r["method"]: {g["lr_mult"]: g["validation_loss"] for g in r["grid"]} for r in table},
+                         lr_multipliers(s))
+        nxt = extend_rates(rows, s.lr_step, s.lr_max_extensions)
+        if not nxt:
+            break
+        new = [dataclasses.replace(t, name=f"{t.base_name}-{lr_tag(nxt[t.group])}", lr_mult=float(nxt[t.group]),
+                                   recipe={**t.recipe, "train.lr": float(t.recipe["train.lr"]) / t.lr_mult
+                                           * float(nxt[t.group])})
+               for t in _one_per_run(specs.values()) if t.group in nxt]
+        if console is not None:
+            console.print("learning rate at the grid's edge, extending: " + ", ".join(
+                f"{m} -> x{v:.3g}" for m, v in nxt.items()), markup=False)
+        more = dataclasses.replace(grid, specs=new, tune_name=f"tune-lr{k}")
+        added += list(run_grid(run, more, resume=resume, console=console).values())
+        specs.update({t.name: t for t in new})
+    return added
+
+
+def _one_per_run(specs) -> list[TrialSpec]:
+    """One grid point of each run of a tuned method (its first multiplier): the template of the added rates."""
+    seen, out = set(), []
+    for t in specs:
+        if t.lr_mult is not None and t.base_name not in seen:
+            seen.add(t.base_name)
+            out.append(t)
+    return out
 
 
 def record_tuning(run, run_dir: Path, tuning: list[dict], plan: SweepPlan, console=None) -> list[dict]:

@@ -29,6 +29,13 @@ def render_sweep(res, console) -> None:
                   markup=False, highlight=False)
 
 
+def render_decide(res, console) -> None:
+    """``raycpt decide``: its report was printed as it finished (:func:`raycpt.report.decide.write_decision`); where
+    it is."""
+    console.print(f"decide finished in {res.wall_s:.0f}s; summary/decision.md and decision.png in {res.run_dir}; "
+                  f"MLflow parent run {res.parent_run_id} (raycpt ui to browse)", markup=False, highlight=False)
+
+
 def render_runs_show(shown, console) -> None:
     """``raycpt runs show``: per task the Table-1 layout per mode (accuracies, then continuous scores) and the split
     gains, domain versus general, gain and forgetting against base, the whole verdict, the runs, the files."""

@@ -13,6 +13,10 @@ import math
 from typing import Optional
 
 
+UNTUNED = "(untuned)"
+"""The suffix of a picked run whose rate sits at its grid's edge: every table shows it, no mark or best rests on it."""
+
+
 def _mean(xs) -> float:
     xs = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
     return sum(xs) / len(xs) if xs else math.nan
@@ -22,8 +26,8 @@ def pick_by_validation(trials: list[dict]) -> tuple[list[dict], list[dict]]:
     """``(picked trials, grid table)``. Trials without ``tune`` pass unchanged; of a tuned method only the runs at
     its picked multiplier stay, renamed ``base_name`` (the name without ``-lr<m>``) with ``lr_grid`` (the table
     row) added. A table row: ``{"method", "grid": [{"lr_mult", "lr", "validation_loss", "heldout_loss", "runs"}],
-    "picked_mult", "picked_lr", "edge"}`` (``edge``: the pick is the grid's smallest or largest rate, so the best
-    rate may lie outside it); a method none of whose runs has a finite validation loss picks nothing (None)."""
+    "picked_mult", "picked_lr", "edge", "untuned"}`` (``edge``: the pick is the smallest or largest rate tried, so
+    the best rate may lie outside them: the method is *untuned*, issue 47); a method none of whose runs has a finite validation loss picks nothing (None)."""
     methods: dict[str, list[dict]] = {}
     out: list[dict] = []
     for t in trials:
@@ -42,11 +46,15 @@ def pick_by_validation(trials: list[dict]) -> tuple[list[dict], list[dict]]:
         best: Optional[dict] = min(scored, key=lambda g: (g["validation_loss"], g["lr_mult"])) if scored else None
         row = {"method": method, "grid": grid, "picked_mult": best and best["lr_mult"],
                "picked_lr": best and best["lr"],
-               "edge": bool(best) and len(mults) > 1 and best["lr_mult"] in (mults[0], mults[-1])}
+               "edge": bool(best) and best["lr_mult"] in (mults[0], mults[-1])}
+        row["untuned"] = row["edge"]
         table.append(row)
         for r in runs:
             if best is not None and float(r["lr_mult"]) == best["lr_mult"]:
-                out.append({**r, "name": r.get("base_name") or method, "lr_grid": row})
+                name = r.get("base_name") or method
+                mark = (lambda x: f"{x} {UNTUNED}") if row["untuned"] else (lambda x: x)
+                out.append({**r, "name": mark(name), "group": mark(r.get("group") or method), "lr_grid": row,
+                            "untuned": row["untuned"]})
     return out, table
 
 
@@ -60,7 +68,7 @@ def tuning_lines(table: list[dict], validation_note: str = "") -> list[str]:
                            f"(val {g['validation_loss']:.4f})" for g in row["grid"])
         pick = next((g for g in row["grid"] if g["lr_mult"] == row["picked_mult"]), None)
         tail = (f"-> lr {row['picked_lr']:.3g}, held-out {pick['heldout_loss']:.4f}"
-                + (" (at the grid's edge)" if row["edge"] else "")) if pick else "-> none (no finite validation loss)"
+                + (" (untuned: at the grid's edge)" if row["edge"] else "")) if pick else "-> none (no finite validation loss)"
         lines.append(f"- {row['method']}: {cells} {tail}")
     return lines
 
@@ -74,7 +82,7 @@ def tuning_markdown(table: list[dict], validation_note: str = "") -> str:
            "| method | lr | validation loss | held-out loss | picked |", "|---|---:|---:|---:|:---:|"]
     for row in table:
         for g in row["grid"]:
-            mark = "*" + (" (edge)" if row["edge"] else "") if g["lr_mult"] == row["picked_mult"] else ""
+            mark = "*" + (" (untuned: edge)" if row["edge"] else "") if g["lr_mult"] == row["picked_mult"] else ""
             out.append(f"| {row['method']} | {g['lr']:.3g} | {g['validation_loss']:.4f} | {g['heldout_loss']:.4f} "
                        f"| {mark} |")
     return "\n".join(out) + "\n"

@@ -551,3 +551,29 @@ def test_one_seed_verdict_compares_checkpoints_and_prints_the_seeds_command():
     held = next(c for c in s3["verdict"]["comparisons"] if c["primary"] and c["a"] == "train_shallow-r0.33")
     assert held["claim"] == "strategy" and strategy_claims_allowed(s3) and "One run per row" not in summary_markdown(s3)
     assert any("per plan (Welch-Satterthwaite)" in ln for ln in s3["verdict"]["legend"])
+
+
+def test_an_untuned_row_is_shown_but_never_marked_nor_best():
+    """Issue 47: a row whose learning rate sat at its grid's edge after every extension keeps its numbers in the
+    tables but no comparison of the verdict's family rests on it, and it cannot be best; the same trials without the
+    flag give it a mark (so the test can fail)."""
+    rng = np.random.default_rng(5)
+    trials = []
+    for sd in range(3):
+        full_blk = 3.5 + 0.01 * sd + 0.05 * rng.standard_normal(48)
+        sh_blk = full_blk - 0.3 + 0.01 * rng.standard_normal(48)  # 0.3 nats better in every seed: a clear mark
+        trials.append(_run(f"full-s{sd}", "full", None, sd, {"wn": {"logit": FULL_DOM}}, full_blk, group="full"))
+        trials.append(_run(f"train_shallow-r0.5-s{sd}", "train_shallow", 0.5, sd, {"wn": {"logit": FULL_DOM}},
+                           sh_blk, group="train_shallow-r0.5"))
+    report = {"primary": "heldout_loss"}
+    tuned = build_summary(trials, None, ["wn"], [], resamples=200, report=report)
+    row = next(r for r in tuned["tables"]["wn"] if r["name"] == "train_shallow-r0.5")
+    assert row["heldout_delta"]["sign"] == -1 and tuned["verdict"]["best"]["best"] == "train_shallow-r0.5"
+    marked = [dict(t, group=f"{t['group']} (untuned)", untuned=True) if t["strategy"] == "train_shallow" else t
+              for t in trials]
+    s = build_summary(marked, None, ["wn"], [], resamples=200, report=report)
+    row = next(r for r in s["tables"]["wn"] if r["name"] == "train_shallow-r0.5 (untuned)")
+    assert row["heldout_delta"]["delta"] == pytest.approx(tuned["tables"]["wn"][1]["heldout_delta"]["delta"])
+    assert not row["heldout_delta"].get("sign") and (s["verdict"]["best"] or {}).get("best") is None
+    assert not any("untuned" in c["a"] for c in s["verdict"]["comparisons"])
+    assert any("never marked, never best" in line for line in s["verdict"]["legend"])

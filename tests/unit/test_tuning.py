@@ -27,15 +27,15 @@ def test_the_pick_follows_the_validation_loss_not_the_held_out_loss():
               _t("lora", 1 / 3, 5.0, 5.0), _t("lora", 1.0, 4.8, 4.8), _t("lora", 3.0, 4.7, 4.7)]
     picked, table = pick_by_validation(trials)
     names = [t["name"] for t in picked]
-    assert names == ["base-row", "full", "lora"]
+    assert names == ["base-row", "full", "lora (untuned)"]  # issue 47: still at its grid's edge
     full = next(t for t in picked if t["name"] == "full")
     assert full["lr"] == pytest.approx(1e-4) and full["heldout_loss"] == 3.9  # not 2.0: that one has a worse val
     rows = {r["method"]: r for r in table}
     assert rows["full"]["picked_mult"] == 1.0 and not rows["full"]["edge"]
     assert rows["lora"]["picked_mult"] == 3.0 and rows["lora"]["edge"]  # the largest rate: flagged
     text = "\n".join(tuning_lines(table, "8 blocks"))
-    assert "full: 3.33e-05 (val 4.0000) | 0.0001* (val 3.9000)" in text and "(at the grid's edge)" in text
-    assert "| lora | 0.0003 | 4.7000 | 4.7000 | * (edge) |" in tuning_markdown(table)
+    assert "full: 3.33e-05 (val 4.0000) | 0.0001* (val 3.9000)" in text and "(untuned: at the grid's edge)" in text
+    assert "| lora | 0.0003 | 4.7000 | 4.7000 | * (untuned: edge) |" in tuning_markdown(table)
 
 
 def test_several_seeds_pick_one_rate_by_their_mean_and_ties_take_the_smaller_rate():
@@ -43,7 +43,8 @@ def test_several_seeds_pick_one_rate_by_their_mean_and_ties_take_the_smaller_rat
               _t("m", 3.0, 3.4, 4.0, seed=0), _t("m", 3.0, 3.7, 4.0, seed=1),  # mean 3.55
               _t("n", 1.0, 2.0, 1.0), _t("n", 3.0, 2.0, 1.0), _t("z", 1.0, math.nan, 1.0)]
     picked, table = pick_by_validation(trials)
-    assert sorted(t["name"] for t in picked if t["tune"] == "m") == ["m-s0", "m-s1"]
+    # two rates: every pick is one of the grid's edges, so the method is untuned (issue 47) and says so
+    assert sorted(t["name"] for t in picked if t["tune"] == "m") == ["m-s0 (untuned)", "m-s1 (untuned)"]
     assert all(t["lr_mult"] == 1.0 for t in picked if t["tune"] == "m")
     assert next(r for r in table if r["method"] == "n")["picked_mult"] == 1.0
     z = next(r for r in table if r["method"] == "z")
@@ -97,3 +98,41 @@ def test_the_tail_validation_slice_follows_the_held_out_tail(corpus):
     docs = list(iter_documents(cfg.data.corpus, "text", None))
     assert test == docs[2800:2850] and val == [d for d in docs[2850:2880] if d not in test]
     assert not set(val) & set(test)
+
+
+def test_the_sweep_extends_an_edge_pick_until_it_is_interior(monkeypatch):
+    """Issue 47 through the sweep's own rounds: a validation curve with its optimum at 25x the centre (full) and
+    at 1x (lora); full climbs x3 per round (9, 27, then 81 is worse: 27 interior), lora stays as it was; each
+    added rate runs every seed of its method; a bound of 2 leaves full untuned at 27."""
+    import dataclasses
+
+    from raycpt.config import load_config
+    from raycpt.jobs import sweep as sweep_job
+    from raycpt.jobs.grid import Grid
+
+    opt = {"full": 25.0, "lora": 1.0}
+
+    def fake_run_grid(run, grid, resume=False, console=None):
+        out = {}
+        for t in grid.specs:
+            loss = (math.log(t.lr_mult) - math.log(opt[t.group])) ** 2
+            out[t.name] = {"name": t.name, "tune": t.group, "lr_mult": t.lr_mult, "base_name": t.base_name,
+                           "group": t.group, "lr": t.recipe["train.lr"], "validation_loss": loss, "seed": t.seed}
+        calls.append([t.name for t in grid.specs])
+        return out
+
+    for bound, want, tuned in ((3, 27.0, True), (2, 27.0, False)):
+        calls = []
+        monkeypatch.setattr(sweep_job, "run_grid", fake_run_grid)
+        cfg = load_config(None, ["sweep.lr_grid=[0.3333333333333333,1,3]", f"sweep.lr_max_extensions={bound}"])
+        specs = sweep_job.with_lr_grid([sweep_job.TrialSpec(f"{m}-s{sd}", "full", seed=sd, group=m)
+                                        for m in ("full", "lora") for sd in (0, 1)], cfg.sweep.lr_grid, 1e-4)
+        first = fake_run_grid(None, Grid("sweep", specs))
+        added = sweep_job.extend_lr_grid(None, Grid("sweep", specs), list(first.values()), cfg)
+        assert calls[1:] == [["full-s0-lr9", "full-s1-lr9"], ["full-s0-lr27", "full-s1-lr27"]] + (
+            [["full-s0-lr81", "full-s1-lr81"]] if bound == 3 else [])
+        assert [a["lr"] for a in added if a["lr_mult"] == 9.0] == pytest.approx([9e-4, 9e-4])
+        picked, table = pick_by_validation(list(first.values()) + added)
+        rows = {r["method"]: r for r in table}
+        assert rows["full"]["picked_mult"] == pytest.approx(want) and rows["full"]["untuned"] is (not tuned)
+        assert rows["lora"]["picked_mult"] == 1.0 and not rows["lora"]["untuned"]

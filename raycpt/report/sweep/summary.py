@@ -88,7 +88,8 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
     ``outcomes`` and held-out block losses (:func:`load_outcomes`) for tests and intervals; without them the
     deltas are shown without either. ``report``: ``{"primary", "adjust", "alpha"}`` (``ReportConfig``); ``num_layers``: the model's depth, which
     pairs train_shallow at r with train_deep at 1 - r at equal layer counts (without it: equal trainable counts)."""
-    report = {**DEFAULT_REPORT, **(report or {})}
+    report = {**DEFAULT_REPORT, **(report or {}),
+              "untuned": sorted({t.get("group") or t["name"] for t in trials if t.get("untuned")})}  # issue 47: no claims on them
     tables = summary_table(trials, resamples=resamples)
     split_scores = (trace or {}).get("split_scores", {})
     split_ci = (trace or {}).get("split_intervals", {})
@@ -110,6 +111,10 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
                                          if report.get("primary") else None),
                                         decision["adjust"], decision["alpha"], decision["family_size"],
                                         decision["base_size"])
+    if report["untuned"]:
+        decision["legend"].append("Untuned (its learning rate is at the grid's edge after every extension, so its "
+                                  "best rate may lie outside what ran): " + ", ".join(report["untuned"])
+                                  + " - shown, never marked, never best.")
     if decision.get("run_model"):
         decision["legend"].append(f"Run-to-run noise model: {decision['run_model']} - each plan's own run variance.")
     if report.get("footing"):

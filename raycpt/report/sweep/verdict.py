@@ -92,7 +92,9 @@ def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict,
     for r in base_rows:  # the interval-only signs of the comparisons against base, as in the tables
         for x in r["cells"]:
             x["raw_sign"], x["sign"] = x.get("sign"), None
-    fam = _family(tables, gains, tasks, primary, baseline, base_rows)
+    untuned = set(report.get("untuned") or ())  # issue 47: a row whose rate is at its grid's edge claims nothing
+    fam = [e for e in _family(tables, gains, tasks, primary, baseline, base_rows)
+           if e["a"] not in untuned and e["b"] not in untuned]
     decided = verdict.decide(fam, report.get("adjust", "holm"), report.get("alpha", verdict.ALPHA))
     for d in decided:
         for cell in d["cells"]:
@@ -117,7 +119,8 @@ def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str =
     primary = verdict.parse_primary(report.get("primary"))
     if primary is None:
         return None
-    groups = {n: g for n, g in group_trials(trials).items() if g["strategy"] != BASE}  # best among the plans
+    untuned = set(report.get("untuned") or ())  # issue 47: untuned rows take no part in best
+    groups = {n: g for n, g in group_trials(trials).items() if g["strategy"] != BASE and n not in untuned}
     if primary["task"] == HELDOUT:
         value = (lambda t: t.get("heldout_loss"))
         values = {n: mean_of(g["runs"], value)["value"] for n, g in groups.items()}
