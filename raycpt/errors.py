@@ -157,8 +157,9 @@ def read_user_json(path, what: str, shape: type = dict, limit: Optional[int] = N
 
 def user_path(word: str, kind: str, what: str) -> None:
     """THE check of a command-line word that names a path, before any work (``kind``: :data:`PATH_KINDS`); one
-    RaycptError line naming ``what`` and the word otherwise. A ``file`` is opened as it will be read
-    (:func:`open_user_file`); the content checks (size, time, UTF-8, YAML aliases) come with the read itself."""
+    RaycptError line naming ``what`` and the word otherwise. A ``file`` is read as it will be read
+    (:func:`read_user_text`: a regular file, size and time caps, UTF-8), so a bad one is refused before any work;
+    its format (JSON, YAML and its aliases) is checked by the job's own read, which goes through the same reader."""
     if kind in ("files", "refs", "names"):
         for part in (w.strip() for w in str(word).split(",")):
             if part and (kind != "names" or os.path.lexists(os.path.expanduser(part))):
@@ -166,7 +167,7 @@ def user_path(word: str, kind: str, what: str) -> None:
         return
     p = Path(os.path.expanduser(str(word)))
     if kind == "file":
-        open_user_file(p, what).close()
+        read_user_text(p, what)
         return
     try:
         st = p.stat()
