@@ -37,16 +37,16 @@ def export_model(cfg, options: Options) -> str:
     model = src if is_model_folder(src) else (find_model_in_run(src) if src.is_dir() else None)
     if model is None:
         raise RaycptError(f"runs export: {src} holds no published model (a final_model/ folder)")
-    why = verify_checkpoint(model, require=("config.json",)) if (model / MANIFEST_FILE).is_file() else \
-        weights_problem(model)
-    if why is not None:
-        raise RaycptError(f"runs export: {model}: {why}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RaycptError(f"runs export: {out} already exists and is not empty: nothing was written; name a new folder")
     inside = next((f for f in (model, src) if out == f or out.is_relative_to(f)), None)
     if inside is not None:  # the copy would grow the run, and the next export would copy the copy
         raise RaycptError(f"runs export: {out} is inside {inside}, the folder being exported: nothing was written; "
                           "name a folder outside it")
+    why = verify_checkpoint(model, require=("config.json",)) if (model / MANIFEST_FILE).is_file() else \
+        weights_problem(model)
+    if why is not None:
+        raise RaycptError(f"runs export: {model}: {why}")
     made = [p for p in out.parents if not p.exists()]  # folders this export creates (innermost first)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}")
     try:
