@@ -109,7 +109,7 @@ def read_user_bytes(path, what: str, limit: Optional[int] = None, hint: str = ""
     deadline = time.monotonic() + seconds
     chunks, n = [], 0
     with open_user_file(p, what) as f:
-        size = os.fstat(f.fileno()).st_size
+        size = p.stat().st_size  # 0 for /proc files and devices: the read's own count decides
         try:
             while n <= limit:
                 chunk = f.read(min(1 << 20, limit + 1 - n))
