@@ -62,8 +62,9 @@ READ_SECONDS = 30.0
 file still being written past it is one line, not a wait without end."""
 PATH_KINDS = ("file", "folder", "new", "ref", "files", "refs", "names")
 """What a command-line word that names a path must be (:func:`user_path`): ``file`` a regular file to read,
-``folder`` an existing folder, ``new`` a folder to write (absent or a folder), ``ref`` a model reference (a folder or a regular
-file when it exists), ``files``/``refs``/``names`` comma lists of those (``names``: a word that is no path is a name)."""
+``folder`` an existing folder, ``new`` a folder to write (absent or a folder), ``ref`` a model reference (a folder or
+a regular file when it exists), ``files``/``refs``/``names`` comma lists of those (``names``: a word that is no path
+is a name)."""
 
 
 def _kind_of(mode: int) -> str:
