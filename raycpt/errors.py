@@ -63,8 +63,8 @@ file still being written past it is one line, not a wait without end."""
 PATH_KINDS = ("file", "folder", "new", "ref", "files", "refs", "names")
 """What a command-line word that names a path must be (:func:`user_path`): ``file`` a regular file to read,
 ``folder`` an existing folder, ``new`` a folder to write (absent or a folder), ``ref`` a model reference (a folder or
-a regular file when it exists), ``files``/``refs``/``names`` comma lists of those (``names``: a word that is no path
-is a name)."""
+a regular file when it exists), ``files``/``refs``/``names`` comma lists of those (``names``: a word with no ``/`` and
+no suffix, or naming nothing, is a name)."""
 
 
 def _kind_of(mode: int) -> str:
@@ -163,7 +163,8 @@ def user_path(word: str, kind: str, what: str) -> None:
     its format (JSON, YAML and its aliases) is checked by the job's own read, which goes through the same reader."""
     if kind in ("files", "refs", "names"):
         for part in (w.strip() for w in str(word).split(",")):
-            if part and (kind != "names" or os.path.lexists(os.path.expanduser(part))):
+            is_path = os.sep in part or Path(part).suffix  # a bare word (mmlu) is a name even beside a folder mmlu
+            if part and (kind != "names" or (is_path and os.path.lexists(os.path.expanduser(part)))):
                 user_path(part, {"files": "file", "refs": "ref", "names": "file"}[kind], what)
         return
     p = Path(os.path.expanduser(str(word)))

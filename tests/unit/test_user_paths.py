@@ -189,6 +189,15 @@ def test_user_path_kinds(tmp_path):
     user_path("HuggingFaceTB/SmolLM2-135M", "ref", "REF")  # no such path: a hub id
     user_path(str(tmp_path / "new"), "new", "OUT_DIR")
     user_path("mmlu,wordnet_mc", "names", "--tasks")
+    (tmp_path / "mmlu").mkdir()
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        user_path("mmlu", "names", "--tasks")  # a bare word is a name, even beside a folder of that name
+        with pytest.raises(RaycptError, match="is a directory"):
+            user_path("./mmlu", "names", "--tasks")
+    finally:
+        os.chdir(cwd)
     with pytest.raises(RaycptError, match=r"^RUN_DIR not found: "):
         user_path(str(tmp_path / "gone"), "folder", "RUN_DIR")
     with pytest.raises(RaycptError, match="is a regular file, not a folder; expected a folder"):
