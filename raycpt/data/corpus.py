@@ -36,7 +36,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, open_user_file
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 GLOSSES = ASSETS / "wordnet_glosses.jsonl.gz"
@@ -151,6 +151,7 @@ def expand_source(source: str) -> list[str]:
     out = [str(Path(p).resolve()) for p in paths]
     for p in out:
         _file_kind(p, source)
+        open_user_file(p, "data.corpus").close()  # the bounded reader's open: a FIFO or a device is one line here
     return out
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from raycpt.errors import RaycptError, json_record
+from raycpt.errors import RaycptError, json_record, read_user_text
 
 BUILTIN = {"builtin:wordnet-lexical": "wordnet_lexical.jsonl"}
 REQUIRED = ("s1", "s2", "group")
@@ -131,10 +131,7 @@ def load_prompt_records(source: str) -> list[PromptRecord]:
             raise RaycptError(f"prompt file {path} is a directory; expected a JSONL file of {{s1, s2, group}} records")
         if not path.is_file():
             raise RaycptError(f"prompt file not found: {path} (expected JSONL of {{s1, s2, group}} records)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise RaycptError(f"prompt file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = read_user_text(path, "prompt file")
     records = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

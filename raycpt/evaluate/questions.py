@@ -30,22 +30,21 @@ def read_questions(path: str | os.PathLike) -> list[dict]:
     if not p.is_file():
         raise RaycptError(f"question file not found: {p}")
     rows = []
-    read_user_text(p, "question file")  # one line for a binary file, before the line-by-line checks
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            rec = json_record(line, f"malformed question file {p}: line {n}", QUESTION_FIELDS)
-            if rec["answer"] not in LETTERS:
-                raise RaycptError(f"malformed question file {p}: line {n} answer={rec['answer']!r}, allowed: A, B, C, D")
-            if rec["category"] not in CATEGORIES:
-                raise RaycptError(f"malformed question file {p}: line {n} category={rec['category']!r}, "
-                                  f"allowed: {', '.join(CATEGORIES)}")
-            bad = [k for k in QUESTION_FIELDS[:5] if not isinstance(rec[k], (str, int, float)) or str(rec[k]).strip() == ""]
-            if bad:
-                raise RaycptError(f"malformed question file {p}: line {n} has an empty or non-text {bad[0]!r}")
-            rows.append({"id": str(rec.get("id", f"{p.stem}-{len(rows):04d}")),
-                         **{k: str(rec[k]) for k in QUESTION_FIELDS}})
+    text = read_user_text(p, "question file")  # the bounded reader: one line for a FIFO, a binary file, ...
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        rec = json_record(line, f"malformed question file {p}: line {n}", QUESTION_FIELDS)
+        if rec["answer"] not in LETTERS:
+            raise RaycptError(f"malformed question file {p}: line {n} answer={rec['answer']!r}, allowed: A, B, C, D")
+        if rec["category"] not in CATEGORIES:
+            raise RaycptError(f"malformed question file {p}: line {n} category={rec['category']!r}, "
+                              f"allowed: {', '.join(CATEGORIES)}")
+        bad = [k for k in QUESTION_FIELDS[:5] if not isinstance(rec[k], (str, int, float)) or str(rec[k]).strip() == ""]
+        if bad:
+            raise RaycptError(f"malformed question file {p}: line {n} has an empty or non-text {bad[0]!r}")
+        rows.append({"id": str(rec.get("id", f"{p.stem}-{len(rows):04d}")),
+                     **{k: str(rec[k]) for k in QUESTION_FIELDS}})
     if not rows:
         raise RaycptError(f"malformed question file {p}: no questions in it")
     return rows
@@ -70,16 +69,15 @@ def read_mmlu(path: str | os.PathLike) -> list[dict]:
     p = Path(path)
     rows: list[dict] = []
     per_subject: dict[str, int] = {}
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            rec = _mmlu_record(p, n, line)
-            if rec is None:
-                continue
-            subject = rec["topic"].strip().replace(" ", "_")
-            k = per_subject[subject] = per_subject.get(subject, -1) + 1
-            rows.append({"id": f"{subject}-{k:04d}", "question": rec["question"],
-                         **{L: rec[f"answer_{L.lower()}"] for L in LETTERS}, "answer": rec["correct_answer"],
-                         "category": MMLU_CATEGORIES[subject], "subject": subject})
+    for n, line in enumerate(read_user_text(p, "question file").split("\n"), 1):
+        rec = _mmlu_record(p, n, line)
+        if rec is None:
+            continue
+        subject = rec["topic"].strip().replace(" ", "_")
+        k = per_subject[subject] = per_subject.get(subject, -1) + 1
+        rows.append({"id": f"{subject}-{k:04d}", "question": rec["question"],
+                     **{L: rec[f"answer_{L.lower()}"] for L in LETTERS}, "answer": rec["correct_answer"],
+                     "category": MMLU_CATEGORIES[subject], "subject": subject})
     if not rows:
         raise RaycptError(f"corrupted MMLU file {p}: no questions in it")
     return rows

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import yaml
 
+from raycpt.config.yaml_io import read_yaml_documents
 from raycpt.errors import RaycptError
 from raycpt.evaluate.questions import read_mmlu, read_questions  # noqa: F401 - registers the shipped readers
 from raycpt.evaluate.spec import OFFLINE_TASK
@@ -66,10 +66,10 @@ KEYS = ("name", "data", "reader", "kind", "logit", "generate", "cloze", "title",
 def read_benchmark(path) -> Benchmark:
     """One benchmark YAML -> :class:`Benchmark`; one line naming the file for anything wrong."""
     p = Path(path).expanduser().resolve()
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise RaycptError(f"benchmark {p}: cannot read it ({type(e).__name__})") from None
+    _, docs = read_yaml_documents(p, "benchmark", hint="a benchmark YAML is")  # the bounded reader, aliases bounded
+    if len(docs) > 1:
+        raise RaycptError(f"benchmark {p}: holds {len(docs)} YAML documents; a benchmark is one mapping")
+    doc = docs[0][1] if docs else None
     hub = isinstance(doc, dict) and doc.get("kind") == "hub"
     if not isinstance(doc, dict) or ("data" not in doc and not hub):
         raise RaycptError(f"benchmark {p}: expected a mapping with at least data: (the question file)")

@@ -275,6 +275,8 @@ def prepare(cfg: ExperimentConfig, options: Options):
 def prepare_scan(cfg: ExperimentConfig, console=None) -> ContributionPlan:
     """Every check of a scan, with no Ray and no MLflow (before any run folder); the memory of ``full``."""
     c = cfg.contribution
+    if c.against is not None:
+        read_ranking(c.against)  # the user's file first (one line), before the model is resolved; its fit after
     model_path, n = model_layers(cfg)
     layers, against = scan_plan(cfg, n)
     preflight(cfg, console, [full_plan(cfg)])

@@ -4,11 +4,10 @@ base, the whole verdict with its legend and the runs (:func:`raycpt.report.rende
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, read_user_json
 from raycpt.jobs.job import NoRun, Options
 from raycpt.report.sweep.outcomes import load_outcomes
 
@@ -34,10 +33,7 @@ def show_run(rest=()) -> ShownRun:
     if not path.is_file():
         raise RaycptError(f"runs show: {run_dir} has no summary/summary.json (not a sweep folder, or its sweep has "
                           "not finished: raycpt sweep CONFIG --resume finishes it)")
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise RaycptError(f"runs show: {path} is not valid JSON ({e})") from None
+    summary = read_user_json(path, "runs show: sweep summary")  # the bounded reader: one line for a damaged file
     return ShownRun(run_dir, summary, [load_outcomes(t) for t in summary.get("trials", [])])
 
 

@@ -16,6 +16,7 @@ rewritten for another store.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from raycpt.jobs.job import NoRun, Options
 from raycpt.runs.folder import END_STATE, read_state, write_state
 from raycpt.runs.lost import LOST_FILE
 from raycpt.runs.records import Seen, project, read_records, record_kind, record_path
-from raycpt.runs.store import ensure_store, tracking_uri as uri_of
+from raycpt.runs.store import ensure_store, store_write_error, tracking_uri as uri_of
 
 STATUS = {**{state: status for status, state in END_STATE.items()}, "nonfinite": "FAILED"}
 """A folder's ``state.json`` status -> its run's MLflow status: :data:`raycpt.runs.folder.END_STATE` read backwards (a
@@ -156,7 +157,16 @@ def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None) -> str:
     run_dir = _run_folder(rest)
     with _sync_lock(run_dir):
         store = _open_store(run_dir, tracking_uri)
-        run_id = sync_tree(store, run_dir)
+        try:
+            run_id = sync_tree(store, run_dir)
+        except Exception as e:  # noqa: BLE001 - a write the store or the disk refused is one line; bugs stay loud
+            why = store_write_error(e, store.uri) or (
+                f"cannot write {e.filename or 'a file'}: {e.strerror or e} ({errno.errorcode.get(e.errno, '?')})"
+                if isinstance(e, OSError) and e.errno is not None else None)
+            if why is None:
+                raise
+            raise RaycptError(f"runs sync: {why}; make it writable (or free some space), then run raycpt runs sync "
+                              f"{run_dir} again: what was synced stays, the rest is added once") from None
     if run_id is None:
         raise RaycptError(f"runs sync: {run_dir} holds no records to sync (it never started)")
     top = store.runs[-1]

@@ -154,10 +154,10 @@ def prepare_trace(cfg: ExperimentConfig, splits: Optional[list[float]] = None, p
         raise RaycptError("splits: no split ratios given (expected e.g. 0.33,0.5,0.66)")
     for r in splits:
         check_ratio(r)
+    records = load_prompt_records(prompts)  # the user's file first (one line), before the model is resolved
     model_path, n = model_layers(cfg)
     for r in splits:
         check_split(float(r), n)
-    records = load_prompt_records(prompts)
     if t.max_prompts:
         records = records[:t.max_prompts]
     check_prompt_set(records, warn=lambda line: print(line, file=sys.stderr, flush=True))

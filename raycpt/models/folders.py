@@ -3,11 +3,10 @@ folders hold checkpoints of one architecture (``raycpt compare``'s precondition)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, read_user_json
 
 
 def is_model_folder(p: Path) -> bool:
@@ -25,8 +24,8 @@ def find_model_in_run(run_dir: Path) -> Optional[Path]:
         p = run_dir / name
         if p.is_file():
             try:
-                data = json.loads(p.read_text())
-            except json.JSONDecodeError:
+                data = read_user_json(p, "run file", shape=object)  # the bounded reader; a damaged one is skipped
+            except RaycptError:
                 continue
             fm = data.get("final_model_dir") if isinstance(data, dict) else None
             if fm and is_model_folder(Path(fm)):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from raycpt.errors import RaycptError, read_user_json
 from raycpt.io import cache_root as user_cache, sha256_file
 from raycpt.models.refs import Ref
 
@@ -156,8 +157,8 @@ def describe_in_place(ref: str, folder: Path, t0: float) -> ModelInfo:
 def describe_folder(folder: Path) -> dict:
     """model_type / layers / params of a saved HF folder, from config.json and safetensors headers only."""
     try:
-        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        cfg = read_user_json(folder / "config.json", "config.json")  # the bounded reader: a FIFO does not hang
+    except RaycptError:
         cfg = {}
     text = cfg.get("text_config") or {}
     num_params = 0

@@ -339,3 +339,12 @@ def check_store(cfg: TrackingConfig) -> None:
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def store_write_error(e: BaseException, uri: str) -> Optional[str]:
+    """What the store said when it refused a write mid-way (a read-only or locked database, a full disk under
+    it), as the bounded text of one line; None for an error that is not the store's own (a bug stays a bug)."""
+    if not _store_error(e):
+        return None
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    return f"the MLflow store {_safe_uri(uri)} refused a write ({first})"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from raycpt.errors import RaycptError
+from raycpt.errors import RaycptError, read_user_text
 from raycpt.tasks import CEVAL_CATEGORIES, CMMLU_CATEGORIES
 
 LETTERS = ("A", "B", "C", "D")
@@ -148,12 +148,7 @@ def read_subject(task: str, path: str | Path) -> list[dict]:
     """The rows of one subject file as dicts keyed like the hub dataset; one line for anything wrong."""
     lay = layout(task)
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise RaycptError(f"eval.data_dir: {lay.title} subject file not found: {p}") from None
-    except UnicodeDecodeError:
-        raise RaycptError(f"eval.data_dir: {p} is not UTF-8 text") from None
+    text = read_user_text(p, f"eval.data_dir: {lay.title} subject file", encoding="utf-8-sig")  # the bounded reader
     reader = csv.reader(text.splitlines())
     header = tuple(next(reader, ()))
     if header != lay.header:

@@ -3,10 +3,10 @@ mode, the per-block held-out losses, and the document of each block (the sweep's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
+from raycpt.errors import read_user_json
 from raycpt.tasks import CATEGORY_KEYS, CONTINUOUS, continuous_mode
 
 def question_outcomes(questions: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, tuple[str, Any]]]]:
@@ -43,7 +43,7 @@ def _heldout_docs_near(path: Path, blocks: Optional[list], name: str = HELDOUT_D
     for folder in list(path.parents)[:5]:
         f = folder / name
         if f.is_file():
-            docs = json.loads(f.read_text(encoding="utf-8"))
+            docs = read_user_json(f, "held-out documents file", shape=object)
             return docs if isinstance(docs, list) and len(docs) == len(blocks) else None
     return None
 
@@ -55,7 +55,7 @@ def load_outcomes(trial: dict) -> dict:
     path = trial.get("eval_file")
     if not path or not Path(path).is_file():
         return trial
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    data = read_user_json(path, "trial evaluation file")  # the bounded reader: one line for a damaged file
     out = {**trial, "outcomes": question_outcomes(data.get("questions") or {})}
     for key, name in PROBE_DOCS.items():  # per-block losses of the held-out (domain) and general probes
         blocks = data.get(f"{key}_block_losses")
