@@ -11,7 +11,7 @@ Which method is calibrated where is shown by ``benchmarks/bench_calibration.py``
 * :func:`ratio_delta_t` - a token-weighted mean difference of paired held-out blocks with a t-interval
   and p-value over documents (clusters), or over blocks without document ids.
 * :func:`welch_run_test` - several seeds: a strategy against another, each plan's own run variance
-  (Welch-Satterthwaite df) plus the shared units' sampling noise (the sweep's verdict);
+  (Welch-Satterthwaite df of the run parts) plus the shared units' sampling noise (the sweep's verdict);
   :func:`pooled_run_test` - the same with run noise pooled over the sweep (:func:`pooled_run_variance`;
   assumes equal run variance across plans); :func:`seed_interval` - the t-interval over seeds alone.
 * :func:`holm`, :func:`benjamini_hochberg`, :func:`adjust` - multiplicity control (the graphical, gated
