@@ -277,6 +277,9 @@ def issue50_results(args) -> None:
     pw, hw, _ = run_noise_sweeps(m, "default+floor", 1.0, 5.0, args.seed + 70)
     result("floor_design_power_5sd", pw, ">=", 0.5, f"{m} sweeps, {GAIN_ROW} 5 run SDs lower held-out loss, the "
            f"same design, primary after the gated Holm, +-{hw:.3f} (95% MC)")
+    p10, h10, _ = run_noise_sweeps(m, "default+floor", 1.0, 10.0, args.seed + 75)  # what 1 df per plan can reach
+    print(f"INFO floor_design_power_10sd {p10:.3f} +-{h10:.3f} (95% MC, {m} sweeps; the target docs/analysis.md "
+          f"proposes for this design: >= 0.5)", flush=True)
     null, nhw = forgetting_sweeps(m, 0.0, args.seed + 80)
     result("against_base_null_rate", null, "<=", 0.05, f"{m} null sweeps, 3 seeds, no gain or forgetting: share with "
            f"any vs-base mark (its own family, Holm), +-{nhw:.3f} (95% MC)")
@@ -322,9 +325,10 @@ def seed_test_size(reps: int, seed: int = 0, rows: int = 7, k: int = 3, nominal:
     return worst[0], worst[1], reps
 
 
-def mde_seeds3(n: int, seed: int, grid=(2.5, 3.0, 3.5, 4.0, 5.0)) -> tuple[float, list]:
+def mde_seeds3(n: int, seed: int, grid=(2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)) -> tuple[float, list]:
     """The smallest true held-out gain (in run SDs) that the primary comparison marks with power >= 0.8 at
-    paper-check's shape (3 seeds), after the gated Holm: power on ``grid``, linear interpolation at 0.8."""
+    paper-check's shape (3 seeds), after the gated Holm: power on ``grid``, linear interpolation at 0.8 (inf when no
+    gain of the grid reaches it; 6 and 8 SDs since each plan's own run variance, 2 df at 3 seeds, issue 50)."""
     powers = []
     for j, x in enumerate(grid):
         pw, hw, _ = run_noise_sweeps(n, "paper-check", 1.0, x, seed + j)

@@ -325,7 +325,8 @@ def test_paired_mean_t_is_scipys_paired_t_and_stratified_by_hand():
 
 def test_welch_run_test_is_welchs_t_test_and_adds_the_units_part_by_hand():
     """Issue 50: each plan's own run variance. Without unit noise it is scipy's unequal-variance t-test (interval
-    and p); with it, se^2 gains the part and the Welch-Satterthwaite df its term; a fixed reference adds nothing."""
+    and p); with it, se^2 gains the part and the df stays Welch's over the run parts (capped at the units' df); a
+    fixed reference adds nothing."""
     import scipy.stats as st
 
     from raycpt.stats import welch_run_test
@@ -336,10 +337,18 @@ def test_welch_run_test_is_welchs_t_test_and_adds_the_units_part_by_hand():
     iv = welch_run_test(np.mean(a) - np.mean(b), np.var(a, ddof=1), 4, np.var(b, ddof=1), 3)
     assert iv.p == pytest.approx(ref.pvalue, rel=1e-10) and (iv.lo, iv.hi) == pytest.approx((ci.low, ci.high))
     va, vb, vu = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 3, 0.05
-    df = (va + vb + vu) ** 2 / (va ** 2 / 3 + vb ** 2 / 2 + vu ** 2 / 20)
+    df = ref.df  # scipy's Welch df of the runs alone (va + vb)^2 / (va^2 / 3 + vb^2 / 2), not grown by the unit part
+    assert df == pytest.approx((va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 2))
     d = np.mean(a) - np.mean(b)
     iv = welch_run_test(d, np.var(a, ddof=1), 4, np.var(b, ddof=1), 3, vu, 20)
     assert iv.p == pytest.approx(2 * st.t.sf(d / math.sqrt(va + vb + vu), df), rel=1e-10)
+    half = st.t.ppf(0.975, df) * math.sqrt(va + vb + vu)
+    assert (iv.lo, iv.hi) == pytest.approx((d - half, d + half))
+    low = welch_run_test(d, np.var(a, ddof=1), 4, np.var(b, ddof=1), 3, vu, 1)  # the units' df caps it
+    assert low.p == pytest.approx(2 * st.t.sf(d / math.sqrt(va + vb + vu), 1), rel=1e-10)
+    # b fixed and a unit part: k_a - 1 df whatever the unit part's df (a small run variance cannot raise it)
+    fixed = welch_run_test(np.mean(a) - 1.0, np.var(a, ddof=1), 4, 0.0, math.inf, vu, 127)
+    assert fixed.p == pytest.approx(2 * st.t.sf(abs(np.mean(a) - 1.0) / math.sqrt(va + vu), 3), rel=1e-10)
     # b fixed (the untrained model): the one-sample t of a's runs against b's value
     one = welch_run_test(np.mean(a) - 1.0, np.var(a, ddof=1), 4, 0.0, math.inf)
     assert one.p == pytest.approx(st.ttest_1samp(a, 1.0).pvalue, rel=1e-10) and one.n == 5

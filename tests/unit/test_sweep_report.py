@@ -268,6 +268,7 @@ def test_domain_versus_general_names_gain_and_change():
 
 def test_seeds_give_mean_and_t_interval_per_cell_by_hand():
     from scipy.stats import t as student
+    from scipy.stats import ttest_ind
 
     trials = []
     # three seeds: the shallow run is ahead by 3, 4 and 5 questions of 80 (3.75, 5.0, 6.25 points overall)
@@ -284,12 +285,13 @@ def test_seeds_give_mean_and_t_interval_per_cell_by_hand():
     # issue 50: a strategy claim, each plan its own run variance. Run values: full 25, 26.25, 27.5 (variance
     # 1.25^2, 2 df) and shallow 28.75, 31.25, 33.75 points (2.5^2, 2 df); the question part: per question the share
     # right over a row's runs, shallow minus full (questions 40-42 ahead in every seed, 43 in two, 44 in one),
-    # var / 80 on 79 df; t on the Welch-Satterthwaite df of the three parts
+    # var / 80 on 79 df; t on Welch's df of the two run parts (the question part widens se, not the df)
     big_d = np.zeros(N)
     big_d[40:43], big_d[43], big_d[44] = 100.0, 200.0 / 3, 100.0 / 3
-    parts = [(1.25 ** 2 / 3, 2), (2.5 ** 2 / 3, 2), (np.var(big_d, ddof=1) / N, N - 1)]
-    se2 = sum(v for v, _ in parts)
-    ws = se2 ** 2 / sum(v * v / d for v, d in parts)
+    runs = [(1.25 ** 2 / 3, 2), (2.5 ** 2 / 3, 2)]
+    se2 = sum(v for v, _ in runs) + np.var(big_d, ddof=1) / N
+    ws = sum(v for v, _ in runs) ** 2 / sum(v * v / d for v, d in runs)
+    assert ws == pytest.approx(ttest_ind([25, 26.25, 27.5], [28.75, 31.25, 33.75], equal_var=False).df)
     half = student.ppf(0.975, ws) * math.sqrt(se2)
     assert (cell["delta"], cell["lo"], cell["hi"]) == pytest.approx((5.0, 5.0 - half, 5.0 + half))
     assert cell["p"] == pytest.approx(2 * student.sf(5.0 / math.sqrt(se2), ws))
@@ -298,8 +300,6 @@ def test_seeds_give_mean_and_t_interval_per_cell_by_hand():
     avg = rows["train_shallow-r0.5"]["cells"]["average"]["logit"]  # the family's member: one comparison
     assert avg["claim"] == "strategy" and avg["sign"] == (1 if avg["p_adj"] < 0.05 else 0)
     # the run noise alone (no per-unit records): Welch's t-test, checked against scipy's
-    from scipy.stats import ttest_ind
-
     from raycpt.report.sweep.cells import compare
 
     a_runs, b_runs = [2.5, 5.0, 7.5], [0.0, 1.0, 0.5]

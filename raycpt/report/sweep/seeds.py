@@ -2,10 +2,10 @@
 
 With two or more runs of both rows compared (``sweep.seeds``, or ``sweep.floor_seeds``), a comparison is a
 claim about two *strategies*: :func:`raycpt.stats.welch_run_test`, the difference of the rows' means over their
-runs against each row's *own* run-to-run variance (Welch-Satterthwaite df; issue 50: run noise is not assumed
-equal across plans - LoRA, LISA and full differ) plus the sampling noise of the units every run shares
-(documents of the held-out set, clustered; questions). With one run of either row there is no estimate of its
-run-to-run noise: the comparison is of two checkpoints (:data:`CHECKPOINT`) and the verdict says so.
+runs against each row's *own* run-to-run variance (Welch-Satterthwaite df of the run parts alone; issue 50: run
+noise is not assumed equal across plans - LoRA, LISA and full differ) plus the sampling noise of the units every
+run shares (documents of the held-out set, clustered; questions). With one run of either row there is no estimate
+of its run-to-run noise: the comparison is of two checkpoints (:data:`CHECKPOINT`) and the verdict says so.
 
 Pure: trial dicts in (their ``heldout_blocks`` / ``heldout_docs`` / ``outcomes``), numbers out.
 """
