@@ -44,25 +44,19 @@ RESUME = Opt("resume", B, "continue the newest run of this command and config; f
 ACCEPT = Opt("accept_changes", B, "with --resume: continue even though settings differ from the run folder's "
              "config.yaml (it then records the new ones); without it a change is refused, naming the keys",
              flag="--accept-changes", default=False)
-SPLITS = "split ratios, e.g. 0.33,0.5,0.66"
 COMMANDS: dict[str, Row] = {
     "sweep": Row(lazy("raycpt.jobs.sweep", "SWEEP"), R.render_sweep, "Trace, then train + evaluate full and every "
                  "strategy at every split on Ray Tune; print the summary.", (
-                     Opt("splits", S, SPLITS, "sweep.splits", floats("--splits")),
+                     Opt("splits", S, "split ratios, e.g. 0.33,0.5,0.66", "sweep.splits", floats("--splits")),
                      Opt("strategies", S, "comma-separated plans that take a split (" + ", ".join(PLANS.names_with(
                          "takes_split")) + ") or recipes (full runs once)", "sweep.strategies"),
                      Opt("keep_checkpoints", B, "keep each finished trial's checkpoints with their optimizer state "
                          "(default: only final_model/, which links its frozen layers to the base model's shards)",
                          "sweep.keep_checkpoints", lambda v: "true", flag="--keep-checkpoints", default=False),
                      Opt("budget", S, "equal-budget comparison at this trainable-parameter count (sets "
-                         "sweep.budget)", "sweep.budget"),
-                     RESUME, ACCEPT)),
-    "decide": Row(lazy("raycpt.jobs.decide", "DECIDE"), R.render_decide, "The same arms at a short and a long token "
-                  "budget, each at its own learning rate, k seeds each: does the short ranking hold (decision "
-                  "accuracy)?", (
-                      Opt("horizons", S, "token budgets as multiples of train.max_steps, e.g. 1,8 (sets "
-                          "decide.horizons)", "decide.horizons", floats("--horizons")),
-                      RESUME)),
+                         "sweep.budget)", "sweep.budget"), RESUME, ACCEPT)),
+    "decide": Row(lazy("raycpt.jobs.decide", "DECIDE"), R.render_decide, "Does a short sweep's ranking hold at a longer budget?", (
+                  Opt("horizons", S, "e.g. 1,8 (x train.max_steps)", "decide.horizons", floats("--horizons")), RESUME)),
     "trace": Row(lazy("raycpt.jobs.trace", "TRACE"), R.render_trace, "LayerTracer: Task Particle and Layer-wise "
                  "Sensitivity per layer, S(b) per split, recommended split.", (
                      Opt("prompts", S, "JSONL of {s1, s2, group} records (default trace.prompts = "
