@@ -6,11 +6,15 @@
   pairs of arms, seed means), the same on the pairs the long horizon separates beyond its own run noise, Kendall
   tau, top-1 regret in long-horizon run SDs, each pair's win probability from the short sweep's Welch model and
   its calibration (reliability table, expected calibration error).
+* :mod:`raycpt.decide.record` - the record a decide run leaves for sweeps of the same settings, and the verdict's
+  first line it gives them.
 """
 
 from raycpt.decide.accuracy import (Arm, Decision, PairCall, arm_stats, calibration, decide, decision_accuracy,
                                     kendall_tau, pair_calls, top1_regret, win_probability)
+from raycpt.decide.record import horizon_line, read_record, record_path
 from raycpt.decide.search import RateRow, extend_rates, rate_rows
 
 __all__ = ["Arm", "Decision", "PairCall", "RateRow", "arm_stats", "calibration", "decide", "decision_accuracy",
-           "extend_rates", "kendall_tau", "pair_calls", "rate_rows", "top1_regret", "win_probability"]
+           "extend_rates", "horizon_line", "kendall_tau", "pair_calls", "rate_rows", "read_record", "record_path",
+           "top1_regret", "win_probability"]

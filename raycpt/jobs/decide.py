@@ -22,7 +22,7 @@ from raycpt.config import ExperimentConfig, config_with
 from raycpt.config.checks import lr_tag
 from raycpt.data.run_store import check_corpora
 from raycpt.data.validation import validation_blocks
-from raycpt.decide import RateRow, extend_rates, rate_rows
+from raycpt.decide import RateRow, extend_rates, rate_rows, record_path
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.jobs.base_row import general_probe, probe_files
@@ -210,7 +210,9 @@ def execute(plan: DecidePlan, run, options: Options) -> DecideOutcome:
                                         for a in plan.arms])
         stop_ray_soon()
     outcome = decision_outcome(results, rows, plan.arms and [a.name for a in plan.arms], plan.steps, cfg)
-    write_decision(run, outcome, console)
+    short_steps = plan.steps[min(plan.steps)]
+    write_decision(run, outcome, console, record_to=record_path(config_with(cfg, {"train.max_steps": short_steps}),
+                                                                short_steps))
     run.state(done=True)
     return dataclasses.replace(outcome, run_dir=run_dir, parent_run_id=run.run_id, wall_s=time.time() - plan.t0)
 

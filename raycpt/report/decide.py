@@ -5,6 +5,7 @@ accuracy per short metric, top-1 regret, the win probabilities' calibration; the
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -266,8 +267,9 @@ def plot(o: DecideOutcome, path: Path) -> Path:
     return save_figure(fig, path, dpi=110)
 
 
-def write_decision(run, o: DecideOutcome, console=None) -> None:
-    """The report's files in ``<run>/summary``, on the parent run as artifacts and metrics; printed."""
+def write_decision(run, o: DecideOutcome, console=None, record_to: Optional[Path] = None) -> None:
+    """The report's files in ``<run>/summary``, on the parent run as artifacts and metrics; printed; the record a sweep
+    of the short horizon's settings reads (``record_to``: :func:`raycpt.decide.record_path`)."""
     from raycpt.io import atomic_write_json, atomic_write_text
 
     out = Path(run.run_dir) / "summary"
@@ -281,6 +283,13 @@ def write_decision(run, o: DecideOutcome, console=None) -> None:
     run.log_metrics({f"decision_accuracy/{m}": x["accuracy_all"] for m, x in o.decisions.items()
                      if math.isfinite(x["accuracy_all"])})
     o.files = [str(f) for f in files]
+    if record_to is not None:
+        d = o.decisions.get(PRIMARY, {})
+        atomic_write_json(record_to, {"short_steps": o.steps[f"{o.horizons[0]:g}"],
+                                      "long_steps": o.steps[f"{o.horizons[-1]:g}"],
+                                      "passed": all(f["pass"] for f in o.results.values()),
+                                      "accuracy_all": d.get("accuracy_all"), "pairs_all": d.get("pairs_all"),
+                                      "results": o.results, "run_dir": str(run.run_dir), "written": time.time()})
     if console is not None:
         for line in terminal_lines(o):
             console.print(line, markup=False, highlight=False, soft_wrap=True)

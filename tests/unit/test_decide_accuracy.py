@@ -115,3 +115,27 @@ def test_a_method_still_at_its_edge_after_the_bound_is_untuned():
 def test_a_diverged_rate_above_the_pick_makes_it_interior():
     rows = rate_rows({"lora": {1.0: 3.0, 3.0: 2.5, 9.0: float("nan")}}, [1, 3, 9])
     assert rows[0].picked == 3.0 and rows[0].tuned and extend_rates(rows) == {}
+
+
+def test_the_decision_record_is_found_only_for_the_same_settings(tmp_path):
+    """Issue 47 item 4: a sweep's verdict says whether its horizon was measured; the record a decide run leaves is
+    read back for the same model, data, batch and steps only, and a damaged record counts as absent."""
+    import json
+
+    from raycpt.config import load_config
+    from raycpt.decide import horizon_line, read_record, record_path
+
+    cfg = load_config(None, [f"tracking.run_root={tmp_path}"])
+    assert "not measured" in horizon_line(8, read_record(cfg, 8)) and "raycpt decide CONFIG" in horizon_line(8, None)
+    path = record_path(cfg, 8)
+    path.parent.mkdir(parents=True)
+    rec = {"short_steps": 8, "long_steps": 64, "passed": False, "accuracy_all": 0.619, "pairs_all": 21,
+           "run_dir": "runs/decide-x"}
+    path.write_text(json.dumps(rec))
+    line = horizon_line(8, read_record(cfg, 8))
+    assert "does NOT predict a 64-step run (62% of 21 pairs" in line and "train.max_steps=64" in line
+    assert read_record(cfg, 16) is None  # another horizon
+    assert read_record(load_config(None, [f"tracking.run_root={tmp_path}", "data.seq_len=96"]), 8) is None
+    assert "held at 64 steps" in horizon_line(8, {**rec, "passed": True, "accuracy_all": 0.95})
+    path.write_text('{"short_steps": 8')  # damaged: absent
+    assert read_record(cfg, 8) is None

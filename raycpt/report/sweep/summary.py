@@ -77,7 +77,10 @@ def report_options(cfg) -> dict:
     if cfg.sweep.budget is not None and cfg.sweep.equal_footing:
         footing += ("; except where a method's authors train them: LISA's rows train the embeddings, final norm "
                     "and head at every step, Spectrum's the embeddings and head (both inside the budget's count)")
-    return {"primary": cfg.report.primary, "adjust": cfg.report.adjust, "alpha": cfg.report.alpha, "footing": footing}
+    from raycpt.decide import horizon_line, read_record
+
+    return {"primary": cfg.report.primary, "adjust": cfg.report.adjust, "alpha": cfg.report.alpha, "footing": footing,
+            "horizon": horizon_line(cfg.train.max_steps, read_record(cfg, cfg.train.max_steps))}
 
 
 def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[str] = ("wordnet_mc",),
@@ -122,7 +125,8 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
     return {"tables": tables, "split_gains": gains, "domain_general": domain_general(tables, domain, general),
             "base": base,
             "records": delta_records(tables), "roles": {"domain": list(domain), "general": list(general)},
-            "verdict": decision, "sb_vs_gain": sb, "split_like_best": (trace or {}).get("split_like_best") or {}}
+            "verdict": decision, "sb_vs_gain": sb, "split_like_best": (trace or {}).get("split_like_best") or {},
+            "horizon": report.get("horizon")}
 
 
 DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights", "heldout_docs", "general_blocks", "general_weights",

@@ -20,7 +20,7 @@ def compact_verdict(summary: dict) -> list[str]:
     """The verdict in at most six short lines: what the marks compare, the primary comparison's tally, the best
     row, the trade-off's Pareto front, S(b)."""
     v = summary.get("verdict") or {}
-    lines = []
+    lines = [summary["horizon"]] if summary.get("horizon") else []  # issue 47: may this ranking be acted on?
     allowed = strategy_claims_allowed(summary)  # issue 50: no ▲ / ▼ and no best without run noise measured
     if v.get("claim") == CHECKPOINT:
         lines.append(f"One run per row: each Δ compares two checkpoints, shown with its interval and no marks or best "
