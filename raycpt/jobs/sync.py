@@ -28,6 +28,7 @@ from raycpt.jobs.job import NoRun, Options
 from raycpt.runs.folder import END_STATE, owner_gone, read_state, write_state
 from raycpt.runs.lost import LOST_FILE
 from raycpt.runs.records import Seen, project, read_records, record_kind, record_path
+from raycpt.runs.run import running_under
 from raycpt.runs.store import ensure_store, tracking_uri as uri_of
 from raycpt.runs.trust import read_meta, trusted_records
 
@@ -131,6 +132,8 @@ def sync_tree(store: Store, folder: Path, meta_file: str = "state.json", parent_
             continue
         sync_tree(store, child, mf, run_id, None if status == "FINISHED" else status)
     if status is not None:
+        for rid in running_under(store.client, store.experiment_id, run_id):  # runs no folder names (a kill's)
+            store.client.set_terminated(rid, status=status)
         store.client.set_terminated(run_id, status=status)
     store.runs.append((folder, run_id, created, sent))
     if meta_file == "state.json" and store.own:

@@ -152,37 +152,36 @@ class Run:
         nor do the runs nested under it) and every run a unit folder under its folder names; every such folder's
         state that still says running says how it ended (:func:`raycpt.runs.folder.end_unit_states`)."""
         named = end_unit_states(self.dir, END_STATE[status])
-        for run_id in (self.descendants() | named) - {self.run_id}:
+        for run_id in (running_under(self.client, self.experiment_id, self.run_id) | named) - {self.run_id}:
             with contextlib.suppress(Exception):  # best effort while already failing; a run of another store
                 if self.client.get_run(run_id).info.status == "RUNNING":
                     self.client.set_terminated(run_id, status=status)
         self.client.set_terminated(self.run_id, status=status)
 
-    def descendants(self) -> set:
-        """The runs of its experiment still RUNNING whose chain of ``mlflow.parentRunId`` reaches this run."""
-        running = {r.info.run_id: r.data.tags.get("mlflow.parentRunId")
-                   for r in self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'",
-                                                    max_results=50000)}
-        parents: dict = {}
+def running_under(client, experiment_id: str, run_id: str) -> set:
+    """The runs of ``experiment_id`` still RUNNING whose chain of ``mlflow.parentRunId`` reaches ``run_id``."""
+    running = {r.info.run_id: r.data.tags.get("mlflow.parentRunId")
+               for r in client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=50000)}
+    parents: dict = {}
 
-        def parent_of(run_id):
-            if run_id in running:
-                return running[run_id]
-            if run_id not in parents:
-                try:
-                    parents[run_id] = self.client.get_run(run_id).data.tags.get("mlflow.parentRunId")
-                except Exception:  # noqa: BLE001 - a parent deleted from the store ends the chain
-                    parents[run_id] = None
-            return parents[run_id]
+    def parent_of(rid):
+        if rid in running:
+            return running[rid]
+        if rid not in parents:
+            try:
+                parents[rid] = client.get_run(rid).data.tags.get("mlflow.parentRunId")
+            except Exception:  # noqa: BLE001 - a parent deleted from the store ends the chain
+                parents[rid] = None
+        return parents[rid]
 
-        out = set()
-        for run_id in running:
-            up, hops = parent_of(run_id), 0
-            while up and up != self.run_id and hops < 16:
-                up, hops = parent_of(up), hops + 1
-            if up == self.run_id:
-                out.add(run_id)
-        return out
+    out = set()
+    for rid in running:
+        up, hops = parent_of(rid), 0
+        while up and up != run_id and hops < 16:
+            up, hops = parent_of(up), hops + 1
+        if up == run_id:
+            out.add(rid)
+    return out
 
 
 def open_child(cfg: ExperimentConfig, command: str, folder: Path, meta_file: str, experiment_id: Optional[str],
