@@ -25,7 +25,7 @@ from raycpt.config import load_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.jobs.job import NoRun, Options
-from raycpt.runs.folder import END_STATE, owner_gone, read_state, write_state
+from raycpt.runs.folder import END_STATE, end_unit_states, owner_gone, read_state, write_state
 from raycpt.runs.lost import LOST_FILE
 from raycpt.runs.records import Seen, project, read_records, record_kind, record_path
 from raycpt.runs.run import running_under
@@ -165,6 +165,9 @@ def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None, accept_damage: bo
     with _sync_lock(run_dir):
         store = _open_store(run_dir, tracking_uri)
         run_id = sync_tree(store, run_dir)
+        ended = read_state(run_dir).get("status")
+        if STATUS.get(ended):  # the run has ended: no unit folder under it may still say running
+            end_unit_states(run_dir, ended if ended in END_STATE.values() else "failed")
     if run_id is None:
         raise RaycptError(f"runs sync: {run_dir} holds no records to sync (it never started)")
     top = store.runs[-1]

@@ -100,6 +100,7 @@ def test_the_sync_a_killed_command_advises_ends_every_run_it_left(tmp_path, caps
     assert _statuses(tmp_path / "runs") == {run_dir.name: "FAILED", "trial": "FAILED", "nested": "FAILED"}
     state = json.loads((run_dir / "state.json").read_text())
     assert state["status"] == "failed" and "ended without recording how" in state["error"]
+    assert _running_files(run_dir) == []  # the unit's training folder says failed too
 
 
 def test_a_resume_of_a_killed_command_ends_every_run_it_left(tmp_path):
