@@ -23,7 +23,7 @@ from raycpt.jobs.job import Options, run_job
 from raycpt.registry import PLANS, SELECTORS
 from raycpt.runs.store import check_store
 from raycpt.report import render as R
-from raycpt.usage import Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
+from raycpt.usage import DAMAGE, Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Which layers to train and which to freeze in continued pre-training, on Ray.")
@@ -44,9 +44,6 @@ RESUME = Opt("resume", B, "continue the newest run of this command and config; f
 ACCEPT = Opt("accept_changes", B, "with --resume: continue even though settings differ from the run folder's "
              "config.yaml (it then records the new ones); without it a change is refused, naming the keys",
              flag="--accept-changes", default=False)
-DAMAGE = Opt("accept_damage", B, "go on when the run folder's records.jsonl (or a trial's) is damaged or missing, with "
-             "the records that verify (said in one line); without it such a folder is refused, naming the file "
-             "and line", flag="--accept-damage", default=False)
 SPLITS = "split ratios, e.g. 0.33,0.5,0.66"
 COMMANDS: dict[str, Row] = {
     "sweep": Row(lazy("raycpt.jobs.sweep", "SWEEP"), R.render_sweep, "Trace, then train + evaluate full and every "
@@ -142,10 +139,9 @@ COMMANDS: dict[str, Row] = {
                        "folder)", check=False),
     "runs sync": Row(lazy("raycpt.jobs.sync", "RUNS_SYNC"), R.render_line, "Replay a train run folder (params, step "
                      "metrics, end metrics, loss curve, status), or a sweep, contribution or hybrid-run folder (its "
-                     "parent run and every trial's), into an MLflow store: for a run whose tracking server went "
-                     "away.", (
-                         Opt("tracking_uri", S, "the store to sync into (default: the run's own tracking.uri)"),
-                         DAMAGE),
+                     "parent run and every trial's), into an MLflow store: for a run whose tracking server went away, "
+                     "or whose command was killed.", (Opt("tracking_uri", S, "the store to sync into (default: the "
+                                                          "run's own tracking.uri)"), DAMAGE),
                      rest=1, rest_help="RUN_DIR (a raycpt train, sweep, contribution or hybrid run folder)",
                      check=False),
     "runs show": Row(lazy("raycpt.jobs.show", "RUNS_SHOW"), R.render_runs_show, "Print a finished sweep's full "

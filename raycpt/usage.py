@@ -228,3 +228,10 @@ class Row:
     rest: int = 0
     rest_help: str = ""
     check: bool = True  # check the tracking store before the job (not for config show / validate, models pull)
+
+
+DAMAGE = Opt("accept_damage", bool, "go on past a damaged or missing records.jsonl (the folder's or a trial's) with "
+             "the records that verify, said in one line; without it the folder is refused, naming the file and line",
+             flag="--accept-damage", default=False)
+"""``--accept-damage``: the option of every command that goes on from a run folder's record (``--resume``, ``runs
+sync``, ``runs show``; :func:`raycpt.runs.trust.trusted_records`)."""
