@@ -167,7 +167,8 @@ def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None, accept_damage: bo
         run_id = sync_tree(store, run_dir)
         ended = read_state(run_dir).get("status")
         if STATUS.get(ended):  # the run has ended: no unit folder under it may still say running
-            end_unit_states(run_dir, ended if ended in END_STATE.values() else "failed")
+            end_unit_states(run_dir, ended if ended in ("failed", "interrupted") else
+                            "interrupted" if ended == "finished" else "failed")
     if run_id is None:
         raise RaycptError(f"runs sync: {run_dir} holds no records to sync (it never started)")
     top = store.runs[-1]

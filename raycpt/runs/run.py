@@ -150,13 +150,15 @@ class Run:
         """End every run under this one still RUNNING, then the run itself, with ``status`` (``--resume`` sets them
         RUNNING again): its descendants in the store (a Tune trial stopped mid-way never reaches its own handlers,
         nor do the runs nested under it) and every run a unit folder under its folder names; every such folder's
-        state that still says running says how it ended (:func:`raycpt.runs.folder.end_unit_states`)."""
-        named = end_unit_states(self.dir, END_STATE[status])
+        state that still says running says how it ended (:func:`raycpt.runs.folder.end_unit_states`; interrupted when
+        the command finished: that unit did not)."""
+        named = end_unit_states(self.dir, "interrupted" if status == "FINISHED" else END_STATE[status])
         for run_id in (running_under(self.client, self.experiment_id, self.run_id) | named) - {self.run_id}:
             with contextlib.suppress(Exception):  # best effort while already failing; a run of another store
                 if self.client.get_run(run_id).info.status == "RUNNING":
                     self.client.set_terminated(run_id, status=status)
         self.client.set_terminated(self.run_id, status=status)
+
 
 def running_under(client, experiment_id: str, run_id: str) -> set:
     """The runs of ``experiment_id`` still RUNNING whose chain of ``mlflow.parentRunId`` reaches ``run_id``."""
