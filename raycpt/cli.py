@@ -23,7 +23,7 @@ from raycpt.jobs.job import Options, run_job
 from raycpt.registry import PLANS, SELECTORS
 from raycpt.runs.store import check_store
 from raycpt.report import render as R
-from raycpt.usage import Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
+from raycpt.usage import DAMAGE, Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Which layers to train and which to freeze in continued pre-training, on Ray.")
@@ -54,9 +54,9 @@ COMMANDS: dict[str, Row] = {
                          "(default: only final_model/, which links its frozen layers to the base model's shards)",
                          "sweep.keep_checkpoints", lambda v: "true", flag="--keep-checkpoints", default=False),
                      Opt("budget", S, "equal-budget comparison at this trainable-parameter count (sets "
-                         "sweep.budget)", "sweep.budget"), RESUME, ACCEPT)),
+                         "sweep.budget)", "sweep.budget"), RESUME, ACCEPT, DAMAGE)),
     "decide": Row(lazy("raycpt.jobs.decide", "DECIDE"), R.render_decide, "Does a short sweep's ranking hold at a longer budget?", (
-                  Opt("horizons", S, "e.g. 1,8 (x train.max_steps)", "decide.horizons", floats("--horizons")), RESUME)),
+                  Opt("horizons", S, "e.g. 1,8 (x train.max_steps)", "decide.horizons", floats("--horizons")), RESUME, DAMAGE)),
     "trace": Row(lazy("raycpt.jobs.trace", "TRACE"), R.render_trace, "LayerTracer: Task Particle and Layer-wise "
                  "Sensitivity per layer, S(b) per split, recommended split.", (
                      Opt("prompts", S, "JSONL of {s1, s2, group} records (default trace.prompts = "
@@ -80,7 +80,7 @@ COMMANDS: dict[str, Row] = {
                            "0 = no swaps)", "compare.swap_blocks"),
                        Opt("alpha", F, "order of the matrix-based Renyi entropy (1 = von Neumann)", "compare.alpha"),
                        Opt("outlier_factor", F, "leave out massive-activation tokens (norm > factor x median; 0 = "
-                           "keep all; default 10)", "compare.outlier_factor"), RESUME), rest=2,
+                           "keep all; default 10)", "compare.outlier_factor"), RESUME, DAMAGE), rest=2,
                    rest_help="BASE TUNED (model references, model folders or run folders)", rest_paths=("ref", "ref")),
     "eval": Row(lazy("raycpt.jobs.eval", "EVAL"), R.render_eval, "Evaluate models in logit, generate and/or cloze "
                 "mode; print the Generate / Logit (/ Cloze) table per category.", (
@@ -97,7 +97,7 @@ COMMANDS: dict[str, Row] = {
                             Opt("against", S, "ranking file to correlate with (Spearman); sets contribution.against",
                                 "contribution.against", path="file"),
                             Opt("spearman", S, "A.json,B.json: only the Spearman correlation of two ranking files "
-                                "(no training)", path="files"), RESUME)),
+                                "(no training)", path="files"), RESUME, DAMAGE)),
     "hybrid build": Row(lazy("raycpt.jobs.hybrid", "HYBRID_BUILD"), R.render_hybrid_build, "Assemble the hybrid(s) "
                         "of the config's hybrid section, save each (safetensors) and print its segment map.", (
                             Opt("out", S, "folder to write the builds into (default: a new run folder)", path="new"),
@@ -105,9 +105,9 @@ COMMANDS: dict[str, Row] = {
                                 "build in hybrid.builds)", conv=lambda b: [b], flag="--build"),
                             Opt("overwrite", B, "replace an existing non-empty --out/<build> folder", default=False))),
     "hybrid run": Row(lazy("raycpt.jobs.hybrid", "HYBRID_RUN"), R.render_hybrid_run, "Build every hybrid, train its "
-                      "trainable segments (Ray Train), evaluate and trace it; print Table 4.", (RESUME,)),
+                      "trainable segments (Ray Train), evaluate and trace it; print Table 4.", (RESUME, DAMAGE)),
     "train": Row(lazy("raycpt.jobs.train", "TRAIN"), R.render_train, "Continued pre-training of cfg.model with layer "
-                 "plan cfg.plan on cfg.data under a Ray TorchTrainer.", (RESUME, ACCEPT)),
+                 "plan cfg.plan on cfg.data under a Ray TorchTrainer.", (RESUME, ACCEPT, DAMAGE)),
     "plan show": Row(lazy("raycpt.jobs.train", "PLAN_SHOW"), R.render_plan, "Print the layer map of cfg.plan for "
                      "cfg.model (which layers train, trainable/frozen counts) without training."),
     "models list": Row(lazy("raycpt.jobs.info", "MODELS_LIST"), R.render_models, "List the models in the cache.", (
@@ -140,14 +140,14 @@ COMMANDS: dict[str, Row] = {
                        "folder)", check=False, rest_paths=("folder", "new")),
     "runs sync": Row(lazy("raycpt.jobs.sync", "RUNS_SYNC"), R.render_line, "Replay a train run folder (params, step "
                      "metrics, end metrics, loss curve, status), or a sweep, contribution or hybrid-run folder (its "
-                     "parent run and every trial's), into an MLflow store: for a run whose tracking server went "
-                     "away.", (
-                         Opt("tracking_uri", S, "the store to sync into (default: the run's own tracking.uri)"),),
+                     "parent run and every trial's), into an MLflow store: for a run whose tracking server went away, "
+                     "or whose command was killed.", (Opt("tracking_uri", S, "the store to sync into (default: the "
+                                                          "run's own tracking.uri)"), DAMAGE),
                      rest=1, rest_help="RUN_DIR (a raycpt train, sweep, contribution or hybrid run folder)",
                      check=False, rest_paths=("folder",)),
     "runs show": Row(lazy("raycpt.jobs.show", "RUNS_SHOW"), R.render_runs_show, "Print a finished sweep's full "
                      "summary from its folder: every per-category table, the S(b) gains, domain versus general, gain "
-                     "and forgetting against base, the whole verdict and its legend, the runs.", rest=1,
+                     "and forgetting against base, the whole verdict and its legend, the runs.", (DAMAGE,), rest=1,
                      rest_help="RUN_DIR (a raycpt sweep run folder)", check=False, rest_paths=("folder",)),
     "data info": Row(lazy("raycpt.jobs.data", "DATA_INFO"), R.render_stores, "List the packed stores under the "
                      "config's store folder (data.store_dir or <run_root>/packed)."),

@@ -251,3 +251,10 @@ class Row:
                 user_path(options[o.name], o.path, o.flag.split()[0] if o.flag else "--" + o.name.replace("_", "-"))
         for word, kind, label in zip(rest, self.rest_paths, self.rest_help.split(" (")[0].split()):
             user_path(word, kind, label)
+
+
+DAMAGE = Opt("accept_damage", bool, "go on past a damaged or missing records.jsonl (the folder's or a trial's) with "
+             "the records that verify, said in one line; without it the folder is refused, naming the file and line",
+             flag="--accept-damage", default=False)
+"""``--accept-damage``: the option of every command that goes on from a run folder's record (``--resume``, ``runs
+sync``, ``runs show``; :func:`raycpt.runs.trust.trusted_records`)."""

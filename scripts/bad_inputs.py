@@ -81,6 +81,7 @@ def fixtures(tmp: Path) -> dict:
     _issue27_fixtures(tmp, f)
     _issue41_fixtures(tmp, f)
     os.mkfifo(tmp / "fifo.jsonl")  # issue 51: a corpus nobody writes
+    _issue51_record_fixtures(tmp)
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
@@ -368,7 +369,7 @@ def cases(f: dict) -> list[Case]:
         Case("train unreachable tracking.uri", train + ["tracking.uri=http://127.0.0.1:9"], "", ray=True,
              owner="13"),
     ]
-    return c + issue27_cases(f) + issue41_cases(f)
+    return c + issue27_cases(f) + issue41_cases(f) + issue51_record_cases(f)
 
 
 def issue27_cases(f: dict) -> list[Case]:
@@ -587,6 +588,46 @@ def issue41_cases(f: dict) -> list[Case]:
              ["train", f"model.ref={m}", f"tracking.run_root={t / 'gcs_runs'}", f"data.corpus=[{t / 'small.jsonl'}]",
               "data.seq_len=32", "train.max_steps=6", "train.num_workers=1"],
              "error: Ray's own gcs_server", ray=True, owner="41", env=faults),
+    ]
+
+
+def _issue51_record_fixtures(tmp: Path) -> None:
+    """Issue 51's run folders (records only, no store): a sealed records.jsonl changed in its middle line, one whose
+    top-level records.jsonl was deleted, one with non-UTF-8 bytes, one with a record of the wrong shape."""
+    sys.path.insert(0, str(ROOT))
+    from raycpt.config import load_config, save_config
+    from raycpt.runs.folder import write_state
+    from raycpt.runs.run import Run
+
+    cfg = load_config(None, [f"tracking.run_root={tmp / 'runs51'}"])
+    for name in ("r51-changed", "r51-missing", "r51-bytes", "r51-shape"):
+        folder = tmp / name
+        save_config(cfg, folder / "config.yaml")
+        write_state(folder, command="sweep", status="finished", mlflow_run_id="5" * 32)
+        run = Run(cfg, "sweep", folder, None, None, False, None)
+        for step in (1, 2, 3):
+            run.log_metrics({"loss": 4.0 - step}, step=step)
+    rec = tmp / "r51-changed" / "records.jsonl"
+    rec.write_text(rec.read_text().replace('"loss": 2.0', '"loss": 2.5'))
+    (tmp / "r51-missing" / "records.jsonl").unlink()
+    with open(tmp / "r51-bytes" / "records.jsonl", "ab") as fh:
+        fh.write(b'{"metrics": {"loss": \xff}}\n')
+    with open(tmp / "r51-shape" / "records.jsonl", "a") as fh:
+        fh.write('{"points": 5}\n')
+
+
+def issue51_record_cases(f: dict) -> list[Case]:
+    """Issue 51, rule 2: a run folder's record is checked before runs sync, runs show or --resume trusts it."""
+    t = f["tmp"]
+    return [
+        Case("runs sync of a folder whose records.jsonl has a changed middle line",
+             ["runs", "sync", str(t / "r51-changed")], "line 2 is damaged: its checksum does not match", owner="51"),
+        Case("runs sync of a sweep whose top-level records.jsonl was deleted", ["runs", "sync", str(t / "r51-missing")],
+             "records.jsonl is missing though state.json names its run", owner="51"),
+        Case("runs sync of a records.jsonl with non-UTF-8 bytes", ["runs", "sync", str(t / "r51-bytes")],
+             "line 4 is damaged: not UTF-8", owner="51"),
+        Case("runs show of a folder with a record of the wrong shape", ["runs", "show", str(t / "r51-shape")],
+             "line 4 is damaged: a points record of the wrong shape", owner="51"),
     ]
 
 

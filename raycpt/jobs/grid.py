@@ -219,6 +219,7 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
     preflight(cfg, grid.max_concurrent)  # shared storage on every node; the SQLite-with-concurrency warning
     if grid.model_path is not None:
         packed_corpus(cfg, grid.model_path, quiet=console is None)  # pack once; every trial then reads the store
+    interrupted = False
     try:
         if grid.inline:
             for s in grid.specs:
@@ -226,7 +227,7 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
         else:
             results, errors = _fit(run_dir, grid, space, resume, console)
     except KeyboardInterrupt:  # Ctrl-C: the unfinished trials end KILLED, and one line says how to go on
-        pass
+        interrupted = True
     except Exception as e:  # noqa: BLE001 - a worker death that escaped Tune: the unfinished trials failed
         cause = worker_death(e)
         if cause is None:
@@ -234,7 +235,10 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
         results = {**_finished(run_dir / grid.folder, names), **results}
         errors = {n: cause for n in names if n not in results}
     adopt_lost(run_dir, space["started"])  # a trial found the tracking server gone: the rest of the job is local
-    missing = [n for n in names if n not in results]
+    results, missing = unfinished(run_dir / grid.folder, names, results)
+    if interrupted and not missing:  # stopped after its last trial: the command still ends interrupted, and says so
+        raise GridIncomplete(f"{grid.command} interrupted after all {len(names)} trials finished (none to run again); "
+                             f"continue with --resume ({run_dir}): {resume_command(grid.command)}", "KILLED")
     if missing:
         status = "FAILED" if errors else "KILLED"  # no trial error: Tune (or the user) stopped the grid
         why = f" ({'; '.join(f'{n}: {e}' for n, e in errors.items())})" if errors else ""
@@ -267,6 +271,14 @@ def _inline_trial(config: dict, results: dict, errors: dict) -> None:
             if cause is None:
                 raise
             errors[name] = f"{cause}, {attempt + 1} attempt(s)"
+
+
+def unfinished(trials_root: Path, names: list[str], results: dict) -> tuple[dict, list[str]]:
+    """``(results, missing)``: the grid's results, those the driver collected and every trial whose ``result.json`` is
+    on disk (a trial that finished is known by its file, whatever the driver saw before it stopped: an interrupt
+    during Tune's wind-down leaves it nothing), and the names of the trials that did not finish, in grid order."""
+    results = {**_finished(trials_root, [n for n in names if n not in results]), **results}
+    return results, [n for n in names if n not in results]
 
 
 def _finished(trials_root: Path, names: list[str]) -> dict:

@@ -128,5 +128,5 @@ def run_job(job: Job, cfg: ExperimentConfig, options: Optional[Options] = None) 
         return job.execute(plan, None, options)
     with spec.around, command_run(spec.cfg, spec.command, resume=options.resume, run_dir=options.run_dir,
                                   parent=options.parent, run_name=spec.name, params=spec.params,
-                                  on_open=spec.on_open) as run:
+                                  on_open=spec.on_open, accept_damage=bool(options.get("accept_damage"))) as run:
         return job.execute(plan, run, options)

@@ -4,12 +4,15 @@ base, the whole verdict with its legend and the runs (:func:`raycpt.report.rende
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from raycpt.errors import RaycptError, read_user_json
 from raycpt.jobs.job import NoRun, Options
 from raycpt.report.sweep.outcomes import load_outcomes
+from raycpt.runs.trust import trusted_records
 
 
 @dataclass
@@ -21,14 +24,17 @@ class ShownRun:
     trials: list
 
 
-def show_run(rest=()) -> ShownRun:
+def show_run(rest=(), accept_damage: bool = False) -> ShownRun:
     """The sweep folder ``rest[0]`` and its summary; one line for a missing argument, a folder that is not a sweep
-    folder or one whose sweep has not written its summary yet."""
+    folder, one whose record is damaged or missing (:func:`raycpt.runs.trust.trusted_records`; ``accept_damage``: a
+    warning line, then the summary) or one whose sweep has not written its summary yet."""
     if len(rest) != 1:
         raise RaycptError("runs show: give one RUN_DIR (a sweep's run folder, e.g. runs/sweep-default-1234abcd)")
     run_dir = Path(rest[0]).expanduser().resolve()
     if not run_dir.is_dir():
         raise RaycptError(f"runs show: {run_dir} is not a folder")
+    if (run_dir / "state.json").is_file():  # a sweep's folder: its record is checked before it is shown
+        trusted_records(run_dir, "runs show", accept_damage, say=_warn)
     path = run_dir / "summary" / "summary.json"
     if not path.is_file():
         raise RaycptError(f"runs show: {run_dir} has no summary/summary.json (not a sweep folder, or its sweep has "
@@ -39,7 +45,11 @@ def show_run(rest=()) -> ShownRun:
 
 def _show(cfg, options: Options) -> ShownRun:
     del cfg  # the folder's own summary is shown
-    return show_run(options.rest)
+    return show_run(options.rest, bool(options.get("accept_damage")))
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 RUNS_SHOW = NoRun(_show)

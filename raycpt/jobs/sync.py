@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -27,10 +26,12 @@ from raycpt.config import load_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.jobs.job import NoRun, Options
-from raycpt.runs.folder import END_STATE, read_state, write_state
+from raycpt.runs.folder import END_STATE, end_unit_states, owner_gone, read_state, write_state
 from raycpt.runs.lost import LOST_FILE
 from raycpt.runs.records import Seen, project, read_records, record_kind, record_path
+from raycpt.runs.run import running_under
 from raycpt.runs.store import ensure_store, store_write_error, tracking_uri as uri_of
+from raycpt.runs.trust import read_meta, trusted_records
 
 STATUS = {**{state: status for status, state in END_STATE.items()}, "nonfinite": "FAILED"}
 """A folder's ``state.json`` status -> its run's MLflow status: :data:`raycpt.runs.folder.END_STATE` read backwards (a
@@ -49,6 +50,7 @@ class Store:
     own: bool  # the folder's own store (its config's tracking.uri)
     runs: list = field(default_factory=list)  # (folder, run id, created, items sent) per run synced
     missing: list = field(default_factory=list)  # what the records name and the folder no longer holds
+    ended: list = field(default_factory=list)  # why a folder still saying running was ended (its command is gone)
 
 
 def _run_folder(rest) -> Path:
@@ -74,10 +76,7 @@ def _open_store(run_dir: Path, tracking_uri: Optional[str]) -> Store:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except ValueError:
-        return {}
+    return read_meta(path)[0]
 
 
 def _target_run(store: Store, folder: Path, meta: dict, meta_path: Path, parent_id: Optional[str]) -> tuple[str, bool]:
@@ -110,6 +109,10 @@ def sync_tree(store: Store, folder: Path, meta_file: str = "state.json", parent_
     """One run folder and the units its records name, into ``store``; the run id (None: nothing to sync)."""
     meta_path = folder / meta_file
     meta = _read_json(meta_path)
+    gone = owner_gone(meta) if meta_file == "state.json" else None
+    if gone:  # its command is dead and never said how it ended: the run ends FAILED, and the folder says why
+        meta = write_state(folder, status="failed", error=gone)
+        store.ended.append(gone)
     records = read_records(folder)
     if not meta and not records:  # a unit that never began
         return None
@@ -130,6 +133,8 @@ def sync_tree(store: Store, folder: Path, meta_file: str = "state.json", parent_
             continue
         sync_tree(store, child, mf, run_id, None if status == "FINISHED" else status)
     if status is not None:
+        for rid in running_under(store.client, store.experiment_id, run_id):  # runs no folder names (a kill's)
+            store.client.set_terminated(rid, status=status)
         store.client.set_terminated(run_id, status=status)
     store.runs.append((folder, run_id, created, sent))
     if meta_file == "state.json" and store.own:
@@ -149,12 +154,15 @@ def _sync_lock(run_dir: Path):
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None) -> str:
-    """``raycpt runs sync RUN_DIR [--tracking-uri URI]``: the folder's records, and its units', into the store
-    (``URI``, else the one the run was made with); the one line said. ``cfg`` (the command line's config) is not
+def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None, accept_damage: bool = False) -> str:
+    """``raycpt runs sync RUN_DIR [--tracking-uri URI] [--accept-damage]``: the folder's records, and its units', into
+    the store (``URI``, else the one the run was made with); the one line said. The records are checked first
+    (:func:`raycpt.runs.trust.trusted_records`): a damaged or missing record file is one line and exit 2, nothing
+    synced, unless ``accept_damage`` (then the line says what was kept). ``cfg`` (the command line's config) is not
     used: the folder's ``config.yaml`` is the run's."""
     del cfg
     run_dir = _run_folder(rest)
+    _, note = trusted_records(run_dir, "runs sync", accept_damage)
     with _sync_lock(run_dir):
         store = _open_store(run_dir, tracking_uri)
         try:
@@ -167,6 +175,10 @@ def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None) -> str:
                 raise
             raise RaycptError(f"runs sync: {why}; make it writable (or free some space), then run raycpt runs sync "
                               f"{run_dir} again: what was synced stays, the rest is added once") from None
+        ended = read_state(run_dir).get("status")
+        if STATUS.get(ended):  # the run has ended: no unit folder under it may still say running
+            end_unit_states(run_dir, ended if ended in ("failed", "interrupted") else
+                            "interrupted" if ended == "finished" else "failed")
     if run_id is None:
         raise RaycptError(f"runs sync: {run_dir} holds no records to sync (it never started)")
     top = store.runs[-1]
@@ -175,7 +187,8 @@ def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None) -> str:
     sent = sum(r[3] for r in store.runs)
     status = STATUS.get(read_state(run_dir).get("status", ""), "unchanged")
     line = (f"synced {run_dir} into {'a new' if top[2] else 'its'} run {run_id} at {store.uri}: {sent} item(s) "
-            f"added{f', {len(units)} nested run(s) ({new} new run(s))' if units else ''}, status {status}")
+            f"added{f', {len(units)} nested run(s) ({new} new run(s))' if units else ''}, status {status}"
+            f"{f' ({store.ended[0]})' if store.ended else ''}{f'; {note}' if note else ''}")
     if store.missing:  # not a success: the store now lacks what the folder lost
         gone = sorted(set(store.missing))
         raise RaycptError(f"runs sync: the folder lacks {len(gone)} thing(s) its records name, so the store lacks them "
@@ -185,7 +198,7 @@ def sync_run(cfg, rest=(), tracking_uri: Optional[str] = None) -> str:
 
 
 def _sync(cfg, options: Options) -> str:
-    return sync_run(cfg, options.rest, options.get("tracking_uri"))
+    return sync_run(cfg, options.rest, options.get("tracking_uri"), bool(options.get("accept_damage")))
 
 
 RUNS_SYNC = NoRun(_sync)

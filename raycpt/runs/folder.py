@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 import stat
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Optional
 
 from raycpt.runs.store import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
@@ -253,3 +256,60 @@ def ended_state(run_dir):
             write_state(run_dir, status=END_STATE[status], **({} if status == "KILLED" else
                                                               {"error": f"{type(e).__name__}: {e}"[:500]}))
         raise
+
+
+# ------------------------------------------------------------------------------------- who runs a folder
+def process_started(pid: int) -> Optional[str]:
+    """The start time of process ``pid`` (field 22 of ``/proc/PID/stat``, clock ticks since boot; None: no such
+    process, or no ``/proc``): with the pid, what names one process over a reboot-free lifetime (a pid is reused)."""
+    try:
+        stat_line = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return stat_line.rsplit(")", 1)[-1].split()[19]
+
+
+def owner() -> dict:
+    """This process as the owner of a run folder (``state.json``'s ``owner``): host, pid and start time."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": process_started(os.getpid())}
+
+
+def owner_gone(state: dict) -> Optional[str]:
+    """Why the command that ran a folder whose ``state.json`` still says ``running`` is known to be gone (its process,
+    on this host, no longer exists: it was killed, or could not write how it ended); None when it may still run (it
+    does, or it ran on another host, or the folder names no owner)."""
+    if state.get("status") != "running" or not isinstance(state.get("owner"), dict):
+        return None
+    who = state["owner"]
+    if who.get("host") != socket.gethostname() or not isinstance(who.get("pid"), int):
+        return None
+    now = process_started(who["pid"])
+    if now is not None and now == who.get("started"):
+        return None
+    return f"its command (pid {who['pid']}) ended without recording how (killed, or its folder could not be written)"
+
+
+UNIT_SKIP = ("ray", "tune", "final_model", "checkpoints", "packed")
+"""Folders under a run folder that hold no unit's state (Ray's and Tune's own, model files): not walked."""
+
+
+def end_unit_states(run_dir: Path, state_status: str) -> set:
+    """Every folder under ``run_dir`` (the run's own included) whose ``state.json`` or ``trial.json`` still says
+    ``running`` says ``state_status`` (a unit stopped with its command never reaches its own end); the MLflow run ids
+    every such file names, for the caller to end the ones still RUNNING."""
+    ids = set()
+    for here, dirs, files in os.walk(run_dir):
+        dirs[:] = [d for d in dirs if d not in UNIT_SKIP and not d.startswith(("checkpoint", "."))]
+        for name in ("state.json", "trial.json", "run.json"):
+            if name not in files:
+                continue
+            path = Path(here) / name
+            with contextlib.suppress(OSError, ValueError):
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                if not isinstance(doc, dict):
+                    continue
+                if doc.get("mlflow_run_id"):
+                    ids.add(doc["mlflow_run_id"])
+                if doc.get("status") == "running":
+                    atomic_write_json(path, {**doc, "status": state_status})
+    return ids

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import json
 import math
+import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -193,25 +196,136 @@ def _project_params(client, run_id: str, params: dict, seen: Optional[Seen]) -> 
     return sent
 
 
-def read_records(folder: Path) -> list[dict]:
-    """The records of a run folder, in order (a line cut short by a kill is left out)."""
+SUM = "sum"
+"""The key each line of :data:`RECORDS` ends with: the first 16 hex digits of the sha256 of the line's JSON without it
+(:func:`seal_line`), so a line changed after it was written is found (:func:`check_line`). A line without it is a
+legacy record (written before the check existed) and is read as it is."""
+_SUM_TAIL = re.compile(r', "sum": "([0-9a-f]{16})"\}$')
+
+
+def _digest(body: str) -> str:
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+
+
+def seal_line(rec: dict) -> str:
+    """One record as its line of :data:`RECORDS`: its JSON with :data:`SUM` appended (newline included)."""
+    body = json.dumps(rec, allow_nan=False, default=str)
+    return f'{body[:-1]}, "{SUM}": "{_digest(body)}"}}\n'
+
+
+def shape_problem(rec) -> Optional[str]:
+    """None when ``rec`` has the shape of a run record (:data:`KINDS`: what :func:`project` reads of it); else what is
+    wrong, in a few words."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not a record"
+    kind = next((k for k in KINDS if k in rec), None)
+    if kind is None:
+        return f"no record kind among its keys {sorted(rec)[:4]}"
+    v = rec[kind]
+
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    ok = {"params": lambda: isinstance(v, dict), "tags": lambda: isinstance(v, dict),
+          "metrics": lambda: isinstance(v, dict) and (rec.get("step") is None or number(rec["step"])),
+          "points": lambda: isinstance(v, list) and all(
+              isinstance(p, list) and len(p) == 3 and isinstance(p[0], str) and number(p[1]) and number(p[2])
+              for p in v),
+          "artifact": lambda: isinstance(v, str) and isinstance(rec.get("dir"), (str, type(None))),
+          "table": lambda: isinstance(v, dict) and isinstance(rec.get("file"), str),
+          "text": lambda: isinstance(v, str) and isinstance(rec.get("file"), str),
+          "children": lambda: isinstance(v, list) and all(
+              isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in v)}[kind]
+    return None if ok() else f"a {kind} record of the wrong shape"
+
+
+def check_line(raw: bytes) -> tuple[Optional[dict], Optional[str]]:
+    """``(record, None)`` for a line of :data:`RECORDS` that reads and verifies (its :data:`SUM`, when it has one,
+    matches; its shape is a record's), else ``(None, why)``."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
+    try:
+        rec = json.loads(text)
+    except ValueError as e:
+        return None, f"not JSON ({str(e).split(':')[0]})"
+    if isinstance(rec, dict) and SUM in rec:
+        tail = _SUM_TAIL.search(text.rstrip("\r"))
+        if tail is None or _digest(text.rstrip("\r")[:tail.start()] + "}") != tail.group(1):
+            return None, "its checksum does not match (changed after it was written)"
+        rec.pop(SUM)
+    why = shape_problem(rec)
+    return (None, why) if why else (rec, None)
+
+
+@dataclass
+class RecordFile:
+    """What :func:`check_records` found in one run folder's :data:`RECORDS`: the records kept (in order), the damaged
+    lines (``(line number, why)``), whether the file is missing and whether its last line was cut short by a kill (a
+    write that never finished: not damage)."""
+
+    path: Path
+    kept: list = field(default_factory=list)
+    damaged: list = field(default_factory=list)
+    missing: bool = False
+    torn: bool = False
+
+    @property
+    def lines(self) -> int:
+        return len(self.kept) + len(self.damaged)
+
+
+def check_records(folder: Path) -> RecordFile:
+    """THE reader of a run folder's :data:`RECORDS`: every line checked (:func:`check_line`), nothing trusted unchecked.
+    A last line without its newline is a write a kill cut short (left out, ``torn``); any other line that does not
+    read or verify is damage, reported with its number; a file that cannot be read at all is ``missing``."""
     path = Path(folder) / RECORDS
-    out = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and any(k in rec for k in KINDS):
-                out.append(rec)
+    out = RecordFile(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        out.missing = True
+        return out
+    except OSError as e:  # a folder in its place, no permission: nothing of it can be trusted
+        out.damaged.append((0, f"cannot be read ({type(e).__name__})"))
+        return out
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with its newline
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        rec, why = check_line(raw)
+        if why:
+            out.damaged.append((n, why))
+        else:
+            out.kept.append(rec)
+    if tail.strip():
+        rec, why = check_line(tail)
+        if why:
+            out.torn = True
+        else:
+            out.kept.append(rec)
     return out
 
 
+def read_records(folder: Path) -> list[dict]:
+    """The records of a run folder that read and verify, in order (:func:`check_records`; a caller that must not go on
+    past damage checks the folder first: :func:`raycpt.runs.trust.trusted_records`)."""
+    return check_records(folder).kept
+
+
 def append_record(folder: Path, rec: dict) -> None:
-    """One record appended to ``folder``'s :data:`RECORDS` (one write of one line: a kill leaves at most that
-    line cut short, which :func:`read_records` skips)."""
+    """One record appended to ``folder``'s :data:`RECORDS`, sealed (:func:`seal_line`), in one write of one line: a kill
+    leaves at most that line cut short, which the next append ends with a newline first (so it stays one torn line,
+    never joined to the next record)."""
     Path(folder).mkdir(parents=True, exist_ok=True)
-    line = json.dumps(rec, allow_nan=False, default=str) + "\n"
-    with open(Path(folder) / RECORDS, "a", encoding="utf-8") as f:
+    line = seal_line(rec).encode("utf-8")
+    path = Path(folder) / RECORDS
+    with open(path, "ab") as f:
+        if f.tell() > 0:
+            with open(path, "rb") as r:
+                r.seek(-1, 2)
+                if r.read(1) != b"\n":
+                    line = b"\n" + line
         f.write(line)

@@ -31,10 +31,12 @@ from raycpt import __version__
 from raycpt.config import ExperimentConfig, save_config
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json, run_root
-from raycpt.runs.folder import END_STATE, OPENING, end_status, open_run_dir, read_state, write_state
+from raycpt.runs.folder import (END_STATE, OPENING, end_status, end_unit_states, open_run_dir, owner, read_state,
+                                 write_state)
 from raycpt.runs.lost import mark_lost, store_or_lost, tracked, tracking_lost
 from raycpt.runs.records import append_record, clean_metrics, flatten, project
 from raycpt.runs.store import check_store, ensure_store, missing_run, store_unwritable, tracking_uri
+from raycpt.runs.trust import trusted_records
 from raycpt.runtime import on_ray_death, sigterm_as_interrupt
 
 
@@ -145,14 +147,43 @@ class Run:
         return write_state(self.dir, **updates)
 
     def end(self, status: str) -> None:
-        """End every child run still RUNNING (a Tune trial stopped mid-way never reaches its own handlers),
-        then the run itself, with ``status``; ``--resume`` sets them RUNNING again."""
-        for child in self.client.search_runs([self.experiment_id],
-                                             f"tags.mlflow.parentRunId = '{self.run_id}' and "
-                                             "attributes.status = 'RUNNING'"):
-            with contextlib.suppress(Exception):  # best effort while already failing
-                self.client.set_terminated(child.info.run_id, status=status)
+        """End every run under this one still RUNNING, then the run itself, with ``status`` (``--resume`` sets them
+        RUNNING again): its descendants in the store (a Tune trial stopped mid-way never reaches its own handlers,
+        nor do the runs nested under it) and every run a unit folder under its folder names; every such folder's
+        state that still says running says how it ended (:func:`raycpt.runs.folder.end_unit_states`; interrupted when
+        the command finished: that unit did not)."""
+        named = end_unit_states(self.dir, "interrupted" if status == "FINISHED" else END_STATE[status])
+        for run_id in (running_under(self.client, self.experiment_id, self.run_id) | named) - {self.run_id}:
+            with contextlib.suppress(Exception):  # best effort while already failing; a run of another store
+                if self.client.get_run(run_id).info.status == "RUNNING":
+                    self.client.set_terminated(run_id, status=status)
         self.client.set_terminated(self.run_id, status=status)
+
+
+def running_under(client, experiment_id: str, run_id: str) -> set:
+    """The runs of ``experiment_id`` still RUNNING whose chain of ``mlflow.parentRunId`` reaches ``run_id``."""
+    running = {r.info.run_id: r.data.tags.get("mlflow.parentRunId")
+               for r in client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=50000)}
+    parents: dict = {}
+
+    def parent_of(rid):
+        if rid in running:
+            return running[rid]
+        if rid not in parents:
+            try:
+                parents[rid] = client.get_run(rid).data.tags.get("mlflow.parentRunId")
+            except Exception:  # noqa: BLE001 - a parent deleted from the store ends the chain
+                parents[rid] = None
+        return parents[rid]
+
+    out = set()
+    for rid in running:
+        up, hops = parent_of(rid), 0
+        while up and up != run_id and hops < 16:
+            up, hops = parent_of(up), hops + 1
+        if up == run_id:
+            out.add(rid)
+    return out
 
 
 def open_child(cfg: ExperimentConfig, command: str, folder: Path, meta_file: str, experiment_id: Optional[str],
@@ -210,14 +241,14 @@ def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id
                 **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {}),
                 **({} if parent_run_id else version_tags()), **(tags or {})}
     if exp_id is None:
-        write_state(run_dir, command=command, run_name=name, tags=all_tags, **keep)
+        write_state(run_dir, command=command, run_name=name, tags=all_tags, owner=owner(), **keep)
         return Run(cfg, command, run_dir, state.get("mlflow_run_id"), None, False, None)
     client = MlflowClient(cfg.tracking.uri)
     run_id = state.get("mlflow_run_id") or state.get("parent_run_id")
     created = not run_id
     if created:
         run_id = client.create_run(exp_id, run_name=name, tags=all_tags).info.run_id
-    write_state(run_dir, command=command, mlflow_run_id=run_id, run_name=name, tags=all_tags, **keep)
+    write_state(run_dir, command=command, mlflow_run_id=run_id, run_name=name, tags=all_tags, owner=owner(), **keep)
     run = Run(cfg, command, run_dir, run_id, client, created, exp_id)
     if created:
         run.log_params(config_params(cfg))
@@ -230,18 +261,22 @@ def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id
 
 @contextlib.contextmanager
 def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, run_dir=None, parent=None,
-                run_name=None, params=None, tags=None, on_open=None):
+                run_name=None, params=None, tags=None, on_open=None, accept_damage: bool = False):
     """THE lifecycle of a command: ``with command_run(cfg, "sweep", resume=...) as run: execute(plan, run)``.
 
     Opens the run folder (``<run_root>/<command>-<name>-<id>/``; ``--resume``: the newest one that got its
     MLflow run; ``run_dir``: that folder, e.g. a sweep's ``trace/``) with ``config.yaml``; ``on_open(run_dir)``
-    may refuse it (one line) before anything is logged. Creates the MLflow run (nested under ``parent``'s, a
-    :class:`Run`; the config and ``params`` logged) or continues the one ``state.json`` names. SIGTERM is
-    Ctrl-C inside. On exit the run and every child left RUNNING end FINISHED (success), KILLED (Ctrl-C,
-    SIGTERM, an interrupted grid) or FAILED (any other error); ``state.json`` says finished / interrupted /
+    may refuse it (one line) before anything is logged; a resumed folder's record is checked first
+    (:func:`raycpt.runs.trust.trusted_records`: damaged or missing, one line and exit 2 unless ``accept_damage``).
+    Creates the MLflow run (nested under ``parent``'s, a :class:`Run`; the config and ``params`` logged) or continues
+    the one ``state.json`` names (``owner``: this process, :func:`raycpt.runs.folder.owner`). SIGTERM is Ctrl-C
+    inside. On exit the run and every run under it left RUNNING (:meth:`Run.end`) end FINISHED (success), KILLED
+    (Ctrl-C, SIGTERM, an interrupted grid) or FAILED (any other error); ``state.json`` says finished / interrupted /
     failed. Nothing is ever left RUNNING."""
     fresh, own = run_dir is None and not resume, run_dir is None  # own: the command's own folder, not a caller's
     run_dir = _open_or_use(cfg, command, run_dir, resume)
+    if resume and own:  # the record a resume goes on from is checked before it is trusted
+        trusted_records(run_dir, f"{command} --resume", accept_damage, say=_warn)
     if on_open is not None:  # a refusal here leaves the folder and its run as they were
         on_open(run_dir)
     if own and missing_run(cfg.tracking, read_state(run_dir).get("mlflow_run_id")):  # before any state is written
@@ -343,6 +378,10 @@ def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseEx
 LOST_RUNS: list = []
 """Run folders of this process whose commands finished while their tracking server was gone (the CLI prints one
 warning line per folder, :func:`raycpt.runs.lost.lost_line`)."""
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def note_lost_run(run_dir) -> None:
