@@ -145,10 +145,11 @@ def _batches(runs: list[tuple[int, int, int]], budget: int) -> list[list[tuple[i
 
 def document_block_scores(model, blocks: list[list[int]], eos_id: int, batch_size: int = 8,
                           prefix_id: Optional[int] = None, tokenizer=None,
-                          chunk_tokens: Optional[int] = None) -> BlockScores:
+                          chunk_tokens: Optional[int] = None, budget_tokens: Optional[int] = None) -> BlockScores:
     """Every block's documents scored on their own (module docstring): its loss over its counted targets, their
     number and, with ``tokenizer``, their bytes. The runs are right-padded into forwards of about
-    ``batch_size`` blocks' tokens (causal attention: the padding after a run changes nothing before it).
+    ``budget_tokens`` tokens (``eval.loss_batch_tokens``; None: ``batch_size`` blocks' tokens) (causal attention: the
+    padding after a run changes nothing before it).
     ``prefix_id`` (:func:`prefix_id_of`) goes before every run as context. The model runs in eval mode without
     the KV cache and is left in the mode it was in."""
     import torch
@@ -156,7 +157,7 @@ def document_block_scores(model, blocks: list[list[int]], eos_id: int, batch_siz
     pre = [] if prefix_id is None else [int(prefix_id)]
     runs = [(i, s, e) for i, b in enumerate(blocks) for s, e in document_runs(b, eos_id) if e - s >= 2]
     nll, count = [0.0] * len(blocks), [0] * len(blocks)
-    budget = batch_size * max((len(b) for b in blocks), default=1)
+    budget = budget_tokens or batch_size * max((len(b) for b in blocks), default=1)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device

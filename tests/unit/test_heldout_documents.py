@@ -138,3 +138,16 @@ def test_an_evaluation_record_from_before_the_rule_is_not_reused():
     assert current_definition({"heldout_loss": 4.65, "loss_definition": "per-document"}, with_blocks)
     assert current_definition({"questions": {}}, EvalRequest(out_dir="x", name="t"))  # no loss in it: any record
     assert CACHE_VERSION >= 3  # the base row's cache key changed with the definition
+
+
+@pytest.mark.parametrize("budget", [1, 12, 64, 4096])
+def test_the_forward_budget_changes_speed_not_the_loss(budget):
+    """``eval.loss_batch_tokens``: any number of runs per forward (one at a time up to all at once) gives the
+    per-document reference's losses (right padding after a run changes nothing before it)."""
+    model = tiny_model("llama", num_layers=2)
+    g = torch.Generator().manual_seed(3)
+    docs = [torch.randint(4, 128, (n,), generator=g).tolist() for n in (7, 5, 9, 3, 11, 6)]
+    blocks = pack_token_lists(docs, 12, 2).tolist()
+    per_run = document_block_scores(model, blocks, 2, batch_size=1, budget_tokens=1)  # one run per forward
+    got = document_block_scores(model, blocks, 2, batch_size=1, budget_tokens=budget)
+    assert got.targets == per_run.targets and got.losses == pytest.approx(per_run.losses, abs=1e-6)

@@ -92,6 +92,7 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
     model, tok = load_model(str(final_model_dir), **saved_model_load(final_model_dir))
     ev = evaluate_model(model, eval_cfg, tokenizer=tok, out_dir=req.out_dir, name=req.name)
     record = eval_result_record(ev, model, req.heldout_path, eval_cfg.batch_size,
-                                validation_path=req.validation_path, general_path=req.general_path, tokenizer=tok)
+                                validation_path=req.validation_path, general_path=req.general_path, tokenizer=tok,
+                                budget_tokens=eval_cfg.loss_batch_tokens)
     atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, record)
     return ev, record["heldout_loss"]

@@ -105,13 +105,14 @@ def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Op
     finally:
         model.config.use_cache = use_cache
     out = eval_result_record(res, model, req.heldout_path, eval_cfg.batch_size,
-                             validation_path=req.validation_path, general_path=req.general_path, tokenizer=tokenizer)
+                             validation_path=req.validation_path, general_path=req.general_path, tokenizer=tokenizer,
+                             budget_tokens=eval_cfg.loss_batch_tokens)
     return atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)
 
 
 def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int,
                        validation_path: Optional[str] = None, general_path: Optional[str] = None,
-                       tokenizer=None) -> dict:
+                       tokenizer=None, budget_tokens: Optional[int] = None) -> dict:
     """What ``eval_result.json`` holds: ``EvalResult.to_dict()``, the flat ``metrics``, and with a held-out
     blocks file its ``heldout_loss`` (each document scored on its own, the token mean over the counted targets:
     :mod:`raycpt.evaluate.heldout`), ``heldout_bpb`` (bits per byte of the same targets), ``heldout_block_losses`` /
@@ -126,7 +127,7 @@ def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int,
         if path:
             t0 = time.perf_counter()
             blocks = json.loads(Path(path).read_text())
-            sc = heldout_block_scores(model, tokenizer, blocks, batch_size)
+            sc = heldout_block_scores(model, tokenizer, blocks, batch_size, budget_tokens)
             out.update({f"{key}_loss": sc.loss(), f"{key}_bpb": sc.bpb(), f"{key}_block_losses": sc.losses,
                         f"{key}_block_weights": sc.targets, f"{key}_block_bytes": sc.bytes,
                         "loss_definition": DEFINITION,
@@ -134,7 +135,8 @@ def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int,
     return out
 
 
-def heldout_block_scores(model, tokenizer, blocks: list[list[int]], batch_size: int) -> BlockScores:
+def heldout_block_scores(model, tokenizer, blocks: list[list[int]], batch_size: int,
+                         budget_tokens: Optional[int] = None) -> BlockScores:
     """Per-block document-aware losses, counts and bytes (:func:`raycpt.evaluate.heldout.document_block_scores`):
     chunked over the vocabulary when the head allows (:func:`raycpt.train.worker.loss.chunked_supported`), else from
     the full logits."""
@@ -142,4 +144,4 @@ def heldout_block_scores(model, tokenizer, blocks: list[list[int]], batch_size: 
         raise ValueError("eval_result_record: a blocks file needs the model's tokenizer (its EOS separates documents)")
     chunk = DEFAULT_CHUNK_TOKENS if chunked_supported(model) is None else None
     return document_block_scores(model, blocks, eos_id_of(tokenizer), batch_size, prefix_id=prefix_id_of(tokenizer),
-                                 tokenizer=tokenizer, chunk_tokens=chunk)
+                                 tokenizer=tokenizer, chunk_tokens=chunk, budget_tokens=budget_tokens)
