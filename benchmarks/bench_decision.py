@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._smoke import add_smoke  # noqa: E402
 from raycpt.decide import arm_stats, decide  # noqa: E402
-from raycpt.report.decide import PRIMARY, result_figures, result_line  # noqa: E402
+from raycpt.report.decide import PRIMARY, result_line, terminal_lines  # noqa: E402
 
 
 def ece_floor(means: dict, sds: dict, seeds: int, sims: int, rng) -> tuple[float, float]:
@@ -63,11 +63,33 @@ def simulated_arms(rng, arms: int = 7, seeds: int = 3, shift: float = 0.3) -> tu
     return short, long
 
 
+def smoke_outcome(short: dict, long: dict):
+    """The report's whole path (:func:`raycpt.report.decide.decision_outcome`) on simulated trial results: each arm
+    searched at 1/3, 1 and 3 (the middle one best) at seed 0, then its pick at every seed, at horizons 1 and 8."""
+    from raycpt.config import load_config
+    from raycpt.decide import rate_rows
+    from raycpt.report.decide import decision_outcome
+
+    cfg = load_config(None, ["decide.seeds=[0,1,2]"])
+    results, rows = {}, {}
+    for h, vals in ((1.0, short), (8.0, long)):
+        for a, v in vals.items():
+            for m in (1 / 3, 1.0, 3.0):
+                for sd in ((0, 1, 2) if m == 1.0 else (0,)):
+                    x = v[sd] + (0.0 if m == 1.0 else 0.05)
+                    results[f"{a}-h{h:g}-{m:.3g}-s{sd}"] = {"tune": f"{a}-h{h:g}", "lr_mult": m, "seed": sd,
+                                                          "heldout_loss": x, "validation_loss": x + 0.01,
+                                                          "scores": {}}
+        rows[h] = rate_rows({f"{a}-h{h:g}": {m: results[f"{a}-h{h:g}-{m:.3g}-s0"]["validation_loss"]
+                                             for m in (1 / 3, 1.0, 3.0)} for a in vals}, [1 / 3, 1.0, 3.0])
+    return decision_outcome(results, rows, list(short), {1.0: 8, 8.0: 64}, cfg, resamples=200)
+
+
 def figures_of_run(run_dir: Path) -> dict:
     doc = json.loads((run_dir / "summary" / "decision.json").read_text())
     hs = sorted(doc["values"], key=float)
     return {"results": doc["results"], "short": doc["values"][hs[0]][PRIMARY], "long": doc["values"][hs[-1]][PRIMARY],
-            "seeds": len(doc["seeds"]), "wall_s": doc.get("wall_s")}
+            "seeds": len(doc["seeds"]), "wall_s": doc.get("wall_s"), "baseline": doc.get("baseline") or {}}
 
 
 def main() -> int:
@@ -81,9 +103,12 @@ def main() -> int:
     t0 = time.time()
     if args.smoke:
         short, long = simulated_arms(rng)
-        results = result_figures(short, long, interior=1.0, n_arms=len(short), alpha=0.05, resamples=200)
-        seeds, sims = 3, 100
-        print("smoke: 7 simulated arms x 3 seeds, not a measurement")
+        outcome = smoke_outcome(short, long)
+        for line in terminal_lines(outcome):
+            if not line.startswith("RESULT "):  # printed once, below, with the ECE floor beside them
+                print(line)
+        results, seeds, sims = outcome.results, 3, 100
+        print("smoke: 7 simulated arms x 3 seeds through the report's code, not a measurement")
     else:
         run_dir = args.run
         if run_dir is None:
@@ -93,6 +118,10 @@ def main() -> int:
         got = figures_of_run(run_dir)
         results, short, long, seeds, sims = got["results"], got["short"], got["long"], got["seeds"], args.sims
         print(f"decide run {run_dir}")
+        b = got["baseline"]
+        if b:  # the plain baseline beside ours: the sweep as it was (centre rate, one seed) against the same truth
+            print(f"BASELINE decision_accuracy_all_pairs {b['accuracy_all']:.3f} (every arm at its centre rate, one "
+                  f"seed, {b['pairs_all']} pairs; short pick {b['short_pick']}, long best {b['long_best']})")
     longs = arm_stats(long)
     means = {a: x.mean for a, x in longs.items()}
     sds = {a: math.sqrt(x.var) if x.k > 1 else 0.0 for a, x in longs.items()}

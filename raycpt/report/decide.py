@@ -44,6 +44,10 @@ class DecideOutcome:
     """{horizon: {metric: {arm: [per-seed values, lower better]}}}."""
     decisions: dict
     """{metric: Decision as a dict}: each short metric against the long horizon's held-out loss."""
+    baseline: dict = field(default_factory=dict)
+    """The plain baseline, the default sweep as it was: every arm at its centre rate (multiplier 1), one seed (the
+    first), at the short horizon, against the same long-horizon truth: ``{"accuracy_all", "pairs_all", "tau",
+    "short_pick", "long_best"}`` (empty when those runs are missing)."""
     results: dict = field(default_factory=dict)
     """The five RESULT figures with their bootstrap errors: {name: {"value", "se", "n", "target", "pass"}}."""
     seeds: list = field(default_factory=list)
@@ -81,6 +85,15 @@ def decision_outcome(results: dict, rows: dict, arms: list, steps: dict, cfg, re
     out = DecideOutcome(horizons=hs, steps={f"{h:g}": steps[h] for h in hs}, arms=list(arms), picks=picks,
                         values=values, decisions={m: _as_dict(d) for m, d in decisions.items()},
                         seeds=list(cfg.decide.seeds))
+    fixed = {a: [v for r in sorted(results.values(), key=lambda r: r.get("seed", 0))
+                 if r.get("tune") == f"{a}-h{short:g}" and float(r["lr_mult"]) == 1.0
+                 and r.get("seed") == cfg.decide.seeds[0] and (v := value(r, PRIMARY)) is not None]
+             for a in arms}
+    fixed = {a: v for a, v in fixed.items() if v}
+    if len(fixed) >= 2:
+        b = decide(arm_stats(fixed), truth, PRIMARY, cfg.decide.alpha)
+        out.baseline = {"accuracy_all": b.accuracy_all, "pairs_all": b.pairs_all, "tau": b.tau,
+                        "short_pick": b.short_pick, "long_best": b.long_best, "regret_sd": b.regret_sd}
     out.results = result_figures(values[short][PRIMARY], values[long][PRIMARY], len(tuned) / len(arms) if arms else
                                  math.nan, len(arms), cfg.decide.alpha, resamples)
     return out
@@ -174,6 +187,11 @@ def terminal_lines(o: DecideOutcome) -> list[str]:
     for m, x in sorted(o.decisions.items(), key=lambda kv: -_nz(kv[1]["accuracy_all"])):
         lines.append(f"  {m:<16} {x['accuracy_all']:.2f} of {x['pairs_all']} | {_fmt(x['accuracy_resolved'])} of "
                      f"{x['pairs_resolved']}   tau {_fmt(x['tau'])}")
+    if o.baseline:
+        b = o.baseline
+        lines += ["", f"Baseline, the sweep as it was (every arm at its centre rate, one seed): decision accuracy "
+                      f"{_fmt(b['accuracy_all'])} of {b['pairs_all']} pairs, tau {_fmt(b['tau'])}, short pick "
+                      f"{b['short_pick']} (long best {b['long_best']})."]
     lines += [""] + [result_line(n, f, len(o.seeds)) for n, f in o.results.items()]
     return lines
 
@@ -226,6 +244,10 @@ def markdown(o: DecideOutcome) -> str:
                 "| confidence bin | pairs | mean confidence | share ordered alike |", "|---|---:|---:|---:|"]
         out += [f"| {r['lo']:.1f}-{r['hi']:.1f} | {r['n']} | {r['confidence']:.2f} | {r['correct']:.2f} |"
                 for r in d["reliability"]]
+    if o.baseline:
+        b = o.baseline
+        out += ["", f"Baseline (every arm at its centre rate, one seed, short horizon): decision accuracy "
+                    f"{_fmt(b['accuracy_all'])} of {b['pairs_all']} pairs, Kendall tau {_fmt(b['tau'])}."]
     out += ["", "```"] + [result_line(n, f, len(o.seeds)) for n, f in o.results.items()] + ["```"]
     return "\n".join(out) + "\n"
 
