@@ -80,7 +80,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt.runs", "raycpt.runtime", "raycpt.worker_setup", "raycpt.cluster", "raycpt.ui"),
     ("raycpt.config", "raycpt.tasks"),
     ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress",
-     "raycpt.registry"),  # the leaf registry (issue 46 item 5): every layer above may register into it or read it
+     "raycpt.registry",  # the leaf registry (issue 46 item 5): every layer above may register into it or read it
+     "raycpt.decide"),  # issue 47's measures and search rule: pure, like stats
 )
 
 
