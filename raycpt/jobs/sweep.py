@@ -526,7 +526,8 @@ def log_summary(run, files: list, trace: Optional[dict], summary: dict) -> None:
     shows on the run's page: the recommendation and the verdict's lines, :func:`raycpt.report.sweep.views.advice.
     run_description`), its files, the flat per-cell table as the MLflow table ``summary/deltas.json``, S(b) and the
     headline deltas as metrics."""
-    run.set_tags({NOTE: run_description(summary, compact_verdict(summary))})
+    again = f"raycpt sweep {Path(run.run_dir) / 'config.yaml'}"  # the folder's resolved config reruns it
+    run.set_tags({NOTE: run_description(summary, compact_verdict(summary), again)})
     for f in files:
         run.log_artifact(f, "summary")
     for a in (trace or {}).get("artifacts", []):

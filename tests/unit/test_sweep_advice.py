@@ -132,6 +132,7 @@ def test_parent_run_has_its_description_and_a_replay_gives_it_too(tmp_path):
         in note
     for line in compact_verdict(s):
         assert f"- {line}" in note
+    assert f"Rerun: `raycpt sweep {tmp_path / 'run' / 'config.yaml'}`" in note
     child = client.create_run(exp, run_name="t", tags={"mlflow.parentRunId": parent}).info.run_id
     TrialSpec("train_shallow-r0.33", "train_shallow", 0.33, 10).log_params(
         Run(SimpleNamespace(tracking=cfg), "sweep", tmp_path / "trial", child, client, False, exp), 0, 3e-4, 30)

@@ -192,7 +192,7 @@ def run_description(summary: dict, verdict_lines: list[str], command: str = "ray
         out += [f"**{'Recommended' if rec['claim'] == 'strategy' else 'Leader (point estimate, not a decision)'}:** "
                 f"{rec['words']}" + (f" — {rec['worth']}" if rec["worth"] else ""), ""]
     out += ["**Verdict**", ""] + [f"- {ln}" for ln in verdict_lines] + ["",
-            f"Command: `{command}`. Tables: `summary/summary.md`; trade-off: `summary/tradeoff.png`; per-cell "
+            f"Rerun: `{command}`. Tables: `summary/summary.md`; trade-off: `summary/tradeoff.png`; per-cell "
             "deltas: `summary/deltas.json`."]
     text = "\n".join(out)
     return text if len(text) <= MAX_NOTE else text[:MAX_NOTE - 1] + "…"
