@@ -41,7 +41,7 @@ def layer_words(strategy: str, split: Optional[float], num_layers: Optional[int]
         second = rest.removeprefix("layers ") if first.startswith("layers ") else rest  # "layers 0–9, freeze 10–29"
         return (f"train {first}, freeze {second}" if strategy == SHALLOW else f"freeze {first}, train {second}") + \
             f" ({label})"
-    return f"train the {name or strategy} plan"
+    return f"train the {label} plan" if split is not None else f"train the {name or strategy} plan"
 
 
 def train_command(strategy: str, split: Optional[float]) -> str:
