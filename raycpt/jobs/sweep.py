@@ -40,6 +40,8 @@ from raycpt.models.adapters import lora_targets, lora_trainable_params
 from raycpt.models.sources import load_model
 from raycpt.models.stack import LayerStack
 from raycpt.report.sweep.summary import report_options, write_summary
+from raycpt.report.sweep.views.advice import NOTE, run_description, trial_description
+from raycpt.report.sweep.views.terminal import compact_verdict
 from raycpt.report.sweep.outcomes import HELDOUT_DOCS_FILE
 from raycpt.report.tuning import pick_by_validation, tuning_lines, tuning_markdown
 from raycpt.runs.folder import SWEEP_NEUTRAL, SWEEP_SECTIONS, check_resume_config, memo
@@ -78,7 +80,7 @@ class TrialSpec:
         run = trial.run
         tcfg = trial_config(trial.cfg, self)
         if run.created or not run.run_id:
-            self.log_params(run, tcfg.train.seed)
+            self.log_params(run, tcfg.train.seed, tcfg.train.lr, trial.shared.get("num_layers"))
         train, ev, heldout = train_and_evaluate(trial, tcfg, self.name)
         cells = ev.metrics()
         result = {
@@ -104,9 +106,10 @@ class TrialSpec:
         return {"strategy": self.strategy, "split": self.split, "b": self.b, "seed": seed,
                 "recipe": ",".join(f"{k}={v}" for k, v in self.recipe.items())}
 
-    def log_params(self, run, seed) -> None:
+    def log_params(self, run, seed, lr=None, num_layers: Optional[int] = None) -> None:
+        """The child run's params, its ``seed`` tag and its MLflow description (plan, layers trained, lr, seed)."""
         run.log_params({k: "" if v is None else v for k, v in self.params(seed).items()})
-        run.set_tags({"seed": str(seed)})
+        run.set_tags({"seed": str(seed), NOTE: trial_description(self.strategy, self.split, num_layers, lr, seed)})
 
 
 def validation_loss(trial: Trial) -> Optional[float]:
@@ -276,7 +279,8 @@ def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPl
 
 def run_spec(plan: SweepPlan, options: Options) -> RunSpec:
     """The sweep's run: the grid's params; Ray and the base shards start while it opens."""
-    return RunSpec(plan.cfg, "sweep", params=grid_params(plan.specs, {"num_layers": plan.num_layers}),
+    names = grid_params(plan.specs)["trials"]  # params by section, as the config's (issue 48)
+    return RunSpec(plan.cfg, "sweep", params={"sweep.trials": names, "model.num_layers": plan.num_layers},
                    around=ahead_of_trials(plan), on_open=resume_check(plan.cfg, options))
 
 
@@ -389,7 +393,7 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
         atomic_write_json(run_dir / HELDOUT_DOCS_FILE, list(plan.heldout.documents))
     if plan.validation:
         shared["validation_path"] = str(atomic_write_json(run_dir / "validation_blocks.json", plan.validation))
-    shared.update(probe_files(run_dir, plan.general), model_path=plan.model_path)
+    shared.update(probe_files(run_dir, plan.general), model_path=plan.model_path, num_layers=plan.num_layers)
     with ray_session(cfg.ray, meanwhile=warm_imports):
         trace = None
         if s.trace_first:
@@ -518,8 +522,12 @@ def _trace(cfg: ExperimentConfig, run_dir: Path, splits: list[float], parent) ->
 
 
 def log_summary(run, files: list, trace: Optional[dict], summary: dict) -> None:
-    """The summary on the sweep's :class:`raycpt.runs.run.Run`: its files, the flat per-cell table as the MLflow table
-    ``summary/deltas.json``, S(b) and the headline deltas as metrics."""
+    """The summary on the sweep's :class:`raycpt.runs.run.Run`: its description (the ``mlflow.note.content`` tag MLflow
+    shows on the run's page: the recommendation and the verdict's lines, :func:`raycpt.report.sweep.views.advice.
+    run_description`), its files, the flat per-cell table as the MLflow table ``summary/deltas.json``, S(b) and the
+    headline deltas as metrics."""
+    again = f"raycpt sweep {Path(run.run_dir) / 'config.yaml'}"  # the folder's resolved config reruns it
+    run.set_tags({NOTE: run_description(summary, compact_verdict(summary), again)})
     for f in files:
         run.log_artifact(f, "summary")
     for a in (trace or {}).get("artifacts", []):

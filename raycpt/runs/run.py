@@ -239,7 +239,7 @@ def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id
     name = run_name or run_dir.name
     all_tags = {"raycpt.command": command, "raycpt.run_dir": str(run_dir),
                 **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {}),
-                **({} if parent_run_id else version_tags()), **(tags or {})}
+                **({} if parent_run_id else {**version_tags(), **source_tags(command)}), **(tags or {})}
     if exp_id is None:
         write_state(run_dir, command=command, run_name=name, tags=all_tags, owner=owner(), **keep)
         return Run(cfg, command, run_dir, state.get("mlflow_run_id"), None, False, None)
@@ -423,11 +423,17 @@ def version_tags() -> dict[str, str]:
     if torch.cuda.is_available():
         tags["raycpt.gpu"] = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
     commit = git_commit()
-    if commit:
-        tags["raycpt.git_commit"] = commit
+    if commit:  # raycpt's name and MLflow's, which its run page shows as the source's commit
+        tags["raycpt.git_commit"] = tags["mlflow.source.git.commit"] = commit
     if os.environ.get("RAYCPT_IMAGE"):
         tags["raycpt.image"] = os.environ["RAYCPT_IMAGE"]
     return tags
+
+
+def source_tags(command: str) -> dict[str, str]:
+    """MLflow's source tags of a command's run: ``mlflow.source.name`` (the command, as a user types it) and
+    ``mlflow.source.type`` (a local program); the commit is :func:`version_tags`'."""
+    return {"mlflow.source.name": f"raycpt {command}", "mlflow.source.type": "LOCAL"}
 
 
 def node_tags() -> dict[str, str]:

@@ -69,6 +69,19 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dir, ray_local):
     assert all("system/cpu_utilization_percentage" in r.data.metrics for r in children
                if r.data.tags["raycpt.trial"] != "base")  # the base row trains nothing
     assert parent.data.tags["raycpt.ray_version"] == ray.__version__ and parent.data.metrics["sweep_wall_time_s"] > 0
+    # issue 48: the parent run explains itself, each trial's run says its plan; the verdict says what to do
+    from raycpt.report.sweep.views.terminal import compact_verdict
+
+    lines = compact_verdict(res.summary)
+    assert parent.data.tags["mlflow.source.name"] == "raycpt sweep"
+    assert parent.data.tags["mlflow.note.content"].startswith("### Which decoder layers to train?")
+    assert all(f"- {ln}" in parent.data.tags["mlflow.note.content"] for ln in lines)
+    assert lines[1].startswith(("Leader on heldout_loss (point estimate, not a decision): ", "Recommended on "))
+    notes = {r.data.tags["raycpt.trial"]: r.data.tags.get("mlflow.note.content", "") for r in children}
+    assert notes["train_shallow-r0.5"].startswith("Sweep trial: train layers 0–1, freeze 2–3 (train_shallow r = 0.5)")
+    assert notes["base"].startswith("The untrained model")
+    rec = res.trace["recommended_split"]
+    assert (rec in (0.25, 0.5)) != any(f"--splits {rec:g}" in ln for ln in lines)
 
     # the summary's deltas, recomputed from the child runs' own metrics
     by_name = {r.data.tags["raycpt.trial"]: r.data.metrics for r in children}

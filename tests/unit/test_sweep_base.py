@@ -147,6 +147,7 @@ def test_compact_terminal_fits_30_lines_and_80_columns_for_the_default_shape():
                            BASE_G + 0.01 * r, split=r))
     s = build_summary(trials, {"split_scores": {"0.33": 0.4, "0.5": 0.3, "0.66": 0.2}}, ["wn"], ["mmlu"],
                       resamples=200, report={"primary": "heldout_loss"}, num_layers=30)
+    s.update(num_layers=30, recommended_split=0.3)  # as write_summary adds them: the trace's split, untrained
     console = Console(width=80, record=True)
     render_sweep(SimpleNamespace(summary=s, run_dir=Path("/tmp/runs/sweep-default-0123abcd"), wall_s=300.0,
                                  parent_run_id="0" * 32), console)
@@ -155,7 +156,9 @@ def test_compact_terminal_fits_30_lines_and_80_columns_for_the_default_shape():
     assert len(lines) <= 30, text
     assert max(len(x) for x in lines) <= 80, text
     assert "…" not in text, text  # no cell or name cut short
-    assert lines[0].startswith("One run per row") and "Primary heldout_loss" in text and "Pareto front" in text
+    # issue 48: what to do first (no horizon line here), not a claim with one run per row; the untrained trace split
+    assert lines[0].startswith("Leader on heldout_loss (point estimate, not a decision)") and "Pareto front" in text
+    assert "sweep.seeds=[0,1,2]" in text and "raycpt sweep CONFIG --splits 0.3" in text
     for t in trials:
         assert t["name"] in text
 

@@ -102,6 +102,7 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
     base = against_base(trials, domain, general, resamples)
     decision = apply_verdict(tables, gains, tasks, report, base_rows=base["rows"])
     decision["best"] = primary_best(trials, tables, report, resamples=resamples)
+    decision["untuned"] = report["untuned"]  # the recommendation leaves them out too (views/advice.py)
     primary = verdict.parse_primary(report.get("primary"))
     mode = "logit" if primary is None else primary["mode"]  # None: the held-out loss
     sb = {task: sb_against_gain(g, mode, decision["alpha"]) for task, g in gains.items()

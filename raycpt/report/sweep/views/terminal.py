@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from raycpt.report.sweep.views.format import fmt_p, mark_of
+from raycpt.report.sweep.views.advice import advice_lines
+from raycpt.report.sweep.views.format import mark_of
 from raycpt.report.sweep.views.markdown import oriented_mark, split_words
 from raycpt.report.sweep.seeds import CHECKPOINT, FLOOR_HINT, SEEDS_HINT, strategy_claims_allowed
 from raycpt.report.verdict import HELDOUT
@@ -17,12 +18,16 @@ MAX_AXES = 3  # gain / forgetting columns in the terminal table (the rest: summa
 
 
 def compact_verdict(summary: dict) -> list[str]:
-    """The verdict in at most six short lines: what the marks compare, the primary comparison's tally, the best
-    row, the trade-off's Pareto front, S(b)."""
+    """The verdict in a few short lines: the horizon (issue 47) first, then what to do
+    (:func:`raycpt.report.sweep.views.advice.advice_lines`: the row the verdict supports in layer numbers, whether
+    that is a strategy claim or the point estimates' leader, the next command, the trace's split if untrained), the
+    primary comparison's tally, the trade-off's Pareto front, S(b) (only with two or more splits)."""
     v = summary.get("verdict") or {}
     lines = [summary["horizon"]] if summary.get("horizon") else []  # issue 47: may this ranking be acted on?
     allowed = strategy_claims_allowed(summary)  # issue 50: no ▲ / ▼ and no best without run noise measured
-    if v.get("claim") == CHECKPOINT:
+    advice = advice_lines(summary)  # issue 48: what to do, how sure, the next command
+    lines += advice
+    if v.get("claim") == CHECKPOINT and not advice:
         lines.append(f"One run per row: each Δ compares two checkpoints, shown with its interval and no marks or best "
                      f"(run-to-run noise not measured: {SEEDS_HINT} or {FLOOR_HINT} for strategy claims).")
     prim = [c for c in v.get("comparisons", []) if c.get("primary")]
@@ -32,15 +37,10 @@ def compact_verdict(summary: dict) -> list[str]:
         lines.append(f"Primary {v.get('primary')} vs full ({v.get('adjust')}, {v.get('family_size')} comparisons, "
                      f"error <= {v.get('alpha', 0.05):g}): {better} ▲ better, {worse} ▼ worse, "
                      f"{len(prim) - better - worse} no clear change.")
-    elif prim:
+    elif prim and not advice:
         lines.append(f"Primary {v.get('primary')} vs full: each row's Δ below with its checkpoint interval.")
-    else:
+    elif not prim:
         lines.append(f"Primary comparison: {v.get('primary') or 'none declared'} - not evaluated in this sweep.")
-    b = v.get("best") if allowed else None
-    if b:
-        lines.append(f"Best on {b['metric']}: {b['best']} (beats every row, largest p = {fmt_p(b['p'])} of "
-                     f"{b['pairs']} pairs)" if b["best"] else
-                     f"Best on {b['metric']}: none clear (top {b['top']} vs {b['runner_up']}: p = {fmt_p(b['p'])})")
     base = summary.get("base") or {}
     if base.get("axes"):
         lines.append(f"Gain vs forgetting against base (summary/tradeoff.png): Pareto front of the point estimates "

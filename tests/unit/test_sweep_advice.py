@@ -1,0 +1,175 @@
+"""Issue 48: a verdict that says what to do, an MLflow run that explains itself.
+
+The recommendation line on hand-built sweeps of a 30-layer model (layer ranges worked out by hand from
+b = floor(r*N + 1/2): r = 0.33 -> b = floor(10.4) = 10, so train_shallow trains layers 0-9 and freezes 10-29), one
+run per row (the point estimates' leader, "not a decision", the command that would decide) and three (a strategy
+claim, the command that trains it); the trace's untrained split named with its command; and the description tag on
+the sweep's parent run in a real SQLite store, replayed from the run folder's records into a second store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from raycpt.report.sweep.summary import build_summary
+from raycpt.report.sweep.views.advice import layer_words, trial_description
+from raycpt.report.sweep.views.terminal import compact_verdict
+
+RNG = np.random.default_rng(48)
+BLOCKS = 3.5 + 0.3 * RNG.standard_normal(40)  # the held-out blocks' losses of the untrained model
+ROWS = {"full": ("full", None, -0.10), "train_shallow-r0.33": ("train_shallow", 0.33, -0.15),
+        "train_deep-r0.33": ("train_deep", 0.33, -0.05), "train_shallow-r0.66": ("train_shallow", 0.66, -0.12)}
+NOISE = {name: 0.004 * RNG.standard_normal(40) for name in ROWS}  # each row's own block-level scatter
+
+
+def _trial(name, seed=None, shift=0.0):
+    strategy, split, gain = ROWS[name]
+    blocks = BLOCKS + gain + NOISE[name] + shift
+    return {"name": name if seed is None else f"{name}-s{seed}", "group": name, "strategy": strategy, "split": split,
+            "b": None, "seed": seed or 0, "scores": {"wn/average/logit": 50.0},
+            "heldout_blocks": list(blocks), "heldout_weights": [63] * len(blocks), "heldout_loss": float(np.mean(blocks))}
+
+
+def _summary(trials, recommended=0.3):
+    s = build_summary(trials, {"split_scores": {"0.33": 0.4}}, ["wn"], [], resamples=200,
+                      report={"primary": "heldout_loss"}, num_layers=30)
+    s.update(num_layers=30, recommended_split=recommended)  # what write_summary adds
+    return s
+
+
+def test_layer_ranges_by_hand():
+    assert layer_words("train_shallow", 0.33, 30) == "train layers 0–9, freeze 10–29 (train_shallow r = 0.33)"
+    assert layer_words("train_deep", 0.66, 30) == "freeze layers 0–19, train 20–29 (train_deep r = 0.66)"  # b = 20
+    assert layer_words("train_shallow", 1 / 3, 28).startswith("train layers 0–8, freeze 9–27")  # 004's Table 9: 9
+    assert layer_words("train_shallow", 0.04, 30).startswith("train layer 0, freeze layers 1–29")  # b = floor(1.7)
+    assert layer_words("full", None, 30) == "train all 30 layers (full)"
+    assert trial_description("train_deep", 0.5, 30, 3e-4, 2) == \
+        "Sweep trial: freeze layers 0–14, train 15–29 (train_deep r = 0.5); lr 0.0003; seed 2."
+
+
+def test_one_seed_names_the_leader_as_no_decision_with_the_command_that_decides():
+    trials = [_trial(n) for n in ROWS]
+    lines = compact_verdict(_summary(trials))
+    # the leader, found here by the lowest mean held-out loss over the blocks
+    leader = min(ROWS, key=lambda n: np.mean(BLOCKS + ROWS[n][2] + NOISE[n]))
+    assert leader == "train_shallow-r0.33"
+    d = (BLOCKS + ROWS[leader][2] + NOISE[leader]) - (BLOCKS + ROWS["full"][2] + NOISE["full"])
+    ci = st.ttest_rel(BLOCKS + ROWS[leader][2] + NOISE[leader], BLOCKS + ROWS["full"][2] + NOISE["full"]) \
+        .confidence_interval(0.95)
+    half = f"{(ci.high - ci.low) / 2:.3f}".lstrip("0")
+    assert lines[0] == (f"Leader on heldout_loss (point estimate, not a decision): train layers 0–9, freeze 10–29 "
+                        f"(train_shallow r = 0.33); Δ vs full: held-out loss {np.mean(d):+.3f}±{half} nats.")
+    assert "sweep.seeds=[0,1,2]" in lines[1] and "checkpoints" in lines[1]
+    text = "\n".join(lines)
+    assert "Recommended" not in text and "strategy claim" not in text and "Best" not in text
+    # the trace's r = 0.3: b = floor(9.5) = 9, untrained here
+    assert lines[2] == ("The trace's recommended split r = 0.3 (train layers 0–8, freeze 9–29) was not trained in "
+                        "this sweep: raycpt sweep CONFIG --splits 0.3")
+    assert "Largest S(b)" not in text  # one split with an S(b): nothing to single out
+    assert not any("recommended split" in ln for ln in compact_verdict(_summary(trials, recommended=0.33)))
+
+
+def test_horizon_line_stays_first():
+    s = _summary([_trial(n) for n in ROWS])
+    s["horizon"] = "Horizon: not measured whether this 8-step ranking holds in a longer run."
+    lines = compact_verdict(s)
+    assert lines[0] == s["horizon"] and lines[1].startswith("Leader on heldout_loss")
+
+
+def test_three_seeds_make_it_a_strategy_claim_with_the_command_that_trains_it():
+    trials = [_trial(n, seed, shift=0.002 * (seed - 1) + 0.001 * k * seed)
+              for seed in (0, 1, 2) for k, n in enumerate(ROWS)]
+    s = _summary(trials)
+    from raycpt.report.sweep.seeds import strategy_claims_allowed
+
+    assert strategy_claims_allowed(s) and s["verdict"]["best"]["best"] == "train_shallow-r0.33"
+    lines = compact_verdict(s)
+    mean = {n: np.mean([t["heldout_loss"] for t in trials if t["group"] == n]) for n in ROWS}  # over the 3 runs
+    assert lines[0].startswith("Recommended on heldout_loss: train layers 0–9, freeze 10–29 (train_shallow r = "
+                               f"0.33); Δ vs full: held-out loss {mean['train_shallow-r0.33'] - mean['full']:+.3f}±")
+    assert "A strategy claim" in lines[0] and "3 runs per row" in lines[0] and "not a decision" not in lines[0]
+    assert lines[1] == ("Next: train it at scale: raycpt train CONFIG plan.name=train_shallow plan.split=0.33 (a "
+                        "larger train.max_steps).")
+
+
+def test_three_seeds_without_a_clear_best_is_not_a_decision():
+    spread = {0: -0.06, 1: 0.0, 2: 0.06}  # run-to-run noise far larger than the rows' differences
+    trials = [_trial(n, seed, shift=spread[seed] * (1 if k % 2 else -1) - ROWS[n][2])
+              for seed in (0, 1, 2) for k, n in enumerate(ROWS)]
+    s = _summary(trials)
+    lines = compact_verdict(s)
+    assert s["verdict"]["best"]["best"] is None
+    assert "(point estimate, not a decision)" in lines[0] and "no row beats every other" in lines[0]
+    assert lines[1] == "To decide: more runs per row, raycpt sweep CONFIG sweep.seeds=[0,1,2,3,4,5]."
+
+
+def test_parent_run_has_its_description_and_a_replay_gives_it_too(tmp_path):
+    from types import SimpleNamespace
+
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.config import TrackingConfig
+    from raycpt.jobs.sweep import TrialSpec, log_summary
+    from raycpt.runs.records import RECORDS, project
+    from raycpt.runs.run import Run
+    from raycpt.runs.store import ensure_store
+
+    (tmp_path / "runs").mkdir()
+    cfg = TrackingConfig(run_root=str(tmp_path / "runs"), uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}",
+                         experiment="t")
+    exp = ensure_store(cfg)
+    client = MlflowClient(cfg.uri)
+    parent = client.create_run(exp, run_name="parent").info.run_id
+    s = _summary([_trial(n) for n in ROWS])
+    run = Run(SimpleNamespace(tracking=cfg), "sweep", tmp_path / "run", parent, client, False, exp)
+    log_summary(run, [], None, s)
+    note = client.get_run(parent).data.tags["mlflow.note.content"]
+    assert note.startswith("### Which decoder layers to train?")
+    assert "**Leader (point estimate, not a decision):** train layers 0–9, freeze 10–29 (train_shallow r = 0.33)" \
+        in note
+    for line in compact_verdict(s):
+        assert f"- {line}" in note
+    assert f"Rerun: `raycpt sweep {tmp_path / 'run' / 'config.yaml'}`" in note
+    child = client.create_run(exp, run_name="t", tags={"mlflow.parentRunId": parent}).info.run_id
+    TrialSpec("train_shallow-r0.33", "train_shallow", 0.33, 10).log_params(
+        Run(SimpleNamespace(tracking=cfg), "sweep", tmp_path / "trial", child, client, False, exp), 0, 3e-4, 30)
+    assert client.get_run(child).data.tags["mlflow.note.content"] == \
+        "Sweep trial: train layers 0–9, freeze 10–29 (train_shallow r = 0.33); lr 0.0003; seed 0."
+    # the folder is the record: projecting its records into another store's run gives the same description
+    other = MlflowClient(f"sqlite:///{tmp_path / 'other.db'}")
+    again = other.create_run(other.create_experiment("o")).info.run_id
+    for ln in (tmp_path / "run" / RECORDS).read_text().splitlines():
+        project(other, again, json.loads(ln), tmp_path / "run")
+    assert other.get_run(again).data.tags["mlflow.note.content"] == note
+
+
+def test_a_commands_run_names_its_source(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.config import ExperimentConfig
+    from raycpt.runs.run import command_run, git_commit
+
+    cfg = ExperimentConfig()
+    cfg.tracking.run_root = str(tmp_path / "runs")
+    with command_run(cfg, "sweep") as run:
+        run_id = run.run_id
+    tags = MlflowClient(cfg.tracking.uri).get_run(run_id).data.tags
+    assert tags["mlflow.source.name"] == "raycpt sweep" and tags["mlflow.source.type"] == "LOCAL"
+    commit = git_commit()
+    assert tags.get("mlflow.source.git.commit") == commit if commit else "mlflow.source.git.commit" not in tags
+
+
+def test_config_params_are_grouped_by_section():
+    import dataclasses
+
+    from raycpt.config import ExperimentConfig
+    from raycpt.runs.run import config_params
+
+    cfg = ExperimentConfig()
+    sections = {f.name for f in dataclasses.fields(cfg) if dataclasses.is_dataclass(getattr(cfg, f.name))}
+    keys = config_params(cfg)
+    assert all(k.split(".")[0] in sections for k in keys if "." in k)
+    assert {k for k in keys if "." not in k} <= {f.name for f in dataclasses.fields(cfg)} - sections  # e.g. name
