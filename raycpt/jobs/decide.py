@@ -29,10 +29,11 @@ from raycpt.jobs.base_row import general_probe, probe_files
 from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, ahead_of_trials, grid_params, heldout_blocks, model_layers,
                               no_shards, run_grid, warm_imports)
 from raycpt.jobs.job import Options, RunSpec, Steps
-from raycpt.jobs.sweep import BUDGET_SELECTORS, TrialSpec, budget_rows, check_memory, trial_config
+from raycpt.jobs.sweep import BUDGET_SELECTORS, TrialSpec, budget_numbers, budget_rows, check_memory, trial_config
 from raycpt.report.decide import DecideOutcome, decision_outcome, write_decision
 from raycpt.runtime import ray_session, stop_ray_soon
 from raycpt.splits import split_index
+from raycpt.train.driver.prepare import model_skeleton
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,6 @@ def arm_plan(cfg: ExperimentConfig, arm: ArmSpec):
 def budget_arms(cfg: ExperimentConfig, model_path: str, num_layers: int, console=None) -> list[ArmSpec]:
     """The equal-budget rows named in ``decide.budget_arms`` (by prefix) at train_shallow's count at
     ``decide.budget_split`` (its first b layers)."""
-    from raycpt.jobs.sweep import budget_numbers
-    from raycpt.train.driver.prepare import model_skeleton
-
     d = cfg.decide
     sizes = budget_numbers(model_skeleton(model_path), cfg.plan.lora_targets)["layer_params"]
     bcfg = config_with(cfg, {"sweep.budget": int(sum(sizes[:split_index(d.budget_split, num_layers)]))})

@@ -13,6 +13,8 @@ from typing import Optional
 import numpy as np
 
 from raycpt.decide import Decision, arm_stats, decide
+from raycpt.io import atomic_write_json, atomic_write_text
+from raycpt.report.figures import save_figure
 
 PRIMARY = "heldout_loss"
 TARGETS = {"decision_accuracy": (">=", 0.90), "decision_accuracy_all_pairs": (">=", 0.80),
@@ -259,8 +261,6 @@ def plot(o: DecideOutcome, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from raycpt.report.figures import save_figure
-
     hs = o.horizons
     sv, lv = o.values[hs[0]][PRIMARY], o.values[hs[-1]][PRIMARY]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.6))
@@ -292,8 +292,6 @@ def plot(o: DecideOutcome, path: Path) -> Path:
 def write_decision(run, o: DecideOutcome, console=None, record_to: Optional[Path] = None) -> None:
     """The report's files in ``<run>/summary``, on the parent run as artifacts and metrics; printed; the record a sweep
     of the short horizon's settings reads (``record_to``: :func:`raycpt.decide.record_path`)."""
-    from raycpt.io import atomic_write_json, atomic_write_text
-
     out = Path(run.run_dir) / "summary"
     files = [atomic_write_text(out / "decision.md", markdown(o)),
              atomic_write_json(out / "decision.json", {k: v for k, v in asdict(o).items()

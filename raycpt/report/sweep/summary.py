@@ -21,6 +21,7 @@ import io
 from pathlib import Path
 from typing import Optional, Sequence
 
+from raycpt.decide import horizon_line, read_record
 from raycpt.io import atomic_write_json, atomic_write_text
 from raycpt.report import verdict
 from raycpt.report.sweep.domain import domain_general
@@ -77,8 +78,6 @@ def report_options(cfg) -> dict:
     if cfg.sweep.budget is not None and cfg.sweep.equal_footing:
         footing += ("; except where a method's authors train them: LISA's rows train the embeddings, final norm "
                     "and head at every step, Spectrum's the embeddings and head (both inside the budget's count)")
-    from raycpt.decide import horizon_line, read_record
-
     return {"primary": cfg.report.primary, "adjust": cfg.report.adjust, "alpha": cfg.report.alpha, "footing": footing,
             "horizon": horizon_line(cfg.train.max_steps, read_record(cfg, cfg.train.max_steps))}
 
