@@ -1,0 +1,116 @@
+"""Issue 51, rule 1, beyond the base row: every cache the project keeps is a claim about content, checked when it is
+read, and the command that reports a cache's state reaches the verdict of the command that uses it.
+
+Each test changes a cached file's content in place (its size kept and its modification time set back with
+``os.utime``), or edits an entry, and shows the user of the cache refuses it (one line saying why) and builds it
+again, and that the reporting command (``raycpt data info``'s job) says the same before the rebuild."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from raycpt.config import DataConfig, load_config
+from raycpt.data.pack import ensure_packed, find_packed
+from raycpt.data.store import builds_logged, list_stores, read_store, store_state
+from raycpt.data.stream import PackedBlocks
+from raycpt.jobs.data import store_info
+from raycpt.jobs.job import Options
+from tiny import save_tiny
+
+
+def rewrite_in_place(path: Path, offset: int) -> None:
+    """Change one byte of ``path`` at ``offset`` (from the end when negative), keeping its size and setting its
+    access and modification times back to what they were: what ``stat`` shows is unchanged but its change time."""
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    with open(path, "r+b") as f:
+        f.write(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+
+
+def _corpus(path: Path, n: int = 60) -> None:
+    path.write_text("".join(json.dumps({"text": f"document number {i} of the cached corpus"}) + "\n"
+                            for i in range(n)))
+
+
+def _packed(tmp_path):
+    tiny = save_tiny(tmp_path / "tiny")
+    _corpus(tmp_path / "c.jsonl")
+    cfg = DataConfig(corpus=[str(tmp_path / "c.jsonl")], seq_len=16)
+    store, built = ensure_packed(cfg, str(tiny), tmp_path / "runs")
+    assert built
+    return tiny, cfg, store
+
+
+def _info_state(tmp_path, tiny) -> str:
+    """What ``raycpt data info`` prints as the store's state (its job, with the same config)."""
+    cfg = load_config(None, [f"model.ref={tiny}", f"data.corpus=[{tmp_path / 'c.jsonl'}]", "data.seq_len=16",
+                             f"tracking.run_root={tmp_path / 'runs'}"])
+    _root, rows = store_info(cfg, Options())
+    (row,) = rows
+    return row[1]
+
+
+def test_a_packed_shard_changed_in_place_is_refused_and_packed_again(tmp_path, capsys):
+    tiny, cfg, store = _packed(tmp_path)
+    assert _info_state(tmp_path, tiny) == "corpus: current"
+    assert find_packed(cfg, str(tiny), tmp_path / "runs").build_id == store.build_id  # a hit, verified
+    good = PackedBlocks(store.path, store.manifest).rows(np.arange(store.num_blocks)).tolist()
+    shard = store.path / store.manifest["shards"][0]["file"]
+    rewrite_in_place(shard, -1)  # the last token of the last block: same size, same mtime
+    state = _info_state(tmp_path, tiny)
+    assert state.startswith("store damaged: its shard") and "does not match its sha256" in state
+    capsys.readouterr()
+    assert find_packed(cfg, str(tiny), tmp_path / "runs") is None  # the user of the cache: the same verdict
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not verify" in err[0] and "does not match its sha256" in err[0], err
+    again, built = ensure_packed(cfg, str(tiny), tmp_path / "runs")
+    assert built and again.manifest["build"] == 2 and again.build_id != store.build_id
+    assert PackedBlocks(again.path, again.manifest).rows(np.arange(again.num_blocks)).tolist() == good
+    assert _info_state(tmp_path, tiny) == "corpus: current"
+    assert len(builds_logged(store.path.parent, store.key)) == 2
+
+
+def test_an_edited_manifest_is_refused_and_packed_again(tmp_path, capsys):
+    tiny, cfg, store = _packed(tmp_path)
+    m = json.loads((store.path / "manifest.json").read_text())
+    m["num_blocks"] += 1  # a hand edit: more blocks than the shards hold
+    (store.path / "manifest.json").write_text(json.dumps(m, indent=1))
+    state = _info_state(tmp_path, tiny)
+    assert state == ("store damaged: its manifest does not match its seal (edited after it was packed); packed again "
+                     "when next read")
+    again, built = ensure_packed(cfg, str(tiny), tmp_path / "runs")
+    assert built and again.num_blocks == store.num_blocks and "does not match its seal" in capsys.readouterr().err
+    assert store_state(read_store(again.path)) == "corpus: current"
+
+
+def test_a_manifest_of_the_wrong_shape_or_without_a_seal_is_packed_again(tmp_path, capsys):
+    tiny, cfg, store = _packed(tmp_path)
+    m = json.loads((store.path / "manifest.json").read_text())
+    del m["seal"]  # what an older raycpt wrote
+    (store.path / "manifest.json").write_text(json.dumps(m))
+    assert "has no seal" in _info_state(tmp_path, tiny)
+    again, built = ensure_packed(cfg, str(tiny), tmp_path / "runs")
+    assert built and "has no seal" in capsys.readouterr().err
+    (store.path / "manifest.json").write_text("[1, 2]")
+    assert list_stores(store.path.parent) == []  # not a store: data info lists none, a reader packs again
+    again, built = ensure_packed(cfg, str(tiny), tmp_path / "runs")
+    assert built and again.num_blocks == store.num_blocks
+
+
+def test_a_missing_or_resized_shard_is_named(tmp_path):
+    tiny, cfg, store = _packed(tmp_path)
+    shard = store.path / store.manifest["shards"][0]["file"]
+    with open(shard, "ab") as f:
+        f.write(b"\0\0")
+    assert "bytes, not the" in _info_state(tmp_path, tiny)
+    shard.unlink()
+    assert "is missing" in _info_state(tmp_path, tiny)
+    again, built = ensure_packed(cfg, str(tiny), tmp_path / "runs")
+    assert built and _info_state(tmp_path, tiny) == "corpus: current"
