@@ -114,3 +114,52 @@ def test_a_missing_or_resized_shard_is_named(tmp_path):
     assert "is missing" in _info_state(tmp_path, tiny)
     again, built = ensure_packed(cfg, str(tiny), tmp_path / "runs")
     assert built and _info_state(tmp_path, tiny) == "corpus: current"
+
+
+# ------------------------------------------------------------------------------------ finished work in a run folder
+
+def test_a_finished_work_memo_changed_in_place_is_refused_and_done_again(tmp_path, capsys):
+    """A trial's ``result.json`` (and the trace's ``trace_result.json``) is the memo a resume skips work by: changed in
+    place with size and mtime kept, it is refused with one line and the work is done again; the grid's count of
+    finished trials and the progress line's ``done`` give the same verdict as the memo before it is redone."""
+    from raycpt.jobs.grid import unfinished
+    from raycpt.report.progress import trial_state
+    from raycpt.runs.folder import memo
+
+    calls = []
+
+    def work():
+        calls.append(1)
+        return {"name": "t1", "heldout_loss": 5.133}
+
+    path = tmp_path / "t1" / "result.json"
+    path.parent.mkdir()
+    assert memo(path, work) == {"name": "t1", "heldout_loss": 5.133} and len(calls) == 1
+    assert memo(path, work)["heldout_loss"] == 5.133 and len(calls) == 1  # verified: read back, not redone
+    assert trial_state(path.parent).phase == "done" and unfinished(tmp_path, ["t1"], {})[1] == []
+    text = path.read_text()
+    i = text.index("5.133")
+    path.write_text(text[:i] + "6.133" + text[i + 5:])  # the hand edit of the issue, same size
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert trial_state(path.parent).phase != "done" and unfinished(tmp_path, ["t1"], {})[1] == ["t1"]
+    capsys.readouterr()
+    assert memo(path, work)["heldout_loss"] == 5.133 and len(calls) == 2  # done again, not the edited number
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not match the sha256 in its seal" in err[0] and "result.json.refused-1" in err[0]
+    assert (path.parent / "result.json.refused-1").is_file()
+    assert trial_state(path.parent).phase == "done"
+
+
+def test_a_memo_without_a_seal_or_of_the_wrong_shape_is_done_again(tmp_path, capsys):
+    from raycpt.runs.folder import memo, memo_problem, write_memo
+
+    path = tmp_path / "trace_result.json"
+    path.write_text(json.dumps({"recommended_split": 0.5}))  # an older raycpt's file, no seal
+    assert "has no seal" in memo_problem(path)
+    assert memo(path, lambda: {"recommended_split": 0.25}) == {"recommended_split": 0.25}
+    assert "has no seal" in capsys.readouterr().err
+    write_memo(path, [1, 2])  # sealed, but not an object
+    assert memo_problem(path) == "it holds a list, not an object"
+    assert memo(path, lambda: {"recommended_split": 0.75}) == {"recommended_split": 0.75}
+    assert "not an object" in capsys.readouterr().err and memo_problem(path) is None
