@@ -163,3 +163,52 @@ def test_a_memo_without_a_seal_or_of_the_wrong_shape_is_done_again(tmp_path, cap
     assert memo_problem(path) == "it holds a list, not an object"
     assert memo(path, lambda: {"recommended_split": 0.75}) == {"recommended_split": 0.75}
     assert "not an object" in capsys.readouterr().err and memo_problem(path) is None
+
+
+# ------------------------------------------------------------------------------------ the base model's shards
+
+def test_base_shards_are_keyed_by_the_weights_content(tiny_dir, tmp_path):
+    """A base model rewritten in place (size kept, mtime set back) gets new shards: the key is the weights' sha256."""
+    from raycpt.models.shards import ensure_base_shards, read_shards, weight_files
+
+    root = tmp_path / "base_shards"
+    first = ensure_base_shards(tiny_dir, root, "float32")
+    assert ensure_base_shards(tiny_dir, root, "float32") == first and read_shards(first) is not None
+    rewrite_in_place(weight_files(tiny_dir)[0], -1)  # the last byte of the weights' data
+    second = ensure_base_shards(tiny_dir, root, "float32")
+    assert second != first and read_shards(second) is not None
+
+
+def test_a_base_shard_changed_in_place_or_an_edited_manifest_is_refused_by_every_reader(tiny_dir, tmp_path):
+    """The driver's check (its process trusts a file whose size, times and inode are unchanged, as a trial process
+    does with the driver's) and a checkpoint that links the shards reach the same verdict, in one line."""
+    import pytest
+    import torch
+
+    import raycpt.models.shards as sh
+    from raycpt.errors import RaycptError
+    from raycpt.train.ckpt.checkpoint import save_model_by_reference
+
+    folder = sh.ensure_base_shards(tiny_dir, tmp_path / "base_shards", "float32")
+    assert sh.shards_problem(folder) is None
+    victim = folder / "layer-001.safetensors"
+    victim.chmod(0o644)
+    rewrite_in_place(victim, -1)
+    victim.chmod(sh.READ_ONLY)
+    why = sh.shards_problem(folder)  # checked in this process before: its change time tells it to hash again
+    assert why == "its layer-001.safetensors does not match its size and sha256 in shards.json"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+    with pytest.raises(RaycptError, match="do not verify .its layer-001.safetensors does not match") as e:
+        save_model_by_reference(model, tok, model.state_dict(), tmp_path / "out", torch.float32, folder)
+    assert "\n" not in str(e.value)
+    other = sh.ensure_base_shards(tiny_dir, tmp_path / "other_root", "float32")
+    doc = json.loads((other / "shards.json").read_text())
+    doc["groups"]["layer-000"]["tensors"] = doc["groups"]["layer-000"]["tensors"][:1]  # a hand edit
+    (other / "shards.json").chmod(0o644)
+    (other / "shards.json").write_text(json.dumps(doc))
+    assert sh.shards_problem(other).endswith("does not match its seal (edited, or written by an older raycpt)")
+    assert sh.read_shards(other) is None
+    (other / "shards.json").write_text(json.dumps({"format": sh.SHARDS_FORMAT, "groups": [1, 2]}))
+    assert "is not a raycpt.base-shards/1 record" in sh.shards_problem(other)
