@@ -212,3 +212,34 @@ def test_a_base_shard_changed_in_place_or_an_edited_manifest_is_refused_by_every
     assert sh.read_shards(other) is None
     (other / "shards.json").write_text(json.dumps({"format": sh.SHARDS_FORMAT, "groups": [1, 2]}))
     assert "is not a raycpt.base-shards/1 record" in sh.shards_problem(other)
+
+
+# ------------------------------------------------------------------------------------ the MLflow store template
+
+def test_a_store_template_changed_in_place_is_made_again(tmp_path, monkeypatch, caplog):
+    """The cached empty MLflow store every new run root copies: a row added to it in place (its size and mtime
+    kept) would be in every new run root's store; it no longer matches its seal, so it is made again, in one line."""
+    import logging
+    import sqlite3
+
+    from raycpt.runs.store import STORE_TEMPLATES, new_sqlite_store, template_problem
+
+    monkeypatch.setenv("RAYCPT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "a").mkdir()
+    assert new_sqlite_store(tmp_path / "a" / "mlflow.db")
+    (template,) = (tmp_path / "cache" / STORE_TEMPLATES).glob("mlflow-*.db")
+    assert template_problem(template) is None
+    st = os.stat(template)
+    with sqlite3.connect(template) as c:  # another experiment's row, planted in the template
+        c.execute("INSERT INTO experiments (experiment_id, name, artifact_location, lifecycle_stage) "
+                  "VALUES (7, 'planted', '/nowhere', 'active')")
+    os.utime(template, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert template_problem(template) == "it does not match the sha256 in its seal (changed after it was made)"
+    (tmp_path / "b").mkdir()
+    with caplog.at_level(logging.WARNING, logger="raycpt.runs.store"):
+        assert new_sqlite_store(tmp_path / "b" / "mlflow.db")
+    lines = [r.getMessage() for r in caplog.records if "store template" in r.getMessage()]
+    assert len(lines) == 1 and "does not verify (it does not match the sha256 in its seal" in lines[0]
+    with sqlite3.connect(tmp_path / "b" / "mlflow.db") as c:
+        assert list(c.execute("SELECT name FROM experiments")) == []
+    assert template_problem(template) is None
