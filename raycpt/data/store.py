@@ -5,9 +5,14 @@ One store per (corpus sources, tokenizer, ``data.seq_len``, ``data.text_field``,
 ``<tracking.run_root>/packed`` (shared storage on a cluster) and ``key`` is a hash of those five
 things and the format version::
 
-    <store_root>/<key>/manifest.json            written last; its presence means "complete"
+    <store_root>/<key>/manifest.json            written last; sealed with the sha256 of the rest of it
     <store_root>/<key>/shards/0000/0000000.npy  one (blocks, seq_len) uint16/int32 array per chunk
     <store_root>/builds.jsonl                   one line per pack that tokenised anything
+    <store_root>/digests.json                   the shards' sha256 by size, times and inode (a digest memo)
+
+A store is a claim about content: its manifest names each shard's size and sha256 (hashed as it was written) and
+carries its own seal; every reader checks them (:func:`store_problem`) and ``raycpt data info`` prints the same
+verdict (:func:`store_state`); a store that does not verify is packed again with one line saying why.
 
 A pack is built in ``<store_root>/.tmp-<key>-<id>/`` under a file lock and renamed into place, so
 an interrupted pack leaves nothing that looks complete (the next build removes the leftovers).
