@@ -201,10 +201,10 @@ def render_train(res, console) -> None:
 def render_models(models, console) -> None:
     from rich.table import Table
 
-    table = Table("source", "model_type", "layers", "params", "folder")
+    table = Table("source", "model_type", "layers", "params", "folder", "state")
     for m in models:
         table.add_row(m["source"], str(m.get("model_type")), str(m.get("num_layers")), f"{m.get('num_params', 0):,}",
-                      m["path"])
+                      m["path"], m.get("state", ""))
     console.print(table)
 
 
