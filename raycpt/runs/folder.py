@@ -1,6 +1,6 @@
 """A run folder and its ``state.json``: one folder per command invocation under the run root
 (``<command>-<name>-<id>/``), re-opened by ``--resume``, the settings a resume may not change, the end status
-on every exit path, and :func:`memo` (finished work read back, never redone)."""
+on every exit path, and :func:`memo` (finished work read back when it matches its seal, never redone)."""
 
 from __future__ import annotations
 
