@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from raycpt.runs.folder import memo_problem, read_memo
+from raycpt.io import sealed_json_problem
+from raycpt.runs.folder import read_memo
 from raycpt.tasks import is_continuous
 
 METRICS = Path("train") / "train_metrics.jsonl"
@@ -59,7 +60,7 @@ def trial_state(trial_dir: Path, name: Optional[str] = None) -> TrialState:
     """Where one trial is, from its files alone."""
     trial_dir = Path(trial_dir)
     name = name or trial_dir.name
-    if (trial_dir / RESULT).is_file() and memo_problem(trial_dir / RESULT) is None:  # what the grid skips as done
+    if (trial_dir / RESULT).is_file() and sealed_json_problem(trial_dir / RESULT) is None:  # what the grid skips as done
         return TrialState(name, "done")
     if not trial_dir.is_dir():
         return TrialState(name, "pending")

@@ -5,7 +5,6 @@ on every exit path, and :func:`memo` (finished work read back when it matches it
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import socket
@@ -20,7 +19,7 @@ from typing import Optional
 from raycpt.runs.store import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
-from raycpt.io import atomic_write_json, run_root
+from raycpt.io import atomic_write_json, run_root, seal_path, sealed_json_problem, write_sealed_json
 from raycpt.runs.store import tracking_uri
 
 
@@ -234,64 +233,22 @@ def end_status(exc_type, exc) -> str:
     return "KILLED" if getattr(exc, "status", None) == "KILLED" else "FAILED"
 
 
-MEMO_SEAL_FORMAT = "raycpt.memo-seal/1"
-
-
-def memo_seal(path: Path) -> Path:
-    """Beside a memo file ``<name>``: ``.<name>.seal``, written after it, naming its sha256."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.seal")
-
-
-def memo_problem(path: Path) -> Optional[str]:
-    """None when the memo file ``path`` verifies: its seal (:func:`memo_seal`) names its sha256 and it holds a JSON
-    object; else why not, in a few words. What :func:`memo` reads it by, and every reader that takes the file as
-    finished work (a grid's trials on disk, the progress line's ``done``)."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        return f"it cannot be read ({type(e).__name__})"
-    try:
-        seal = json.loads(memo_seal(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return "it has no seal (cut short, or written by an older raycpt)"
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        return f"its seal cannot be read ({type(e).__name__})"
-    if not isinstance(seal, dict) or seal.get("format") != MEMO_SEAL_FORMAT:
-        return f"its seal is not a {MEMO_SEAL_FORMAT} record"
-    if seal.get("sha256") != hashlib.sha256(data).hexdigest():
-        return "it does not match the sha256 in its seal (changed after it was written)"
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        return f"it is not JSON ({type(e).__name__})"
-    return None if isinstance(doc, dict) else f"it holds a {type(doc).__name__}, not an object"
-
-
 def read_memo(path: Path) -> Optional[dict]:
-    """The memo file's object when it verifies (:func:`memo_problem`), else None."""
-    if memo_problem(path) is not None:
+    """The memo file's object when it verifies (:func:`raycpt.io.sealed_json_problem`), else None."""
+    if sealed_json_problem(path) is not None:
         return None
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def write_memo(path: Path, obj: dict) -> None:
-    """Write a memo file (atomically) and then its seal: a write cut short leaves a file that does not verify."""
-    path = Path(path)
-    atomic_write_json(path, obj)
-    atomic_write_json(memo_seal(path), {"format": MEMO_SEAL_FORMAT,
-                                        "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
-
-
 def memo(path: Path, compute, say=None):
-    """The finished-work memo: ``path``'s JSON object when it exists and verifies (:func:`memo_problem`: that work
-    finished before), else ``compute()``, saved to ``path`` with its seal (:func:`write_memo`) and returned. A file
-    that does not verify is moved aside (``<name>.refused-<n>``, kept for a look) with one line saying why (``say``,
-    default stderr), and the work is done again."""
+    """The finished-work memo: ``path``'s JSON object when it exists and verifies
+    (:func:`raycpt.io.sealed_json_problem`: that work finished before), else ``compute()``, saved to ``path`` with
+    its seal (:func:`raycpt.io.write_sealed_json`) and returned. A file that does not verify is moved aside
+    (``<name>.refused-<n>``, kept for a look) with one line saying why (``say``, default stderr), and the work is
+    done again."""
     path = Path(path)
-    if path.exists() or memo_seal(path).exists():
-        why = memo_problem(path) if path.exists() else "its file is missing"
+    if path.exists() or seal_path(path).exists():
+        why = sealed_json_problem(path) if path.exists() else "its file is missing"
         if why is None:
             return json.loads(path.read_text(encoding="utf-8"))
         n = 1
@@ -300,11 +257,11 @@ def memo(path: Path, compute, say=None):
         aside = path.with_name(f"{path.name}.refused-{n}")
         if path.exists():
             os.replace(path, aside)
-        memo_seal(path).unlink(missing_ok=True)
+        seal_path(path).unlink(missing_ok=True)
         (say or _warn_line)(f"warning: {path} refused ({why}); doing that work again"
                             + (f" (the refused file is kept as {aside.name})" if aside.exists() else ""))
     result = compute()
-    write_memo(path, result)
+    write_sealed_json(path, result)
     return result
 
 

@@ -152,17 +152,18 @@ def test_a_finished_work_memo_changed_in_place_is_refused_and_done_again(tmp_pat
 
 
 def test_a_memo_without_a_seal_or_of_the_wrong_shape_is_done_again(tmp_path, capsys):
-    from raycpt.runs.folder import memo, memo_problem, write_memo
+    from raycpt.io import sealed_json_problem, write_sealed_json
+    from raycpt.runs.folder import memo
 
     path = tmp_path / "trace_result.json"
     path.write_text(json.dumps({"recommended_split": 0.5}))  # an older raycpt's file, no seal
-    assert "has no seal" in memo_problem(path)
+    assert "has no seal" in sealed_json_problem(path)
     assert memo(path, lambda: {"recommended_split": 0.25}) == {"recommended_split": 0.25}
     assert "has no seal" in capsys.readouterr().err
-    write_memo(path, [1, 2])  # sealed, but not an object
-    assert memo_problem(path) == "it holds a list, not an object"
+    write_sealed_json(path, [1, 2])  # sealed, but not an object
+    assert sealed_json_problem(path) == "it holds a list, not an object"
     assert memo(path, lambda: {"recommended_split": 0.75}) == {"recommended_split": 0.75}
-    assert "not an object" in capsys.readouterr().err and memo_problem(path) is None
+    assert "not an object" in capsys.readouterr().err and sealed_json_problem(path) is None
 
 
 # ------------------------------------------------------------------------------------ the base model's shards
@@ -243,3 +244,43 @@ def test_a_store_template_changed_in_place_is_made_again(tmp_path, monkeypatch, 
     with sqlite3.connect(tmp_path / "b" / "mlflow.db") as c:
         assert list(c.execute("SELECT name FROM experiments")) == []
     assert template_problem(template) is None
+
+
+def test_an_evaluation_record_changed_in_place_is_evaluated_again(tmp_path, monkeypatch, capsys):
+    """A trial's ``eval_result.json``, read back by ``final_evaluation`` instead of evaluating again: sealed when
+    written; changed in place (size and mtime kept) it is refused in one line and the model evaluated again. The
+    base row's verified cache entry is read as its caller verified it (``trusted``)."""
+    import raycpt.train.driver.final_eval as fe
+    from raycpt.config import EvalConfig
+    from raycpt.evaluate.results import EvalResult
+    from raycpt.io import write_sealed_json
+    from raycpt.train.worker.evaluation import EvalRequest
+
+    evaluated = []
+
+    def fake_evaluate(model, eval_cfg, tokenizer=None, out_dir=None, name=None):
+        evaluated.append(name)
+        return EvalResult(name=name, source="test", scores={"t": {"logit": {"average": 25.0}}})
+
+    monkeypatch.setattr(fe, "load_model", lambda path, **kw: (None, None))
+    monkeypatch.setattr(fe, "evaluate_model", fake_evaluate)
+    monkeypatch.setattr(fe, "eval_result_record", lambda ev, *a, **k: {**ev.to_dict(), "heldout_loss": None})
+    req = EvalRequest(out_dir=str(tmp_path), name="m")
+    path = tmp_path / "eval_result.json"
+    write_sealed_json(path, {**EvalResult(name="m", source="test", scores={"t": {"logit": {"average": 25.0}}}
+                                          ).to_dict(), "heldout_loss": None})
+    ev, _ = fe.final_evaluation(tmp_path, EvalConfig(), req)
+    assert evaluated == [] and ev.scores["t"]["logit"]["average"] == 25.0  # read back: it verifies
+    text = path.read_text()
+    path.write_text(text.replace("25.0", "75.0"))  # the hand edit, same size
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    ev, _ = fe.final_evaluation(tmp_path, EvalConfig(), req, trusted=True)
+    assert evaluated == [] and ev.scores["t"]["logit"]["average"] == 75.0  # trusted: its caller checked it
+    capsys.readouterr()
+    ev, _ = fe.final_evaluation(tmp_path, EvalConfig(), req)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert evaluated == ["m"] and ev.scores["t"]["logit"]["average"] == 25.0
+    assert len(err) == 1 and "does not match the sha256 in its seal" in err[0] and "evaluating again" in err[0]
+    ev, _ = fe.final_evaluation(tmp_path, EvalConfig(), req)
+    assert evaluated == ["m"]  # written sealed: read back next time
