@@ -77,6 +77,50 @@ def atomic_write_json(path: Path, obj: Any, in_place_when_full: bool = False) ->
                              in_place_when_full=in_place_when_full)
 
 
+SEAL_FORMAT = "raycpt.memo-seal/1"
+
+
+def seal_path(path: Path) -> Path:
+    """Beside a sealed JSON file ``<name>``: ``.<name>.seal``, written after it, naming its sha256."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.seal")
+
+
+def write_sealed_json(path: Path, obj: Any) -> Path:
+    """:func:`atomic_write_json`, then its seal (:func:`seal_path`): a write cut short leaves a file that does not
+    verify (:func:`sealed_json_problem`)."""
+    path = Path(path)
+    atomic_write_json(path, obj)
+    atomic_write_json(seal_path(path), {"format": SEAL_FORMAT, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+    return path
+
+
+def sealed_json_problem(path: Path) -> "str | None":
+    """None when ``path`` verifies: its seal (:func:`seal_path`) names its sha256 and it holds a JSON object; else
+    why not, in a few words (a file changed after it was written, even with its size and mtime kept, no seal, the
+    wrong shape)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return f"it cannot be read ({type(e).__name__})"
+    try:
+        seal = json.loads(seal_path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "it has no seal (cut short, or written by an older raycpt)"
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return f"its seal cannot be read ({type(e).__name__})"
+    if not isinstance(seal, dict) or seal.get("format") != SEAL_FORMAT:
+        return f"its seal is not a {SEAL_FORMAT} record"
+    if seal.get("sha256") != hashlib.sha256(data).hexdigest():
+        return "it does not match the sha256 in its seal (changed after it was written)"
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"it is not JSON ({type(e).__name__})"
+    return None if isinstance(doc, dict) else f"it holds a {type(doc).__name__}, not an object"
+
+
 def run_root(tracking) -> Path:
     """The absolute run root of a ``TrackingConfig`` (``tracking.run_root``, ``~`` expanded)."""
     return Path(tracking.run_root).expanduser().resolve()

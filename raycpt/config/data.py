@@ -54,7 +54,8 @@ class DataConfig:
     verify: Literal["stat", "content"] = "stat"
     """How a packed store is checked against its corpus files: ``stat`` (size and mtime; the hash is read
     again only when they differ) or ``content`` (every file hashed whole at pack time and on every check:
-    catches an edit that kept size and mtime, e.g. ``cp -p``, at the cost of reading the corpus)."""
+    catches an edit that kept size and mtime, e.g. ``cp -p``, at the cost of reading the corpus). The store's own
+    shards are checked against their sha256 either way (``content``: hashed whole on every check)."""
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     """Replay: a second corpus mixed into the stream at ``ratio`` (deterministic, resumable; docs/train.md)."""
 

@@ -35,9 +35,12 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from raycpt.data.corpus import check_corpus, chunk_documents, eos_id_of, is_heldout
-from raycpt.data.store import (FORMAT_VERSION, MANIFEST, StoreInfo, build_lock, changed_files, fingerprints,
-                               log_build, read_store, store_key, store_root, tokenizer_hash)
+from raycpt.data.store import (DIGEST_MEMO, FORMAT_VERSION, MANIFEST, SEAL, StoreInfo, build_lock, corpus_problem,
+                               fingerprints, log_build, manifest_seal, read_store, store_key, store_problem, store_root,
+                               tokenizer_hash)
 from raycpt.errors import RaycptError
+from raycpt.io import sha256_file
+from raycpt.models.digests import remember_digests
 from raycpt.progress import progress_bar
 
 ENCODE_DOCS = 1024
@@ -112,7 +115,8 @@ def pack_chunk(chunk: dict, tokenizer_file: str, seq_len: int, eos_id: int, dtyp
     dest = Path(out_dir) / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
     np.save(dest, blocks)
-    return {"index": chunk["index"], "file": rel, "blocks": n, "documents": docs, "tokens": len(flat)}
+    return {"index": chunk["index"], "file": rel, "blocks": n, "documents": docs, "tokens": len(flat),
+            "bytes": dest.stat().st_size, "sha256": sha256_file(dest)}
 
 
 def count_chunk(chunk: dict) -> dict:
@@ -293,16 +297,17 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
                               f"({docs:,} documents, {tokens:,} tokens); add documents or lower data.seq_len")
         manifest = {
             "format": FORMAT_VERSION, "key": key, "build_id": uuid.uuid4().hex,
-            "build": (int(previous.manifest.get("build", 0)) + 1) if previous else 1, "created": time.time(),
+            "build": _build_number(previous) + 1, "created": time.time(),
             "sources": list(data_cfg.corpus), "text_field": data_cfg.text_field,
             "max_documents": data_cfg.max_documents, "seq_len": int(data_cfg.seq_len), "dtype": dtype,
             "bytes_per_token": int(np.dtype(dtype).itemsize), "tokenizer_path": tokenizer_path,
             "tokenizer_sha256": tok_hash, "eos_id": eos, "num_documents": docs, "num_blocks": blocks,
             "tokens_read": tokens, "pack_seconds": round(time.time() - t0, 3),
-            "shards": [{"file": s["file"], "blocks": s["blocks"], "documents": s["documents"]}
-                       for s in shards if s["blocks"] > 0],
+            "shards": [{"file": s["file"], "blocks": s["blocks"], "documents": s["documents"], "bytes": s["bytes"],
+                        "sha256": s["sha256"]} for s in shards if s["blocks"] > 0],
             "fingerprints": prints,
         }
+        manifest[SEAL] = manifest_seal(manifest)
         (tmp / TOKENIZER_FILE).unlink()  # the model folder keeps the tokenizer; the manifest has its hash
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         dest = root / key
@@ -313,6 +318,7 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, dest)
+        remember_digests({dest / s["file"]: s["sha256"] for s in manifest["shards"]}, root / DIGEST_MEMO)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -324,7 +330,8 @@ def _build(data_cfg, tokenizer_path: str, root: Path, key: str, tok_hash: str, p
 
 def ensure_packed(data_cfg, tokenizer_path: str, run_root, *, rebuild: bool = False, progress: bool = False
                   ) -> tuple[StoreInfo, bool]:
-    """``(store, built)``: the packed store of ``data_cfg``, built now when missing (``built`` True).
+    """``(store, built)``: the packed store of ``data_cfg``, built now when missing or when it does not verify
+    (:func:`raycpt.data.store.store_problem`, one line saying why; ``built`` True).
 
     A store whose corpus changed since it was packed is refused with one line (``rebuild=True``,
     i.e. ``raycpt data prepare --rebuild``, re-packs it). Concurrent callers pack once (file lock)."""
@@ -337,18 +344,37 @@ def ensure_packed(data_cfg, tokenizer_path: str, run_root, *, rebuild: bool = Fa
             return found, False
     with build_lock(root, key):
         found = read_store(root / key)
-        if found is not None and not rebuild:  # packed by another process while we waited
-            _check_fresh(found, data_cfg)
+        if found is not None and not rebuild and store_problem(found, _content_check(data_cfg)) is None:
+            _check_fresh(found, data_cfg)  # packed by another process while we waited
             return found, False
         return _build(data_cfg, tokenizer_path, root, key, tok_hash, found, progress), True
 
 
-def find_packed(data_cfg, tokenizer_path: str, run_root) -> Optional[StoreInfo]:
-    """The complete store of ``data_cfg`` if there is one (no Ray needed), checked against the corpus."""
+def find_packed(data_cfg, tokenizer_path: str, run_root, say: Optional[Callable[[str], None]] = None
+                ) -> Optional[StoreInfo]:
+    """The complete store of ``data_cfg`` if there is one that verifies (no Ray needed), checked against the corpus
+    (a changed corpus is refused: RaycptError). A store that does not verify (:func:`store_problem`) is None, with
+    one line saying why (``say``, default stderr): the caller packs it again."""
     found = read_store(store_root(data_cfg, run_root) / store_key(data_cfg, tokenizer_hash(tokenizer_path)))
-    if found is not None:
-        _check_fresh(found, data_cfg)
+    if found is None:
+        return None
+    why = store_problem(found, _content_check(data_cfg))
+    if why is not None:
+        (say or _warn)(f"warning: packed store {found.path} does not verify ({why}): packing it again")
+        return None
+    _check_fresh(found, data_cfg)
     return found
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _build_number(previous: Optional[StoreInfo]) -> int:
+    try:
+        return int(previous.manifest.get("build", 0)) if previous is not None else 0
+    except (TypeError, ValueError):
+        return 0
 
 
 def _content_check(data_cfg) -> bool:
@@ -356,7 +382,7 @@ def _content_check(data_cfg) -> bool:
 
 
 def _check_fresh(store: StoreInfo, data_cfg) -> None:
-    what = changed_files(store.manifest["fingerprints"], data_cfg.corpus, content=_content_check(data_cfg))
+    what = corpus_problem(store, _content_check(data_cfg), sources=data_cfg.corpus)
     if what:
         raise RaycptError(f"data.corpus: {what} since it was packed into {store.path}; re-pack it with "
                           "`raycpt data prepare [CONFIG] [overrides] --rebuild` (runs that read this store then "

@@ -5,9 +5,14 @@ One store per (corpus sources, tokenizer, ``data.seq_len``, ``data.text_field``,
 ``<tracking.run_root>/packed`` (shared storage on a cluster) and ``key`` is a hash of those five
 things and the format version::
 
-    <store_root>/<key>/manifest.json            written last; its presence means "complete"
+    <store_root>/<key>/manifest.json            written last; sealed with the sha256 of the rest of it
     <store_root>/<key>/shards/0000/0000000.npy  one (blocks, seq_len) uint16/int32 array per chunk
     <store_root>/builds.jsonl                   one line per pack that tokenised anything
+    <store_root>/digests.json                   the shards' sha256 by size, times and inode (a digest memo)
+
+A store is a claim about content: its manifest names each shard's size and sha256 (hashed as it was written) and
+carries its own seal; every reader checks them (:func:`store_problem`) and ``raycpt data info`` prints the same
+verdict (:func:`store_state`); a store that does not verify is packed again with one line saying why.
 
 A pack is built in ``<store_root>/.tmp-<key>-<id>/`` under a file lock and renamed into place, so
 an interrupted pack leaves nothing that looks complete (the next build removes the leftovers).
@@ -38,6 +43,7 @@ from typing import Iterator, Optional, Sequence
 from raycpt.data.corpus import (FORTUNE_FILES, FORTUNES_DIR, GLOSSES, MAX_CHUNK_BYTES, offline, expand_source,
                                 hf_parquet_files)
 from raycpt.errors import RaycptError
+from raycpt.models.digests import file_digests
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -215,14 +221,90 @@ class StoreInfo:
 
 
 def read_store(path: Path) -> Optional[StoreInfo]:
-    """The store in ``path`` if its manifest is there and of this format, else None."""
+    """The store in ``path`` if its manifest is there and of this format, else None (whether it verifies is
+    :func:`store_problem`'s)."""
     try:
-        m = json.loads((Path(path) / MANIFEST).read_text())
-    except (OSError, ValueError):
+        m = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
         return None
-    if m.get("format") != FORMAT_VERSION:
+    if not isinstance(m, dict) or m.get("format") != FORMAT_VERSION:
         return None
     return StoreInfo(Path(path), m)
+
+
+# ------------------------------------------------------------------------------------ verification
+
+SEAL = "seal"
+"""In a manifest: the sha256 of the rest of it (:func:`manifest_seal`), so an edited manifest does not verify."""
+DIGEST_MEMO = "digests.json"
+"""In the store root: the shard files' sha256 by size, times and inode (:mod:`raycpt.models.digests`)."""
+
+
+def manifest_seal(manifest: dict) -> str:
+    """The sha256 of a manifest without its :data:`SEAL` (keys sorted)."""
+    body = {k: v for k, v in manifest.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _shape_problem(m: dict) -> Optional[str]:
+    if m.get(SEAL) is None:
+        return "its manifest has no seal (packed by an older raycpt)"
+    if m[SEAL] != manifest_seal(m):
+        return "its manifest does not match its seal (edited after it was packed)"
+    shards = m.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str)
+                                               and isinstance(s.get("bytes"), int) and isinstance(s.get("sha256"), str)
+                                               and isinstance(s.get("blocks"), int) for s in shards):
+        return "its manifest lists no shard sizes and sha256s"
+    if sum(s["blocks"] for s in shards) != m.get("num_blocks"):
+        return "its manifest's block count is not the sum of its shards'"
+    return None
+
+
+def store_problem(store: StoreInfo, content: bool = False) -> Optional[str]:
+    """None when a store's own files verify: its manifest matches its seal and every shard it lists is there with
+    the size and sha256 recorded when it was packed; else why not, in a few words. Shards are hashed through the
+    digest memo of the store root (:data:`DIGEST_MEMO`: a shard whose size, times and inode are unchanged is taken
+    at its digest; a shard rewritten in place, even with its mtime set back, is hashed again); ``content``
+    (``data.verify: content``): every shard hashed whole, memo or not. What :func:`raycpt.data.pack.ensure_packed`
+    (every command that reads a store) and ``raycpt data info`` both check."""
+    why = _shape_problem(store.manifest)
+    if why is not None:
+        return why
+    files = []
+    for s in store.manifest["shards"]:
+        p = store.path / s["file"]
+        if not p.is_file():
+            return f"its shard {s['file']} is missing"
+        if p.stat().st_size != s["bytes"]:
+            return f"its shard {s['file']} is {p.stat().st_size:,} bytes, not the {s['bytes']:,} packed"
+        files.append(p)
+    digests = file_digests(files, None if content else store.path.parent / DIGEST_MEMO)
+    for s, p in zip(store.manifest["shards"], files):
+        if digests[str(p)] != s["sha256"]:
+            return f"its shard {s['file']} does not match its sha256 (changed after it was packed)"
+    return None
+
+
+def corpus_problem(store: StoreInfo, content: bool = False, sources: Optional[Sequence[str]] = None) -> Optional[str]:
+    """None when the corpus files a store was packed from (``sources``, default the manifest's) are unchanged
+    (:func:`changed_files`, by stat or, with ``content``, by whole-file sha256), else what changed."""
+    return changed_files(store.manifest["fingerprints"], store.manifest["sources"] if sources is None else sources,
+                         content=content)
+
+
+def store_state(store: StoreInfo, content: bool = False) -> str:
+    """One verdict for a store, the one every user of it reaches (``raycpt data info`` prints it): ``corpus:
+    current``, ``store damaged: <why> ...`` (packed again when next read) or ``corpus: <what changed>`` (refused
+    until ``--rebuild``)."""
+    why = store_problem(store, content)
+    if why is not None:
+        return f"store damaged: {why}; packed again when next read"
+    try:
+        what = corpus_problem(store, content)
+    except RaycptError as e:
+        what = str(e)
+    return f"corpus: {what or 'current'}"
 
 
 def list_stores(root: Path) -> list[StoreInfo]:
@@ -230,7 +312,12 @@ def list_stores(root: Path) -> list[StoreInfo]:
     root = Path(root)
     found = [read_store(p) for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith(".")] \
         if root.is_dir() else []
-    return sorted((s for s in found if s is not None), key=lambda s: s.manifest["created"])
+    return sorted((s for s in found if s is not None), key=_created)
+
+
+def _created(store: StoreInfo) -> float:
+    c = store.manifest.get("created")
+    return float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) else 0.0
 
 
 def builds_logged(root: Path, key: Optional[str] = None) -> list[dict]:

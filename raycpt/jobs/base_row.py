@@ -219,7 +219,7 @@ def base_result(trial, spec) -> dict:
                       general_path=shared.get("general_path"))
     if trial.run.created or not trial.run.run_id:
         spec.log_params(trial.run, cfg.train.seed)
-    ev, heldout = final_evaluation(model_path, cfg.eval, req, threads=trial.threads)
+    ev, heldout = final_evaluation(model_path, cfg.eval, req, threads=trial.threads, trusted=not fresh)
     if fresh:
         seal_entry(cache, cache_key(cfg, model_path, shared, base_cache_root(cfg) / DIGEST_MEMO))
     (trial.dir / "eval").mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import contextlib
 from raycpt.config import ExperimentConfig
 from raycpt.data.corpus import check_corpus
 from raycpt.data.pack import find_packed
-from raycpt.data.store import list_stores, store_root
+from raycpt.data.store import list_stores, store_root, store_state
 from raycpt.jobs.job import NoRun, Options
 from raycpt.runtime import cluster_address, ray_session
 from raycpt.io import run_root
@@ -21,7 +21,7 @@ def prepare_store(cfg: ExperimentConfig, options: Options) -> None:
     again; any non-empty store is a valid pack: whether it is big enough is a training run's check). Ray Data tasks on a cluster; on one machine a local process pool."""
     rebuild = bool(options.get("rebuild"))
     model_path = resolve_model_path(cfg)
-    hit = not rebuild and find_packed(cfg.data, model_path, run_root(cfg.tracking)) is not None
+    hit = not rebuild and find_packed(cfg.data, model_path, run_root(cfg.tracking), say=_silent) is not None
     if not hit:
         check_corpus(cfg.data)  # bad files are one line before Ray starts
     with contextlib.nullcontext() if hit or not cluster_address(cfg.ray) else ray_session(cfg.ray):
@@ -29,10 +29,17 @@ def prepare_store(cfg: ExperimentConfig, options: Options) -> None:
         replay_corpus(cfg, model_path, quiet=False, rebuild=rebuild)  # data.replay.corpus too, when it mixes in
 
 
+def _silent(_line: str) -> None:
+    """The hit check's say: a store that does not verify is named once, by the pack that follows."""
+
+
 def store_info(cfg: ExperimentConfig, options: Options):
-    """``(store folder, stores)`` under the config's store folder (data.store_dir or <run_root>/packed)."""
+    """``(store folder, [(store, state)])`` under the config's store folder (data.store_dir or <run_root>/packed),
+    each store's state the verdict every command that reads it reaches (:func:`raycpt.data.store.store_state`, with
+    ``data.verify``)."""
     root = store_root(cfg.data, run_root(cfg.tracking))
-    return root, list_stores(root)
+    content = cfg.data.verify == "content"
+    return root, [(st, store_state(st, content)) for st in list_stores(root)]
 
 
 DATA_PREPARE = NoRun(prepare_store)

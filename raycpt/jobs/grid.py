@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import json
 import os
 import shlex
 import sys
@@ -41,7 +40,7 @@ from raycpt.errors import RaycptError
 from raycpt.models.shards import trust_checked
 from raycpt.models.sources import resolve_model_path
 from raycpt.report.progress import TrialsProgress
-from raycpt.runs.folder import AttemptClock, assert_private_folder, memo
+from raycpt.runs.folder import AttemptClock, assert_private_folder, memo, read_memo
 from raycpt.runs.run import open_child
 from raycpt.runtime import ray_starting
 from raycpt.runs.lost import adopt_lost, mark_lost, store_or_lost, tracking_lost
@@ -282,14 +281,12 @@ def unfinished(trials_root: Path, names: list[str], results: dict) -> tuple[dict
 
 
 def _finished(trials_root: Path, names: list[str]) -> dict:
-    """The trials whose ``result.json`` is on disk (what finished before the grid's driver lost Tune)."""
+    """The trials whose ``result.json`` is on disk and verifies (what finished before the grid's driver lost Tune;
+    :func:`raycpt.runs.folder.read_memo`, the check :func:`run_trial`'s memo makes before it skips a trial)."""
     out = {}
     for n in names:
-        try:
-            doc = json.loads((trials_root / n / RESULT).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict):
+        doc = read_memo(trials_root / n / RESULT) if (trials_root / n / RESULT).exists() else None
+        if doc is not None:
             out[n] = doc
     return out
 

@@ -63,6 +63,20 @@ def file_digests(paths: Iterable[Path], memo: Optional[Path] = None) -> dict[str
     return out
 
 
+def remember_digests(digests: dict, memo: Path) -> None:
+    """Put files hashed as they were written (``{path: sha256}``, e.g. a packed store's shards) into the memo file
+    ``memo`` under their real paths and current stat, so the next :func:`file_digests` of them hashes nothing; a
+    memo that cannot be written only costs hashing them once more."""
+    known = _read_memo(memo)
+    for p, digest in digests.items():
+        real = os.path.realpath(p)
+        known[real] = {"stat": _stamp(os.stat(real)), "sha256": digest}
+    try:
+        atomic_write_json(Path(memo), {"format": MEMO_FORMAT, "files": known})
+    except OSError:
+        pass
+
+
 def folder_files(folder) -> list[Path]:
     """The files that make a model folder what it is: every regular file at its top level (weights, config,
     tokenizer; links followed), hidden files and :data:`NOT_CONTENT` left out, sorted by name."""

@@ -17,6 +17,7 @@ from typing import Optional
 
 from raycpt.errors import RaycptError, read_user_json
 from raycpt.io import cache_root as user_cache, sha256_file
+from raycpt.models.digests import folder_digest
 from raycpt.models.refs import Ref
 
 
@@ -75,14 +76,61 @@ def intact(folder: Path, name: str) -> Optional[dict]:
     return meta
 
 
+MODEL_DIGESTS = "model-digests.json"
+"""Beside ``<cache>/models``: the cached folders' files' sha256 by size, times and inode (:mod:`raycpt.models.digests`)."""
+
+
+def digest_memo(folder: Path) -> Path:
+    """The digest memo of a cached model folder ``<cache>/models/<name>``: ``<cache>/model-digests.json``."""
+    return Path(folder).parent.parent / MODEL_DIGESTS
+
+
+def _meta_seal(meta: dict) -> str:
+    return hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "seal"}, sort_keys=True,
+                                     default=str).encode()).hexdigest()
+
+
+def seal_meta(meta: dict, folder: Path) -> dict:
+    """``meta`` (a folder's ``raycpt_source.json`` to be) with the sha256 of every file of ``folder``
+    (:func:`raycpt.models.digests.folder_digest`) and its own seal: what :func:`entry_problem` checks."""
+    meta = {k: v for k, v in meta.items() if k != "seal"}
+    meta["content"] = folder_digest(folder)
+    meta["seal"] = _meta_seal(meta)
+    return meta
+
+
+def entry_problem(folder: Path, meta) -> Optional[str]:
+    """None when a cached model folder verifies: its ``raycpt_source.json`` matches its seal and every file of the
+    folder has the sha256 it recorded (hashed through the digest memo :data:`MODEL_DIGESTS`: a file rewritten in
+    place, even with its mtime set back, is hashed again); else why not. What a resolve (every command's model) and
+    ``raycpt models list`` both check."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("content"), dict):
+        return f"its {SOURCE_JSON} records no content digests (pulled by an older raycpt)"
+    if meta.get("seal") != _meta_seal(meta):
+        return f"its {SOURCE_JSON} does not match its seal (edited after it was written)"
+    try:
+        now = folder_digest(folder, digest_memo(folder))
+    except OSError as e:
+        return f"its files cannot be read ({type(e).__name__})"
+    for name in sorted(set(now) | set(meta["content"])):
+        if name not in now:
+            return f"its {name} is missing"
+        if name not in meta["content"]:
+            return f"it holds {name}, which it was not pulled with"
+        if now[name] != meta["content"][name]:
+            return f"its {name} does not match its sha256 (changed after it was pulled)"
+    return None
+
+
 def read_meta(folder: Path) -> Optional[dict]:
     f = folder / SOURCE_JSON
     if not f.is_file():
         return None
     try:
-        return json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        meta = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def still_fresh(meta: dict, parsed: Ref) -> bool:

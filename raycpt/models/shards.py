@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from raycpt.io import sha256_file
+from raycpt.models.digests import file_digests
 
 SHARDS_FILE = "shards.json"
 SHARDS_FORMAT = "raycpt.base-shards/1"
@@ -73,14 +74,23 @@ def read_tensors(model_dir, dtype: Optional[str] = None) -> dict:
     return out
 
 
-def shards_key(model_dir, dtype: str) -> str:
-    """Names the shards of one base model folder in one dtype (its real path, its weight files' sizes and
-    modification times): a changed base model gets new shards."""
-    parts = [str(Path(model_dir).resolve()), dtype]
-    for f in weight_files(model_dir):
-        st = f.stat()
-        parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+DIGEST_MEMO = "digests.json"
+"""In the shards' root: the base model's weight files' sha256 by size, times and inode (:mod:`raycpt.models.digests`)."""
+
+
+def shards_key(model_dir, dtype: str, memo: Optional[Path] = None) -> str:
+    """Names the shards of one base model in one dtype by content: the sha256 of each of its weight files (hashed
+    once through the digest memo ``memo``, :func:`raycpt.models.digests.file_digests`: a file rewritten in place,
+    even with its mtime set back, is hashed again), not its path or times: a changed base model gets new shards."""
+    files = weight_files(model_dir)
+    digests = file_digests(files, memo)
+    parts = [dtype] + [f"{f.name}:{digests[str(f)]}" for f in files]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _seal(doc: dict) -> str:
+    return hashlib.sha256(json.dumps({k: v for k, v in doc.items() if k != "seal"}, sort_keys=True).encode()
+                          ).hexdigest()
 
 
 def ensure_base_shards(model_dir, root, dtype: str = "float32") -> Path:
@@ -88,7 +98,7 @@ def ensure_base_shards(model_dir, root, dtype: str = "float32") -> Path:
     manifest last, renamed into place; a concurrent writer's folder is kept). Returns the folder."""
     from safetensors.torch import save_file
 
-    dest = Path(root) / shards_key(model_dir, dtype)
+    dest = Path(root) / shards_key(model_dir, dtype, Path(root) / DIGEST_MEMO)
     if (dest / SHARDS_FILE).is_file():
         return dest
     tensors = read_tensors(model_dir, dtype)
@@ -104,6 +114,7 @@ def ensure_base_shards(model_dir, root, dtype: str = "float32") -> Path:
             p = tmp / f"{g}.safetensors"
             files[g] = {"file": p.name, "size": p.stat().st_size, "sha256": _sha256(p), "tensors": sorted(part)}
         doc = {"format": SHARDS_FORMAT, "source": str(Path(model_dir).resolve()), "dtype": dtype, "groups": files}
+        doc["seal"] = _seal(doc)
         (tmp / SHARDS_FILE).write_text(json.dumps(doc, indent=2), encoding="utf-8")
         for f in tmp.iterdir():  # read-only: every trial's model links these bytes, none may write through its link
             f.chmod(READ_ONLY)
@@ -117,25 +128,55 @@ def ensure_base_shards(model_dir, root, dtype: str = "float32") -> Path:
     return dest
 
 
-def read_shards(folder) -> Optional[dict]:
-    """The ``groups`` of a shards folder's manifest whose files still have their recorded sha256 (hashed
-    once per process and file state), else None."""
+def _stat_sig(p: Path):
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _groups_shape_ok(groups) -> bool:
+    return isinstance(groups, dict) and bool(groups) and all(
+        isinstance(m, dict) and isinstance(m.get("file"), str) and "/" not in m["file"]
+        and isinstance(m.get("size"), int) and isinstance(m.get("sha256"), str) and isinstance(m.get("tensors"), list)
+        for m in groups.values())
+
+
+def shards_problem(folder) -> Optional[str]:
+    """None when a shards folder verifies: its ``shards.json`` is a sealed record of this format (an edit does not
+    match its seal) and every file it lists has its recorded size and sha256 (hashed once per process and file
+    state: size, times and inode, so a file rewritten in place with its mtime set back is hashed again); else why
+    not. What every reader of the shards checks (:func:`read_shards`: a trial's checkpoint, a publish)."""
     folder = Path(folder)
     try:
         doc = json.loads((folder / SHARDS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    groups = doc.get("groups") or {}
-    sig = tuple((m["file"], (folder / m["file"]).stat().st_size if (folder / m["file"]).is_file() else None,
-                 (folder / m["file"]).stat().st_mtime_ns if (folder / m["file"]).is_file() else None)
-                for m in groups.values())
+    except FileNotFoundError:
+        return f"it has no {SHARDS_FILE}"
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return f"its {SHARDS_FILE} cannot be read ({type(e).__name__})"
+    if not isinstance(doc, dict) or doc.get("format") != SHARDS_FORMAT or not _groups_shape_ok(doc.get("groups")):
+        return f"its {SHARDS_FILE} is not a {SHARDS_FORMAT} record"
+    if doc.get("seal") != _seal(doc):
+        return f"its {SHARDS_FILE} does not match its seal (edited, or written by an older raycpt)"
+    groups = doc["groups"]
+    sig = tuple((m["file"], *(_stat_sig(folder / m["file"]) or [None])) for m in groups.values())
     if _CHECKED.get(str(folder)) != sig:
         for m in groups.values():
             p = folder / m["file"]
-            if not p.is_file() or p.stat().st_size != m["size"] or _sha256(p) != m["sha256"]:
-                return None
+            if not p.is_file():
+                return f"its {m['file']} is missing"
+            if p.stat().st_size != m["size"] or _sha256(p) != m["sha256"]:
+                return f"its {m['file']} does not match its size and sha256 in {SHARDS_FILE}"
         _CHECKED[str(folder)] = sig
-    return groups
+    return None
+
+
+def read_shards(folder) -> Optional[dict]:
+    """The ``groups`` of a shards folder's manifest when it verifies (:func:`shards_problem`), else None."""
+    if shards_problem(folder) is not None:
+        return None
+    return json.loads((Path(folder) / SHARDS_FILE).read_text(encoding="utf-8"))["groups"]
 
 
 def checked_shards() -> dict[str, list]:

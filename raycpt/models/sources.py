@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -45,9 +46,10 @@ from typing import Callable, Optional
 from raycpt.errors import RaycptError
 from raycpt.io import copy_chunks, sha256_file
 from raycpt.models.buffers import restore_buffers
+from raycpt.models.digests import remember_digests
 from raycpt.models.model_cache import (SOURCE_JSON, ModelInfo, clean_stale_work_dirs, describe_folder,
-                                       describe_in_place, info_from_meta, publish, read_meta, 
-                                       still_fresh, cache_path, cache_root)
+                                       describe_in_place, digest_memo, entry_problem, info_from_meta, publish, read_meta,
+                                       seal_meta, still_fresh, cache_path, cache_root)
 from raycpt.models.pull_progress import PullProgress
 from raycpt.models.refs import Ref, parse_ref, parsed_label
 from raycpt.models.shards import config_weights_problem, weights_problem
@@ -85,9 +87,13 @@ def resolve_model(ref: str, cache_dir: str | os.PathLike | None = None, force: b
     if not force:
         meta = read_meta(final)
         if meta is not None:
-            if still_fresh(meta, parsed):
+            why = entry_problem(final, meta)
+            if why is None and still_fresh(meta, parsed):
                 return info_from_meta(ref, final, meta, cached=True, seconds=time.perf_counter() - t0)
-            replace = True  # a local GGUF changed since it was converted
+            if why is not None:
+                print(f"warning: cached model {final} does not verify ({why}): fetching it again", file=sys.stderr,
+                      flush=True)
+            replace = True  # it does not verify, or a local GGUF changed since it was converted
 
     final.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_work_dirs(final)
@@ -108,8 +114,11 @@ def resolve_model(ref: str, cache_dir: str | os.PathLike | None = None, force: b
         meta.update(ref=ref, kind=parsed.kind, revision=revision,
                     created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     seconds=round(time.perf_counter() - t0, 2))
+        meta = seal_meta(meta, out)
         (out / SOURCE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
         publish(out, final, replace)
+        if read_meta(final) == meta:  # ours is the folder in place: its digests need not be read again
+            remember_digests({final / n: d for n, d in meta["content"].items()}, digest_memo(final))
     except BaseException:
         ui.close(erase=True)  # the error is the one line: no half-done step list above it
         raise
@@ -157,7 +166,8 @@ def list_models(cache_dir: str | os.PathLike | None = None) -> list[dict]:
         meta = read_meta(d)
         if meta is None:
             continue
-        out.append({**meta, "source": meta.get("ref", "?"), "path": str(d)})
+        out.append({**meta, "source": meta.get("ref", "?"), "path": str(d),
+                    "state": entry_problem(d, meta) or "verified"})
     return out
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from raycpt.io import sealed_json_problem
+from raycpt.runs.folder import read_memo
 from raycpt.tasks import is_continuous
 
 METRICS = Path("train") / "train_metrics.jsonl"
@@ -58,7 +60,7 @@ def trial_state(trial_dir: Path, name: Optional[str] = None) -> TrialState:
     """Where one trial is, from its files alone."""
     trial_dir = Path(trial_dir)
     name = name or trial_dir.name
-    if (trial_dir / RESULT).is_file():
+    if (trial_dir / RESULT).is_file() and sealed_json_problem(trial_dir / RESULT) is None:  # what the grid skips as done
         return TrialState(name, "done")
     if not trial_dir.is_dir():
         return TrialState(name, "pending")
@@ -225,9 +227,8 @@ class TrialsProgress(FilePoller):
             if st.phase == "done":
                 done += 1
                 if n not in self._reported:
-                    try:
-                        res = json.loads((self.root / n / RESULT).read_text())
-                    except (OSError, ValueError):  # caught mid-write: announce it on the next poll
+                    res = read_memo(self.root / n / RESULT)
+                    if res is None:  # caught mid-write: announce it on the next poll
                         continue
                     self._reported.add(n)
                     bar.console.print(f"[green]done[/green] {finished_line(res)}", highlight=False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import sys
 
-from raycpt.errors import RaycptError
 from raycpt.report.eval import render_table
 from raycpt.report.hybrid import counts_line, segment_table
 
@@ -202,30 +201,29 @@ def render_train(res, console) -> None:
 def render_models(models, console) -> None:
     from rich.table import Table
 
-    table = Table("source", "model_type", "layers", "params", "folder")
+    table = Table("source", "model_type", "layers", "params", "folder", "state")
     for m in models:
         table.add_row(m["source"], str(m.get("model_type")), str(m.get("num_layers")), f"{m.get('num_params', 0):,}",
-                      m["path"])
+                      m["path"], m.get("state", ""))
     console.print(table)
 
 
 def render_stores(out, console) -> None:
-    from raycpt.data.store import builds_logged, changed_files
+    from raycpt.data.store import builds_logged
 
     root, stores = out
     if not stores:
         console.print(f"no packed stores under {root} (raycpt data prepare [CONFIG] packs one)", markup=False)
         return
-    for st in stores:
-        try:
-            fresh = changed_files(st.manifest["fingerprints"], st.manifest["sources"]) or "current"
-        except RaycptError as e:
-            fresh = str(e)
+    for st, state in stores:
         m = st.manifest
+        if state.startswith("store damaged"):  # its manifest's numbers are not to be shown as a store's
+            console.print(f"{st.key}  {st.path}: {state}", **PLAIN)
+            continue
         console.print(f"{st.key}  {', '.join(m['sources'])}  seq_len={m['seq_len']} text_field={m['text_field']} "
                       f"max_documents={m['max_documents']}: {st.describe()}; {st.disk_bytes() / 1e6:,.1f} MB on disk "
                       f"({m['bytes_per_token']} bytes/token); packed {len(builds_logged(root, st.key))} time(s); "
-                      f"corpus: {fresh}", **PLAIN)
+                      f"{state}", **PLAIN)
 
 
 def render_text(text: str, console) -> None:

@@ -1,6 +1,6 @@
 """A run folder and its ``state.json``: one folder per command invocation under the run root
 (``<command>-<name>-<id>/``), re-opened by ``--resume``, the settings a resume may not change, the end status
-on every exit path, and :func:`memo` (finished work read back, never redone)."""
+on every exit path, and :func:`memo` (finished work read back when it matches its seal, never redone)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import stat
+import sys
 import threading
 import time
 import uuid
@@ -18,7 +19,7 @@ from typing import Optional
 from raycpt.runs.store import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
-from raycpt.io import atomic_write_json, run_root
+from raycpt.io import atomic_write_json, run_root, seal_path, sealed_json_problem, write_sealed_json
 from raycpt.runs.store import tracking_uri
 
 
@@ -232,15 +233,40 @@ def end_status(exc_type, exc) -> str:
     return "KILLED" if getattr(exc, "status", None) == "KILLED" else "FAILED"
 
 
-def memo(path: Path, compute):
-    """The finished-work memo: ``path``'s JSON when it exists (that work finished before), else
-    ``compute()``, saved to ``path`` atomically (an interrupted computation leaves no file) and returned."""
+def read_memo(path: Path) -> Optional[dict]:
+    """The memo file's object when it verifies (:func:`raycpt.io.sealed_json_problem`), else None."""
+    if sealed_json_problem(path) is not None:
+        return None
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def memo(path: Path, compute, say=None):
+    """The finished-work memo: ``path``'s JSON object when it exists and verifies
+    (:func:`raycpt.io.sealed_json_problem`: that work finished before), else ``compute()``, saved to ``path`` with
+    its seal (:func:`raycpt.io.write_sealed_json`) and returned. A file that does not verify is moved aside
+    (``<name>.refused-<n>``, kept for a look) with one line saying why (``say``, default stderr), and the work is
+    done again."""
     path = Path(path)
-    if path.is_file():
-        return json.loads(path.read_text())
+    if path.exists() or seal_path(path).exists():
+        why = sealed_json_problem(path) if path.exists() else "its file is missing"
+        if why is None:
+            return json.loads(path.read_text(encoding="utf-8"))
+        n = 1
+        while path.with_name(f"{path.name}.refused-{n}").exists():
+            n += 1
+        aside = path.with_name(f"{path.name}.refused-{n}")
+        if path.exists():
+            os.replace(path, aside)
+        seal_path(path).unlink(missing_ok=True)
+        (say or _warn_line)(f"warning: {path} refused ({why}); doing that work again"
+                            + (f" (the refused file is kept as {aside.name})" if aside.exists() else ""))
     result = compute()
-    atomic_write_json(path, result)
+    write_sealed_json(path, result)
     return result
+
+
+def _warn_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

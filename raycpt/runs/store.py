@@ -4,6 +4,7 @@ made once per root from a template of the installed MLflow's schema, checked wri
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -19,7 +20,7 @@ from urllib.parse import urlparse, urlsplit
 
 from raycpt.config import TrackingConfig
 from raycpt.errors import RaycptError, ServerUnreachable
-from raycpt.io import cache_root, run_root
+from raycpt.io import atomic_write_json, cache_root, run_root, sha256_file
 
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -128,13 +129,14 @@ def _store_template() -> Path:
     folder = cache_root() / STORE_TEMPLATES
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"mlflow-{mlflow.__version__}.db"  # a release's schema is fixed: its newest migration
-    if path.is_file() and template_ok(path):
+    if path.is_file() and template_problem(path) is None:
         return path
     with open(folder / ".lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        if path.is_file() and not template_ok(path):  # damaged in the cache: it would break every new run root
-            logging.getLogger(__name__).warning("warning: the cached MLflow store template %s is damaged: made again",
-                                                path)
+        why = template_problem(path) if path.is_file() else None
+        if why is not None:  # damaged or changed in the cache: it would be every new run root's store
+            logging.getLogger(__name__).warning("warning: the cached MLflow store template %s does not verify (%s): "
+                                                "made again", path, why)
             path.unlink()
         if not path.is_file():
             tmp = folder / f".{path.name}.{os.getpid()}.tmp"
@@ -151,20 +153,44 @@ def _store_template() -> Path:
                 for q, lv in zip(quiet, levels):
                     q.setLevel(lv)
             os.replace(tmp, path)
+            atomic_write_json(template_seal(path), {"format": TEMPLATE_SEAL_FORMAT, "sha256": sha256_file(path)})
     return path
 
 
-def template_ok(path: Path) -> bool:
-    """Whether the cached store template is a whole SQLite database with MLflow's schema revision in it."""
+TEMPLATE_SEAL_FORMAT = "raycpt.store-template-seal/1"
+
+
+def template_seal(path: Path) -> Path:
+    """Beside a cached template ``<name>``: ``.<name>.seal``, written after it, naming its sha256."""
+    return path.with_name(f".{path.name}.seal")
+
+
+def template_problem(path: Path) -> Optional[str]:
+    """None when the cached store template verifies: its seal names its sha256 (a template changed after it was
+    made, rows added or a table altered, does not match), and it is a whole SQLite database with MLflow's schema
+    revision in it; else why not, in a few words."""
     try:
+        seal = json.loads(template_seal(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "it has no seal (cut short, or made by an older raycpt)"
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return f"its seal cannot be read ({type(e).__name__})"
+    if not isinstance(seal, dict) or seal.get("format") != TEMPLATE_SEAL_FORMAT:
+        return f"its seal is not a {TEMPLATE_SEAL_FORMAT} record"
+    try:
+        if seal.get("sha256") != sha256_file(path):
+            return "it does not match the sha256 in its seal (changed after it was made)"
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            ok = con.execute("PRAGMA quick_check").fetchone()[0] == "ok"
-            return ok and con.execute("SELECT version_num FROM alembic_version").fetchone() is not None
+            if con.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                return "it is not a whole SQLite database"
+            if con.execute("SELECT version_num FROM alembic_version").fetchone() is None:
+                return "it holds no MLflow schema revision"
         finally:
             con.close()
-    except sqlite3.Error:
-        return False
+    except (OSError, sqlite3.Error) as e:
+        return f"it cannot be read as a SQLite database ({type(e).__name__})"
+    return None
 
 
 def _ensure_store(cfg: TrackingConfig, uri: str) -> str:

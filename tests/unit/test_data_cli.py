@@ -96,3 +96,25 @@ def test_prepare_packs_a_store_smaller_than_a_training_run_needs(tmp_path):
         raise AssertionError("a run that needs more blocks than the store holds must stop")
     except RaycptError as e:
         assert "need at least 256" in str(e)
+
+
+def test_data_info_and_prepare_give_one_verdict_on_a_damaged_store(tmp_path):
+    """Issue 51, rule 1: a shard changed in place (size kept, mtime set back): ``data info`` says the store is
+    damaged and why, ``data prepare`` (a reader) says the same in one line and packs it again, then both say current."""
+    from test_cache_claims import rewrite_in_place
+
+    tiny = save_tiny(tmp_path / "tiny")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document number {i}"}) + "\n" for i in range(40)))
+    args = [f"model.ref={tiny}", f"data.corpus=[{corpus}]", "data.seq_len=16", f"tracking.run_root={tmp_path / 'runs'}"]
+    store, _ = ensure_packed(DataConfig(corpus=[str(corpus)], seq_len=16), str(tiny), tmp_path / "runs")
+    rewrite_in_place(store.path / store.manifest["shards"][0]["file"], -1)
+    info = _run("info", *args)
+    why = f"its shard {store.manifest['shards'][0]['file']} does not match its sha256 (changed after it was packed)"
+    assert info.returncode == 0 and f"store damaged: {why}" in info.stdout, info.stdout + info.stderr[-2000:]
+    p = _run("prepare", *args)
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 0 and len(err) == 1 and why in err[0] and "packing it again" in err[0], p.stderr[-2000:]
+    assert "corpus: packed" in p.stdout
+    info = _run("info", *args)
+    assert info.returncode == 0 and "packed 2 time(s); corpus: current" in info.stdout

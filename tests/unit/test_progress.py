@@ -4,6 +4,7 @@ import io
 import json
 
 from raycpt.report.progress import TrialsProgress, describe, finished_line, trial_state
+from raycpt.io import write_sealed_json
 
 
 def _write_metrics(d, records):
@@ -27,7 +28,9 @@ def test_trial_state_follows_the_files(tmp_path):
     assert describe(st, 8) == "train_deep-r0.5: step 2/8, loss 4.500"
     _write_metrics(t, [{"event": "start", "step": 0}, {"step": 8, "loss": 3.7}, {"event": "evaluate", "step": 8}])
     assert trial_state(t).phase == "evaluating"
-    (t / "result.json").write_text("{}")
+    (t / "result.json").write_text("{}")  # no seal: not (yet) a finished trial's record
+    assert trial_state(t).phase == "evaluating"
+    write_sealed_json(t / "result.json", {})
     assert trial_state(t).phase == "done"
 
 
@@ -50,14 +53,14 @@ def test_progress_announces_each_finished_trial_once(tmp_path):
 
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-    (tmp_path / "a" / "result.json").write_text(json.dumps({"name": "a", "losses": [2.0, 1.0], "wall_s": 3}))
+    write_sealed_json(tmp_path / "a" / "result.json", {"name": "a", "losses": [2.0, 1.0], "wall_s": 3})
     buf = io.StringIO()
     with TrialsProgress(tmp_path, ["a", "b"], 8, Console(file=buf, width=200), interval=0.01):
         pass  # "a" finished before: counted, not announced again (a resumed sweep)
     assert "done a" not in buf.getvalue()
     buf = io.StringIO()
     with TrialsProgress(tmp_path, ["a", "b"], 8, Console(file=buf, width=200), interval=0.01):
-        (tmp_path / "b" / "result.json").write_text(json.dumps({"name": "b", "losses": [3.0, 2.5], "wall_s": 7}))
+        write_sealed_json(tmp_path / "b" / "result.json", {"name": "b", "losses": [3.0, 2.5], "wall_s": 7})
     out = buf.getvalue()
     assert out.count("done b loss 3.000->2.500 7s") == 1
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from raycpt.config import load_config
+from raycpt.io import write_sealed_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +137,7 @@ def test_the_interrupt_line_names_only_the_trials_without_a_result(tmp_path):
 
     for name in ("base", "train_shallow-r0.5"):  # finished: their result.json is on disk
         (tmp_path / name).mkdir()
-        (tmp_path / name / "result.json").write_text(json.dumps({"name": name}))
+        write_sealed_json(tmp_path / name / "result.json", {"name": name})
     (tmp_path / "full").mkdir()  # started, never finished
     names = ["base", "full", "train_shallow-r0.5", "train_deep-r0.5"]
     results, missing = unfinished(tmp_path, names, {})  # an interrupt: the driver collected nothing

@@ -352,3 +352,39 @@ def test_real_smollm2_pull_lens_equals_logits(tmp_path):
     # transformers' last hidden state already carries the final norm: head(hs[-1]) == logits too
     assert torch.allclose(model.lm_head(hs[-1]), tr.logits, atol=1e-4)
     assert resolve_model(SMOLLM2, cache_dir=cache).cached
+
+
+def test_a_cached_model_changed_in_place_or_an_edited_record_is_fetched_again(tiny_gguf, tmp_path, capsys):
+    """Issue 51, rule 1: a cached model folder is a claim about content. Its weights changed in place (size kept,
+    mtime set back) or its raycpt_source.json edited: ``models list`` and the next resolve reach the same verdict,
+    and the resolve converts again with one line saying why."""
+    import os
+
+    from test_cache_claims import rewrite_in_place
+
+    path, reference, tokens = tiny_gguf
+    cache = tmp_path / "cache"
+    info = resolve_model(str(path), cache_dir=cache)
+    assert [m["state"] for m in list_models(cache)] == ["verified"]
+    assert resolve_model(str(path), cache_dir=cache).cached
+    weights = Path(info.path) / "model.safetensors"
+    rewrite_in_place(weights, -1)
+    (state,) = [m["state"] for m in list_models(cache)]
+    assert state == "its model.safetensors does not match its sha256 (changed after it was pulled)"
+    capsys.readouterr()
+    again = resolve_model(str(path), cache_dir=cache)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "cached model" in ln]
+    assert not again.cached and len(lines) == 1 and state in lines[0]
+    assert_same_model(again.path, reference, tokens)
+    assert [m["state"] for m in list_models(cache)] == ["verified"]
+    src = Path(again.path) / "raycpt_source.json"
+    meta = json.loads(src.read_text())
+    meta["num_layers"] = 3  # a hand edit
+    src.write_text(json.dumps(meta))
+    assert "does not match its seal" in list_models(cache)[0]["state"]
+    assert not resolve_model(str(path), cache_dir=cache).cached
+    del meta["content"], meta["seal"]  # what an older raycpt wrote
+    src.write_text(json.dumps(meta))
+    assert "records no content digests" in list_models(cache)[0]["state"]
+    assert not resolve_model(str(path), cache_dir=cache).cached and os.path.isdir(again.path)

@@ -48,7 +48,7 @@ import torch
 from raycpt import errors  # disk_full and oserror_in_words looked up when called
 from raycpt.errors import RaycptError
 from raycpt.models.adapters import ADAPTER_DIR, merged_state_dict, save_adapter_folder
-from raycpt.models.shards import read_shards, write_referencing_weights
+from raycpt.models.shards import read_shards, shards_problem, write_referencing_weights
 from raycpt.strategies import LayerPlan
 from raycpt.train.ckpt.manifest import MODEL_DIR, STATE_JSON, STATE_PT, all_finite, write_manifest
 from raycpt.train.ckpt.rng import merge_rng, rng_state, split_rng
@@ -163,9 +163,10 @@ def save_model_by_reference(model, tokenizer, state_dict: dict, out: Path, dtype
     per-layer ``shards`` (:mod:`raycpt.models.shards`, in ``dtype``); the rest in one file, an index naming every
     tensor's file. ``out``'s final place must sit at the same depth (a sibling folder renamed into place).
     Returns the links' manifest entries (their sha256 as the shards recorded and checked it)."""
+    why = shards_problem(shards)
+    if why is not None:
+        raise RaycptError(f"the base shards {shards} do not verify ({why}): remove that folder and run again")
     groups = read_shards(shards)
-    if groups is None:
-        raise RaycptError(f"the base shards {shards} fail their sha256 check: remove that folder and run again")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_model_folder(model, tokenizer, {}, out, dtype=dtype)  # config, generation config, tokenizer; no weights

@@ -3,13 +3,14 @@ saved in, read back from what the training worker wrote when it evaluated in the
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
 from raycpt.evaluate import evaluate_model
 from raycpt.evaluate.heldout import DEFINITION
 from raycpt.evaluate.results import EvalResult
-from raycpt.io import atomic_write_json
+from raycpt.io import sealed_json_problem, write_sealed_json
 from raycpt.models.sources import load_model
 from raycpt.train.driver.result import read_json
 from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest, eval_result_record
@@ -71,7 +72,8 @@ def current_definition(record: dict, req: EvalRequest) -> bool:
     return record.get("loss_definition") == DEFINITION
 
 
-def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optional[int] = None):
+def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optional[int] = None,
+                     trusted: bool = False):
     """``(EvalResult, held-out loss or None)`` of a training run's final model.
 
     What the training worker wrote with ``run_training(evaluate=req)`` when it did (DDP and FSDP alike);
@@ -79,11 +81,17 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
     in the dtype it was saved in (:func:`saved_dtype`), with ``threads``
     torch threads, and the held-out loss on the blocks of ``req.heldout_path``; it then writes the same
     ``eval_result.json`` the worker would have (per-block held-out losses included), so a resumed trial
-    reads it instead of evaluating again (unless it predates per-document scoring: :func:`current_definition`)."""
+    reads it instead of evaluating again (unless it predates per-document scoring: :func:`current_definition`).
+    A file read back is one that matches its seal (:func:`raycpt.io.sealed_json_problem`; ``trusted``: its caller
+    verified it, the base row's cache entry); one that does not is evaluated again with one line saying why."""
 
-    done = read_json(Path(req.out_dir) / EVAL_RESULT_FILE)
+    path = Path(req.out_dir) / EVAL_RESULT_FILE
+    why = None if trusted or not path.exists() else sealed_json_problem(path)
+    done = read_json(path) if why is None else None
     if done and current_definition(done, req):
         return EvalResult.from_dict(done), done.get("heldout_loss")
+    if why is not None:
+        print(f"warning: {path} refused ({why}); evaluating again", file=sys.stderr, flush=True)
     import torch
 
 
@@ -94,5 +102,5 @@ def final_evaluation(final_model_dir, eval_cfg, req: EvalRequest, threads: Optio
     record = eval_result_record(ev, model, req.heldout_path, eval_cfg.batch_size,
                                 validation_path=req.validation_path, general_path=req.general_path, tokenizer=tok,
                                 budget_tokens=eval_cfg.loss_batch_tokens)
-    atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, record)
+    write_sealed_json(path, record)
     return ev, record["heldout_loss"]

@@ -32,7 +32,7 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, save_config
 from raycpt.data.run_store import packed_corpus, replay_corpus
 from raycpt.errors import RaycptError, environment_error
-from raycpt.io import atomic_write_json, run_root
+from raycpt.io import atomic_write_json, run_root, seal_path
 from raycpt.models.shards import ensure_base_shards
 from raycpt.report.progress import StepProgress
 from raycpt.report.train import plot_loss_curve, read_events, read_step_records
@@ -215,6 +215,7 @@ def _worker_spec(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run, ray
         base_shards = str(_base_shards(cfg, prep)(dtype))
     if evaluate:
         (Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
+        seal_path(Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
     return WorkerSpec(
         cfg=cfg, model_path=prep.model_path, plan=prep.plan, run_dir=str(run_dir),
         tracking=TrackingTarget(cfg.tracking.uri, run.run_id if run.live() else None, str(run.dir)),

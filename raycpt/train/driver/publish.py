@@ -16,7 +16,7 @@ from typing import Optional
 
 from raycpt.config import ExperimentConfig
 from raycpt.errors import RaycptError
-from raycpt.models.shards import INDEX_FILE, read_shards, read_tensors, write_referencing_weights
+from raycpt.models.shards import INDEX_FILE, read_shards, read_tensors, shards_problem, write_referencing_weights
 from raycpt.train.ckpt.manifest import (MODEL_DIR, checkpoint_step, find_checkpoints, read_manifest,
                                    verify_checkpoint, write_manifest)
 from raycpt.train.driver.prepare import local_mode
@@ -146,9 +146,10 @@ def _is_weights(rel: str) -> bool:
 
 def _publish_weights_by_reference(ckpt: Path, files: dict, tmp: Path, dest: Path, shards: Path) -> dict:
     """The checkpoint's weights (already verified) into ``tmp`` as trained tensors + links to the base shards."""
+    why = shards_problem(shards)
+    if why is not None:
+        raise RaycptError(f"the base shards {shards} do not verify ({why}): remove that folder and run again")
     groups = read_shards(shards)
-    if groups is None:
-        raise RaycptError(f"the base shards {shards} fail their sha256 check: remove that folder and run again")
     tensors = read_tensors(ckpt / MODEL_DIR)
     return write_referencing_weights(tensors, shards, groups, tmp, dest)
 

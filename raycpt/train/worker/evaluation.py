@@ -11,7 +11,7 @@ from typing import Any, Optional
 from raycpt.data.corpus import eos_id_of
 from raycpt.evaluate import evaluate_model, merge_shards
 from raycpt.evaluate.heldout import DEFINITION, BlockScores, document_block_scores, prefix_id_of
-from raycpt.io import atomic_write_json
+from raycpt.io import write_sealed_json
 from raycpt.models.adapters import merge_lora_
 from raycpt.train.ckpt.checkpoint import model_state, weights_dtype
 from raycpt.train.worker.loss import DEFAULT_CHUNK_TOKENS, chunked_supported
@@ -107,7 +107,7 @@ def evaluate_in_worker(model, tokenizer, eval_cfg, req: EvalRequest, session: Op
     out = eval_result_record(res, model, req.heldout_path, eval_cfg.batch_size,
                              validation_path=req.validation_path, general_path=req.general_path, tokenizer=tokenizer,
                              budget_tokens=eval_cfg.loss_batch_tokens)
-    return atomic_write_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)
+    return write_sealed_json(Path(req.out_dir) / EVAL_RESULT_FILE, out)  # read back by final_evaluation
 
 
 def eval_result_record(res, model, heldout_path: Optional[str], batch_size: int,
