@@ -159,7 +159,7 @@ def cases(f: dict) -> list[Case]:
         Case("train.lr=inf", ["config", "validate", "train.lr=inf"], "a finite number"),
         Case("train.lr=1e309", ["config", "validate", "train.lr=1e309"], "a finite number"),
         Case("train.lr=nan", ["config", "validate", "train.lr=nan"], "a finite number"),
-        Case("train.lr=-1", ["config", "validate", "train.lr=-1"], "a positive number"),
+        Case("train.lr=-1", ["config", "validate", "train.lr=-1"], "a positive learning rate"),
         Case("train.lr=10**400", ["config", "validate", "train.lr=" + "1" + "0" * 400], "a finite number"),
         Case("train.betas=[0.9,inf]", ["config", "validate", "train.betas=[0.9,inf]"], "a finite number"),
         Case("train.betas=[0.9]", ["config", "validate", "train.betas=[0.9]"], "two numbers in [0, 1)"),
@@ -380,7 +380,7 @@ def issue27_cases(f: dict) -> list[Case]:
     hy = ["hybrid", "build", str(t / "hybrid.yaml")]
     port = f["free_port"]
     return [
-        Case("hybrid build --out FILE", hy + ["--out", str(t / "an_out_file")], "is a file, not a folder", owner="27"),
+        Case("hybrid build --out FILE", hy + ["--out", str(t / "an_out_file")], "is a regular file, not a folder", owner="27"),
         Case("hybrid build --out DIR --overwrite, a file at DIR/new_shallow",
              hy + ["--out", str(t / "out2"), "--overwrite"], "new_shallow is a file, not a folder", owner="27"),
         Case("eval a folder without weights", ["eval", rr, "--checkpoints", str(t / "noweights")],
@@ -432,7 +432,7 @@ def issue27_cases(f: dict) -> list[Case]:
         Case("runs show a folder that is not a sweep folder", ["runs", "show", str(t / "adir")],
              "has no summary/summary.json", owner="37"),
         Case("runs show a folder that does not exist", ["runs", "show", str(t / "no-such-run")],
-             "is not a folder", owner="37"),
+             "RUN_DIR not found", owner="37"),
         Case("sweep.general_docs negative", ["config", "validate", "sweep.general_docs=-1"],
              "sweep.general_docs", owner="37"),
     ]
@@ -476,6 +476,7 @@ def _issue41_fixtures(tmp: Path, f: dict) -> None:
     write_manifest(ckpt, 2, finite=True)
     save_config(cfg, run / "config.yaml")
     write_state(run, command="train", status="interrupted", mlflow_run_id="0" * 32)
+    (run / "records.jsonl").write_text("")  # a real run folder has its record (issue 51 rule 2 refuses one without)
     # two trials of one run root publishing by reference; a byte of the shared rest shard flipped through trial a
     shards = ensure_base_shards(tiny, r41 / "base_shards", "float32")
     for name in ("a", "b"):
@@ -494,6 +495,7 @@ def _issue41_fixtures(tmp: Path, f: dict) -> None:
     done = r41 / "sweep-done-0001"
     save_config(load_config(None, f["sweep41"][1:] + ["train.lr=3e-05"]), done / "config.yaml")
     write_state(done, command="sweep", status="finished", mlflow_run_id="1" * 32)
+    (done / "records.jsonl").write_text("")
     # a finished train run whose train_result.json is older: no tokens_per_s, no trainable_params
     old = r41 / "train-older-0001"
     shutil.copytree(tiny, old / "final_model")
@@ -504,6 +506,7 @@ def _issue41_fixtures(tmp: Path, f: dict) -> None:
     shutil.copytree(old, moved, symlinks=True)
     save_config(load_config(None, f["train41"][1:] + ["name=moved"]), moved / "config.yaml")
     write_state(moved, mlflow_run_id="2" * 32)
+    (moved / "records.jsonl").write_text("")
     (old / "train_result.json").write_text(json.dumps({"final_model_dir": str(old / "final_model"), "losses": [4.0],
                                                        "steps": [1], "wall_s": 1.0, "frozen_params": 0,
                                                        "plan": {"name": "full"}}))
