@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -94,13 +95,21 @@ def _seal(doc: dict) -> str:
 
 
 def ensure_base_shards(model_dir, root, dtype: str = "float32") -> Path:
-    """The per-layer shards of ``model_dir`` in ``dtype`` under ``root`` (written now when missing: aside,
-    manifest last, renamed into place; a concurrent writer's folder is kept). Returns the folder."""
+    """The per-layer shards of ``model_dir`` in ``dtype`` under ``root`` (written now when missing, or when the folder
+    there does not verify - :func:`shards_problem`, e.g. a shard deleted - with one warning line: aside, manifest
+    last, renamed into place; a concurrent writer's folder is kept). Returns the folder."""
     from safetensors.torch import save_file
 
     dest = Path(root) / shards_key(model_dir, dtype, Path(root) / DIGEST_MEMO)
     if (dest / SHARDS_FILE).is_file():
-        return dest
+        why = shards_problem(dest)
+        if why is None:
+            return dest
+        # a shard deleted or changed: written again (the same bytes: every trial's link to them reads right again)
+        logging.getLogger(__name__).warning("warning: the base shards %s do not verify (%s): written again", dest, why)
+        aside = dest.with_name(f".{dest.name}.bad-{uuid.uuid4().hex[:8]}")
+        os.replace(dest, aside)
+        shutil.rmtree(aside, ignore_errors=True)
     tensors = read_tensors(model_dir, dtype)
     groups: dict[str, dict] = {}
     for k, t in tensors.items():

@@ -284,3 +284,23 @@ def test_an_evaluation_record_changed_in_place_is_evaluated_again(tmp_path, monk
     assert len(err) == 1 and "does not match the sha256 in its seal" in err[0] and "evaluating again" in err[0]
     ev, _ = fe.final_evaluation(tmp_path, EvalConfig(), req)
     assert evaluated == ["m"]  # written sealed: read back next time
+
+
+def test_a_deleted_base_shard_is_written_again_with_the_same_bytes(tiny_dir, tmp_path, caplog):
+    """Issue 51: one base-shard file deleted, then a new sweep: the folder does not verify, so it is written again
+    (one warning line) with the same bytes, and every trial's link to it reads right again."""
+    import hashlib
+
+    from raycpt.models.shards import ensure_base_shards, shards_problem
+
+    d = ensure_base_shards(tiny_dir, tmp_path / "base_shards", "float32")
+    victim = sorted(d.glob("layer-*.safetensors"))[1]
+    before = hashlib.sha256(victim.read_bytes()).hexdigest()
+    victim.chmod(0o644)
+    victim.unlink()
+    assert "missing" in shards_problem(d)
+    with caplog.at_level("WARNING"):
+        again = ensure_base_shards(tiny_dir, tmp_path / "base_shards", "float32")
+    assert again == d and shards_problem(again) is None
+    assert hashlib.sha256(victim.read_bytes()).hexdigest() == before
+    assert sum("written again" in r.getMessage() for r in caplog.records) == 1
