@@ -205,6 +205,22 @@ def verified_cache(cfg: ExperimentConfig, model_path: str, shared: dict, say=pri
     return cache
 
 
+def writable_cache(cache: Path, fallback: Path, say=print) -> Path:
+    """``cache`` when its folder can be made and written, else ``fallback`` (the trial's own folder) with one line
+    saying why: a base-row cache that cannot be written costs the cache, never the sweep (issue 51)."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        probe = cache / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return cache
+    except OSError as e:
+        say(f"warning: base row: the cache folder {cache.parent} cannot be written ({e.strerror or e}); evaluating "
+            f"the base model without the cache, into {fallback}")
+        fallback.mkdir(parents=True, exist_ok=True)
+        return fallback
+
+
 def base_result(trial, spec) -> dict:
     """The base row's trial body: the cached evaluation of the untrained model (evaluated here when the cache has
     none that verifies), copied into the trial's ``eval/``, and the result a trial returns (no training: no losses,
@@ -215,6 +231,7 @@ def base_result(trial, spec) -> dict:
     fresh = not (cache / ENTRY_FILE).is_file()
     if fresh:
         shutil.rmtree(cache, ignore_errors=True)  # a folder cut short before its seal: none of it is trusted
+        cache = writable_cache(cache, trial.dir / "base_eval_uncached", say=_warn)
     req = EvalRequest(out_dir=str(cache), name=BASE, heldout_path=shared.get("heldout_path"),
                       general_path=shared.get("general_path"))
     if trial.run.created or not trial.run.run_id:

@@ -216,3 +216,26 @@ def test_a_copy_of_the_folder_elsewhere_reads_the_same_entry(tmp_path, base):
     shutil.copytree(model, copy)
     again = base("s2/trials/base", copy)
     assert len(base.calls) == 1 and again["base_cache"] == first["base_cache"]
+
+
+def test_a_cache_folder_that_cannot_be_written_costs_the_cache_not_the_sweep(tmp_path, monkeypatch):
+    """Issue 51: a base_eval folder that cannot be written (132 lines and 2 tracebacks before): one line, and the
+    base row is evaluated into the trial's own folder instead. Root ignores file modes, so the refusal is injected
+    at the write the probe makes."""
+    from pathlib import Path
+
+    from raycpt.jobs.base_row import writable_cache
+
+    cache, fallback = tmp_path / "base_eval" / "abc", tmp_path / "trial" / "base_eval_uncached"
+    said = []
+    assert writable_cache(cache, fallback, say=said.append) == cache and not said  # writable: the cache itself
+    real = Path.write_bytes
+
+    def refuse(self, data):
+        if "base_eval" in str(self):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", refuse)
+    assert writable_cache(cache, fallback, say=said.append) == fallback and fallback.is_dir()
+    assert len(said) == 1 and "cannot be written (Permission denied)" in said[0] and str(fallback) in said[0]
