@@ -86,37 +86,50 @@ def seal_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.seal")
 
 
-def write_sealed_json(path: Path, obj: Any) -> Path:
-    """:func:`atomic_write_json`, then its seal (:func:`seal_path`): a write cut short leaves a file that does not
-    verify (:func:`sealed_json_problem`)."""
+def write_seal(path: Path) -> Path:
+    """The seal of a file already in place (:func:`seal_path`: its sha256), written after it: a write cut short before
+    it, or a change after it, leaves a file that does not verify (:func:`seal_problem`)."""
     path = Path(path)
-    atomic_write_json(path, obj)
-    atomic_write_json(seal_path(path), {"format": SEAL_FORMAT, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
-    return path
+    return atomic_write_json(seal_path(path), {"format": SEAL_FORMAT, "sha256": sha256_file(path)})
 
 
-def sealed_json_problem(path: Path) -> "str | None":
-    """None when ``path`` verifies: its seal (:func:`seal_path`) names its sha256 and it holds a JSON object; else
-    why not, in a few words (a file changed after it was written, even with its size and mtime kept, no seal, the
-    wrong shape)."""
+def seal_problem(path: Path, made: str = "written") -> "str | None":
+    """None when ``path``'s seal names its sha256; else why not, in a few words (no seal, a seal that cannot be read
+    or is not one, a file changed after it was ``made``, even with its size and mtime kept). THE check of every
+    sealed cache file (a memo, an evaluation record, the MLflow store template)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        return f"it cannot be read ({type(e).__name__})"
     try:
         seal = json.loads(seal_path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return "it has no seal (cut short, or written by an older raycpt)"
+        return f"it has no seal (cut short, or {made} by an older raycpt)"
     except (OSError, ValueError, UnicodeDecodeError) as e:
         return f"its seal cannot be read ({type(e).__name__})"
     if not isinstance(seal, dict) or seal.get("format") != SEAL_FORMAT:
         return f"its seal is not a {SEAL_FORMAT} record"
-    if seal.get("sha256") != hashlib.sha256(data).hexdigest():
-        return "it does not match the sha256 in its seal (changed after it was written)"
     try:
-        doc = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        digest = sha256_file(path)
+    except OSError as e:
+        return f"it cannot be read ({type(e).__name__})"
+    return None if seal.get("sha256") == digest else \
+        f"it does not match the sha256 in its seal (changed after it was {made})"
+
+
+def write_sealed_json(path: Path, obj: Any) -> Path:
+    """:func:`atomic_write_json`, then its seal (:func:`write_seal`)."""
+    path = Path(path)
+    atomic_write_json(path, obj)
+    write_seal(path)
+    return path
+
+
+def sealed_json_problem(path: Path) -> "str | None":
+    """None when ``path`` verifies (:func:`seal_problem`) and holds a JSON object; else why not, in a few words."""
+    why = seal_problem(path)
+    if why is not None:
+        return why
+    try:
+        doc = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
         return f"it is not JSON ({type(e).__name__})"
     return None if isinstance(doc, dict) else f"it holds a {type(doc).__name__}, not an object"
 

@@ -4,7 +4,6 @@ made once per root from a template of the installed MLflow's schema, checked wri
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -20,7 +19,7 @@ from urllib.parse import urlparse, urlsplit
 
 from raycpt.config import TrackingConfig
 from raycpt.errors import RaycptError, ServerUnreachable
-from raycpt.io import atomic_write_json, cache_root, run_root, sha256_file
+from raycpt.io import cache_root, run_root, seal_problem, write_seal
 
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -153,33 +152,18 @@ def _store_template() -> Path:
                 for q, lv in zip(quiet, levels):
                     q.setLevel(lv)
             os.replace(tmp, path)
-            atomic_write_json(template_seal(path), {"format": TEMPLATE_SEAL_FORMAT, "sha256": sha256_file(path)})
+            write_seal(path)
     return path
-
-
-TEMPLATE_SEAL_FORMAT = "raycpt.store-template-seal/1"
-
-
-def template_seal(path: Path) -> Path:
-    """Beside a cached template ``<name>``: ``.<name>.seal``, written after it, naming its sha256."""
-    return path.with_name(f".{path.name}.seal")
 
 
 def template_problem(path: Path) -> Optional[str]:
     """None when the cached store template verifies: its seal names its sha256 (a template changed after it was
     made, rows added or a table altered, does not match), and it is a whole SQLite database with MLflow's schema
-    revision in it; else why not, in a few words."""
+    revision in it; else why not, in a few words (the seal: :func:`raycpt.io.seal_problem`)."""
+    why = seal_problem(path, made="made")
+    if why is not None:
+        return why
     try:
-        seal = json.loads(template_seal(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return "it has no seal (cut short, or made by an older raycpt)"
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        return f"its seal cannot be read ({type(e).__name__})"
-    if not isinstance(seal, dict) or seal.get("format") != TEMPLATE_SEAL_FORMAT:
-        return f"its seal is not a {TEMPLATE_SEAL_FORMAT} record"
-    try:
-        if seal.get("sha256") != sha256_file(path):
-            return "it does not match the sha256 in its seal (changed after it was made)"
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
             if con.execute("PRAGMA quick_check").fetchone()[0] != "ok":
