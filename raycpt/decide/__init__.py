@@ -13,8 +13,8 @@
 from raycpt.decide.accuracy import (Arm, Decision, PairCall, arm_stats, calibration, decide, decision_accuracy,
                                     kendall_tau, pair_calls, top1_regret, win_probability)
 from raycpt.decide.record import horizon_line, read_record, record_path
-from raycpt.decide.search import RateRow, extend_rates, rate_rows
+from raycpt.decide.search import RateRow, extend_rates, finite_mean, rate_rows
 
 __all__ = ["Arm", "Decision", "PairCall", "RateRow", "arm_stats", "calibration", "decide", "decision_accuracy",
-           "extend_rates", "horizon_line", "kendall_tau", "pair_calls", "rate_rows", "read_record", "record_path",
+           "extend_rates", "finite_mean", "horizon_line", "kendall_tau", "pair_calls", "rate_rows", "read_record", "record_path",
            "top1_regret", "win_probability"]

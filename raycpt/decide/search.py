@@ -61,6 +61,13 @@ class RateRow:
         return self.picked is not None and self.edge is None
 
 
+def finite_mean(xs) -> float:
+    """The mean of the finite values of ``xs`` (None and NaN left out); NaN when none: a rate's validation loss over
+    the seeds that ran it."""
+    vals = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
 def rate_rows(losses: Mapping[str, Mapping[float, float]], initial) -> list[RateRow]:
     """``{method: {multiplier: validation loss}}`` -> one :class:`RateRow` per method (None/NaN = no finite loss)."""
     out = []

@@ -12,17 +12,15 @@ run of the one ``decide`` MLflow run.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Optional
 
 from raycpt.config import ExperimentConfig, config_with
 from raycpt.config.checks import lr_tag
 from raycpt.data.run_store import check_corpora
 from raycpt.data.validation import validation_blocks
-from raycpt.decide import RateRow, extend_rates, rate_rows, record_path
+from raycpt.decide import RateRow, extend_rates, finite_mean, rate_rows, record_path
 from raycpt.errors import RaycptError
 from raycpt.io import atomic_write_json
 from raycpt.jobs.base_row import general_probe, probe_files
@@ -154,13 +152,8 @@ def search_rows(results: dict[str, dict], arms: list[ArmSpec], h: float, search_
     for r in results.values():
         if r.get("tune") in by and r.get("seed") in search_seeds:
             by[r["tune"]].setdefault(float(r["lr_mult"]), []).append(r.get("validation_loss"))
-    return [rate_rows({f"{a.name}-h{h:g}": {m: _mean(v) for m, v in by[f"{a.name}-h{h:g}"].items()}},
+    return [rate_rows({f"{a.name}-h{h:g}": {m: finite_mean(v) for m, v in by[f"{a.name}-h{h:g}"].items()}},
                       initial[a.name])[0] for a in arms]
-
-
-def _mean(xs) -> float:
-    xs = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
-    return sum(xs) / len(xs) if xs else math.nan
 
 
 def execute(plan: DecidePlan, run, options: Options) -> DecideOutcome:

@@ -9,17 +9,13 @@ smaller rate); its runs are reported under the method's name. The held-out test 
 
 from __future__ import annotations
 
-import math
 from typing import Optional
+
+from raycpt.decide import RateRow, finite_mean
 
 
 UNTUNED = "(untuned)"
 """The suffix of a picked run whose rate sits at its grid's edge: every table shows it, no mark or best rests on it."""
-
-
-def _mean(xs) -> float:
-    xs = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
-    return sum(xs) / len(xs) if xs else math.nan
 
 
 def pick_by_validation(trials: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -39,14 +35,13 @@ def pick_by_validation(trials: list[dict]) -> tuple[list[dict], list[dict]]:
     for method, runs in methods.items():
         mults = sorted({float(r["lr_mult"]) for r in runs})
         grid = [{"lr_mult": m, "lr": next(float(r["lr"]) for r in runs if float(r["lr_mult"]) == m),
-                 "validation_loss": _mean(r.get("validation_loss") for r in runs if float(r["lr_mult"]) == m),
-                 "heldout_loss": _mean(r.get("heldout_loss") for r in runs if float(r["lr_mult"]) == m),
+                 "validation_loss": finite_mean(r.get("validation_loss") for r in runs if float(r["lr_mult"]) == m),
+                 "heldout_loss": finite_mean(r.get("heldout_loss") for r in runs if float(r["lr_mult"]) == m),
                  "runs": [r["name"] for r in runs if float(r["lr_mult"]) == m]} for m in mults]
-        scored = [g for g in grid if math.isfinite(g["validation_loss"])]
-        best: Optional[dict] = min(scored, key=lambda g: (g["validation_loss"], g["lr_mult"])) if scored else None
+        rate = RateRow(method, tuple(mults), tuple(g["validation_loss"] for g in grid))  # THE pick and edge rule
+        best: Optional[dict] = next((g for g in grid if g["lr_mult"] == rate.picked), None)
         row = {"method": method, "grid": grid, "picked_mult": best and best["lr_mult"],
-               "picked_lr": best and best["lr"],
-               "edge": bool(best) and best["lr_mult"] in (mults[0], mults[-1])}
+               "picked_lr": best and best["lr"], "edge": rate.edge is not None}
         row["untuned"] = row["edge"]
         table.append(row)
         for r in runs:
