@@ -107,24 +107,15 @@ def test_three_seeds_without_a_clear_best_is_not_a_decision():
 
 
 def test_parent_run_has_its_description_and_a_replay_gives_it_too(tmp_path):
-    from types import SimpleNamespace
-
     from mlflow.tracking import MlflowClient
 
-    from raycpt.config import TrackingConfig
+    from fake_run import sqlite_parent
     from raycpt.jobs.sweep import TrialSpec, log_summary
     from raycpt.runs.records import RECORDS, project
-    from raycpt.runs.run import Run
-    from raycpt.runs.store import ensure_store
 
-    (tmp_path / "runs").mkdir()
-    cfg = TrackingConfig(run_root=str(tmp_path / "runs"), uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}",
-                         experiment="t")
-    exp = ensure_store(cfg)
-    client = MlflowClient(cfg.uri)
-    parent = client.create_run(exp, run_name="parent").info.run_id
+    cfg, client, exp, parent, run_at = sqlite_parent(tmp_path)
     s = _summary([_trial(n) for n in ROWS])
-    run = Run(SimpleNamespace(tracking=cfg), "sweep", tmp_path / "run", parent, client, False, exp)
+    run = run_at()
     log_summary(run, [], None, s)
     note = client.get_run(parent).data.tags["mlflow.note.content"]
     assert note.startswith("### Which decoder layers to train?")
@@ -134,8 +125,7 @@ def test_parent_run_has_its_description_and_a_replay_gives_it_too(tmp_path):
         assert f"- {line}" in note
     assert f"Rerun: `raycpt sweep {tmp_path / 'run' / 'config.yaml'}`" in note
     child = client.create_run(exp, run_name="t", tags={"mlflow.parentRunId": parent}).info.run_id
-    TrialSpec("train_shallow-r0.33", "train_shallow", 0.33, 10).log_params(
-        Run(SimpleNamespace(tracking=cfg), "sweep", tmp_path / "trial", child, client, False, exp), 0, 3e-4, 30)
+    TrialSpec("train_shallow-r0.33", "train_shallow", 0.33, 10).log_params(run_at("trial", child), 0, 3e-4, 30)
     assert client.get_run(child).data.tags["mlflow.note.content"] == \
         "Sweep trial: train layers 0–9, freeze 10–29 (train_shallow r = 0.33); lr 0.0003; seed 0."
     # the folder is the record: projecting its records into another store's run gives the same description

@@ -376,27 +376,15 @@ def test_write_summary_writes_intervals_and_drops_per_question_data(tmp_path):
 
 
 def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    from types import SimpleNamespace
-
-    from raycpt.config import TrackingConfig
+    from fake_run import sqlite_parent
     from raycpt.jobs.sweep import log_summary
     from raycpt.report.sweep.summary import write_summary
-    from raycpt.runs.run import Run
-    from raycpt.runs.store import ensure_store
 
-    (tmp_path / "runs").mkdir()
-    cfg = TrackingConfig(run_root=str(tmp_path / "runs"), uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}",
-                         experiment="t")
-    exp = ensure_store(cfg)
-    client = MlflowClient(cfg.uri)
-    parent = client.create_run(exp, run_name="parent").info.run_id
+    cfg, client, exp, parent, run_at = sqlite_parent(tmp_path)
     for _ in range(2):  # a finished sweep summarised again (--resume) logs the table once
         trace = {"split_scores": {"0.5": 0.1}}
         s = write_summary(tmp_path / "run", _one_seed_trials(), trace, 30, domain=["wn"], general=["gen_bench"])
-        log_summary(Run(SimpleNamespace(tracking=cfg), "sweep", tmp_path / "run", parent, client, False, exp),
-                    s["files"], trace, s)
+        log_summary(run_at(), s["files"], trace, s)
     import json
 
     from mlflow.artifacts import download_artifacts
