@@ -139,3 +139,56 @@ def test_the_decision_record_is_found_only_for_the_same_settings(tmp_path):
     assert "held at 64 steps" in horizon_line(8, {**rec, "passed": True, "accuracy_all": 0.95})
     path.write_text('{"short_steps": 8')  # damaged: absent
     assert read_record(cfg, 8) is None
+
+
+def _outcome(short_means, long_means, sd=0.01, seed=0):
+    """decision_outcome on simulated trials: each arm searched at 1/3, 1, 3 (1 best) at seed 0, its pick at 3 seeds."""
+    import numpy as np
+
+    from raycpt.config import load_config
+    from raycpt.report.decide import decision_outcome
+
+    rng = np.random.default_rng(seed)
+    cfg = load_config(None, ["decide.seeds=[0,1,2]"])
+    results, rows = {}, {}
+    for h, means in ((1.0, short_means), (8.0, long_means)):
+        for a, mu in means.items():
+            draws = rng.normal(mu, sd, 3)
+            for m in (1 / 3, 1.0, 3.0):
+                for sd_i in ((0, 1, 2) if m == 1.0 else (0,)):
+                    x = float(draws[sd_i]) + (0.0 if m == 1.0 else 0.5)
+                    results[f"{a}-h{h:g}-{m:.3g}-s{sd_i}"] = {"tune": f"{a}-h{h:g}", "lr_mult": m, "seed": sd_i,
+                                                              "heldout_loss": x, "validation_loss": x, "scores": {}}
+        rows[h] = rate_rows({f"{a}-h{h:g}": {m: results[f"{a}-h{h:g}-{m:.3g}-s0"]["validation_loss"]
+                                             for m in (1 / 3, 1.0, 3.0)} for a in means}, [1 / 3, 1.0, 3.0])
+    return cfg, decision_outcome(results, rows, list(short_means), {1.0: 8, 8.0: 64}, cfg, resamples=100)
+
+
+def test_a_short_ranking_unrelated_to_the_long_one_is_never_read_as_a_decision(tmp_path):
+    """Null data: the long horizon reverses the short order. The verdict's first line says it does NOT predict, the
+    record a sweep reads says so, and a sweep of the same settings opens with that line."""
+    from types import SimpleNamespace
+
+    from raycpt.config import config_with
+    from raycpt.decide import horizon_line, read_record, record_path
+    from raycpt.report.decide import headline, write_decision
+
+    arms = [f"arm{i}" for i in range(6)]
+    cfg, o = _outcome({a: 4.0 + 0.1 * i for i, a in enumerate(arms)}, {a: 4.5 - 0.1 * i for i, a in enumerate(arms)})
+    assert o.results["decision_accuracy_all_pairs"]["value"] == 0.0 and not o.results["decision_accuracy_all_pairs"]["pass"]
+    assert "does NOT predict" in headline(o)
+    cfg = config_with(cfg, {"tracking.run_root": str(tmp_path / "runs"), "train.max_steps": 8})
+    run = SimpleNamespace(run_dir=tmp_path / "runs" / "decide-x", log_artifact=lambda *a: None,
+                          log_metrics=lambda *a: None)
+    write_decision(run, o, record_to=record_path(cfg, 8))
+    rec = read_record(cfg, cfg.train.max_steps)  # what `raycpt sweep` with the same settings reads
+    assert rec is not None and rec["passed"] is False and rec["long_steps"] == 64
+    assert "does NOT predict a 64-step run (0% of 15 pairs" in horizon_line(cfg.train.max_steps, rec)
+
+
+def test_picks_and_seeds_read_at_the_picked_rate_only():
+    """The seed means come from the runs at each arm's pick (multiplier 1 here), never from the searched rates that
+    lost (0.5 nats worse): a short mean that included them would be ~0.17 higher."""
+    cfg, o = _outcome({"a": 4.0, "b": 4.2}, {"a": 3.9, "b": 4.1}, sd=0.0)
+    assert o.values[1.0]["heldout_loss"]["a"] == pytest.approx([4.0, 4.0, 4.0])
+    assert o.picks[1.0]["a"]["picked"] == 1.0 and o.picks[1.0]["a"]["tuned"]
