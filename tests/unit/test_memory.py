@@ -17,10 +17,13 @@ from raycpt.strategies import apply_plan, build_plan
 from raycpt.train.driver.memory import check_fits, estimate_memory, layer_activation_floats, model_shape
 
 
-def _saved_floats_per_token(model, tokens=48, batch=2) -> float:
-    """Floats autograd saves in decoder layer 1 per token (parameters excluded, the layer input included)."""
+def _saved_floats_per_token(model, tokens=48, batch=2, frozen=False) -> float:
+    """Floats autograd saves in decoder layer 1 per token (parameters excluded, the layer input included);
+    ``frozen``: the layer's parameters frozen, its input still needing a gradient (a frozen layer above a trained one)."""
     conf = model.config
     layer = model.model.layers[1]
+    for p in layer.parameters():
+        p.requires_grad_(not frozen)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -39,9 +42,10 @@ def _saved_floats_per_token(model, tokens=48, batch=2) -> float:
     return sum(seen.values()) / 4 / (batch * tokens)
 
 
+@pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3_text"])
 @pytest.mark.parametrize("dims", [(64, 128, 4, 2, 16), (96, 320, 6, 3, 16), (64, 192, 8, 8, 8)])
-def test_activation_model_matches_what_autograd_saves(arch, dims):
+def test_activation_model_matches_what_autograd_saves(arch, dims, frozen):
     h, i, nh, nkv, hd = dims
     extra = {"sliding_window": 4096, "layer_types": ["full_attention"] * 2} if arch == "gemma3_text" else {}
     conf = T.AutoConfig.for_model(arch, vocab_size=64, num_hidden_layers=2, hidden_size=h, intermediate_size=i,
@@ -50,8 +54,8 @@ def test_activation_model_matches_what_autograd_saves(arch, dims):
     conf._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = T.AutoModelForCausalLM.from_config(conf).train()
-    measured = _saved_floats_per_token(model)
-    assert layer_activation_floats(model_shape(model)) == pytest.approx(measured, rel=0.02)
+    measured = _saved_floats_per_token(model, frozen=frozen)
+    assert layer_activation_floats(model_shape(model), frozen=frozen) == pytest.approx(measured, rel=0.02)
 
 
 def _shape():
@@ -79,10 +83,12 @@ def test_estimate_terms_by_hand():
     full = estimate_memory(shape, _plan(model, "full"), seq_len=32, micro_batch=3)
     assert full.terms["weights"] == 4 * total and full.terms["gradients"] == 4 * total
     assert full.terms["activations"] == 4 * per_layer * tokens * 4
+    frozen_layer = 2 * 64 + 3 * 128 + 2 * 64 + 4 + 2 * 32 + 2 * 16 + 2  # no input of a frozen linear kept
     deep = estimate_memory(shape, _plan(model, "train_deep"), seq_len=32, micro_batch=3)
     shallow = estimate_memory(shape, _plan(model, "train_shallow"), seq_len=32, micro_batch=3)
     assert deep.terms["activations"] == 2 * per_layer * tokens * 4  # the frozen prefix keeps nothing
-    assert shallow.terms["activations"] == full.terms["activations"]  # autograd runs through the frozen top
+    # autograd runs through the frozen top, which keeps only what the input gradient needs
+    assert shallow.terms["activations"] == (2 * per_layer + 2 * frozen_layer) * tokens * 4
     assert deep.terms["gradients"] == shallow.terms["gradients"] == 4 * 2 * layer
     ckpt = estimate_memory(shape, _plan(model, "full"), seq_len=32, micro_batch=3, activation_checkpointing=True)
     assert ckpt.terms["activations"] == (4 * 64 + per_layer) * tokens * 4

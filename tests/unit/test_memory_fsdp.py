@@ -69,11 +69,14 @@ def test_fsdp_keeps_the_chunked_loss():
     assert loss_chunk_tokens(t, model, 8) == 512
 
 
-def _saved_bytes_per_token(model, tokens=64, batch=2) -> float:
+def _saved_bytes_per_token(model, tokens=64, batch=2, frozen=False) -> float:
     """Bytes autograd saves in decoder layer 1 under CPU bf16 autocast, per token: parameters and their bf16
-    casts, saved as they are or transposed (a per-layer cost, counted under weights) left out."""
+    casts, saved as they are or transposed (a per-layer cost, counted under weights) left out. ``frozen``: the
+    layer's parameters frozen, its input still needing a gradient."""
     conf = model.config
     layer = model.model.layers[1]
+    for p in layer.parameters():
+        p.requires_grad_(not frozen)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     shapes = {tuple(p.shape) for p in model.parameters() if p.dim() > 1}
     seen: dict[int, int] = {}
@@ -104,6 +107,8 @@ def test_bf16_activation_bytes_match_autograd_at_real_layer_sizes(arch, dims):
     model = T.AutoModelForCausalLM.from_config(conf).train()
     measured = _saved_bytes_per_token(model)
     assert layer_activation_bytes(model_shape(model), bf16=True) == pytest.approx(measured, rel=0.01)
+    frozen = _saved_bytes_per_token(model, frozen=True)
+    assert layer_activation_bytes(model_shape(model), bf16=True, frozen=True) == pytest.approx(frozen, rel=0.01)
     if dims[0] == 1024:  # the issue's number: ~81 KiB per token per trainable Qwen3-0.6B layer
         assert measured / 1024 == pytest.approx(81.2, abs=0.5)
 

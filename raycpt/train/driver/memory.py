@@ -16,7 +16,8 @@ Terms (bytes per worker; ``T`` = micro_batch x seq_len tokens, ``P`` = trainable
   step's temporaries (the foreach ``sqrt`` of ``4 P`` on a GPU; per tensor on a CPU).
 * **activations**: only for the part that needs autograd, the layers from the first trainable one
   up (a frozen prefix runs under ``no_grad`` and keeps nothing: ``FrozenPrefix`` in
-  ``train/loop.py``). Per token and layer, the tensors autograd saves, a linear form in the config's
+  ``train/worker/loop.py``); a frozen layer above a trainable one keeps only what its input gradient needs
+  (:data:`FROZEN_ACTIVATION_COEFFS`: a frozen linear saves no input). Per token and layer, the tensors autograd saves, a linear form in the config's
   hidden ``H``, intermediate ``I``, query width ``nh*hd``, key/value width ``nkv*hd``, head counts
   (:data:`ACTIVATION_COEFFS`; counted with ``torch.autograd.graph.saved_tensors_hooks`` on one layer
   of each family with SDPA attention, so no ``T x T`` matrix). Under bf16 autocast most are bf16 and some
@@ -69,6 +70,17 @@ ACTIVATION_COEFFS: dict[str, tuple[float, ...]] = {
 BF16_FP32_COEFFS: dict[str, tuple[float, ...]] = {
     "llama": (7, 0, 0, 1, 0, 0, 2, 2),
     "qwen3": (7, 0, 1, 2, 1, 1, 2, 2),
+}
+# a FROZEN layer that autograd runs through (a frozen top above trainable layers, train_shallow's deep half): only what
+# its input gradient needs - a frozen linear keeps no input (its weight gradient is not taken); counted the same way
+FROZEN_ACTIVATION_COEFFS: dict[str, tuple[float, ...]] = {
+    "llama": (2, 3, 2, 1, 2, 0, 2, 2),
+    "qwen3": (2, 3, 3, 2, 3, 1, 2, 2),
+    "gemma3": (4, 3, 3, 2, 3, 1, 2, 4),
+}
+BF16_FP32_FROZEN_COEFFS: dict[str, tuple[float, ...]] = {
+    "llama": (2, 0, 0, 1, 0, 0, 2, 2),
+    "qwen3": (2, 0, 1, 2, 1, 1, 2, 2),
 }
 BF16_BYTES_PER_FLOAT = 2.4  # families without BF16_FP32_COEFFS (fitted on small shapes only)
 FAMILY = {name: a.memory for a in TABLE.values() if a.memory for name in (a.name, *a.aliases)}
@@ -132,12 +144,11 @@ def model_shape(model) -> ModelShape:
                       adapter_params=adapters if any(adapters) else ())
 
 
-def layer_activation_floats(shape: ModelShape) -> float:
-    """Floats autograd keeps per token for one decoder layer (its input included)."""
-    c = ACTIVATION_COEFFS[shape.family]
-    x = (shape.hidden, shape.intermediate, shape.heads * shape.head_dim, shape.heads,
-         shape.kv_heads * shape.head_dim, shape.kv_heads, shape.head_dim, 1)
-    return float(sum(a * b for a, b in zip(c, x)))
+def layer_activation_floats(shape: ModelShape, frozen: bool = False) -> float:
+    """Floats autograd keeps per token for one decoder layer (its input included); ``frozen``: a layer without
+    trainable parameters that autograd runs through (:data:`FROZEN_ACTIVATION_COEFFS`)."""
+    c = (FROZEN_ACTIVATION_COEFFS if frozen else ACTIVATION_COEFFS)[shape.family]
+    return float(sum(a * b for a, b in zip(c, _dims(shape))))
 
 
 def _dims(shape: ModelShape) -> tuple[int, ...]:
@@ -145,13 +156,14 @@ def _dims(shape: ModelShape) -> tuple[int, ...]:
             shape.kv_heads * shape.head_dim, shape.kv_heads, shape.head_dim, 1)
 
 
-def layer_activation_bytes(shape: ModelShape, bf16: bool) -> float:
+def layer_activation_bytes(shape: ModelShape, bf16: bool, frozen: bool = False) -> float:
     """Bytes autograd keeps per token for one decoder layer: 4 per float in float32; under bf16 autocast 2
-    per float plus 2 more for each float kept in float32 (:data:`BF16_FP32_COEFFS`)."""
-    floats = layer_activation_floats(shape)
+    per float plus 2 more for each float kept in float32 (:data:`BF16_FP32_COEFFS`; a frozen layer's:
+    :data:`BF16_FP32_FROZEN_COEFFS`)."""
+    floats = layer_activation_floats(shape, frozen)
     if not bf16:
         return 4.0 * floats
-    extra = BF16_FP32_COEFFS.get(shape.family)
+    extra = (BF16_FP32_FROZEN_COEFFS if frozen else BF16_FP32_COEFFS).get(shape.family)
     if extra is None:
         return BF16_BYTES_PER_FLOAT * floats
     return 2.0 * floats + 2.0 * sum(a * b for a, b in zip(extra, _dims(shape)))
@@ -231,8 +243,10 @@ def estimate_memory(shape: ModelShape, plan: LayerPlan, *, seq_len: int, micro_b
     per_layer = layer_activation_bytes(shape, bf16) * tokens
     if activation_checkpointing and autograd_layers:
         acts = len(autograd_layers) * shape.hidden * tokens * bpe + per_layer
-    else:
-        acts = len(autograd_layers) * per_layer
+    else:  # a layer with something to train keeps its inputs (LoRA's adapted layers, LISA's candidates, Spectrum's)
+        trains = set(plan.trainable_layers)
+        frozen = sum(1 for i in autograd_layers if i not in trains)
+        acts = (len(autograd_layers) - frozen) * per_layer + frozen * layer_activation_bytes(shape, bf16, True) * tokens
     head_trains = plan.train_head or (shape.tied and plan.train_embeddings)
     logits = _logit_bytes(shape, tokens, chunk_tokens, head_trains, bpe) if first is not None else 0.0
     overhead = SLACK * (acts + logits) + (GPU_CONTEXT_GB * GB if gpu else 0.0)
