@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable, Iterable, Optional
 
+from typer.core import TyperCommand
+
 from raycpt.errors import RaycptError, user_path
 from raycpt.splits import parse_ratio
 
@@ -107,6 +109,27 @@ def usage_line(exc: BaseException) -> str:
                               "MissingParameter"):
         return f"error: {msg} (see {path} --help)"
     return f"error: {msg}"
+
+
+# ------------------------------------------------------------------------------------ help
+HELP = {"help_option_names": ["-h", "--help"]}
+"""The context settings of the top-level command: ``-h`` is ``--help`` there and, inherited through click's context,
+on every group and command below it."""
+WORDS = "[CONFIG.yaml] [KEY=VALUE]..."
+WORDS_HELP = "CONFIG.yaml (optional; default = built-in embedded default) then dotted overrides key=value"
+"""The words every table command takes after its own: an optional config file, then dotted overrides."""
+
+
+class NamedWords(TyperCommand):
+    """A command whose usage line shows each positional argument's metavar as written (``RUN_DIR [CONFIG.yaml]
+    [KEY=VALUE]...``), where typer would show ``[args]...``: typer wraps a metavar in brackets and adds ``...``."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        out = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            named = param.param_type_name == "argument" and param.metavar
+            out.extend([param.metavar] if named else param.get_usage_pieces(ctx))
+        return out
 
 
 # ------------------------------------------------------------------------------------ --version
@@ -233,6 +256,20 @@ class Row:
     rest_help: str = ""
     check: bool = True  # check the tracking store before the job (not for config show / validate, models pull)
     rest_paths: tuple = ()
+    rest_optional: bool = False  # the rest words may be left out (models pull: REF defaults to model.ref)
+
+    @property
+    def metavar(self) -> str:
+        """The positional words as the help names them: ``RUN_DIR [CONFIG.yaml] [KEY=VALUE]...``."""
+        words = self.rest_help.split(" (")[0] if self.rest else ""
+        if words and self.rest_optional:
+            words = " ".join(f"[{w}]" for w in words.split())
+        return f"{words} {WORDS}".strip()
+
+    @property
+    def words_help(self) -> str:
+        """The help of the positional words: the row's own (``rest_help``), then CONFIG.yaml and the overrides."""
+        return f"{self.rest_help}, with an optional CONFIG.yaml and key=value overrides" if self.rest else WORDS_HELP
 
     def sorted_words(self, words: list[str], options: dict) -> tuple[Optional[str], list[str], list[str]]:
         """The command line's positional words sorted (:func:`sort_words`: CONFIG, overrides, the rest words), every
