@@ -16,6 +16,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from raycpt.cli_help import HELP, NamedWords
 from raycpt.cluster import cluster_check_lines
 from raycpt.config import load_config
 from raycpt.evaluate.registry import benchmark_choices
@@ -23,8 +24,7 @@ from raycpt.jobs.job import Options, run_job
 from raycpt.registry import PLANS, SELECTORS
 from raycpt.runs.store import check_store
 from raycpt.report import render as R
-from raycpt.usage import (DAMAGE, HELP, NamedWords, Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words,
-                          top_k, version_line)
+from raycpt.usage import DAMAGE, Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, context_settings=HELP,
                   help="Which layers to train and which to freeze in continued pre-training, on Ray.")

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable, Iterable, Optional
 
-from typer.core import TyperCommand
-
 from raycpt.errors import RaycptError, user_path
 from raycpt.splits import parse_ratio
 
@@ -111,25 +109,10 @@ def usage_line(exc: BaseException) -> str:
     return f"error: {msg}"
 
 
-# ------------------------------------------------------------------------------------ help
-HELP = {"help_option_names": ["-h", "--help"]}
-"""The context settings of the top-level command: ``-h`` is ``--help`` there and, inherited through click's context,
-on every group and command below it."""
+# ------------------------------------------------------------------------------------ help (raycpt.cli_help)
 WORDS = "[CONFIG.yaml] [KEY=VALUE]..."
-WORDS_HELP = "CONFIG.yaml (optional; default = built-in embedded default) then dotted overrides key=value"
 """The words every table command takes after its own: an optional config file, then dotted overrides."""
-
-
-class NamedWords(TyperCommand):
-    """A command whose usage line shows each positional argument's metavar as written (``RUN_DIR [CONFIG.yaml]
-    [KEY=VALUE]...``), where typer would show ``[args]...``: typer wraps a metavar in brackets and adds ``...``."""
-
-    def collect_usage_pieces(self, ctx) -> list[str]:
-        out = [self.options_metavar] if self.options_metavar else []
-        for param in self.get_params(ctx):
-            named = param.param_type_name == "argument" and param.metavar
-            out.extend([param.metavar] if named else param.get_usage_pieces(ctx))
-        return out
+WORDS_HELP = "CONFIG.yaml (optional; default = built-in embedded default) then dotted overrides key=value"
 
 
 # ------------------------------------------------------------------------------------ --version
