@@ -218,8 +218,8 @@ for _name, _row in COMMANDS.items():
 @groups["cluster"].command("check", cls=NamedWords)
 def _cluster_check(files: List[str] = typer.Argument(..., help="cluster-launcher YAML or Kubernetes manifest(s)",
                                                      metavar="FILE...")):
-    """Refuse a launcher YAML or manifest that still holds an example AMI, fs-EXAMPLE, an example registry or a
-    region other than provider.region: one line each, exit 2 (a file, not a config: no CONFIG.yaml here)."""
+    """Refuse a launcher YAML or manifest that holds an example AMI, fs-EXAMPLE, an example registry, a region other
+    than provider.region or (with AWS credentials) an IAM instance profile that does not exist: one line each, exit 2."""
     code, ok, problems = cluster_check_lines(files)
     for out, lines in ((console, ok), (Console(stderr=True), problems)):
         for line in lines:
