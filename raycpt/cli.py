@@ -145,9 +145,9 @@ COMMANDS: dict[str, Row] = {
                                                           "run's own tracking.uri)"), DAMAGE),
                      rest=1, rest_help="RUN_DIR (a raycpt train, sweep, contribution or hybrid run folder)",
                      check=False, rest_paths=("folder",)),
-    "runs show": Row(lazy("raycpt.jobs.show", "RUNS_SHOW"), R.render_runs_show, "Print a finished sweep's full "
-                     "summary from its folder: every per-category table, the S(b) gains, domain versus general, gain "
-                     "and forgetting against base, the whole verdict and its legend, the runs.", (DAMAGE,), rest=1,
+    "runs show": Row(lazy("raycpt.jobs.show", "RUNS_SHOW"), R.render_runs_show, "Print a finished sweep's summary "
+                     "from its folder: an overview naming its sections (default), one section, or all of them.", (
+                         Opt("section", S, R.SECTION_HELP), DAMAGE), rest=1,
                      rest_help="RUN_DIR (a raycpt sweep run folder)", check=False, rest_paths=("folder",)),
     "data info": Row(lazy("raycpt.jobs.data", "DATA_INFO"), R.render_stores, "List the packed stores under the "
                      "config's store folder (data.store_dir or <run_root>/packed)."),

@@ -343,12 +343,11 @@ LAZY_RAYCPT: dict[str, str] = {
         "model in hand (the one place the plans meet the model modules)",
     "raycpt/strategies/apply.py:raycpt.models.adapters":
         "models.adapters imports torch (see above): adapter_ids() runs with a model in hand",
-    "raycpt/report/render.py:raycpt.report.sweep.views.format":
+    "raycpt/report/render.py:raycpt.report.sweep.views.runs_show":
         "render.py prints every command's result, light ones too (models list, config show): the sweep's tables "
-        "import raycpt.stats, which imports numpy",
-    "raycpt/report/render.py:raycpt.report.sweep.views.rich": "as raycpt.report.sweep.views.format (numpy, for the sweep only)",
+        "import raycpt.stats, which imports numpy (runs show's sections only; their names: views.sections, light)",
     "raycpt/report/render.py:raycpt.report.sweep.views.terminal":
-        "as raycpt.report.sweep.views.format (numpy, for the sweep's compact verdict and table only)",
+        "as raycpt.report.sweep.views.runs_show (numpy, for the sweep's compact verdict and table only)",
     "raycpt/report/render.py:raycpt.report.trace":
         "report.trace imports diagnostics.scores, which imports torch: only for the trace's table",
     "raycpt/report/render.py:raycpt.data.store":
