@@ -113,3 +113,23 @@ def test_the_help_names_every_section(capsys):
     assert "--section" in text
     for name in ["overview"] + SECTIONS + ["all"]:
         assert name in text, name
+
+
+def test_a_sweep_of_many_rows_keeps_the_overview_short(tmp_path, capsys):
+    """Shallow and deep at nine splits (20 rows): the overview's table stops at 16 rows and says how many more
+    there are and where they are; --section runs has every one."""
+    rng = np.random.default_rng(5)
+    splits = [round(0.1 * k, 1) for k in range(1, 10)]
+    trials = [t for t in _trials() if t["strategy"] in ("base", "full")]
+    for strategy in ("train_shallow", "train_deep"):
+        for r in splits:
+            trials.append(_run(f"{strategy}-r{r}", strategy, r, 0, {"wn": {"logit": (rng.random(80) < 0.4).astype(int)}},
+                               3.5 + 0.05 * rng.standard_normal(48)))
+    write_summary(tmp_path, trials, None, 30, domain=["wn"], general=[])
+    capsys.readouterr()
+    code, out, _ = show(capsys, str(tmp_path))
+    assert code == 0 and len(out.splitlines()) <= 45, out
+    shown = [t["name"] for t in trials if any(line.split()[:1] == [t["name"]] for line in out.splitlines())]
+    assert len(shown) == 16 and f"... {len(trials) - 16} more rows: --section base" in out
+    code, runs, _ = show(capsys, str(tmp_path), "--section", "runs")
+    assert all(any(line.split()[:1] == [t["name"]] for line in runs.splitlines()) for t in trials)
