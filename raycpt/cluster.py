@@ -11,9 +11,8 @@ on every node, and the tags that say which image / versions / node produced a ru
   warning (once) when several concurrent trials on several nodes would share one SQLite file.
 * :func:`version_tags` / :func:`node_tags` - MLflow tags for a parent run / a trial's run.
 * :func:`check_cluster_file` - ``raycpt cluster check``: placeholders and region mismatches in the parsed YAML of
-  a launcher file or manifest, read through the config reader.
-
-This module imports only :mod:`raycpt.config` and :mod:`raycpt.errors` (tracking.py builds on it).
+  a launcher file or manifest, read through the config reader; :func:`cluster_check_lines` also looks the IAM
+  instance profiles it names up in AWS when credentials are at hand (:mod:`raycpt.iam`).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import yaml
 
 from raycpt.config import read_yaml_documents
 from raycpt.errors import RaycptError
+from raycpt.iam import ProfileLookup, aws_profile_lookup, named_profiles, profile_lines
 from raycpt.runs.store import check_run_root, uri_scheme
 
 TOKEN_PREFIX = ".raycpt-storage-check-"
@@ -266,9 +266,10 @@ def _provider_region(docs: list) -> Optional[str]:
     return str(region) if region else None
 
 
-def scan_cluster_file(path) -> tuple[list[str], Optional[str]]:
-    """(problems, provider.region) of one launcher YAML or manifest, read through the config reader
-    (:func:`raycpt.config.read_yaml_documents`: a regular file of at most 1 MiB of UTF-8, aliases bounded)."""
+def scan_cluster_file(path) -> tuple[list[str], Optional[str], list[tuple[int, str]]]:
+    """(problems, provider.region, (line, name) of each IAM instance profile named) of one launcher YAML or manifest,
+    read through the config reader (:func:`raycpt.config.read_yaml_documents`: a regular file of at most 1 MiB of
+    UTF-8, aliases bounded)."""
     text, docs = read_yaml_documents(path, "cluster file", hint="a cluster file is")
     if not any(isinstance(data, dict) for _, data in docs):
         raise RaycptError(f"cluster file {path}: no YAML mapping in it; give a cluster-launcher YAML or a Kubernetes "
@@ -286,7 +287,12 @@ def scan_cluster_file(path) -> tuple[list[str], Optional[str]]:
             first = next((n for n, code, _ in lines if node.value.strip()[:20] in code), lines[0][0])
             for what in _value_problems(key, node.value, region):
                 found.setdefault((first, what))
-    return [f"{path}:{n}: {what}" for n, what in sorted(found, key=lambda k: k[0])], region
+    profiles: dict[str, int] = {}
+    for root, _ in docs:
+        for line, name in named_profiles(root):
+            profiles.setdefault(name, line)
+    return ([f"{path}:{n}: {what}" for n, what in sorted(found, key=lambda k: k[0])], region,
+            sorted((line, name) for name, line in profiles.items()))
 
 
 def check_cluster_file(path) -> list[str]:
@@ -300,14 +306,23 @@ def check_cluster_file(path) -> list[str]:
     return scan_cluster_file(path)[0]
 
 
-def cluster_check_lines(paths: list[str]) -> tuple[int, list[str], list[str]]:
+def cluster_check_lines(paths: list[str], lookup: Callable[[], ProfileLookup] = aws_profile_lookup
+                        ) -> tuple[int, list[str], list[str]]:
     """``raycpt cluster check FILE...``: (exit code, lines for stdout, lines for stderr). Exit 2 with one line per
-    problem; exit 0 with one line per clean file."""
+    problem; exit 0 with one line per clean file. The IAM instance profiles each file names are looked up through
+    ``lookup()`` (made once, only when a file names one; :func:`raycpt.iam.aws_profile_lookup`): one line per
+    profile that does not exist (a problem), else one line that they exist or were not checked, and why."""
     problems, ok = [], []
+    made: list[ProfileLookup] = []
     for p in paths:
-        found, region = scan_cluster_file(p)
+        found, region, profiles = scan_cluster_file(p)
         problems += found
         if not found:
             where = f"every region is provider.region {region}" if region else "no provider.region (a manifest)"
             ok.append(f"{p}: no placeholder left; {where}")
+        if profiles and not made:
+            made.append(lookup())
+        said, missing = profile_lines(p, profiles, made[0]) if profiles else ([], [])
+        ok += said
+        problems += missing
     return (2 if problems else 0), ok, problems

@@ -109,6 +109,12 @@ def usage_line(exc: BaseException) -> str:
     return f"error: {msg}"
 
 
+# ------------------------------------------------------------------------------------ help (raycpt.cli_help)
+WORDS = "[CONFIG.yaml] [KEY=VALUE]..."
+"""The words every table command takes after its own: an optional config file, then dotted overrides."""
+WORDS_HELP = "CONFIG.yaml (optional; default = built-in embedded default) then dotted overrides key=value"
+
+
 # ------------------------------------------------------------------------------------ --version
 
 VERSION_PACKAGES = ("raycpt", "ray", "torch", "transformers", "lm-eval", "mlflow")
@@ -233,6 +239,20 @@ class Row:
     rest_help: str = ""
     check: bool = True  # check the tracking store before the job (not for config show / validate, models pull)
     rest_paths: tuple = ()
+    rest_optional: bool = False  # the rest words may be left out (models pull: REF defaults to model.ref)
+
+    @property
+    def metavar(self) -> str:
+        """The positional words as the help names them: ``RUN_DIR [CONFIG.yaml] [KEY=VALUE]...``."""
+        words = self.rest_help.split(" (")[0] if self.rest else ""
+        if words and self.rest_optional:
+            words = " ".join(f"[{w}]" for w in words.split())
+        return f"{words} {WORDS}".strip()
+
+    @property
+    def words_help(self) -> str:
+        """The help of the positional words: the row's own (``rest_help``), then CONFIG.yaml and the overrides."""
+        return f"{self.rest_help}, with an optional CONFIG.yaml and key=value overrides" if self.rest else WORDS_HELP
 
     def sorted_words(self, words: list[str], options: dict) -> tuple[Optional[str], list[str], list[str]]:
         """The command line's positional words sorted (:func:`sort_words`: CONFIG, overrides, the rest words), every

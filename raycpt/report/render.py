@@ -10,20 +10,21 @@ import sys
 
 from raycpt.report.eval import render_table
 from raycpt.report.hybrid import counts_line, segment_table
+from raycpt.report.sweep.views.sections import SECTION_HELP  # noqa: F401 - the CLI's runs show --section help
 
 PLAIN = dict(markup=False, highlight=False, soft_wrap=True)
 
 
 def render_sweep(res, console) -> None:
     """The verdict in a few lines and one table (Δ against full, gain and forgetting against base), then where the
-    rest is: every per-category table is in ``summary/summary.md`` and ``raycpt runs show RUN_DIR``."""
+    rest is: every per-category table is in ``summary/summary.md`` and ``raycpt runs show RUN_DIR --section all``."""
     from raycpt.report.sweep.views.terminal import compact_table, compact_verdict
 
     for line in compact_verdict(res.summary):
         console.print(line, markup=False, highlight=False)
     console.print(compact_table(res.summary))
-    console.print(f"Per-category tables, legend, runs (also summary/summary.md): raycpt runs show {res.run_dir}",
-                  markup=False, highlight=False)
+    console.print(f"Per-category tables, legend, runs (also summary/summary.md): raycpt runs show {res.run_dir} "
+                  "--section all", markup=False, highlight=False)
     console.print(f"sweep finished in {res.wall_s:.0f}s; MLflow parent run {res.parent_run_id} (raycpt ui to browse)",
                   markup=False, highlight=False)
 
@@ -36,28 +37,15 @@ def render_decide(res, console) -> None:
 
 
 def render_runs_show(shown, console) -> None:
-    """``raycpt runs show``: per task the Table-1 layout per mode (accuracies, then continuous scores) and the split
-    gains, domain versus general, gain and forgetting against base, the whole verdict, the runs, the files."""
-    from raycpt.report.sweep.views.format import table_modes
-    from raycpt.report.sweep.views.rich import (rich_base_table, rich_domain_general, rich_gains_table, rich_table,
-                                          rich_trials_table, rich_verdict)
+    """``raycpt runs show``: the overview, one section or all of them
+    (:func:`raycpt.report.sweep.views.runs_show.show_items`); lines as written (no markup), a path's line unwrapped."""
+    from raycpt.report.sweep.views.runs_show import PathLine, show_items
 
-    summary = shown.summary
-    for task, rows in summary["tables"].items():
-        for mode in table_modes(rows):
-            console.print(rich_table(task, rows, mode))
-        if summary.get("split_gains", {}).get(task):
-            console.print(rich_gains_table(task, summary["split_gains"][task]))
-    for item in rich_domain_general(summary.get("domain_general") or []) + rich_base_table(summary) + \
-            rich_verdict(summary):
-        console.print(item)
-    if shown.trials:
-        console.print(rich_trials_table(shown.trials))
-    if summary.get("recommended_split") is not None:
-        console.print(f"trace: recommended split r = {summary['recommended_split']}")
-    folder = shown.run_dir / "summary"
-    files = sorted(f.name for f in folder.iterdir() if f.suffix in (".md", ".csv", ".png"))
-    console.print(f"summary: {folder} ({', '.join(files)})", **PLAIN)
+    for item in show_items(shown.section, shown.summary, shown.trials, shown.run_dir):
+        if isinstance(item, str):
+            console.print(item, markup=False, highlight=False, soft_wrap=isinstance(item, PathLine))
+        else:
+            console.print(item)
 
 
 def render_compare(res, console) -> None:

@@ -5,6 +5,7 @@ reservations, volume ownership, a head readiness that does not wait on the MLflo
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -37,9 +38,35 @@ def _placeholder_lines(path: Path) -> dict[int, str]:
     return out
 
 
+NO_FILE = "/nonexistent/raycpt-test-no-aws-file"
+
+
+def no_aws_environment() -> dict:
+    """This environment without AWS credentials (no AWS_* variable, credentials and config files that do not exist,
+    no instance metadata): the instance profile lookup is skipped, whatever machine runs the test, and nothing
+    reaches the network."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**env, "AWS_SHARED_CREDENTIALS_FILE": NO_FILE, "AWS_CONFIG_FILE": NO_FILE, "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@pytest.fixture(autouse=True)
+def no_aws(monkeypatch):
+    """In-process checks see no AWS credentials either."""
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    for k in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_EC2_METADATA_DISABLED"):
+        monkeypatch.setenv(k, no_aws_environment()[k])
+
+
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "raycpt", "cluster", "check", *args], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+                          text=True, timeout=120, cwd=ROOT, env=no_aws_environment())
+
+
+def _not_checked(stdout: str, path: str) -> None:
+    """stdout is the one line saying the launcher's two instance profiles were not checked (no credentials)."""
+    (line,) = [ln for ln in stdout.splitlines() if "IAM" in ln]
+    assert line.startswith(f"{path}: IAM instance profiles raycpt-head, raycpt-worker not checked: "), line
 
 
 def test_the_shipped_launcher_yaml_is_refused_one_line_per_placeholder():
@@ -47,7 +74,8 @@ def test_the_shipped_launcher_yaml_is_refused_one_line_per_placeholder():
     expected = _placeholder_lines(path)
     assert set(expected.values()) == {"ami-09ee1a996ac214ce7", "fs-EXAMPLE", "registry.example.com"}
     p = _run_cli("cluster/ray-cluster-h200.yaml")
-    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stdout == ""
+    assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stdout.splitlines()) == 1
+    _not_checked(p.stdout, "cluster/ray-cluster-h200.yaml")
     lines = p.stderr.splitlines()
     got = {int(m.group(1)): ln for ln in lines for m in [re.match(r"cluster/ray-cluster-h200\.yaml:(\d+): ", ln)]
            if m}
@@ -71,7 +99,8 @@ def test_an_edited_copy_passes_and_the_same_command_exits_0(tmp_path):
         assert check_cluster_file(folder / name) == []
     p = _run_cli(str(folder / "ray-cluster-h200.yaml"), str(folder / "rayjob.yaml"))
     assert p.returncode == 0, p.stderr
-    assert p.stderr == "" and len(p.stdout.splitlines()) == 2 and "us-east-1" in p.stdout
+    assert p.stderr == "" and len(p.stdout.splitlines()) == 3 and "us-east-1" in p.stdout
+    _not_checked(p.stdout, str(folder / "ray-cluster-h200.yaml"))  # rayjob.yaml names no instance profile
 
 
 def test_a_region_other_than_provider_region_is_refused(tmp_path, capsys):

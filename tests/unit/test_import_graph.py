@@ -36,7 +36,7 @@ the code needs:
 9. ``raycpt.models`` - model references -> folders, ``LayerStack``, hybrid assembly. Inside it, the
    hybrid config never imports the hybrid model: the package wires the model's lazy registration.
 10. ``raycpt.runs`` (the run, its folder, records, store and lost server), ``raycpt.runtime`` (and ``raycpt.worker_setup``, ``raycpt.cluster``,
-    ``raycpt.ui``) - THE
+    ``raycpt.iam``, ``raycpt.ui``) - THE
     command lifecycle (``runs.command_run``) and run folders, MLflow (and its UI server), Ray bootstrap
     (``runs`` builds on ``tracking``, never the reverse).
 11. ``raycpt.config``, ``raycpt.tasks`` (benchmark names and category tables) - the typed config tree.
@@ -77,7 +77,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raycpt.strategies",),
     ("raycpt.data",),
     ("raycpt.models",),
-    ("raycpt.runs", "raycpt.runtime", "raycpt.worker_setup", "raycpt.cluster", "raycpt.ui"),
+    ("raycpt.runs", "raycpt.runtime", "raycpt.worker_setup", "raycpt.cluster", "raycpt.iam", "raycpt.ui"),
     ("raycpt.config", "raycpt.tasks"),
     ("raycpt.io", "raycpt.errors", "raycpt.splits", "raycpt.usage", "raycpt.stats", "raycpt.progress",
      "raycpt.registry",  # the leaf registry (issue 46 item 5): every layer above may register into it or read it
@@ -320,6 +320,9 @@ LAZY_THIRD_PARTY: dict[str, str] = {
     "click": "typer's click (older typer): read only to word a usage error, like typer",
     "tokenizers": "the fast tokenizer backend: only in a corpus pack task",
     "sqlalchemy": "MLflow's SQL store: only when the SQLite store template is made",
+    "boto3": "optional (not a dependency): `raycpt cluster check` looks IAM instance profiles up with it when it "
+             "is installed (raycpt/iam.py)",
+    "botocore": "boto3's: imported with it",
 }
 
 #: stdlib modules that may stay inside a function (any other goes to the top): module -> why
@@ -340,12 +343,11 @@ LAZY_RAYCPT: dict[str, str] = {
         "model in hand (the one place the plans meet the model modules)",
     "raycpt/strategies/apply.py:raycpt.models.adapters":
         "models.adapters imports torch (see above): adapter_ids() runs with a model in hand",
-    "raycpt/report/render.py:raycpt.report.sweep.views.format":
+    "raycpt/report/render.py:raycpt.report.sweep.views.runs_show":
         "render.py prints every command's result, light ones too (models list, config show): the sweep's tables "
-        "import raycpt.stats, which imports numpy",
-    "raycpt/report/render.py:raycpt.report.sweep.views.rich": "as raycpt.report.sweep.views.format (numpy, for the sweep only)",
+        "import raycpt.stats, which imports numpy (runs show's sections only; their names: views.sections, light)",
     "raycpt/report/render.py:raycpt.report.sweep.views.terminal":
-        "as raycpt.report.sweep.views.format (numpy, for the sweep's compact verdict and table only)",
+        "as raycpt.report.sweep.views.runs_show (numpy, for the sweep's compact verdict and table only)",
     "raycpt/report/render.py:raycpt.report.trace":
         "report.trace imports diagnostics.scores, which imports torch: only for the trace's table",
     "raycpt/report/render.py:raycpt.data.store":

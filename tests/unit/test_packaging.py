@@ -43,3 +43,12 @@ def test_every_direct_dependency_has_a_tested_pin_inside_its_range():
         name = canonicalize_name(r.name)
         assert name in pins, f"{r.name}: no tested pin in constraints.txt"
         assert r.specifier.contains(Version(pins[name]), prereleases=True), (str(r), pins[name])
+
+
+def test_torch_floor_is_the_first_release_with_fsdp2_public_api():
+    """raycpt imports ``fully_shard`` and ``MixedPrecisionPolicy`` from ``torch.distributed.fsdp``
+    (raycpt/train/worker/parallel.py), public from torch 2.6 on (2.4 and 2.5: ``torch.distributed._composable``)."""
+    (torch,) = [r for r in _requirements() if canonicalize_name(r.name) == "torch"]
+    assert torch.specifier.contains(Version("2.6.0")) and not torch.specifier.contains(Version("2.5.1")), str(torch)
+    source = (REPO / "raycpt" / "train" / "worker" / "parallel.py").read_text()
+    assert "from torch.distributed.fsdp import fully_shard" in source  # the import the floor is for

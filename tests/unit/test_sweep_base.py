@@ -245,7 +245,7 @@ def test_write_summary_draws_the_tradeoff_and_runs_show_prints_the_per_category_
     png = (tmp_path / "summary" / "tradeoff.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     console = Console(width=120, record=True)
-    render_runs_show(show_run((str(tmp_path),)), console)
+    render_runs_show(show_run((str(tmp_path),), section="all"), console)  # every section (the default: an overview)
     text = console.export_text()
     for needle in ("wn, cloze mode: accuracy", "wn, cloze.prob score", "STEM", "gain / forgetting vs base",
                    "Verdict", "tradeoff.png"):
