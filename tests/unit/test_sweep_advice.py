@@ -295,3 +295,16 @@ def test_parent_run_carries_its_inputs_and_the_leaders_model_and_a_sync_replays_
         (m.name, again.info.run_id, m.tags["raycpt.model.location"], m.params)
     assert other.get_experiment(again.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     assert ": 0 item(s) added" in sync_run(None, [str(tmp_path / "run")], other_uri)
+
+
+def test_a_models_layers_and_name_by_hand_and_an_empty_slice_is_no_input(tmp_path):
+    from raycpt.jobs.run_inputs import model_name, slice_datasets, trained_layers
+
+    assert trained_layers("train_deep", 0.66, 30) == "20-29"  # b = floor(19.8 + 1/2) = 20
+    assert trained_layers("train_shallow", 0.04, 30) == "0-0" and trained_layers("full", None, 28) == "0-27"
+    assert trained_layers("lisa", None, 30) is None
+    assert model_name("train_shallow-r0.33 (untuned)") == "train_shallow-r0_33_untuned"  # MLflow refuses . / : in it
+    (tmp_path / "h.json").write_text("null")  # raycpt decide writes its slices whether or not it has them
+    (tmp_path / "v.json").write_text("[]")
+    assert slice_datasets({"heldout_path": str(tmp_path / "h.json"), "validation_path": str(tmp_path / "v.json"),
+                           "general_path": None}) == []
