@@ -27,6 +27,7 @@ from raycpt.jobs.base_row import general_probe, probe_files
 from raycpt.jobs.grid import (SHARDS_CHECKED, Grid, ahead_of_trials, grid_params, heldout_blocks, model_layers,
                               no_shards, run_grid, warm_imports)
 from raycpt.jobs.job import Options, RunSpec, Steps
+from raycpt.jobs.run_inputs import run_datasets
 from raycpt.jobs.sweep import BUDGET_SELECTORS, TrialSpec, budget_numbers, budget_rows, check_memory, trial_config
 from raycpt.report.decide import DecideOutcome, decision_outcome, write_decision
 from raycpt.runtime import ray_session, stop_ray_soon
@@ -163,6 +164,7 @@ def execute(plan: DecidePlan, run, options: Options) -> DecideOutcome:
     shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", plan.heldout)),
               "validation_path": str(atomic_write_json(run_dir / "validation_blocks.json", plan.validation)),
               **probe_files(run_dir, plan.general), "model_path": plan.model_path}
+    run.log_inputs(run_datasets(cfg, plan.model_path, shared, []))  # the benchmarks once the trials evaluated them
     search, rest = list(d.seeds[:d.search_seeds]), list(d.seeds[d.search_seeds:])
     results: dict[str, dict] = {}
     rows: dict[float, list[RateRow]] = {}
@@ -200,6 +202,7 @@ def execute(plan: DecidePlan, run, options: Options) -> DecideOutcome:
             grid(f"tune-h{h:g}-seeds", [trial_spec(a, h, steps, picks[f"{a.name}-h{h:g}"], sd) for sd in rest
                                         for a in plan.arms])
         stop_ray_soon()
+    run.log_inputs(run_datasets(cfg, plan.model_path, shared, list(results.values())))
     outcome = decision_outcome(results, rows, plan.arms and [a.name for a in plan.arms], plan.steps, cfg)
     short_steps = plan.steps[min(plan.steps)]
     write_decision(run, outcome, console, record_to=record_path(config_with(cfg, {"train.max_steps": short_steps}),

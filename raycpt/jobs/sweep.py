@@ -40,7 +40,8 @@ from raycpt.models.adapters import lora_targets, lora_trainable_params
 from raycpt.models.sources import load_model
 from raycpt.models.stack import LayerStack
 from raycpt.report.sweep.summary import report_options, write_summary
-from raycpt.report.sweep.views.advice import NOTE, run_description, trial_description
+from raycpt.jobs.run_inputs import row_model, run_datasets
+from raycpt.report.sweep.views.advice import NOTE, recommendation, run_description, trial_description
 from raycpt.report.sweep.views.terminal import compact_verdict
 from raycpt.report.sweep.outcomes import HELDOUT_DOCS_FILE
 from raycpt.report.tuning import pick_by_validation, tuning_lines, tuning_markdown
@@ -394,6 +395,7 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
     if plan.validation:
         shared["validation_path"] = str(atomic_write_json(run_dir / "validation_blocks.json", plan.validation))
     shared.update(probe_files(run_dir, plan.general), model_path=plan.model_path, num_layers=plan.num_layers)
+    run.log_inputs(run_datasets(cfg, plan.model_path, shared, []))  # the benchmarks and the model at the end
     with ray_session(cfg.ray, meanwhile=warm_imports):
         trace = None
         if s.trace_first:
@@ -414,9 +416,20 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
         if tuning:
             summary["tuning"] = record_tuning(run, run_dir, tuning, plan, console)
         log_summary(run, summary["files"], trace, summary)
+        run.log_inputs(sweep_inputs(plan, shared, trials, summary))
         run.state(done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace,
                        wall_s=time.time() - plan.t0)
+
+
+def sweep_inputs(plan: SweepPlan, shared: dict, trials: list[dict], summary: dict) -> list[dict]:
+    """The sweep run's dataset inputs and the recommended (or leading) row's model, linked to its folder (issue 48:
+    :mod:`raycpt.jobs.run_inputs`); a trial without a recorded lr is read at its spec's."""
+    specs = {s.name: s for s in plan.specs}
+    datasets = run_datasets(plan.cfg, plan.model_path, shared, trials)
+    model = row_model(recommendation(summary), trials, plan.num_layers, lambda t: trial_config(
+        plan.cfg, specs[t["name"]]).train.lr if t.get("name") in specs else plan.cfg.train.lr, datasets)
+    return datasets + ([model] if model else [])
 
 
 def extend_lr_grid(run, grid: Grid, trials: list[dict], cfg: ExperimentConfig, resume: bool = False,

@@ -1,6 +1,6 @@
 """A run's records: one JSON line each in its folder's ``records.jsonl`` (params, metrics, points, tags,
-artifacts, tables, texts, children), and their ONE projection into MLflow by run id (:func:`project`), live
-and for ``raycpt runs sync``."""
+artifacts, tables, texts, dataset inputs, linked models, children), and their ONE projection into MLflow by run id
+(:func:`project`), live and for ``raycpt runs sync``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from raycpt.runs.inputs import (dataset_shape_ok, model_shape_ok, project_dataset, project_model, run_inputs,
+                                 run_models)
 from raycpt.runs.lost import unreachable
 
 
@@ -58,8 +60,8 @@ def clean_metrics(metrics: dict) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------- the projection
 RECORDS = "records.jsonl"
-"""In a run folder: every record its MLflow run gets (params, metrics, tags, files, tables, texts, children), one
-JSON object a line, in order. The folder is the record; :func:`project` sends one record to MLflow, live as the job
+"""In a run folder: every record its MLflow run gets (params, metrics, tags, files, tables, texts, dataset inputs,
+linked models, children), one JSON object a line, in order. The folder is the record; :func:`project` sends one record to MLflow, live as the job
 writes it and again, the same code, for ``raycpt runs sync``."""
 
 
@@ -71,7 +73,7 @@ def record_kind(rec: dict) -> str:
     raise ValueError(f"not a run record: {sorted(rec)}")
 
 
-KINDS = ("params", "metrics", "points", "tags", "artifact", "table", "text", "children")
+KINDS = ("params", "metrics", "points", "tags", "artifact", "table", "text", "dataset", "model", "children")
 
 
 class Seen:
@@ -85,6 +87,20 @@ class Seen:
         self._tags: Optional[dict] = None
         self._history: dict[str, collections.Counter] = {}
         self._artifacts: dict[str, set] = {}
+        self._inputs: Optional[set] = None
+        self._models: Optional[set] = None
+
+    def inputs(self) -> set:
+        """The run's dataset inputs (:func:`raycpt.runs.inputs.run_inputs`)."""
+        if self._inputs is None:
+            self._inputs = run_inputs(self.client, self.run_id)
+        return self._inputs
+
+    def models(self) -> set:
+        """The names of the models the run made (:func:`raycpt.runs.inputs.run_models`)."""
+        if self._models is None:
+            self._models = run_models(self.client, self.run_id)
+        return self._models
 
     def params(self) -> dict:
         if self._params is None:
@@ -154,6 +170,10 @@ def project(client, run_id: str, rec: dict, base: Path, seen: Optional[Seen] = N
             return 0
         client.log_table(run_id, data=rec["table"], artifact_file=rec["file"])
         return 1
+    if kind == "dataset":  # never twice, live (a resumed job) or replayed: the run's inputs are read first
+        return project_dataset(client, run_id, rec["dataset"], (seen or Seen(client, run_id)).inputs())
+    if kind == "model":
+        return project_model(client, run_id, rec["model"], (seen or Seen(client, run_id)).models())
     if kind == "text":
         folder = str(Path(rec["file"]).parent) if "/" in rec["file"] else None
         if seen is not None and rec["file"] in seen.artifacts(folder):
@@ -234,6 +254,7 @@ def shape_problem(rec) -> Optional[str]:
           "artifact": lambda: isinstance(v, str) and isinstance(rec.get("dir"), (str, type(None))),
           "table": lambda: isinstance(v, dict) and isinstance(rec.get("file"), str),
           "text": lambda: isinstance(v, str) and isinstance(rec.get("file"), str),
+          "dataset": lambda: dataset_shape_ok(v), "model": lambda: model_shape_ok(v),
           "children": lambda: isinstance(v, list) and all(
               isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in v)}[kind]
     return None if ok() else f"a {kind} record of the wrong shape"

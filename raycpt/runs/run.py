@@ -109,6 +109,12 @@ class Run:
     def log_text(self, text: str, artifact_file: str) -> None:
         self.record({"text": text, "file": artifact_file})
 
+    def log_inputs(self, records: list[dict]) -> None:
+        """Dataset inputs and linked models (:func:`raycpt.runs.inputs.dataset_record`, :func:`~raycpt.runs.inputs.
+        model_record`), each a record: never sent twice (the run's own are read first)."""
+        for rec in records:
+            self.record(rec)
+
     def note_children(self, entries) -> None:
         """``(folder, meta file)`` of units whose runs nest under this one (a grid's trials, a nested command):
         where ``raycpt runs sync`` finds them."""

@@ -63,6 +63,20 @@ def test_each_line_is_checked_and_a_legacy_line_still_reads(tmp_path):
     assert "not UTF-8 (byte 0xff at offset 0)" == rf.damaged[2][1]
 
 
+def test_dataset_and_model_records_are_checked_like_the_others():
+    from raycpt.runs.inputs import dataset_record, model_record
+    from raycpt.runs.records import shape_problem
+
+    ok = [dataset_record("heldout_slice", "ab" * 8, "/r/heldout_blocks.json", "evaluation", {"rows": 3}),
+          model_record("full", "/r/trials/full/final_model", {"plan": "full"}, {"heldout_loss": 2.5})]
+    assert [shape_problem(r) for r in ok] == [None, None]
+    assert shape_problem({"dataset": {"name": "x", "digest": 5, "source": "/s", "context": "training"}}) == \
+        "a dataset record of the wrong shape"
+    assert shape_problem({"model": {"name": "x"}}) == "a model record of the wrong shape"  # no location
+    with pytest.raises(ValueError):
+        dataset_record("x", "d", "/s", "testing")
+
+
 def test_a_line_cut_short_by_a_kill_is_not_damage_and_the_next_record_survives(tmp_path):
     from raycpt.runs.records import RECORDS, append_record, check_records, seal_line
 

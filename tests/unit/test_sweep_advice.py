@@ -4,7 +4,9 @@ The recommendation line on hand-built sweeps of a 30-layer model (layer ranges w
 b = floor(r*N + 1/2): r = 0.33 -> b = floor(10.4) = 10, so train_shallow trains layers 0-9 and freezes 10-29), one
 run per row (the point estimates' leader, "not a decision", the command that would decide) and three (a strategy
 claim, the command that trains it); the trace's untrained split named with its command; and the description tag on
-the sweep's parent run in a real SQLite store, replayed from the run folder's records into a second store."""
+the sweep's parent run in a real SQLite store, replayed from the run folder's records into a second store, with the
+run's dataset inputs (digests worked out in the test), the leader's model linked to its trial's folder and the
+experiment's kind, read back from the store and from a second one ``raycpt runs sync`` fills."""
 
 from __future__ import annotations
 
@@ -163,3 +165,146 @@ def test_config_params_are_grouped_by_section():
     keys = config_params(cfg)
     assert all(k.split(".")[0] in sections for k in keys if "." in k)
     assert {k for k in keys if "." not in k} <= {f.name for f in dataclasses.fields(cfg)} - sections  # e.g. name
+
+
+QUESTIONS = {"wordnet_mc": [{"id": f"wn-{i}", "question": f"gloss {i}?", "category": "Other",
+                             "logit": {"correct": i % 2 == 0}} for i in range(3)],
+             "mmlu": [{"id": f"m-{i}", "question": f"q {i}?", "category": "STEM", "logit": {"correct": True}}
+                      for i in range(2)]}
+
+
+def _sweep_folder(tmp_path, cfg):
+    """A finished sweep's folder as :func:`raycpt.jobs.sweep.execute` leaves it: the slices' blocks files, each
+    trial's eval file and final model folder (two seeds a row: seed 1 a little worse), the corpus's packed store."""
+    from raycpt.data.store import store_key, store_root, tokenizer_hash
+    from raycpt.io import run_root
+
+    run = tmp_path / "run"
+    shared = {}
+    for key, blocks in (("heldout_path", [[1, 2, 3, 4]] * 3), ("validation_path", [[5, 6, 7, 8]] * 2),
+                        ("general_path", [[9, 10, 11, 12], [13, 14, 15, 16]])):
+        shared[key] = str(run / f"{key.split('_')[0]}_blocks.json")
+        (run / f"{key.split('_')[0]}_blocks.json").write_text(json.dumps(blocks))
+    trials = []
+    for n in ROWS:
+        for seed, shift in ((0, 0.0), (1, 0.01)):
+            t = _trial(n, seed, shift)
+            folder = tmp_path / "trials" / t["name"]
+            (folder / "eval").mkdir(parents=True)
+            (folder / "eval" / "eval_result.json").write_text(json.dumps({"questions": QUESTIONS}))
+            (folder / "final_model").mkdir()
+            trials.append({**t, "eval_file": str(folder / "eval" / "eval_result.json"),
+                           "final_model_dir": str(folder / "final_model"), "general_loss": 3.0 + shift})
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text('{"model": "tiny"}')
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a b c\n")
+    cfg.data.corpus = [str(corpus)]
+    store = store_root(cfg.data, run_root(cfg.tracking)) / store_key(cfg.data, tokenizer_hash(str(model)))
+    store.mkdir(parents=True)
+    files = [{"source": str(corpus), "path": str(corpus), "size": 6, "sha256": "ab" * 32}]
+    (store / "manifest.json").write_text(json.dumps({"format": 1, "num_blocks": 12, "seq_len": 16, "num_documents": 5,
+                                                     "sources": [str(corpus)], "fingerprints": files}))
+    return shared, trials, str(model), store
+
+
+def test_parent_run_carries_its_inputs_and_the_leaders_model_and_a_sync_replays_them(tmp_path):
+    import hashlib
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from fake_run import sqlite_parent
+    from raycpt.config import ExperimentConfig, save_config
+    from raycpt.jobs.sweep import SweepPlan, TrialSpec, sweep_inputs
+    from raycpt.jobs.sync import sync_run
+    from raycpt.runs.folder import write_state
+
+    tcfg, client, exp, parent, run_at = sqlite_parent(tmp_path)
+    cfg = ExperimentConfig()
+    cfg.tracking, cfg.eval.limit = tcfg, {"wordnet_mc": 3}
+    (tmp_path / "run").mkdir()
+    shared, trials, model_path, store = _sweep_folder(tmp_path, cfg)
+    specs = [TrialSpec(n, ROWS[n][0], ROWS[n][1], None, seed=s) for n in ROWS for s in (0, 1)]
+    s = _summary(trials)
+    run_at().log_inputs(sweep_inputs(SweepPlan(cfg, model_path, 30, specs), shared, trials, s))
+
+    def inputs(c, run_id):
+        return {d.dataset.name: (d.dataset.digest, {t.key: t.value for t in d.tags}["mlflow.data.context"],
+                                 json.loads(d.dataset.source)["uri"], json.loads(d.dataset.profile))
+                for d in c.get_run(run_id).inputs.dataset_inputs}
+
+    def sha16(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()[:16]
+
+    # the digests worked out here: the store's identity (its key and its files' path, size, sha256), each blocks
+    # file's bytes, each benchmark's sorted [id, question] pairs
+    corpus_id = sha16(json.dumps([store.name, [[str(tmp_path / "corpus.txt"), 6, "ab" * 32]]]).encode())
+    blocks = {k: (tmp_path / "run" / f"{k.split('_')[0]}_blocks.json") for k in shared}
+    want = {"training_corpus": (corpus_id, "training", str(store), 12, 12 * 16),
+            "heldout_slice": (sha16(blocks["heldout_path"].read_bytes()), "evaluation", str(blocks["heldout_path"]),
+                              3, 12),
+            "validation_slice": (sha16(blocks["validation_path"].read_bytes()), "validation",
+                                 str(blocks["validation_path"]), 2, 8),
+            "general_probe": (sha16(blocks["general_path"].read_bytes()), "evaluation", str(blocks["general_path"]),
+                              2, 8)}
+    got = inputs(client, parent)
+    assert sorted(got) == sorted([*want, "wordnet_mc", "mmlu"])
+    for name, (digest, context, source, rows, tokens) in want.items():
+        assert got[name][:3] == (digest, context, source) and got[name][3]["rows"] == rows, name
+        assert got[name][3]["tokens"] == tokens, name
+    first_eval = str(tmp_path / "trials" / "full-s0" / "eval" / "eval_result.json")  # the first trial by name
+    for task, limit in (("wordnet_mc", 3), ("mmlu", "all")):
+        pairs = sorted([q["id"], q["question"]] for q in QUESTIONS[task])
+        assert got[task] == (sha16(json.dumps(pairs).encode()), "evaluation", first_eval,
+                             {"questions": len(QUESTIONS[task]), "limit": limit})
+    # the leader (the lowest mean held-out loss: train_shallow r = 0.33, as above) linked from its best seed's folder
+    (out,) = client.get_run(parent).outputs.model_outputs
+    m = client.get_logged_model(out.model_id)
+    best = min((t for t in trials if t["group"] == "train_shallow-r0.33"), key=lambda t: t["heldout_loss"])
+    assert best["seed"] == 0
+    assert (m.name, m.source_run_id, m.tags["raycpt.model.location"]) == \
+        ("train_shallow-r0_33", parent, best["final_model_dir"])
+    assert m.tags["mlflow.model.isExternal"] == "true" and m.status.name == "READY"
+    assert m.params == {"plan": "train_shallow", "split": "0.33", "layers_trained": "0-9", "seed": "0",
+                        "lr": str(cfg.train.lr), "trial": "train_shallow-r0.33-s0"}
+    (loss,) = [x for x in m.metrics if x.key == "heldout_loss"]
+    assert loss.value == pytest.approx(best["heldout_loss"])
+    assert (loss.dataset_name, loss.dataset_digest) == ("heldout_slice", want["heldout_slice"][0])
+    assert client.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
+    mlflow.set_tracking_uri(tcfg.uri)  # a user registers it
+    version = mlflow.register_model(f"models:/{m.model_id}", "layer-plan")
+    registered = client.get_model_version("layer-plan", version.version)
+    assert (registered.source, registered.run_id) == (f"models:/{m.model_id}", parent)
+    # logged again (a resumed sweep's end): nothing twice
+    run_at().log_inputs(sweep_inputs(SweepPlan(cfg, model_path, 30, specs), shared, trials, s))
+    assert len(client.get_run(parent).inputs.dataset_inputs) == 6
+    assert len(client.get_run(parent).outputs.model_outputs) == 1
+    # `raycpt runs sync` into a second store replays the same inputs and model, once
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    write_state(tmp_path / "run", command="sweep", status="finished", mlflow_run_id=parent, run_name="parent")
+    other_uri = f"sqlite:///{tmp_path / 'other.db'}"
+    sync_run(None, [str(tmp_path / "run")], other_uri)
+    other = MlflowClient(other_uri)
+    (again,) = other.search_runs([e.experiment_id for e in other.search_experiments()])
+    assert inputs(other, again.info.run_id) == got
+    (out2,) = other.get_run(again.info.run_id).outputs.model_outputs
+    m2 = other.get_logged_model(out2.model_id)
+    assert (m2.name, m2.source_run_id, m2.tags["raycpt.model.location"], m2.params) == \
+        (m.name, again.info.run_id, m.tags["raycpt.model.location"], m.params)
+    assert other.get_experiment(again.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert ": 0 item(s) added" in sync_run(None, [str(tmp_path / "run")], other_uri)
+
+
+def test_a_models_layers_and_name_by_hand_and_an_empty_slice_is_no_input(tmp_path):
+    from raycpt.jobs.run_inputs import model_name, slice_datasets, trained_layers
+
+    assert trained_layers("train_deep", 0.66, 30) == "20-29"  # b = floor(19.8 + 1/2) = 20
+    assert trained_layers("train_shallow", 0.04, 30) == "0-0" and trained_layers("full", None, 28) == "0-27"
+    assert trained_layers("lisa", None, 30) is None
+    assert model_name("train_shallow-r0.33 (untuned)") == "train_shallow-r0_33_untuned"  # MLflow refuses . / : in it
+    (tmp_path / "h.json").write_text("null")  # raycpt decide writes its slices whether or not it has them
+    (tmp_path / "v.json").write_text("[]")
+    assert slice_datasets({"heldout_path": str(tmp_path / "h.json"), "validation_path": str(tmp_path / "v.json"),
+                           "general_path": None}) == []
