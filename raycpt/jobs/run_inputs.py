@@ -109,7 +109,8 @@ def _finite(x) -> Optional[float]:
 def row_model(rec: Optional[dict], trials: list[dict], num_layers: Optional[int], lr_of: Callable[[dict], object],
               datasets: list[dict] = ()) -> Optional[dict]:
     """The recommended (or leading) row of :func:`raycpt.report.sweep.views.advice.recommendation` as a model record:
-    the row's run with the lowest held-out loss (its seeds' best), linked to that trial's final model folder, with
+    the row's run with the lowest validation loss (the held-out loss is a test: it never chooses; without validation
+    losses the lowest seed), linked to that trial's final model folder, with
     its plan, split, layers trained, lr (``lr_of(trial)`` when the trial did not record one), seed and held-out loss
     (linked to the held-out slice when it is among ``datasets``). None without a row or a trained trial of it."""
     if rec is None:
@@ -117,7 +118,10 @@ def row_model(rec: Optional[dict], trials: list[dict], num_layers: Optional[int]
     runs = [t for t in trials if (t.get("group") or t.get("name")) == rec["row"] and t.get("final_model_dir")]
     if not runs:
         return None
-    t = min(runs, key=lambda r: (_finite(r.get("heldout_loss")) is None, _finite(r.get("heldout_loss")) or 0.0))
+    if all(_finite(r.get("validation_loss")) is not None for r in runs):
+        t = min(runs, key=lambda r: (_finite(r.get("validation_loss")), r.get("seed") or 0))
+    else:
+        t = min(runs, key=lambda r: r.get("seed") or 0)
     heldout = next(((d["dataset"]["name"], d["dataset"]["digest"]) for d in datasets
                     if d["dataset"]["name"] == HELDOUT), None)
     lr = t.get("lr") if t.get("lr") is not None else lr_of(t)
