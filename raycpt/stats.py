@@ -15,7 +15,7 @@ Which method is calibrated where is shown by ``benchmarks/bench_calibration.py``
   :func:`pooled_run_test` - the same with run noise pooled over the sweep (:func:`pooled_run_variance`;
   assumes equal run variance across plans); :func:`seed_interval` - the t-interval over seeds alone.
 * :func:`holm`, :func:`benjamini_hochberg`, :func:`adjust` - multiplicity control (the graphical, gated
-  Holm of the sweep verdict is in :mod:`raycpt.report.verdict`).
+  Holm of the sweep verdict is in :mod:`raycpt.report.sweep.family`).
 * :func:`bca_interval`, :func:`spearman_test` (exact permutation p, or "not testable" when even a perfect
   agreement could not reach alpha), :func:`fieller_ratio` (a ratio's interval, bounded only when its
   denominator is clearly non-zero), :func:`stratified_mcnemar_p`.

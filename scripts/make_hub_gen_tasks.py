@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write the generative C-Eval / CMMLU task YAMLs under ``raycpt/tasks/{ceval_gen,cmmlu_gen}/``.
+"""Write the generative C-Eval / CMMLU task YAMLs under ``raycpt/evaluate/tasks/{ceval_gen,cmmlu_gen}/``.
 
 lm-eval ships ``ceval-valid`` and ``cmmlu`` as multiple_choice (logit) tasks only. Our generative
 variants read the same hub datasets and splits (``ceval/ceval-exam`` val, ``haonan-li/cmmlu``
@@ -22,7 +22,7 @@ import yaml
 import lm_eval
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ROOT / "raycpt" / "tasks"
+TASKS = ROOT / "raycpt" / "evaluate" / "tasks"
 LM_TASKS = Path(lm_eval.__file__).parent / "tasks"
 
 GEN_COMMON = """\

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from raycpt.config import EvalConfig
 from raycpt.errors import RaycptError
 from raycpt.evaluate.spec import OFFLINE_TASK, TaskSpec
-from raycpt.tasks import TASKS_DIR
-from raycpt.tasks.local import check_local, subject_dataset
+from raycpt.tasks.local import check_local, layout, read_subject
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+"""raycpt's lm-eval task YAMLs (``wordnet_mc/``, ``mmlu/``, ``ceval_gen/``, ``cmmlu_gen/``): the folder the task
+manager indexes, beside lm-eval's own ``ceval`` and ``cmmlu``."""
 
 
 
@@ -56,9 +59,21 @@ each scored as the continuation right after ``答案：`` (no delimiter: Chinese
 lm-eval's ``acc_norm`` (over the option's characters) as the ``cloze_norm`` score."""
 
 
+def subject_dataset(task: Optional[str] = None, path: Optional[str] = None, **_):
+    """lm-eval ``custom_dataset`` of a local subject file: a ``DatasetDict`` with the release's split
+    (``val`` for C-Eval, ``test`` for CMMLU), rows as :func:`raycpt.tasks.local.read_subject` reads them. ``task`` and
+    ``path`` come from the task config's ``dataset_kwargs``; lm-eval's ``metadata`` keys are ignored."""
+    import datasets
+
+    if task is None or path is None:
+        raise RaycptError("local benchmark task config: dataset_kwargs needs task and path")
+    rows = read_subject(task, path)
+    return datasets.DatasetDict({layout(task).split: datasets.Dataset.from_list(rows)})
+
+
 def local_task_configs(spec: TaskSpec, mode: str, cfg: EvalConfig) -> list[dict]:
     """lm-eval task configs (dicts) of a local benchmark in one mode: one per subject that runs, the
-    hub task's YAML with its dataset replaced by the subject's file (:func:`raycpt.tasks.local.subject_dataset`);
+    hub task's YAML with its dataset replaced by the subject's file (:func:`subject_dataset`);
     task names stay the hub's (``ceval-valid_law``, ``cmmlu_gen_arts``), so categories and question ids match.
     Zero-shot: the few-shot split (``dev``) is not read."""
     from lm_eval.tasks._yaml_loader import load_yaml

@@ -12,7 +12,7 @@ YAML file. A benchmark YAML::
     title: Tiny facts         # optional, for tables
 
 With only those keys the benchmark runs raycpt's own prompts in every mode (the logit, generate and cloze
-tasks of ``raycpt/tasks/wordnet_mc``, on this data). A shipped benchmark may name its own lm-eval tasks
+tasks of ``raycpt/evaluate/tasks/wordnet_mc``, on this data). A shipped benchmark may name its own lm-eval tasks
 (``logit:``, ``generate:``, ``cloze:``) and ``kind`` (``offline``; ``registry`` = data from a package
 registry, fetched once; ``hub`` = Hugging Face hub datasets, named by ``hub:``, with no ``data:``). Lookup is by
 name, in shipped-then-``$RAYCPT_BENCHMARKS`` order.

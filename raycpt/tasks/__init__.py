@@ -1,4 +1,5 @@
-"""lm-eval task configs shipped with raycpt, and the category maps of the benchmarks.
+"""The benchmarks' vocabulary: task names, category maps, score keys (the lm-eval task YAMLs that run them are the
+evaluation bridge's, under ``raycpt/evaluate/tasks/``; local C-Eval / CMMLU copies: :mod:`raycpt.tasks.local`).
 
 User-facing task names (``eval.tasks``) and the lm-eval task each mode runs:
 
@@ -30,9 +31,6 @@ other four. We fold it away: every subject counts once, under the category of it
 
 from __future__ import annotations
 
-from pathlib import Path
-
-TASKS_DIR = Path(__file__).resolve().parent
 CATEGORIES = ("STEM", "Social Science", "Humanities", "Other")
 CATEGORY_KEYS = {"STEM": "stem", "Social Science": "social_science", "Humanities": "humanities", "Other": "other"}
 #: the keys of one mode's scores: the categories, their unweighted ``average`` and ``overall`` (all questions)

@@ -190,15 +190,3 @@ def check_local(task: str, folder: Path, subjects: Optional[Sequence[str]] = Non
     for f in files.values():
         read_subject(task, f)
     return files
-
-
-def subject_dataset(task: Optional[str] = None, path: Optional[str] = None, **_):
-    """lm-eval ``custom_dataset`` of a local subject file: a ``DatasetDict`` with the release's split
-    (``val`` for C-Eval, ``test`` for CMMLU), rows as :func:`read_subject` reads them. ``task`` and
-    ``path`` come from the task config's ``dataset_kwargs``; lm-eval's ``metadata`` keys are ignored."""
-    import datasets
-
-    if task is None or path is None:
-        raise RaycptError("local benchmark task config: dataset_kwargs needs task and path")
-    rows = read_subject(task, path)
-    return datasets.DatasetDict({layout(task).split: datasets.Dataset.from_list(rows)})

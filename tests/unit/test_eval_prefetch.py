@@ -22,7 +22,7 @@ def _yaml_configs() -> set[tuple[str, str]]:
     """Every (dataset_path, dataset_name) the hub tasks' YAMLs name (lm-eval's ceval / cmmlu, raycpt's *_gen)."""
     import lm_eval
 
-    from raycpt.tasks import TASKS_DIR
+    from raycpt.evaluate.lm_tasks import TASKS_DIR
 
     lm = Path(lm_eval.__file__).resolve().parent / "tasks"
     out = set()

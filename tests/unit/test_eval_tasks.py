@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from raycpt import evaluate as E
-from raycpt.tasks import (CATEGORIES, CEVAL_CATEGORIES, CMMLU_CATEGORIES, CMMLU_CHINA_SPECIFIC, TASKS_DIR,
-                          subject_category)
+from raycpt.evaluate.lm_tasks import TASKS_DIR
+from raycpt.tasks import CATEGORIES, CEVAL_CATEGORIES, CMMLU_CATEGORIES, CMMLU_CHINA_SPECIFIC, subject_category
 
 YAMLS = sorted(p for p in TASKS_DIR.rglob("*.yaml"))
 
@@ -82,7 +82,7 @@ def test_category_maps():
 
 @pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(), reason="needs Debian's wordnet-base (apt-get install -y wordnet-base; "
                     ".ci/run installs it): regenerates the shipped benchmark from /usr/share/wordnet")
-@pytest.mark.skipif(not (TASKS_DIR.parent / "assets" / "wordnet_glosses.jsonl.gz").is_file(),
+@pytest.mark.skipif(not (E.WORDNET_MC_FILE.parent / "wordnet_glosses.jsonl.gz").is_file(),
                     reason="training corpus asset not present")
 def test_wordnet_benchmark_regenerates_identically():
     """The shipped file is what the generator writes, and every question's definition is a record
@@ -98,7 +98,7 @@ def test_wordnet_benchmark_regenerates_identically():
     rows = build()
     shipped = [json.loads(line) for line in WORDNET_MC_FILE.read_text(encoding="utf-8").splitlines()]
     assert rows == shipped
-    corpus = gzip.open(TASKS_DIR.parent / "assets" / "wordnet_glosses.jsonl.gz", "rt", encoding="utf-8").read()
+    corpus = gzip.open(E.WORDNET_MC_FILE.parent / "wordnet_glosses.jsonl.gz", "rt", encoding="utf-8").read()
     pos_name = {"noun": "noun", "verb": "verb", "adj": "adjective", "adv": "adverb"}
     for q in shipped:
         definition = q["question"].split('"', 1)[1].rsplit('"', 1)[0]

@@ -22,8 +22,8 @@ the code needs:
    (``jobs/job.py``): ``prepare(cfg, options)`` -> ``execute(plan, run, options)``, run by ``run_job``.
 3. ``raycpt.train`` - the TorchTrainer launcher, the worker loop and its per-step callbacks (drift).
 4. ``raycpt.evaluate`` (and ``raycpt.evaluate_prefetch``, hub data fetched once on the driver) - the lm-eval
-   bridge (``evaluate/hooks.py`` is the half lm-eval loads from the task YAMLs; it uses the bridge's answer
-   extraction and question files, so it lives inside the bridge and ``raycpt.tasks`` imports nothing above it).
+   bridge, with its task YAMLs (``evaluate/tasks/``) and ``evaluate/hooks.py``, the half lm-eval loads from them (it
+   uses the bridge's answer extraction and question files; ``raycpt.tasks``, the vocabulary, imports nothing above it).
    Above report (ARCHITECTURE.md drew it below): the bridge writes its per-question files with
    ``report.eval``, and no report needs the bridge.
 5. ``raycpt.report`` - plots, tables and progress bars from results (data in, files out); ``report.render``
@@ -39,7 +39,7 @@ the code needs:
     ``raycpt.iam``, ``raycpt.ui``) - THE
     command lifecycle (``runs.command_run``) and run folders, MLflow (and its UI server), Ray bootstrap
     (``runs`` builds on ``tracking``, never the reverse).
-11. ``raycpt.config``, ``raycpt.tasks`` (benchmark names and category tables) - the typed config tree.
+11. ``raycpt.config``, ``raycpt.tasks`` (benchmark names, category tables, local copies' layouts) - the typed config tree.
 12. ``raycpt.io``, ``raycpt.errors`` (and ``raycpt.splits``, ``raycpt.usage``, ``raycpt.stats``,
     ``raycpt.progress``) - atomic file helpers and run-root paths, ``RaycptError``, the split rule, usage-error
     words and the CLI table's vocabulary, bootstrap and seed intervals, THE progress bar: leaves.

@@ -209,7 +209,7 @@ def _builtin_reference(model, tok, mode, tmp_path) -> dict[str, dict]:
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from raycpt.tasks import TASKS_DIR
+    from raycpt.evaluate.lm_tasks import TASKS_DIR
 
     lm_tasks = Path(lm_eval.__file__).parent / "tasks"
     confs = []

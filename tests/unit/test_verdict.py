@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raycpt.report.verdict import _gate_graph, best_row, decide, graph_adjusted, legend, parse_primary
+from raycpt.report.sweep.family import _gate_graph, best_row, decide, graph_adjusted, legend, parse_primary
 from raycpt.stats import benjamini_hochberg, holm
 
 
@@ -84,7 +84,7 @@ def test_against_base_comparisons_are_their_own_family_with_their_own_alpha():
     """Issue 50: no plan differs from full (p = 0.5 each: Holm 1.0), every row forgets (p = 0.004, 0.03 against base).
     Gated with the vs-full family the forgetting could never be marked; in its own family it is plain Holm:
     0.004 * 2 = 0.008 and max(0.008, 0.03 * 1) = 0.03, both below 0.05."""
-    from raycpt.report.verdict import decide
+    from raycpt.report.sweep.family import decide
 
     comps = [{"a": "s", "b": "full", "task": "heldout_loss", "mode": None, "delta": 0.01, "p": 0.5, "primary": True},
              {"a": "d", "b": "full", "task": "heldout_loss", "mode": None, "delta": 0.01, "p": 0.5, "primary": True},

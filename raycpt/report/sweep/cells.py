@@ -110,7 +110,7 @@ def group_trials(trials: list[dict]) -> dict[str, dict]:
 
 def delta_cell(iv: Optional[Interval], point: Optional[float]) -> dict:
     """A comparison's cell: delta, interval, ``sign`` (the interval alone: +1 / -1 when it excludes 0; the
-    summary replaces it by the adjusted decision, :mod:`raycpt.report.verdict`), ``p`` (two-sided, of no
+    summary replaces it by the adjusted decision, :mod:`raycpt.report.sweep.family`), ``p`` (two-sided, of no
     difference), method and units."""
     if point is None:
         return {"delta": None, "lo": None, "hi": None, "sign": None, "method": None, "n": 0, "p": None}

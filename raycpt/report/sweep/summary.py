@@ -3,7 +3,7 @@ domain benchmark next to the general one, S(b) (with its interval) next to the r
 split, a bar chart per task, and the loss curves overlaid.
 
 A cell is marked better / worse only by the verdict (:mod:`raycpt.report.sweep.verdict`, over
-:mod:`raycpt.report.verdict`): the comparison's p-value after the sweep's multiplicity control, never its
+:mod:`raycpt.report.sweep.family`): the comparison's p-value after the sweep's multiplicity control, never its
 interval alone. The parts: :mod:`~raycpt.report.sweep.outcomes` (per-question data from the trials' files),
 :mod:`~raycpt.report.sweep.cells` (tables, intervals, gains), :mod:`~raycpt.report.sweep.domain`,
 :mod:`~raycpt.report.sweep.verdict`, and the renderers :mod:`~raycpt.report.sweep.views.markdown`,
@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 from raycpt.decide import horizon_line, read_record
 from raycpt.io import atomic_write_json, atomic_write_text
-from raycpt.report import verdict
+from raycpt.report.sweep import family
 from raycpt.report.sweep.domain import domain_general
 from raycpt.report.sweep.views.markdown import summary_markdown
 from raycpt.report.sweep.outcomes import load_outcomes
@@ -102,14 +102,14 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
     decision = apply_verdict(tables, gains, tasks, report, base_rows=base["rows"])
     decision["best"] = primary_best(trials, tables, report, resamples=resamples)
     decision["untuned"] = report["untuned"]  # the recommendation leaves them out too (views/advice.py)
-    primary = verdict.parse_primary(report.get("primary"))
+    primary = family.parse_primary(report.get("primary"))
     mode = "logit" if primary is None else primary["mode"]  # None: the held-out loss
     sb = {task: sb_against_gain(g, mode, decision["alpha"]) for task, g in gains.items()
           if any(x.get("S_b") is not None for x in g)}
     methods = sorted({x.get("method") for rows in tables.values() for r in rows
                       for x in [c for ms in r["cells"].values() for c in ms.values()] + [r.get("heldout_delta") or {}]
                       if x.get("method")})
-    decision["legend"] = verdict.legend(methods, report.get("primary") if decision["primary_found"] else
+    decision["legend"] = family.legend(methods, report.get("primary") if decision["primary_found"] else
                                         (f"{report.get('primary')} (not evaluated in this sweep)"
                                          if report.get("primary") else None),
                                         decision["adjust"], decision["alpha"], decision["family_size"],

@@ -1,23 +1,23 @@
 """The sweep's verdict: the family of comparisons the marks rest on, decided with the sweep's multiplicity
-control (:mod:`raycpt.report.verdict`) and written into the cells; the best row on the primary metric; S(b)
+control (:mod:`raycpt.report.sweep.family`) and written into the cells; the best row on the primary metric; S(b)
 against the realised gain."""
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from raycpt.report import verdict
 from raycpt.report.sweep.seeds import (CHECKPOINT, RUN_MODEL, STRATEGY, claim_of, heldout_units, question_units,
                                       run_noise)
 from raycpt.report.sweep.cells import (GENERAL, cell_value, mean_of, compare, group_trials, heldout_delta,
                                        question_delta)
-from raycpt.report.verdict import HELDOUT
+from raycpt.report.sweep import family
+from raycpt.report.sweep.family import HELDOUT
 from raycpt.report.sweep.base import BASE
 from raycpt.stats import DEFAULT_RESAMPLES, spearman_test
 
 def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[dict], baseline: str,
             base_rows: Sequence[dict] = ()) -> list[dict]:
-    """The comparisons a mark or a reading can rest on (:mod:`raycpt.report.verdict`), each with the cells it
+    """The comparisons a mark or a reading can rest on (:mod:`raycpt.report.sweep.family`), each with the cells it
     decides: every row against ``baseline`` on the Average column of every task that ran (domain and general
     first) and mode, the held-out loss, and train_shallow against train_deep at each split (the gains
     table), and every row against the untrained model on the gain and forgetting metrics (``base_rows``:
@@ -31,8 +31,8 @@ def _family(tables: dict, gains: dict, tasks: Sequence[str], primary: Optional[d
             return
         e = fam.setdefault(key, {"a": key[0], "b": key[1], "task": task, "mode": mode, "delta": d["delta"],
                                  "p": d.get("p"), "claim": claim_of(d.get("method")), "cells": [], "flat": [],
-                                 "family": verdict.FAMILY_BASE if key[1] == BASE else verdict.FAMILY_FULL})
-        e["primary"] = key[1] == baseline and verdict.is_primary(e, primary)
+                                 "family": family.FAMILY_BASE if key[1] == BASE else family.FAMILY_FULL})
+        e["primary"] = key[1] == baseline and family.is_primary(e, primary)
         if cell is not None:
             e["cells"].append(cell)
         if flat is not None:
@@ -87,7 +87,7 @@ def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict,
     ``claim`` (each comparison's too): ``strategy`` when the tests hold run-to-run noise
     (:mod:`raycpt.report.sweep.seeds`; ``run_model`` says which model of it), ``checkpoint`` when they do not.
     ``family_size`` / ``base_size``: the tested comparisons against full / against base (two families)."""
-    primary = verdict.parse_primary(report.get("primary"))
+    primary = family.parse_primary(report.get("primary"))
     _clear_marks(tables, gains)
     for r in base_rows:  # the interval-only signs of the comparisons against base, as in the tables
         for x in r["cells"]:
@@ -95,7 +95,7 @@ def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict,
     untuned = set(report.get("untuned") or ())  # issue 47: a row whose rate is at its grid's edge claims nothing
     fam = [e for e in _family(tables, gains, tasks, primary, baseline, base_rows)
            if e["a"] not in untuned and e["b"] not in untuned]
-    decided = verdict.decide(fam, report.get("adjust", "holm"), report.get("alpha", verdict.ALPHA))
+    decided = family.decide(fam, report.get("adjust", "holm"), report.get("alpha", family.ALPHA))
     for d in decided:
         for cell in d["cells"]:
             cell.update(sign=d["sign"], p_adj=d["p_adj"], role=d["role"], claim=d["claim"], family=d["family"])
@@ -107,16 +107,16 @@ def apply_verdict(tables: dict, gains: dict, tasks: Sequence[str], report: dict,
     return {"comparisons": comps, "primary": report.get("primary"), "primary_found": any(c["primary"] for c in comps),
             "claim": STRATEGY if STRATEGY in claims else (CHECKPOINT if claims else None),
             "run_model": RUN_MODEL if STRATEGY in claims else None,
-            "adjust": report.get("adjust", "holm"), "alpha": report.get("alpha", verdict.ALPHA),
-            "family_size": sum(c["p"] is not None and c["family"] == verdict.FAMILY_FULL for c in comps),
-            "base_size": sum(c["p"] is not None and c["family"] == verdict.FAMILY_BASE for c in comps)}
+            "adjust": report.get("adjust", "holm"), "alpha": report.get("alpha", family.ALPHA),
+            "family_size": sum(c["p"] is not None and c["family"] == family.FAMILY_FULL for c in comps),
+            "base_size": sum(c["p"] is not None and c["family"] == family.FAMILY_BASE for c in comps)}
 
 
 def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str = "full",
                  resamples: int = DEFAULT_RESAMPLES) -> Optional[dict]:
-    """The best row on the primary metric (:func:`raycpt.report.verdict.best_row`: it must beat every other
+    """The best row on the primary metric (:func:`raycpt.report.sweep.family.best_row`: it must beat every other
     row, Bonferroni over all pairs), marked ``best`` on its cell; None without a primary that ran."""
-    primary = verdict.parse_primary(report.get("primary"))
+    primary = family.parse_primary(report.get("primary"))
     if primary is None:
         return None
     untuned = set(report.get("untuned") or ())  # issue 47: untuned rows take no part in best
@@ -151,7 +151,7 @@ def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str =
         d = pair(a, b)
         methods.append(d["method"])
         return d["p"]
-    best = verdict.best_row(values, pair_p, report.get("alpha", verdict.ALPHA), higher)
+    best = family.best_row(values, pair_p, report.get("alpha", family.ALPHA), higher)
     best["metric"] = report.get("primary")
     best["claim"] = STRATEGY if methods and all(claim_of(m) == STRATEGY for m in methods) else CHECKPOINT
     if best["best"] is not None:
@@ -166,7 +166,7 @@ def primary_best(trials: list[dict], tables: dict, report: dict, baseline: str =
     return best
 
 
-def sb_against_gain(gains: list[dict], mode: Optional[str], alpha: float = verdict.ALPHA) -> dict:
+def sb_against_gain(gains: list[dict], mode: Optional[str], alpha: float = family.ALPHA) -> dict:
     """S(b) against the realised gain of train_shallow at r over train_deep at 1 - r (equal trainable layer
     counts; ``mode``; the held-out loss, sign flipped, when None): Spearman's rho over the splits, one point per
     split (its gain: the mean over runs, so a split's seeds are not counted as independent points), with an

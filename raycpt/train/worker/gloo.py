@@ -1,7 +1,7 @@
 """The training loop in N local processes over gloo, without Ray: the path raycpt's FSDP/DDP tests take.
 
 :class:`GlooSession` is :class:`~raycpt.train.worker.session.LocalSession` (blocks from an array, checkpoints in a
-folder) on a rank of the default process group: its collectives are torch.distributed's, rank 0
+folder) on a rank of the default process group: its collectives (a ``Collectives`` it owns) are torch.distributed's, rank 0
 picks the newest verified checkpoint under ``checkpoint_root`` and broadcasts it. :func:`spawn`
 starts ``world`` processes (``torch.multiprocessing``), each runs ``fn(rank, world, *args)`` with the
 process group up. Wrapping is the same :func:`raycpt.train.worker.parallel.wrap_model` a Ray Train worker
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from raycpt.train.worker.loop import run_loop
-from raycpt.train.worker.session import LocalSession, Collectives, newest_checkpoint
+from raycpt.train.worker.session import Collectives, LocalSession, newest_checkpoint
 
 
-class GlooSession(Collectives, LocalSession):
+class GlooSession(LocalSession):
     """One rank of a local process group (see the module docstring)."""
 
     def __init__(self, blocks: np.ndarray, checkpoint_root: Optional[Path] = None):
@@ -33,6 +33,7 @@ class GlooSession(Collectives, LocalSession):
         super().__init__(blocks, checkpoint_root)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_world_size = self.world_size
+        self.collectives = Collectives(self.world_size)
 
     @contextlib.contextmanager
     def checkpoint_dir(self, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None):

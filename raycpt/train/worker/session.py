@@ -3,12 +3,13 @@
 :class:`Session` is the protocol :func:`raycpt.train.worker.loop.run_loop` needs. The sessions: :class:`RaySession`
 (a Ray Train worker), :class:`InProcessSession` (Train V2's local mode), :class:`LocalSession` (a plain
 process, no Ray) and :class:`raycpt.train.worker.gloo.GlooSession`; they share the defaults of :class:`SessionBase`
-and the torch.distributed collectives of :class:`Collectives`.
+(single inheritance) and own their torch.distributed collectives, a :class:`Collectives` value they delegate to.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -52,63 +53,20 @@ class Session(Protocol):
     def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor: ...
 
 
-class SessionBase:
-    rank = 0
-    world_size = 1
-    local_world_size = 1
-
-    def device(self, use_gpu: bool) -> torch.device:
-        return torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
-
-    def checkpoint_dir(self) -> contextlib.AbstractContextManager:
-        raise NotImplementedError
-
-    def wrap(self, model, device, strategy: str, bf16: bool = False):
-        """DDP or FSDP2 applied by raycpt (:func:`raycpt.train.worker.parallel.wrap_model`); one worker: the bare model."""
-        return wrap_model(model, device, strategy, self.world_size, bf16=bf16)
-
-    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
-        raise NotImplementedError
-
-    def batches(self, spec):
-        """The packed corpus (``spec.store``), memory-mapped."""
-        return store_blocks(spec.store)
-
-    def replay_batches(self, spec):
-        """The replay corpus's packed store (``spec.replay``)."""
-        return store_blocks(spec.replay)
-
-    def barrier(self) -> None:
-        pass
-
-    def all_gather_object(self, obj) -> list:
-        return [obj]
-
-    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
-        return t
-
-
-def newest_checkpoint(ray_dir: Optional[str], checkpoint_root: Optional[str], resume_from: Optional[str]
-                      ) -> Optional[str]:
-    """The newest verified checkpoint among Ray's (``ray_dir``), those under ``checkpoint_root`` and
-    ``resume_from`` (the last only when there is no other), or None."""
-    cands = [(checkpoint_step(ray_dir), ray_dir)] if ray_dir and verify_checkpoint(ray_dir) is None else []
-    if checkpoint_root:
-        cands += [(st, str(p)) for st, p in find_checkpoints(checkpoint_root)]
-    if resume_from and not cands and verify_checkpoint(resume_from) is None:
-        cands.append((checkpoint_step(resume_from), str(resume_from)))
-    return max(cands, key=lambda c: c[0])[1] if cands else None
-
-
+@dataclasses.dataclass(frozen=True)
 class Collectives:
-    """torch.distributed collectives over the default process group (a no-op with one process)."""
+    """torch.distributed collectives over the default process group for ``world_size`` processes (a no-op with one
+    process): a value a session owns (``session.collectives``) and delegates its ``barrier``, ``all_gather_object``
+    and ``all_reduce_mean`` to."""
 
-    world_size = 1
+    world_size: int = 1
 
     def _dist(self):
+        if self.world_size <= 1:  # one process: nothing to talk to (torch.distributed is not even imported)
+            return None
         import torch.distributed as dist
 
-        return dist if self.world_size > 1 and dist.is_available() and dist.is_initialized() else None
+        return dist if dist.is_available() and dist.is_initialized() else None
 
     def barrier(self) -> None:
         d = self._dist()
@@ -132,8 +90,60 @@ class Collectives:
         return t / self.world_size
 
 
-class RaySession(Collectives, SessionBase):
-    """Inside a Ray Train worker."""
+class SessionBase:
+    """The defaults of a session: one process, its collectives the no-ops of :class:`Collectives` with one process;
+    a session of several ranks sets ``collectives`` to its own (``Collectives(world_size)``)."""
+
+    rank = 0
+    world_size = 1
+    local_world_size = 1
+    collectives = Collectives()
+
+    def device(self, use_gpu: bool) -> torch.device:
+        return torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
+
+    def checkpoint_dir(self) -> contextlib.AbstractContextManager:
+        raise NotImplementedError
+
+    def wrap(self, model, device, strategy: str, bf16: bool = False):
+        """DDP or FSDP2 applied by raycpt (:func:`raycpt.train.worker.parallel.wrap_model`); one worker: the bare model."""
+        return wrap_model(model, device, strategy, self.world_size, bf16=bf16)
+
+    def report(self, metrics: dict, ckpt_dir: Optional[str], step: int) -> None:
+        raise NotImplementedError
+
+    def batches(self, spec):
+        """The packed corpus (``spec.store``), memory-mapped."""
+        return store_blocks(spec.store)
+
+    def replay_batches(self, spec):
+        """The replay corpus's packed store (``spec.replay``)."""
+        return store_blocks(spec.replay)
+
+    def barrier(self) -> None:
+        self.collectives.barrier()
+
+    def all_gather_object(self, obj) -> list:
+        return self.collectives.all_gather_object(obj)
+
+    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
+        return self.collectives.all_reduce_mean(t)
+
+
+def newest_checkpoint(ray_dir: Optional[str], checkpoint_root: Optional[str], resume_from: Optional[str]
+                      ) -> Optional[str]:
+    """The newest verified checkpoint among Ray's (``ray_dir``), those under ``checkpoint_root`` and
+    ``resume_from`` (the last only when there is no other), or None."""
+    cands = [(checkpoint_step(ray_dir), ray_dir)] if ray_dir and verify_checkpoint(ray_dir) is None else []
+    if checkpoint_root:
+        cands += [(st, str(p)) for st, p in find_checkpoints(checkpoint_root)]
+    if resume_from and not cands and verify_checkpoint(resume_from) is None:
+        cands.append((checkpoint_step(resume_from), str(resume_from)))
+    return max(cands, key=lambda c: c[0])[1] if cands else None
+
+
+class RaySession(SessionBase):
+    """Inside a Ray Train worker: its collectives are torch.distributed's over Ray Train's process group."""
 
     def __init__(self):
         import ray.train
@@ -142,6 +152,7 @@ class RaySession(Collectives, SessionBase):
         self.rank = ctx.get_world_rank()
         self.world_size = ctx.get_world_size()
         self.local_world_size = ctx.get_local_world_size()
+        self.collectives = Collectives(self.world_size)
 
     def device(self, use_gpu: bool) -> torch.device:
         if use_gpu:

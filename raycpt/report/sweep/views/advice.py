@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from raycpt.report import verdict
+from raycpt.report.sweep import family
 from raycpt.report.sweep.base import BASE
 from raycpt.report.sweep.seeds import FLOOR_HINT, strategy_claims_allowed
 from raycpt.report.sweep.views.format import fmt_p
@@ -61,8 +61,8 @@ def _pm(cell: Optional[dict], digits: int = 3) -> Optional[str]:
 def _primary(summary: dict) -> dict:
     """The metric the leader is picked on: the declared primary when it ran, else the held-out loss."""
     v = summary.get("verdict") or {}
-    p = verdict.parse_primary(v.get("primary")) if v.get("primary_found") else None
-    return p or {"task": verdict.HELDOUT, "mode": None}
+    p = family.parse_primary(v.get("primary")) if v.get("primary_found") else None
+    return p or {"task": family.HELDOUT, "mode": None}
 
 
 def _rows(summary: dict) -> list[dict]:
@@ -74,7 +74,7 @@ def _rows(summary: dict) -> list[dict]:
 
 def _value(summary: dict, row: dict, primary: dict) -> Optional[float]:
     """A row's primary value, oriented so that larger is better."""
-    if primary["task"] == verdict.HELDOUT:
+    if primary["task"] == family.HELDOUT:
         return None if row.get("heldout_loss") is None else -row["heldout_loss"]
     for r in (summary.get("tables") or {}).get(primary["task"], []):
         if r["name"] == row["name"]:
@@ -84,7 +84,7 @@ def _value(summary: dict, row: dict, primary: dict) -> Optional[float]:
 
 def _cell(summary: dict, row: dict, primary: dict) -> Optional[dict]:
     """The row's primary Δ against full."""
-    if primary["task"] == verdict.HELDOUT:
+    if primary["task"] == family.HELDOUT:
         return row.get("heldout_delta")
     for r in (summary.get("tables") or {}).get(primary["task"], []):
         if r["name"] == row["name"]:
@@ -98,14 +98,14 @@ def worth(summary: dict, row: dict, primary: dict) -> str:
     if row["strategy"] == FULL:
         base = {r["name"]: r for r in (summary.get("base") or {}).get("rows", [])}.get(row["name"])
         cells = {c["task"]: c for c in (base or {}).get("cells", []) if c.get("mode") is None}
-        parts = [f"{w} {_pm(cells.get(t))}" for t, w in ((verdict.HELDOUT, "held-out"), ("general_loss", "general"))
+        parts = [f"{w} {_pm(cells.get(t))}" for t, w in ((family.HELDOUT, "held-out"), ("general_loss", "general"))
                  if _pm(cells.get(t))]
         return f"loss Δ vs base: {', '.join(parts)} nats" if parts else ""
-    unit = "nats" if primary["task"] == verdict.HELDOUT else "points"
-    what = "held-out loss" if primary["task"] == verdict.HELDOUT else f"{primary['task']}/{primary['mode']}"
+    unit = "nats" if primary["task"] == family.HELDOUT else "points"
+    what = "held-out loss" if primary["task"] == family.HELDOUT else f"{primary['task']}/{primary['mode']}"
     parts = [f"{what} {_pm(_cell(summary, row, primary), 3 if unit == 'nats' else 2)} {unit}"] \
         if _pm(_cell(summary, row, primary)) else []
-    if primary["task"] == verdict.HELDOUT and _pm(row.get("general_delta")):
+    if primary["task"] == family.HELDOUT and _pm(row.get("general_delta")):
         parts.append(f"general loss {_pm(row['general_delta'])} nats")
     return f"Δ vs full: {', '.join(parts)}" if parts else ""
 
@@ -129,7 +129,7 @@ def recommendation(summary: dict) -> Optional[dict]:
     rows = [r for r in _rows(summary) if _value(summary, r, primary) is not None]
     if not rows:
         return None
-    metric = v.get("primary") if v.get("primary_found") else verdict.HELDOUT
+    metric = v.get("primary") if v.get("primary_found") else family.HELDOUT
     best = v.get("best") if strategy_claims_allowed(summary) else None
     decided = best is not None and best.get("best") is not None
     by_name = {r["name"]: r for r in rows}

@@ -7,7 +7,7 @@ from raycpt.report.sweep.views.format import (CATEGORY_LABEL, MODE_LETTER, fmt_p
                                         row_categories, fmt_delta, table_modes)
 from raycpt.report.sweep.seeds import STRATEGY, checkpoint_line
 from raycpt.report.sweep.cells import largest_s_b
-from raycpt.report.verdict import HELDOUT
+from raycpt.report.sweep.family import HELDOUT
 from raycpt.tasks import is_continuous
 
 LEGEND = ("Δ against full with its 95% interval in brackets (what each interval covers: the legend of the "

@@ -12,7 +12,7 @@ from raycpt.report.sweep.views.advice import advice_lines
 from raycpt.report.sweep.views.format import mark_of
 from raycpt.report.sweep.views.markdown import oriented_mark, split_words
 from raycpt.report.sweep.seeds import CHECKPOINT, FLOOR_HINT, SEEDS_HINT, strategy_claims_allowed
-from raycpt.report.verdict import HELDOUT
+from raycpt.report.sweep.family import HELDOUT
 
 MAX_AXES = 3  # gain / forgetting columns in the terminal table (the rest: summary.md)
 

@@ -1,5 +1,6 @@
-"""The verdict of a sweep: which comparisons against ``full`` count as a change, which row is best, and
-what every interval covers. Pure (numbers in, decisions out).
+"""The statistics of a sweep's verdict: which comparisons against ``full`` count as a change, which row is best, and
+what every interval covers. Pure (numbers in, decisions out); :mod:`raycpt.report.sweep.verdict` builds the family
+from the sweep's tables and writes these decisions into its cells.
 
 **The family.** Every comparison a reading or a mark can rest on: for each row (a plan at a split, not
 the baseline) the change against ``full`` of each domain and general task in each mode (all of the
