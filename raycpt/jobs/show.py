@@ -5,7 +5,6 @@ domain versus general, gain and forgetting against the base, the whole verdict w
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path

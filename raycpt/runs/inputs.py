@@ -13,7 +13,6 @@ import json
 import os
 import tempfile
 import time
-from pathlib import Path
 from typing import Optional
 
 DIGEST_CHARS = 16
