@@ -30,7 +30,7 @@ from typing import Optional
 from raycpt.config import ExperimentConfig
 from raycpt.evaluate import mmlu_questions
 from raycpt.evaluate.general import general_blocks, general_documents
-from raycpt.io import atomic_write_json, run_root, sha256_file
+from raycpt.io import atomic_write_json, read_manifest, run_root, sha256_file
 from raycpt.models.digests import folder_digest
 from raycpt.train.driver.final_eval import final_evaluation
 from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
@@ -147,7 +147,7 @@ def record_problem(doc) -> Optional[str]:
             isinstance(modes, dict) and all(isinstance(sc, dict) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in sc.values())
                 for sc in modes.values()) for modes in scores.values()):
-        return f"its scores are not {{task: {{mode: {{key: number}}}}}}"
+        return "its scores are not {task: {mode: {key: number}}}"
     for k in ("heldout_loss", "general_loss"):
         v = doc.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
@@ -158,13 +158,10 @@ def record_problem(doc) -> Optional[str]:
 def entry_problem(cache: Path, key: dict) -> Optional[str]:
     """None when the cache entry ``cache`` verifies: its ``entry.json`` names this key and every file of the entry
     with its sha256, and its ``eval_result.json`` has the shape of one (:func:`record_problem`); else why not."""
-    try:
-        seal = json.loads((cache / ENTRY_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"it has no {ENTRY_FILE} (cut short, or written by an older raycpt)"
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        return f"its {ENTRY_FILE} cannot be read ({type(e).__name__})"
-    if not isinstance(seal, dict) or seal.get("format") != ENTRY_FORMAT or not isinstance(seal.get("files"), dict):
+    seal, why = read_manifest(cache / ENTRY_FILE, ENTRY_FORMAT, " (cut short, or written by an older raycpt)")
+    if why is not None:
+        return why
+    if not isinstance(seal.get("files"), dict):
         return f"its {ENTRY_FILE} is not a {ENTRY_FORMAT} record"
     if seal.get("key") != _key_digest(key):
         return "it was written for another model, evaluation or code version"
