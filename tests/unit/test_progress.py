@@ -98,9 +98,10 @@ def test_every_phase_of_a_trained_row_names_itself(tmp_path):
 
     t = tmp_path / "train_shallow-r0.5"
     t.mkdir()
-    assert describe(trial_state(t), 8) == "train_shallow-r0.5: starting (loading the model, starting the training workers)"
+    starting = "train_shallow-r0.5: starting (loading the model, starting the training workers)"
+    assert describe(trial_state(t), 8) == starting
     write_phase(t, "starting", evaluation="12 questions, 3 held-out documents")
-    assert describe(trial_state(t), 8) == "train_shallow-r0.5: starting (loading the model, starting the training workers)"
+    assert describe(trial_state(t), 8) == starting
     log = [{"event": "start", "step": 0}, {"step": 1, "loss": 4.25}]
     _write_metrics(t, log)
     assert describe(trial_state(t), 8) == "train_shallow-r0.5: training, step 1/8, loss 4.250"
@@ -170,3 +171,28 @@ def test_evaluation_words_name_a_benchmark_they_cannot_count(tmp_path):
     lines = [ln for ln in WORDNET_MC_FILE.read_text(encoding="utf-8").splitlines() if ln.strip()]
     cfg = load_config(None, ["eval.tasks=[wordnet_mc,mmlu]", "eval.limit=null"])
     assert evaluation_words(cfg, {}) == f"{len(lines)} questions and the questions of mmlu"
+
+
+def test_train_bar_says_starting_checkpointing_and_evaluating(tmp_path):
+    from raycpt.report import progress as prog
+
+    path = tmp_path / "train_metrics.jsonl"
+    seen = []
+
+    class Bar:
+        def add_task(self, name, total, completed, info):
+            seen.append(info)
+
+        def update(self, task, completed=None, info=None):
+            seen.append(info)
+
+    sp = prog.StepProgress(path, total=2, start=0, enabled=False)
+    sp._before()
+    sp._start(Bar())
+    path.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"event": "start", "step": 0}, {"step": 2, "loss": 2.5, "tokens_per_s": 10},
+        {"timing": "checkpoint_begin", "step": 2}, {"timing": "checkpoint", "step": 2},
+        {"event": "finished", "step": 2}, {"event": "evaluate", "step": 2})))
+    sp._poll(Bar(), 0)
+    assert seen == ["starting: loading the model, starting the training workers", "loss 2.5000  10 tok/s",
+                    "checkpointing, step 2", "evaluating the final weights"]
