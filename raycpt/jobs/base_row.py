@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Optional
 
 from raycpt.config import ExperimentConfig
-from raycpt.evaluate import mmlu_questions
+from raycpt.evaluate import mmlu_questions, question_count
 from raycpt.evaluate.general import general_blocks, general_documents
 from raycpt.io import atomic_write_json, read_manifest, run_root, sha256_file
 from raycpt.models.digests import folder_digest
+from raycpt.progress import write_phase
+from raycpt.report.sweep.outcomes import HELDOUT_DOCS_FILE
 from raycpt.train.driver.final_eval import final_evaluation
 from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
 
@@ -224,8 +226,11 @@ def base_result(trial, spec) -> dict:
     nothing trainable), its metrics on the trial's child run."""
     cfg, shared = trial.cfg, trial.shared
     model_path = shared["model_path"]
+    write_phase(trial.dir, "starting", label=BASE_LABEL, doing="checking the cached evaluation of the untrained model")
     cache = verified_cache(cfg, model_path, shared, say=_warn)
     fresh = not (cache / ENTRY_FILE).is_file()
+    write_phase(trial.dir, "evaluating", label=BASE_LABEL,
+                doing=evaluation_words(cfg, shared) + ("" if fresh else "; reading the verified cache"))
     if fresh:
         shutil.rmtree(cache, ignore_errors=True)  # a folder cut short before its seal: none of it is trusted
         cache = writable_cache(cache, trial.dir / "base_eval_uncached", say=_warn)
@@ -250,6 +255,39 @@ def base_result(trial, spec) -> dict:
                            **{k: result[k] for k in ("heldout_loss", "general_loss", *BPB_KEYS)
                               if result[k] is not None}})
     return result
+
+
+BASE_LABEL = "base row"
+"""How the progress line names the base row."""
+
+
+def evaluation_words(cfg: ExperimentConfig, shared: dict) -> str:
+    """What a trial's evaluation covers, for its progress line: ``48 questions, 30 held-out documents, 25 general
+    documents`` (a benchmark whose questions are not counted here is named; blocks where the documents are not
+    recorded)."""
+    counts = {t: question_count(cfg.eval, t) for t in cfg.eval.tasks}
+    known = sum(n for n in counts.values() if n is not None)
+    unknown = [t for t, n in counts.items() if n is None]
+    words = [f"{known} questions" if not unknown else
+             (f"{known} questions and " if known else "") + "the questions of " + ", ".join(unknown)]
+    words += [d for d in (_documents(shared.get("heldout_path"), HELDOUT_DOCS_FILE, "held-out"),
+                          _documents(shared.get("general_path"), GENERAL_DOCS_FILE, "general")) if d]
+    return ", ".join(words)
+
+
+def _documents(blocks_path: Optional[str], docs_name: str, what: str) -> Optional[str]:
+    """``30 held-out documents`` from the documents file beside the blocks (``12 held-out blocks`` without one)."""
+    if not blocks_path:
+        return None
+    try:
+        docs = json.loads((Path(blocks_path).parent / docs_name).read_text(encoding="utf-8"))
+        return f"{len({json.dumps(d, sort_keys=True) for d in docs})} {what} documents"
+    except (OSError, ValueError, TypeError):
+        pass
+    try:
+        return f"{len(json.loads(Path(blocks_path).read_text(encoding='utf-8')))} {what} blocks"
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _warn(line: str) -> None:
