@@ -1,0 +1,54 @@
+"""Issue 46 item 3: the typed cells and rows of the sweep summary read a summary.json cell and row as written by
+hand here and write back the same keys in the same order with the same values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from raycpt.report.sweep.model import Cell, Row, Summary, as_rows, as_summary
+
+# a cell as the verdict leaves it (keys in the order the summary builds them) and a baseline's cell (fewer keys)
+MARKED = {"value": 56.25, "value_lo": None, "value_hi": None, "seeds": 1, "delta": 13.75, "lo": -2.6, "hi": 29.4,
+          "sign": 0, "method": "exact McNemar + score interval", "n": 80, "p": 0.11, "best": False, "raw_sign": None,
+          "p_adj": 0.44, "role": "secondary", "claim": "checkpoint", "family": "vs full"}
+PLAIN = {"value": 42.5, "value_lo": 40.0, "value_hi": 45.0, "seeds": 2, "delta": None, "lo": None, "hi": None,
+         "sign": None, "method": None, "n": 0, "p": None, "best": True}
+
+
+def test_a_cell_reads_its_fields_and_writes_the_same_keys_in_order():
+    c = Cell.from_json(MARKED)
+    assert (c.value, c.delta, c.lo, c.hi, c.sign, c.p, c.p_adj, c.role) == (56.25, 13.75, -2.6, 29.4, 0, 0.11, 0.44,
+                                                                           "secondary")
+    assert c.interval == (-2.6, 29.4) and c.value_interval is None and c.claim == "checkpoint"
+    assert json.dumps(c.to_json()) == json.dumps(MARKED)
+    p = Cell.from_json(PLAIN)
+    assert p.value_interval == (40.0, 45.0) and p.interval is None and p.p_adj is None and p.best is True
+    assert list(p.to_json()) == list(PLAIN) and "p_adj" not in p.to_json()  # an absent key stays absent
+    odd = {"delta": 1.0, "value": 2.0}  # another order comes back in that order
+    assert list(Cell.from_json(odd).to_json()) == ["delta", "value"]
+    assert Cell.from_json(MARKED).unmarked().sign is None and Cell.from_json(MARKED).sign == 0
+
+
+def test_an_unknown_key_is_refused_not_dropped():
+    with pytest.raises(ValueError, match="surprise"):
+        Cell.from_json({**PLAIN, "surprise": 1})
+    with pytest.raises(ValueError, match="surprise"):
+        Summary.from_json({"tables": {}, "surprise": 1})
+
+
+def test_a_row_reads_its_cells_and_deltas_typed_and_writes_back_its_json():
+    row = {"name": "train_shallow-r0.5", "strategy": "train_shallow", "split": 0.5, "seeds": [0, 1],
+           "cells": {"stem": {"logit": MARKED}, "average": {"logit": PLAIN, "cloze": MARKED}},
+           "final_loss": 2.6, "heldout_loss": 3.5, "heldout_delta": {"delta": -0.1, "lo": -0.2, "hi": 0.0, "sign": -1},
+           "general_loss": None, "general_delta": None, "heldout_best": True}
+    r = Row.from_json(row)
+    assert r.seeds == (0, 1) and r.runs == 2 and r.heldout_best is True and r.general_delta is None
+    assert r.cell("average", "cloze").p_adj == 0.44 and r.cell("average", "generate") is None
+    assert r.heldout_delta.sign == -1 and r.heldout_delta.interval == (-0.2, 0.0)
+    assert list(r.cells) == ["stem", "average"] and list(r.cells["average"]) == ["logit", "cloze"]
+    assert json.dumps(r.to_json()) == json.dumps(row)
+    assert Row.from_json({**row, "seeds": []}).runs == 1  # a row that names no run is one run
+    assert as_rows([row, r]) == (r, r)
+    assert as_summary({"tables": {"wn": [row]}}).first_rows() == (r,)
