@@ -2,7 +2,8 @@
 by the code before the typed summary (commit 58e40b8) into ``tests/data/sweep_golden/<scenario>/``; the golden test
 (``tests/unit/test_sweep_golden.py``) writes them again with today's code and compares byte for byte.
 
-Regenerate only on purpose (a change meant to alter the output): ``python tests/sweep_golden.py``.
+Regenerate only on purpose (a change meant to alter the output), with the code that is to be the reference on the
+path: ``PYTHONPATH=<checkout> python tests/sweep_golden.py`` (these were written from a checkout of 58e40b8).
 
 Three sweeps, each self-contained here (fabricated with fixed seeds, so the bytes do not move):
 
@@ -169,7 +170,7 @@ def terminal_text(summary: dict, run_dir: Path) -> str:
     from raycpt.report.sweep.views.runs_show import PathLine, show_items
     from raycpt.report.sweep.views.terminal import compact_table, compact_verdict
 
-    console = Console(width=WIDTH, record=True, color_system=None, force_terminal=False, file=io.StringIO())
+    console = Console(width=WIDTH, record=True, color_system="standard", force_terminal=True, file=io.StringIO())
     for line in compact_verdict(summary):
         console.print(line, markup=False, highlight=False)
     console.print(compact_table(summary))
@@ -182,7 +183,7 @@ def terminal_text(summary: dict, run_dir: Path) -> str:
                 console.print(item, markup=False, highlight=False, soft_wrap=isinstance(item, PathLine))
             else:
                 console.print(item)
-    return console.export_text()
+    return console.export_text(styles=True)  # the colours and bold too (ANSI codes)
 
 
 def write_scenario(name: str, where: Path) -> dict[str, str]:

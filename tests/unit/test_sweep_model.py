@@ -52,3 +52,27 @@ def test_a_row_reads_its_cells_and_deltas_typed_and_writes_back_its_json():
     assert Row.from_json({**row, "seeds": []}).runs == 1  # a row that names no run is one run
     assert as_rows([row, r]) == (r, r)
     assert as_summary({"tables": {"wn": [row]}}).first_rows() == (r,)
+
+
+def test_one_column_table_gives_each_view_its_columns_and_the_csv_its_record():
+    from raycpt.report.sweep.views.columns import CSV, MARKDOWN, RICH, TERMINAL, columns, records
+
+    # deltas.csv's header as the code before the column table wrote it (tests/data/sweep_golden/*/deltas.csv)
+    assert [c.name for c in columns(CSV)] == ("task,model,strategy,split,seeds,category,mode,accuracy,accuracy_lo,"
+                                              "accuracy_hi,delta_vs_full,delta_lo,delta_hi,verdict,interval,best,p,"
+                                              "p_adjusted,role").split(",")
+    assert [c.header(MARKDOWN) for c in columns(MARKDOWN) if not c.per_category] == \
+        ["model", "seeds", "final loss", "held-out loss", "general loss", "Δ held-out"]
+    assert [c.header(RICH) for c in columns(RICH) if not c.per_category] == ["trial"]
+    assert [c.header(TERMINAL) for c in columns(TERMINAL)] == ["row", "Δ vs full"]
+    row = Row.from_json({"name": "r", "strategy": "train_deep", "split": 0.5, "seeds": [3, 4],
+                         "cells": {"average": {"logit": MARKED, "cloze": PLAIN}}})
+    marked, plain = records("wn", [row])
+    assert marked == {"task": "wn", "model": "r", "strategy": "train_deep", "split": 0.5, "seeds": 2,
+                      "category": "average", "mode": "logit", "accuracy": 56.25, "accuracy_lo": None,
+                      "accuracy_hi": None, "delta_vs_full": 13.75, "delta_lo": -2.6, "delta_hi": 29.4,
+                      "verdict": "no clear change", "interval": "exact McNemar + score interval", "best": False,
+                      "p": 0.11, "p_adjusted": 0.44, "role": "secondary"}
+    # no mark, no method, no role: empty verdict and interval, the role exploratory
+    assert (plain["mode"], plain["verdict"], plain["interval"], plain["role"], plain["best"]) == \
+        ("cloze", "", "", "exploratory", True)

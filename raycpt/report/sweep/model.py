@@ -66,6 +66,19 @@ class Cell:
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.keys}
 
+    @classmethod
+    def delta_of(cls, d: Optional[dict], prefix: str = "") -> Optional["Cell"]:
+        """A Δ with its interval and mark read off a part of the summary not typed yet (a gain's flat keys
+        ``<prefix>``, ``<prefix>_lo``, ``_hi``, ``_sign``; a domain or base entry's ``delta``, ``lo``, ``hi``,
+        ``sign``); None for None."""
+        if d is None:
+            return None
+        if prefix:
+            return cls(delta=d.get(prefix), lo=d.get(f"{prefix}_lo"), hi=d.get(f"{prefix}_hi"),
+                       sign=d.get(f"{prefix}_sign"), keys=("delta", "lo", "hi", "sign"))
+        return cls(delta=d.get("delta"), lo=d.get("lo"), hi=d.get("hi"), sign=d.get("sign"),
+                   keys=("delta", "lo", "hi", "sign"))
+
     @property
     def interval(self) -> Optional[tuple[float, float]]:
         """The Δ's 95% interval, None without one."""
@@ -116,7 +129,8 @@ class Row:
     def from_json(cls, d: dict) -> "Row":
         kw = _typed(cls, d, "table row")
         kw["seeds"] = tuple(d.get("seeds") or ())
-        kw["cells"] = {c: {m: Cell.from_json(x) for m, x in modes.items()} for c, modes in (d.get("cells") or {}).items()}
+        kw["cells"] = {c: {m: Cell.from_json(x) for m, x in modes.items()}
+                       for c, modes in (d.get("cells") or {}).items()}
         kw["heldout_delta"], kw["general_delta"] = _cell(d.get("heldout_delta")), _cell(d.get("general_delta"))
         return cls(**kw, keys=tuple(d))
 

@@ -3,8 +3,12 @@ gains, every delta with its 95% interval (the numbers come computed: :mod:`raycp
 
 from __future__ import annotations
 
-from raycpt.report.sweep.views.format import (CATEGORY_LABEL, MODE_LETTER, fmt_p, fmt_s, fmt_value, loss_columns,
-                                        row_categories, fmt_delta, table_modes)
+from typing import Sequence
+
+from raycpt.report.sweep.model import Cell, Row, as_rows
+from raycpt.report.sweep.views.columns import MARKDOWN, Place, columns, loss_columns
+from raycpt.report.sweep.views.format import (CATEGORY_LABEL, MODE_LETTER, fmt_p, fmt_s, fmt_delta, row_categories,
+                                              table_modes)
 from raycpt.report.sweep.seeds import STRATEGY, checkpoint_line
 from raycpt.report.sweep.cells import largest_s_b
 from raycpt.report.sweep.family import HELDOUT
@@ -16,39 +20,32 @@ LEGEND = ("Δ against full with its 95% interval in brackets (what each interval
           "* = best on the primary metric, only when it beats every other row")
 
 
-def table_markdown(task: str, rows: list[dict], continuous: bool = False) -> str:
+def table_markdown(task: str, rows: Sequence[Row], continuous: bool = False) -> str:
     """Markdown: cells ``G / L (ΔG [lo, hi] / ΔL [lo, hi])`` in percent, best marked with ``*``; mean ±
-    95% half-width over seeds when a cell has several; the loss columns and the held-out Δ at the end.
-    ``continuous``: the same table of the continuous scores (``cloze.prob``, ...: :data:`raycpt.tasks.CONTINUOUS`)
-    instead of the accuracies, without the loss columns."""
+    95% half-width over seeds when a cell has several; the loss columns and the held-out Δ at the end (the
+    columns: :data:`raycpt.report.sweep.views.columns.COLUMNS`). ``continuous``: the same table of the continuous
+    scores (``cloze.prob``, ...: :data:`raycpt.tasks.CONTINUOUS`) instead of the accuracies, without the loss
+    columns."""
     cats = row_categories(rows)
-    modes = [m for m in table_modes(rows) if is_continuous(m) == continuous]
+    modes = tuple(m for m in table_modes(rows) if is_continuous(m) == continuous)
     if not modes:
         return ""
-    losses = [] if continuous else loss_columns(rows)
-    held = not continuous and any(r.get("heldout_delta") and r["heldout_delta"].get("delta") is not None
-                                  for r in rows)
-    head = ("| model | seeds | " + " | ".join(CATEGORY_LABEL.get(c, c) for c in cats) + " |"
-            + "".join(f" {label} |" for _, label in losses) + (" Δ held-out |" if held else ""))
+    losses = set() if continuous else {c.name for c in loss_columns(rows)}
+    held = not continuous and any(r.heldout_delta is not None and r.heldout_delta.delta is not None for r in rows)
+    cols = [c for c in columns(MARKDOWN) if (not c.loss or c.name in losses) and (c.name != "heldout_delta" or held)]
+
+    def texts(c, r):
+        if c.per_category:
+            return [c.text(MARKDOWN, Place(task, r, k, modes=modes)) for k in cats]
+        return [c.text(MARKDOWN, Place(task, r))]
+    heads = [h for c in cols for h in ([CATEGORY_LABEL.get(k, k) for k in cats] if c.per_category
+                                       else [c.header(MARKDOWN)])]
     letters = " / ".join(MODE_LETTER.get(m, m) for m in modes)
     what = ("continuous scores (prob: % on gold among the choices; logprob: nats; logprob_char: nats/char)"
             if continuous else "accuracy (%)")
-    lines = [f"**{task}** — {letters} {what}, Δ against full [95% interval] in brackets, * = best", "", head,
-             "|" + "---|" * (len(cats) + 2 + len(losses) + held)]
-    for r in rows:
-        cells = []
-        for c in cats:
-            xs = [r["cells"].get(c, {}).get(m) for m in modes]
-            xs = [x for x in xs if x is not None]
-            txt = " / ".join(fmt_value(x) for x in xs)
-            deltas = [x for x in xs if x.get("delta") is not None]
-            if deltas:
-                txt += " (" + " / ".join(fmt_delta(x) for x in deltas) + ")"
-            cells.append(txt or "-")
-        cells += [fmt_s(r.get(key)) for key, _ in losses]
-        if held:
-            cells.append(fmt_delta(r.get("heldout_delta"), 3, lower_is_better=True))
-        lines.append(f"| {r['name']} | {len(r.get('seeds') or [None])} | " + " | ".join(cells) + " |")
+    lines = [f"**{task}** — {letters} {what}, Δ against full [95% interval] in brackets, * = best", "",
+             "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    lines += ["| " + " | ".join(t for c in cols for t in texts(c, r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -64,9 +61,10 @@ def domain_general_markdown(entries: list[dict]) -> str:
              + " | Δ held-out loss | Δ general loss | reading |", "|" + "---|" * (len(cols) + 4)]
     for e in entries:
         by = {(role, i["task"], i["mode"]): i for role in ("domain", "general") for i in e[role]}
-        cells = [fmt_delta(by.get(c)) for c in cols]
-        lines.append(f"| {e['name']} | " + " | ".join(cells) + f" | {fmt_delta(e.get('heldout'), 3, True)} | "
-                     f"{fmt_delta(e.get('general_loss'), 3, True)} | {e['reading']} |")
+        cells = [fmt_delta(Cell.delta_of(by.get(c))) for c in cols]
+        held, general = Cell.delta_of(e.get("heldout")), Cell.delta_of(e.get("general_loss"))
+        lines.append(f"| {e['name']} | " + " | ".join(cells) + f" | {fmt_delta(held, 3, True)} | "
+                     f"{fmt_delta(general, 3, True)} | {e['reading']} |")
     return "\n".join(lines)
 
 
@@ -82,7 +80,7 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
              "shallow−full | held-out loss shallow(r)−deep(1−r) |", "|---|---|---|---|---|---|---|"]
 
     def pick(g, key):
-        return {"delta": g.get(key), "lo": g.get(f"{key}_lo"), "hi": g.get(f"{key}_hi"), "sign": g.get(f"{key}_sign")}
+        return Cell.delta_of(g, key)
 
     for g in gains:
         s_b = fmt_s(g["S_b"]) + (f" [{g['S_b_lo']:.3f}, {g['S_b_hi']:.3f}]" if g.get("S_b_lo") is not None else "")
@@ -186,8 +184,8 @@ def base_markdown(summary: dict) -> str:
     for r in rows:
         cells = []
         for m, c in zip(metrics, r["cells"]):
-            shown = {"delta": c.get("shown"), "lo": c.get("shown_lo"), "hi": c.get("shown_hi"),
-                     "sign": oriented_mark(c, m).get("sign")}
+            shown = Cell(delta=c.get("shown"), lo=c.get("shown_lo"), hi=c.get("shown_hi"),
+                         sign=oriented_mark(c, m).get("sign"))
             cells.append(fmt_delta(shown, 3 if m["mode"] is None else 2))
         star = " ★" if r["name"] in front else ""
         lines.append(f"| {r['name']}{star} | " + " | ".join(cells) + " |")
@@ -212,6 +210,7 @@ def summary_markdown(summary: dict) -> str:
     if not_general(summary):
         md += [NO_GENERAL, ""]
     for task, rows in summary["tables"].items():
+        rows = as_rows(rows)
         md += [table_markdown(task, rows), ""]
         if table_markdown(task, rows, continuous=True):
             md += [table_markdown(task, rows, continuous=True), ""]

@@ -4,12 +4,14 @@ against trainable parameters (matplotlib Agg, PNG through :func:`raycpt.report.f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from raycpt.report.figures import save_figure
+from raycpt.report.sweep.model import Cell, Row
 from raycpt.report.sweep.views.format import table_modes
 from raycpt.report.sweep.cells import budget_count
 
-def plot_bars(path: Path, task: str, rows: list[dict]) -> Path:
+def plot_bars(path: Path, task: str, rows: Sequence[Row]) -> Path:
     """Average accuracy per cell and mode (error bars: the 95% interval over seeds when there are several)."""
     import matplotlib
 
@@ -17,20 +19,20 @@ def plot_bars(path: Path, task: str, rows: list[dict]) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    names = [r["name"] for r in rows]
+    names = [r.name for r in rows]
     modes = table_modes(rows)
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names)), 4))
     x = np.arange(len(names))
     width = 0.8 / max(1, len(modes))
     for k, m in enumerate(modes):
-        cells = [r["cells"].get("average", {}).get(m) or {} for r in rows]
-        vals = [c.get("value") or 0.0 for c in cells]
-        err = [((c["value"] - c["value_lo"]) if c.get("value_lo") is not None else 0.0) for c in cells]
+        cells = [r.cell("average", m) or Cell() for r in rows]
+        vals = [c.value or 0.0 for c in cells]
+        err = [((c.value - c.value_lo) if c.value_lo is not None else 0.0) for c in cells]
         ax.bar(x + (k - (len(modes) - 1) / 2) * width, vals, width=width, label=m, yerr=err if any(err) else None)
-    full = next((r for r in rows if r["name"] == "full"), None)
+    full = next((r for r in rows if r.name == "full"), None)
     if full is not None:
         for m, ls in zip(modes, ("--", ":", "-.")):
-            v = (full["cells"].get("average", {}).get(m) or {}).get("value")
+            v = (full.cell("average", m) or Cell()).value
             if v is not None:
                 ax.axhline(v, color="grey", ls=ls, lw=1)
     ax.set_xticks(x, names, rotation=30, ha="right")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from raycpt.report.sweep.model import as_rows
 from raycpt.report.sweep.views.format import table_modes
 from raycpt.report.sweep.views.rich import (rich_base_table, rich_domain_general, rich_gains_table, rich_table,
                                             rich_trials_table, rich_verdict)
@@ -24,7 +25,8 @@ class PathLine(str):
 def section_body(name: str, summary: dict, trials: list, run_dir: Path) -> list:
     """What section ``name`` holds (tables and lines), without its heading; empty: this sweep has none of it."""
     if name == "tables":
-        return [rich_table(task, rows, mode) for task, rows in summary["tables"].items() for mode in table_modes(rows)]
+        tables = {task: as_rows(rows) for task, rows in summary["tables"].items()}
+        return [rich_table(task, rows, mode) for task, rows in tables.items() for mode in table_modes(rows)]
     if name == "gains":
         return [rich_gains_table(task, g) for task, g in (summary.get("split_gains") or {}).items() if g]
     if name == "domain":
