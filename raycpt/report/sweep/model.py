@@ -198,6 +198,13 @@ class Summary:
             out[k] = {task: [r.to_json() for r in rows] for task, rows in v.items()} if k == "tables" else v
         return out
 
+    def written(self, **parts) -> "Summary":
+        """The summary with ``parts`` set (what :func:`raycpt.report.sweep.summary.write_summary` adds: the model's
+        depth, the trace's recommended split, the trials); a key it did not hold yet comes after the others, as a
+        dict's ``update`` places it."""
+        return replace(self, **{k: _plain(v) for k, v in parts.items()},
+                       keys=self.keys + tuple(k for k in parts if k not in self.keys))
+
     def first_rows(self) -> tuple[Row, ...]:
         """The first task's rows (the task the compact views read), empty without tables."""
         return next(iter(self.tables.values()), ())

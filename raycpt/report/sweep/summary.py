@@ -25,7 +25,7 @@ from raycpt.decide import horizon_line, read_record
 from raycpt.io import atomic_write_json, atomic_write_text
 from raycpt.report.sweep import family
 from raycpt.report.sweep.domain import domain_general
-from raycpt.report.sweep.model import as_rows
+from raycpt.report.sweep.model import Summary, as_rows
 from raycpt.report.sweep.views.columns import records
 from raycpt.report.sweep.views.markdown import summary_markdown
 from raycpt.report.sweep.outcomes import load_outcomes
@@ -119,30 +119,37 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
             "horizon": report.get("horizon")}
 
 
+def summarise(trials: list[dict], trace: Optional[dict], domain: Sequence[str] = ("wordnet_mc",),
+              general: Sequence[str] = ("mmlu",), resamples: int = DEFAULT_RESAMPLES, report: Optional[dict] = None,
+              num_layers: Optional[int] = None) -> Summary:
+    """:func:`build_summary` typed (:class:`~raycpt.report.sweep.model.Summary`): what the writers and views read."""
+    return Summary.from_json(build_summary(trials, trace, domain, general, resamples, report, num_layers))
+
+
 DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights", "heldout_docs", "general_blocks", "general_weights",
         "general_docs")
 
 
 def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_layers: int,
                   domain: Sequence[str] = ("wordnet_mc",), general: Sequence[str] = ("mmlu",), report=None) -> dict:
-    """Write the summary files into ``run_dir/summary``; ``summary["files"]`` lists them (the sweep job
-    logs them to its run: :func:`raycpt.jobs.sweep.log_summary`)."""
+    """Write the summary files into ``run_dir/summary`` from the typed summary (:func:`summarise`); returns what
+    summary.json holds, with ``"files"`` listing them (the sweep job logs them to its run:
+    :func:`raycpt.jobs.sweep.log_summary`)."""
     out = Path(run_dir) / "summary"
     out.mkdir(parents=True, exist_ok=True)
     full = [load_outcomes(t) for t in trials]
-    summary = build_summary(full, trace, domain, general, report=report, num_layers=num_layers)
-    files = [atomic_write_text(out / "deltas.csv", _csv(summary["records"]))]
-    for task, rows in summary["tables"].items():
-        files.append(atomic_write_text(out / f"table_{task}.csv", _csv(delta_records({task: rows}))))
-        files.append(plot_bars(out / f"scores_{task}.png", task, as_rows(rows)))
+    summary = summarise(full, trace, domain, general, report=report, num_layers=num_layers)
+    files = [atomic_write_text(out / "deltas.csv", _csv(summary.records))]
+    for task, rows in summary.tables.items():
+        files.append(atomic_write_text(out / f"table_{task}.csv", _csv(records(task, rows))))
+        files.append(plot_bars(out / f"scores_{task}.png", task, rows))
     files.append(plot_losses(out / "loss_curves.png", trials))
     if any(t.get("heldout_loss") is not None for t in trials):
         files.append(plot_heldout(out / "heldout_loss.png", trials))
-    if summary["base"].get("axes"):
-        files.append(plot_tradeoff(out / TRADEOFF_PNG, summary["base"]))
+    if summary.base.get("axes"):
+        files.append(plot_tradeoff(out / TRADEOFF_PNG, summary.base))
     files.append(atomic_write_text(out / "summary.md", summary_markdown(summary)))
-    summary.update(num_layers=num_layers, recommended_split=(trace or {}).get("recommended_split"),
-                   trials=[{k: v for k, v in t.items() if k not in DROP} for t in trials])
-    files.append(atomic_write_json(out / "summary.json", summary))
-    summary["files"] = [str(f) for f in files]
-    return summary
+    summary = summary.written(num_layers=num_layers, recommended_split=(trace or {}).get("recommended_split"),
+                              trials=[{k: v for k, v in t.items() if k not in DROP} for t in trials])
+    files.append(atomic_write_json(out / "summary.json", summary.to_json()))
+    return {**summary.to_json(), "files": [str(f) for f in files]}

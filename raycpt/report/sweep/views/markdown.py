@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from raycpt.report.sweep.model import Cell, Row, as_rows
+from raycpt.report.sweep.model import Cell, Row, as_summary
 from raycpt.report.sweep.views.columns import MARKDOWN, Place, columns, loss_columns
 from raycpt.report.sweep.views.format import (CATEGORY_LABEL, MODE_LETTER, fmt_p, fmt_s, fmt_delta, row_categories,
                                               table_modes)
@@ -92,10 +92,11 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def verdict_markdown(summary: dict) -> list[str]:
+def verdict_markdown(summary) -> list[str]:
     """The verdict block: the primary comparison per row (adjusted), the best or "no clear best", how the
     marks are controlled and what every interval covers, and whether S(b) could be put to a test."""
-    v = summary.get("verdict") or {}
+    summary = as_summary(summary)
+    v = summary.verdict
     md = ["**Verdict**", ""]
     line = checkpoint_line(summary)
     if line:
@@ -122,10 +123,10 @@ def verdict_markdown(summary: dict) -> list[str]:
                   f"{b['runner_up']} (or another row) at {v.get('alpha', 0.05):g} / {b['pairs']} pairs "
                   f"(largest pairwise p = {fmt_p(b['p'])})")
     md += split_words(summary)
-    for task, gains in (summary.get("split_gains") or {}).items():
+    for task, gains in summary.split_gains.items():
         md += [f"Shallow vs deep ({task}), r = {g['split']:g}: {g['deep_missing']}." for g in gains
                if g.get("deep_missing")]
-    for task, s in (summary.get("sb_vs_gain") or {}).items():
+    for task, s in summary.sb_vs_gain.items():
         md.append(f"S(b) against the realised gain ({task}, {s['gain']}): {s['words']}.")
     md.append("")
     md += [f"- {line}" for line in v.get("legend", [])]
@@ -136,20 +137,22 @@ NO_GENERAL = ("No general task and no general probe ran, so forgetting is not me
               "sweep.general_docs (the general-text loss, docs/analysis.md) or add eval.tasks=[wordnet_mc,mmlu].")
 
 
-def not_general(summary: dict) -> bool:
+def not_general(summary) -> bool:
     """True when the sweep declared general tasks but none of them ran and it has no general probe either."""
-    general = summary.get("roles", {}).get("general", [])
-    probe = any(m.get("axis") == "forget" for m in (summary.get("base") or {}).get("metrics", []))
-    return bool(general) and not probe and not any(t in summary.get("tables", {}) for t in general)
+    summary = as_summary(summary)
+    general = summary.roles.get("general", [])
+    probe = any(m.get("axis") == "forget" for m in summary.base.get("metrics", []))
+    return bool(general) and not probe and not any(t in summary.tables for t in general)
 
 
-def split_words(summary: dict) -> list[str]:
+def split_words(summary) -> list[str]:
     """The split S(b) favours among the sweep's splits, and the ones the trace cannot tell from it."""
+    summary = as_summary(summary)
     largest = largest_s_b(summary)
     if largest is None:
         return []
     top, same, told = largest
-    gains = next(iter((summary.get("split_gains") or {}).values()), [])
+    gains = next(iter(summary.split_gains.values()), [])
     if sum(g.get("S_b") is not None for g in gains) < 2:  # one split: nothing to single out (issue 50)
         return []
     if not told:
@@ -168,10 +171,10 @@ def oriented_mark(cell: dict, metric: dict) -> dict:
     return {**cell, "sign": cell["sign"] if metric["higher_is_better"] else -cell["sign"]}
 
 
-def base_markdown(summary: dict) -> str:
+def base_markdown(summary) -> str:
     """summary.md's table of gain and forgetting against base: per row, every metric (row - base oriented: gain >
     0 better, forgetting > 0 worse) with its 95% interval and the adjusted mark, the Pareto front marked ★."""
-    base = summary.get("base") or {}
+    base = as_summary(summary).base
     metrics, rows = base.get("metrics") or [], base.get("rows") or []
     if not metrics or not rows:
         return ""
@@ -192,28 +195,28 @@ def base_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def summary_markdown(summary: dict) -> str:
+def summary_markdown(summary) -> str:
     """summary.md: the verdict and how to read it, domain versus general, then per task the table and the
-    S(b) gains."""
+    S(b) gains. ``summary``: a :class:`~raycpt.report.sweep.model.Summary` or its JSON form."""
+    summary = as_summary(summary)
     md = [LEGEND[0].upper() + LEGEND[1:] + ".", ""]
-    if summary.get("verdict"):
+    if summary.verdict:
         md += verdict_markdown(summary) + [""]
     if base_markdown(summary):
         md += [base_markdown(summary), ""]
-    if summary["domain_general"]:
-        md += [domain_general_markdown(summary["domain_general"]), ""]
-    missing = {role: [t for t in summary.get("roles", {}).get(role, []) if t not in summary["tables"]]
+    if summary.domain_general:
+        md += [domain_general_markdown(summary.domain_general), ""]
+    missing = {role: [t for t in summary.roles.get(role, []) if t not in summary.tables]
                for role in ("domain", "general")}
     if any(missing.values()):
         md += ["Not evaluated in this sweep: " + "; ".join(f"eval.{role} {', '.join(ts)}"
                                                           for role, ts in missing.items() if ts) + ".", ""]
     if not_general(summary):
         md += [NO_GENERAL, ""]
-    for task, rows in summary["tables"].items():
-        rows = as_rows(rows)
+    for task, rows in summary.tables.items():
         md += [table_markdown(task, rows), ""]
         if table_markdown(task, rows, continuous=True):
             md += [table_markdown(task, rows, continuous=True), ""]
-        if summary["split_gains"].get(task):
-            md += [gains_markdown(task, summary["split_gains"][task]), ""]
+        if summary.split_gains.get(task):
+            md += [gains_markdown(task, summary.split_gains[task]), ""]
     return "\n".join(md)

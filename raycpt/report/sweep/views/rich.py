@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from raycpt.report.sweep.model import Row
+from raycpt.report.sweep.model import Row, as_summary
 from raycpt.report.sweep.views.columns import RICH, Place, columns
 from raycpt.report.sweep.views.format import MODE_LETTER, colour, fmt_s, mark_of, row_categories
 from raycpt.report.sweep.views.markdown import NO_GENERAL, oriented_mark, not_general, verdict_markdown
@@ -165,20 +165,20 @@ def rich_domain_general(entries: list[dict]) -> list:
     return [table] + [f"{e['name']}: {e['reading']}" for e in entries]
 
 
-def rich_verdict(summary: dict) -> list[str]:
+def rich_verdict(summary) -> list[str]:
     """The verdict block for the terminal (the same lines as summary.md's, Markdown marks dropped)."""
     lines = [line.replace("**", "") for line in verdict_markdown(summary) if line]
     return lines + ([NO_GENERAL] if not_general(summary) else [])
 
 
-def rich_base_table(summary: dict) -> list:
+def rich_base_table(summary) -> list:
     """Gain and forgetting against base for ``runs show``: one row per trial and metric column, the delta
     (oriented: gain > 0 better, forgetting > 0 worse) over its 95% interval, ▲ / ▼ = better / worse than base after
     multiplicity control; ★ = on the Pareto front."""
     from rich import box
     from rich.table import Table
 
-    base = summary.get("base") or {}
+    base = as_summary(summary).base
     metrics, rows = base.get("metrics") or [], base.get("rows") or []
     if not metrics or not rows:
         return []

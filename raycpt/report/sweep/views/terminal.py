@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from raycpt.report.sweep.model import Cell, as_rows
+from raycpt.report.sweep.model import Cell, as_summary
 from raycpt.report.sweep.views.advice import advice_lines
 from raycpt.report.sweep.views.columns import TERMINAL, Place, columns
 from raycpt.report.sweep.views.format import fmt_pm
@@ -20,13 +20,15 @@ from raycpt.report.sweep.family import HELDOUT
 MAX_AXES = 3  # gain / forgetting columns in the terminal table (the rest: summary.md)
 
 
-def compact_verdict(summary: dict) -> list[str]:
+def compact_verdict(summary) -> list[str]:
     """The verdict in a few short lines: the horizon (issue 47) first, then what to do
     (:func:`raycpt.report.sweep.views.advice.advice_lines`: the row the verdict supports in layer numbers, whether
     that is a strategy claim or the point estimates' leader, the next command, the trace's split if untrained), the
-    primary comparison's tally, the trade-off's Pareto front, S(b) (only with two or more splits)."""
-    v = summary.get("verdict") or {}
-    lines = [summary["horizon"]] if summary.get("horizon") else []  # issue 47: may this ranking be acted on?
+    primary comparison's tally, the trade-off's Pareto front, S(b) (only with two or more splits). ``summary``: a
+    :class:`~raycpt.report.sweep.model.Summary` or its JSON form."""
+    summary = as_summary(summary)
+    v = summary.verdict
+    lines = [summary.horizon] if summary.horizon else []  # issue 47: may this ranking be acted on?
     allowed = strategy_claims_allowed(summary)  # issue 50: no ▲ / ▼ and no best without run noise measured
     advice = advice_lines(summary)  # issue 48: what to do, how sure, the next command
     lines += advice
@@ -44,7 +46,7 @@ def compact_verdict(summary: dict) -> list[str]:
         lines.append(f"Primary {v.get('primary')} vs full: each row's Δ below with its checkpoint interval.")
     elif not prim:
         lines.append(f"Primary comparison: {v.get('primary') or 'none declared'} - not evaluated in this sweep.")
-    base = summary.get("base") or {}
+    base = summary.base
     if base.get("axes"):
         lines.append(f"Gain vs forgetting against base (summary/tradeoff.png): Pareto front of the point estimates "
                      f"{', '.join(base['pareto']) or '-'}.")
@@ -94,14 +96,15 @@ def _caption(metrics: list[dict], cols: list[int]) -> str:
     return "; ".join(words)
 
 
-def compact_table(summary: dict):
+def compact_table(summary):
     """One line per row: the primary comparison against full (the held-out loss: its Δ; a task/mode: points), then
     gain and forgetting against base (± half of the 95% interval; ▲ / ▼ only after multiplicity control: ▲ better,
     ▼ worse than base). The base row's Δ against full is left unmarked (not in the family: full against base says it)."""
     from rich import box
     from rich.table import Table
 
-    base = summary.get("base") or {}
+    summary = as_summary(summary)
+    base = summary.base
     cols = _axis_columns(base)
     metrics = base.get("metrics") or []
     by_row = {r["name"]: r for r in base.get("rows", [])}
@@ -113,7 +116,7 @@ def compact_table(summary: dict):
     own = columns(TERMINAL)  # the main table's: the row and its held-out Δ vs full
     for k, col in enumerate([c.header(TERMINAL) for c in own] + [_header(metrics[i]) for i in cols]):
         table.add_column(col, justify="left" if k == 0 else "right", no_wrap=True)
-    first = as_rows(next(iter((summary.get("tables") or {}).values()), []))
+    first = summary.first_rows()
 
     def pm(cell: Optional[Cell], digits: int, **kw) -> str:
         return fmt_pm(cell if marks or cell is None else cell.unmarked(), digits, **kw)
