@@ -76,3 +76,11 @@ def test_one_column_table_gives_each_view_its_columns_and_the_csv_its_record():
     # no mark, no method, no role: empty verdict and interval, the role exploratory
     assert (plain["mode"], plain["verdict"], plain["interval"], plain["role"], plain["best"]) == \
         ("cloze", "", "", "exploratory", True)
+
+
+def test_written_parts_come_after_the_others_as_a_dict_update_places_them():
+    s = Summary.from_json({"tables": {}, "horizon": None, "num_layers": 12})
+    w = s.written(num_layers=30, trials=[{"name": "full", "split": (1, 2)}])
+    assert list(w.to_json()) == ["tables", "horizon", "num_layers", "trials"]  # num_layers keeps its place
+    assert w.num_layers == 30 and w.trials == [{"name": "full", "split": [1, 2]}]  # as summary.json reads back
+    assert s.num_layers == 12  # frozen: a new summary, the old one unchanged
