@@ -6,7 +6,8 @@ the views read attributes, not string keys.
 Each has ``from_json`` / ``to_json`` that round-trip ``summary.json`` exactly: the same keys in the same order with the
 same values. A cell or row holds only some keys at some stages (a baseline row's cell has no ``p_adj``; the verdict adds
 ``raw_sign``, ``role``, ``claim``, ``family``): ``keys`` records which ones it has, in the order it has them, and
-``to_json`` writes those. A key that is no field is refused (nothing of summary.json is dropped silently).
+``to_json`` writes those. A key that is no field (a summary.json another version wrote) is kept in ``extra`` and
+written back in its place: ``runs show`` reads an old sweep folder as before, and nothing is dropped.
 
 Still plain JSON values inside :class:`Summary`: the split gains, domain versus general, the comparison against base,
 the verdict and the flat records (their own types are the next step of the issue)."""
@@ -21,13 +22,16 @@ CELL_KEYS = ("value", "value_lo", "value_hi", "seeds", "delta", "lo", "hi", "sig
 """Every key a table cell (or a row's held-out / general Δ) may hold in summary.json."""
 
 
-def _typed(cls, d: dict, what: str) -> dict:
-    """``d``'s keys checked against ``cls``'s fields (``keys`` excluded): one error naming the unknown ones."""
-    names = {f.name for f in fields(cls)} - {"keys"}
-    unknown = [k for k in d if k not in names]
-    if unknown:
-        raise ValueError(f"{what}: keys {unknown} are no field of {cls.__name__}")
-    return dict(d)
+def _typed(cls, d: dict) -> dict:
+    """``d`` as ``cls``'s keyword arguments: its fields, and every other key (a summary.json an older or newer version
+    wrote) kept in ``extra``, so that nothing is dropped and ``to_json`` writes it back in its place."""
+    names = {f.name for f in fields(cls)} - {"keys", "extra"}
+    return {**{k: v for k, v in d.items() if k in names}, "extra": {k: v for k, v in d.items() if k not in names}}
+
+
+def _get(obj, k: str):
+    """Key ``k`` of a typed value: its field, or what ``extra`` kept."""
+    return obj.extra[k] if k in obj.extra else getattr(obj, k)
 
 
 @dataclass(frozen=True)
@@ -58,13 +62,14 @@ class Cell:
     claim: Optional[str] = None
     family: Optional[str] = None
     keys: tuple[str, ...] = CELL_KEYS
+    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: dict) -> "Cell":
-        return cls(**_typed(cls, d, "table cell"), keys=tuple(d))
+        return cls(**_typed(cls, d), keys=tuple(d))
 
     def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.keys}
+        return {k: _get(self, k) for k in self.keys}
 
     @classmethod
     def delta_of(cls, d: Optional[dict], prefix: str = "") -> Optional["Cell"]:
@@ -112,7 +117,7 @@ class Row:
     last step's training loss, the held-out loss and the general probe's loss, with their Δ against ``full`` (None for
     ``full`` itself), and ``heldout_best`` when the verdict found it best on the held-out loss."""
 
-    name: str
+    name: str = ""
     strategy: Optional[str] = None
     split: Optional[float] = None
     seeds: tuple = ()
@@ -124,10 +129,11 @@ class Row:
     general_delta: Optional[Cell] = None
     heldout_best: Optional[bool] = None
     keys: tuple[str, ...] = ROW_KEYS[:-1]
+    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: dict) -> "Row":
-        kw = _typed(cls, d, "table row")
+        kw = _typed(cls, d)
         kw["seeds"] = tuple(d.get("seeds") or ())
         kw["cells"] = {c: {m: Cell.from_json(x) for m, x in modes.items()}
                        for c, modes in (d.get("cells") or {}).items()}
@@ -137,7 +143,7 @@ class Row:
     def to_json(self) -> dict:
         out = {}
         for k in self.keys:
-            v = getattr(self, k)
+            v = _get(self, k)
             if k == "seeds":
                 v = list(v)
             elif k == "cells":
@@ -184,17 +190,18 @@ class Summary:
     tuning: Any = None
     files: list = field(default_factory=list)
     keys: tuple[str, ...] = SUMMARY_KEYS[:10]
+    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: dict) -> "Summary":
-        kw = {k: _plain(v) for k, v in _typed(cls, d, "sweep summary").items()}
+        kw = {k: _plain(v) for k, v in _typed(cls, d).items()}
         kw["tables"] = {task: tuple(Row.from_json(r) for r in rows) for task, rows in (d.get("tables") or {}).items()}
         return cls(**kw, keys=tuple(d))
 
     def to_json(self) -> dict:
         out = {}
         for k in self.keys:
-            v = getattr(self, k)
+            v = _get(self, k)
             out[k] = {task: [r.to_json() for r in rows] for task, rows in v.items()} if k == "tables" else v
         return out
 
