@@ -6,9 +6,10 @@ loss against trainable parameters, gain against forgetting (matplotlib Agg, PNG 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from raycpt.report.figures import save_figure
+from raycpt.report.sweep.model import Cell, Row, as_rows
 from raycpt.report.sweep.views.format import table_modes
 from raycpt.report.sweep.cells import budget_count
 from raycpt.tasks import is_continuous
@@ -33,34 +34,35 @@ def mode_words(mode: str) -> str:
     return f"{mode}: mean probability of the gold answer (%)" if is_continuous(mode) else f"{mode}: accuracy (%)"
 
 
-def draw_bars(task: str, rows: list[dict]):
+def draw_bars(task: str, rows: Sequence[Row]):
     """Average over categories per row (x) and mode (bars), the mean over a row's seeds; whiskers: the 95%
     t-interval over seeds where a row has several; full's value per mode a grey line."""
     import numpy as np
 
     plt = _plt()
-    names = [r["name"] for r in rows]
+    rows = as_rows(rows)
+    names = [r.name for r in rows]
     modes = table_modes(rows)
     fig, ax = plt.subplots(figsize=(max(9.0, 1.1 * len(names) + 4), 4.6))
     x = np.arange(len(names))
     width = 0.8 / max(1, len(modes))
     whiskers = False
     for k, m in enumerate(modes):
-        cells = [r["cells"].get("average", {}).get(m) or {} for r in rows]
-        vals = [c.get("value") or 0.0 for c in cells]
-        err = [((c["value"] - c["value_lo"]) if c.get("value_lo") is not None else 0.0) for c in cells]
+        cells = [r.cell("average", m) or Cell() for r in rows]
+        vals = [c.value or 0.0 for c in cells]
+        err = [((c.value - c.value_lo) if c.value_lo is not None else 0.0) for c in cells]
         whiskers = whiskers or any(err)
         ax.bar(x + (k - (len(modes) - 1) / 2) * width, vals, width=width, label=mode_words(m),
                yerr=err if any(err) else None, error_kw={"ecolor": "black", "capsize": 3})
-    full = next((r for r in rows if r["name"] == "full"), None)
+    full = next((r for r in rows if r.name == "full"), None)
     if full is not None:
         for m, ls in zip(modes, ("--", ":", "-.")):
-            v = (full["cells"].get("average", {}).get(m) or {}).get("value")
+            v = (full.cell("average", m) or Cell()).value
             if v is not None:
                 ax.axhline(v, color="grey", ls=ls, lw=1, label=f"full, {m}")
     if whiskers:
         ax.errorbar([], [], yerr=[], color="black", capsize=3, ls="none", label=f"whiskers: {INTERVAL} over seeds")
-    seeds = sorted({len(r.get("seeds") or []) for r in rows} - {0})
+    seeds = sorted({len(r.seeds or ()) for r in rows} - {0})
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_xlabel("row (bars: mean over its seeds" + (f", {'/'.join(map(str, seeds))} seeds)" if seeds else ")"))
     ax.set_ylabel("average over categories (%)")
@@ -70,7 +72,7 @@ def draw_bars(task: str, rows: list[dict]):
     return fig
 
 
-def plot_bars(path: Path, task: str, rows: list[dict]) -> Path:
+def plot_bars(path: Path, task: str, rows: Sequence[Row]) -> Path:
     return save_figure(draw_bars(task, rows), path, dpi=120, bbox_inches="tight")
 
 
