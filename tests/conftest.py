@@ -52,3 +52,20 @@ def local_index(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
     return index
+
+
+@pytest.fixture(autouse=True)
+def _nothing_written_to_the_working_folder():
+    """A test that lets MLflow fall back to its default store writes ``./mlruns`` (or ``./mlartifacts``) into the
+    folder pytest runs from, the repository: that test fails here, naming what it wrote (the folder is removed
+    so the tests after it are not blamed)."""
+    import shutil
+
+    stray = [Path.cwd() / n for n in ("mlruns", "mlartifacts")]
+    before = {p for p in stray if p.exists()}
+    yield
+    made = [p for p in stray if p.exists() and p not in before]
+    for p in made:
+        shutil.rmtree(p, ignore_errors=True)
+    assert not made, (f"the test wrote {', '.join(map(str, made))} (an MLflow store, or an experiment made with no "
+                      "artifact location)")

@@ -132,7 +132,7 @@ def test_parent_run_has_its_description_and_a_replay_gives_it_too(tmp_path):
         "Sweep trial: train layers 0–9, freeze 10–29 (train_shallow r = 0.33); lr 0.0003; seed 0."
     # the folder is the record: projecting its records into another store's run gives the same description
     other = MlflowClient(f"sqlite:///{tmp_path / 'other.db'}")
-    again = other.create_run(other.create_experiment("o")).info.run_id
+    again = other.create_run(other.create_experiment("o", artifact_location=(tmp_path / "o").as_uri())).info.run_id
     for ln in (tmp_path / "run" / RECORDS).read_text().splitlines():
         project(other, again, json.loads(ln), tmp_path / "run")
     assert other.get_run(again).data.tags["mlflow.note.content"] == note
