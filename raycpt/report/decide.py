@@ -295,6 +295,15 @@ def plot(o: DecideOutcome, path: Path) -> Path:
     return save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
+def _strict_json(obj):
+    """``obj`` with every non-finite float as None: the record is read by other tools (JSON has no NaN)."""
+    if isinstance(obj, dict):
+        return {k: _strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def write_decision(run, o: DecideOutcome, console=None, record_to: Optional[Path] = None) -> None:
     """The report's files in ``<run>/summary``, on the parent run as artifacts and metrics; printed; the record a sweep
     of the short horizon's settings reads (``record_to``: :func:`raycpt.decide.record_path`)."""
@@ -315,7 +324,8 @@ def write_decision(run, o: DecideOutcome, console=None, record_to: Optional[Path
                                       "long_steps": o.steps[f"{o.horizons[-1]:g}"],
                                       "passed": all(f["pass"] for f in o.results.values()),
                                       "accuracy_all": d.get("accuracy_all"), "pairs_all": d.get("pairs_all"),
-                                      "results": o.results, "run_dir": str(run.run_dir), "written": time.time()})
+                                      "results": _strict_json(o.results), "run_dir": str(run.run_dir),
+                                      "written": time.time()})
     if console is not None:
         for line in terminal_lines(o):
             console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -125,7 +125,7 @@ def test_the_decision_record_is_found_only_for_the_same_settings(tmp_path):
     from raycpt.config import load_config
     from raycpt.decide import horizon_line, read_record, record_path
 
-    cfg = load_config(None, [f"tracking.run_root={tmp_path}"])
+    cfg = load_config(None, [f"tracking.run_root={tmp_path}", "data.seq_len=96"])  # no shipped measurement
     assert "not measured" in horizon_line(8, read_record(cfg, 8)) and "raycpt decide CONFIG" in horizon_line(8, None)
     path = record_path(cfg, 8)
     path.parent.mkdir(parents=True)
@@ -135,10 +135,41 @@ def test_the_decision_record_is_found_only_for_the_same_settings(tmp_path):
     line = horizon_line(8, read_record(cfg, 8))
     assert "does NOT predict a 64-step run (62% of 21 pairs" in line and "train.max_steps=64" in line
     assert read_record(cfg, 16) is None  # another horizon
-    assert read_record(load_config(None, [f"tracking.run_root={tmp_path}", "data.seq_len=96"]), 8) is None
+    assert read_record(load_config(None, [f"tracking.run_root={tmp_path}", "data.seq_len=80"]), 8) is None
     assert "held at 64 steps" in horizon_line(8, {**rec, "passed": True, "accuracy_all": 0.95})
     path.write_text('{"short_steps": 8')  # damaged: absent
     assert read_record(cfg, 8) is None
+
+
+def test_the_default_reads_its_shipped_measurement_and_a_users_own_record_comes_first(tmp_path):
+    """The embedded default's 8-step ranking was measured against 64 steps (raycpt decide, 2026-12-06: 18 of 21 pairs
+    ordered alike, pick 6.5 run SDs from the best): the record ships in raycpt/assets/decisions under the key of
+    configs/default.yaml, so a sweep of the default from a fresh clone says so first. If the default's settings
+    change, its key changes and this test fails: measure again or drop the record."""
+    import json
+    from pathlib import Path
+
+    from raycpt.config import load_config
+    from raycpt.decide import horizon_line, read_record, record_path
+    from raycpt.decide.record import SHIPPED
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = load_config(str(repo / "configs" / "default.yaml"), [f"tracking.run_root={tmp_path}"])
+    shipped = sorted(p.name for p in SHIPPED.glob("*.json"))
+    assert shipped == [record_path(cfg, 8).name]
+    doc = json.loads((SHIPPED / shipped[0]).read_text())  # strict JSON: no NaN
+    assert doc["pairs_all"] == 21 and round(doc["accuracy_all"] * 21) == 18 and doc["passed"] is False
+    line = horizon_line(8, read_record(cfg, 8))
+    assert line.startswith("Horizon: this 8-step ranking does NOT predict a 64-step run (86% of 21 pairs ordered alike, "
+                           "its pick 6.5 run SDs from the 64-step best")
+    assert "measured 2026-12-06" in line and line.endswith("train.max_steps=64.")
+    own = record_path(cfg, 8)
+    own.parent.mkdir(parents=True)
+    own.write_text(json.dumps({"short_steps": 8, "long_steps": 80, "passed": True, "accuracy_all": 1.0,
+                               "pairs_all": 3, "run_dir": "runs/mine"}))
+    assert "held at 80 steps" in horizon_line(8, read_record(cfg, 8))  # the user's own measurement first
+    own.write_text("{")  # damaged: the shipped measurement still applies
+    assert "does NOT predict a 64-step run" in horizon_line(8, read_record(cfg, 8))
 
 
 def _outcome(short_means, long_means, sd=0.01, seed=0):
