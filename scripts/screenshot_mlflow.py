@@ -5,7 +5,10 @@
     python scripts/screenshot_mlflow.py --port 5716 --out docs/img
 
 Writes ``mlflow_sweep_runs.png`` (the experiment's runs table, the newest parent sweep run expanded to
-its trials) and ``mlflow_sweep_compare.png`` (MLflow's Compare view of those trials); with ``--tradeoff`` only
+its trials) and ``mlflow_sweep_compare.png`` (MLflow's Compare view of those trials); with ``--overview``
+``mlflow_parent_overview.png`` (the parent run's overview: its description, source, parameters) and
+``mlflow_datasets.png`` (the same page scrolled to the datasets the run logged: corpus, slices, benchmarks);
+with ``--tradeoff`` only
 ``mlflow_tradeoff.png``: the parent sweep run's artifact view opened on ``summary/tradeoff.png`` (domain gain
 against forgetting, issue 37). Chromium runs
 headless with a DevTools port; the page is driven over the DevTools protocol with aiohttp's websocket
@@ -42,9 +45,33 @@ EXPAND_JS = """
 
 CLOSE_JS = """
 (() => {
+  const mode = [...document.querySelectorAll('label, button, span')].find(
+    e => (e.textContent || '').trim() === 'Model training' && e.children.length === 0);
+  if (mode) mode.click();  // MLflow 3.17 opens a fresh browser in its GenAI mode; runs and models show in this one
   const close = [...document.querySelectorAll('button')].find(b => /close/i.test(b.getAttribute('aria-label') || ''));
   if (close) close.click();  // the assistant side panel: the artifact gets the width
-  return close ? 'side panel closed' : 'no side panel';
+  return (close ? 'side panel closed' : 'no side panel') + (mode ? ', model training mode' : '');
+})()
+"""
+
+
+DATASETS_JS = """
+;(() => {
+  const el = [...document.querySelectorAll('*')].find(e => e.children.length === 0 && /^Datasets( used)?$/.test((e.textContent || '').trim()));
+  if (!el) return 'datasets heading not found';
+  el.scrollIntoView({block: 'start'});
+  const more = [...document.querySelectorAll('*')].find(e => e.children.length === 0 && /^\\+\\d+$/.test((e.textContent || '').trim()));
+  if (more) more.click();  // the chip that opens the list of every dataset
+  return 'scrolled to datasets' + (more ? ', list opened' : '');
+})()
+"""
+
+
+SHOW_MORE_JS = """
+;(() => {
+  const more = [...document.querySelectorAll('button, a, span')].find(e => (e.textContent || '').trim() === 'Show more');
+  if (more) more.click();  // the whole description: the question, the verdict, the command
+  return more ? 'description expanded' : 'description short';
 })()
 """
 
@@ -61,13 +88,16 @@ class Page:
             if msg.get("id") == self.n:
                 return msg.get("result", {})
 
-    async def shot(self, url: str, out: Path, wait: float, js: str | None = None) -> None:
+    async def shot(self, url: str, out: Path | None, wait: float, js: str | None = None) -> None:
+        """Open ``url``, run ``js``, write the screenshot to ``out`` (None: only open the page and run ``js``)."""
         await self.call("Page.navigate", url=url)
         await asyncio.sleep(wait)
         if js:
             r = await self.call("Runtime.evaluate", expression=js, returnByValue=True)
-            print(out.name, "script:", r.get("result", {}).get("value"))
+            print(out.name if out else url, "script:", r.get("result", {}).get("value"))
             await asyncio.sleep(wait / 2)
+        if out is None:
+            return
         data = (await self.call("Page.captureScreenshot", format="png"))["data"]
         out.write_bytes(base64.b64decode(data))
         print("wrote", out, out.stat().st_size, "bytes")
@@ -93,6 +123,7 @@ def main() -> None:
     ap.add_argument("--out", default="docs/img")
     ap.add_argument("--wait", type=float, default=25.0, help="seconds for the JS app to render each view")
     ap.add_argument("--tradeoff", action="store_true", help="only the parent run's summary/tradeoff.png artifact view")
+    ap.add_argument("--overview", action="store_true", help="only the parent run's overview and its datasets")
     args = ap.parse_args()
     client = MlflowClient(args.tracking_uri)
     exp = client.get_experiment_by_name(args.experiment)
@@ -119,7 +150,11 @@ def main() -> None:
             except OSError:
                 time.sleep(1)
         artifact = f"{base}/runs/{parent.info.run_id}/artifacts/summary/tradeoff.png"
+        overview = f"{base}/runs/{parent.info.run_id}"
         shots = [(artifact, out / "mlflow_tradeoff.png", args.wait, CLOSE_JS)] if args.tradeoff else [
+            (f"{base}/runs", None, args.wait, CLOSE_JS),  # the mode switch (it navigates), then the pages
+            (overview, out / "mlflow_parent_overview.png", args.wait, CLOSE_JS + SHOW_MORE_JS),
+            (overview, out / "mlflow_datasets.png", args.wait, CLOSE_JS + DATASETS_JS)] if args.overview else [
             (f"{base}/runs", out / "mlflow_sweep_runs.png", args.wait, EXPAND_JS % parent.info.run_id),
             (compare, out / "mlflow_sweep_compare.png", args.wait, None)]
         asyncio.run(drive(port, shots, (1400, 900)))

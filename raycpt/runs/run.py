@@ -360,9 +360,17 @@ def _finish(run: Run, own: bool) -> None:
         tracked(run.end, "FINISHED")
 
 
-def config_params(cfg: ExperimentConfig) -> dict:
-    """The whole config as flat params (values cut to MLflow's limit)."""
-    return {k: str(v)[:500] for k, v in flatten(dataclasses.asdict(cfg)).items()}
+TRAINING_SECTIONS = ("model", "data", "plan", "train", "eval", "hybrid")
+"""The config sections a training run reads: a trial's params are these (and its own identity), not the sections of
+other commands (``compare.*``, ``contribution.*``, ...), which would fill MLflow's compare view with constants."""
+
+
+def config_params(cfg: ExperimentConfig, sections: Optional[tuple] = None) -> dict:
+    """The config as flat params, prefixed by section (values cut to MLflow's limit): every section (a command's
+    run), or only ``sections`` and the top-level values (a training run: :data:`TRAINING_SECTIONS`)."""
+    flat = flatten(dataclasses.asdict(cfg))
+    return {k: str(v)[:500] for k, v in flat.items()
+            if sections is None or "." not in k or k.split(".")[0] in sections}
 
 
 def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseException) -> None:

@@ -322,3 +322,23 @@ def test_the_linked_seed_is_chosen_on_validation_never_on_the_held_out_test():
     # one run without a validation loss: the lowest seed, whatever the held-out losses say
     runs[0]["validation_loss"] = None
     assert row_model(rec, runs, 30, lambda t: None)["model"]["location"] == "/m/s0"
+
+
+def test_a_training_run_logs_the_sections_training_reads_not_other_commands():
+    """Issue 48: a trial's params are the sections its training reads (so MLflow's compare view does not open on
+    constants such as compare.alpha); a command's run keeps every section."""
+    import dataclasses
+
+    from raycpt.config import ExperimentConfig
+    from raycpt.runs.run import TRAINING_SECTIONS, config_params
+
+    cfg = ExperimentConfig()
+    cfg.train.lr = 7e-4
+    every = config_params(cfg)
+    trial = config_params(cfg, TRAINING_SECTIONS)
+    assert trial["train.lr"] == "0.0007" and trial["name"] == "default"
+    assert not any(k.startswith(("compare.", "contribution.", "report.", "sweep.", "tracking.")) for k in trial)
+    # every key of the training sections, counted here from the dataclasses themselves
+    expected = {f"{s}.{f.name}" for s in ("train", "plan") for f in dataclasses.fields(getattr(cfg, s))
+                if not dataclasses.is_dataclass(v := getattr(getattr(cfg, s), f.name)) and not isinstance(v, dict)}
+    assert expected <= set(trial) and set(trial) < set(every) and "compare.alpha" in every

@@ -37,7 +37,7 @@ from raycpt.models.shards import ensure_base_shards
 from raycpt.report.progress import StepProgress
 from raycpt.report.train import plot_loss_curve, read_events, read_step_records
 from raycpt.runs.folder import ended_state, read_state, write_state
-from raycpt.runs.run import config_params
+from raycpt.runs.run import TRAINING_SECTIONS, config_params
 from raycpt.strategies import LayerPlan
 from raycpt.runs.lost import adopt_lost
 from raycpt.runs.store import tracking_uri
@@ -197,7 +197,7 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
 def _log_start(cfg: ExperimentConfig, run, run_dir: Path, prep: _Prepared) -> None:
     """The config, the plan and the corpus size on the run (a value the run has already is kept: a resumed run
     whose overrides changed a param)."""
-    run.log_params(config_params(cfg))
+    run.log_params(config_params(cfg, TRAINING_SECTIONS))
     run.set_tags({"raycpt.plan": prep.plan.describe()[:5000], "raycpt.run_dir": str(run_dir)})
     run.log_params({"model_path": prep.model_path[:500], "corpus_blocks": prep.n_blocks,
                     "tokens_per_step": cfg.train.num_workers * cfg.train.grad_accum
