@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 from typing import Optional
 
-RECORDS = "decisions"
-
 
 def decision_key(cfg, steps: int) -> str:
     """16 hex of the settings a decision's measurement holds for, at ``steps`` training steps."""
@@ -23,14 +21,17 @@ def decision_key(cfg, steps: int) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def record_path(cfg, steps: int) -> Path:
-    return Path(cfg.tracking.run_root) / RECORDS / f"{decision_key(cfg, steps)}.json"
+def record_path(folder: Path, cfg, steps: int) -> Path:
+    """The record of this config at ``steps`` in ``folder`` (the run root's ``decisions``:
+    :attr:`raycpt.runs.location.RunLocation.decisions`)."""
+    return Path(folder) / f"{decision_key(cfg, steps)}.json"
 
 
-def read_record(cfg, steps: int) -> Optional[dict]:
-    """The record for this config at ``steps``, or None (absent, unreadable, or not a record)."""
+def read_record(folder: Path, cfg, steps: int) -> Optional[dict]:
+    """The record for this config at ``steps`` in ``folder`` (:func:`record_path`), or None (absent, unreadable, or
+    not a record)."""
     try:
-        doc = json.loads(record_path(cfg, steps).read_text(encoding="utf-8"))
+        doc = json.loads(record_path(folder, cfg, steps).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     keys = {"short_steps", "long_steps", "passed", "accuracy_all", "pairs_all", "run_dir"}

@@ -15,11 +15,13 @@ def _store(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from raycpt.config import ExperimentConfig
-    from raycpt.runs.store import ensure_store, tracking_uri
+    from raycpt.runs.location import locate
+    from raycpt.runs.store import ensure_store
 
     tcfg = TrackingConfig(run_root=str(tmp_path / "runs"), experiment="t")
-    exp = ensure_store(tcfg)
-    tcfg.uri = tracking_uri(tcfg)
+    where = locate(tcfg)
+    exp = ensure_store(where)
+    tcfg.uri = where.uri
     client = MlflowClient(tcfg.uri)
     parent = client.create_run(exp, run_name="parent").info.run_id
     return client, exp, parent, dataclasses.replace(ExperimentConfig(), tracking=tcfg)

@@ -125,20 +125,21 @@ def test_the_decision_record_is_found_only_for_the_same_settings(tmp_path):
     from raycpt.config import load_config
     from raycpt.decide import horizon_line, read_record, record_path
 
-    cfg = load_config(None, [f"tracking.run_root={tmp_path}"])
-    assert "not measured" in horizon_line(8, read_record(cfg, 8)) and "raycpt decide CONFIG" in horizon_line(8, None)
-    path = record_path(cfg, 8)
+    cfg, folder = load_config(None, [f"tracking.run_root={tmp_path}"]), tmp_path / "decisions"
+    assert "not measured" in horizon_line(8, read_record(folder, cfg, 8))
+    assert "raycpt decide CONFIG" in horizon_line(8, None)
+    path = record_path(folder, cfg, 8)
     path.parent.mkdir(parents=True)
     rec = {"short_steps": 8, "long_steps": 64, "passed": False, "accuracy_all": 0.619, "pairs_all": 21,
            "run_dir": "runs/decide-x"}
     path.write_text(json.dumps(rec))
-    line = horizon_line(8, read_record(cfg, 8))
+    line = horizon_line(8, read_record(folder, cfg, 8))
     assert "does NOT predict a 64-step run (62% of 21 pairs" in line and "train.max_steps=64" in line
-    assert read_record(cfg, 16) is None  # another horizon
-    assert read_record(load_config(None, [f"tracking.run_root={tmp_path}", "data.seq_len=96"]), 8) is None
+    assert read_record(folder, cfg, 16) is None  # another horizon
+    assert read_record(folder, load_config(None, [f"tracking.run_root={tmp_path}", "data.seq_len=96"]), 8) is None
     assert "held at 64 steps" in horizon_line(8, {**rec, "passed": True, "accuracy_all": 0.95})
     path.write_text('{"short_steps": 8')  # damaged: absent
-    assert read_record(cfg, 8) is None
+    assert read_record(folder, cfg, 8) is None
 
 
 def _outcome(short_means, long_means, sd=0.01, seed=0):
@@ -180,8 +181,9 @@ def test_a_short_ranking_unrelated_to_the_long_one_is_never_read_as_a_decision(t
     cfg = config_with(cfg, {"tracking.run_root": str(tmp_path / "runs"), "train.max_steps": 8})
     run = SimpleNamespace(run_dir=tmp_path / "runs" / "decide-x", log_artifact=lambda *a: None,
                           log_metrics=lambda *a: None)
-    write_decision(run, o, record_to=record_path(cfg, 8))
-    rec = read_record(cfg, cfg.train.max_steps)  # what `raycpt sweep` with the same settings reads
+    folder = tmp_path / "runs" / "decisions"
+    write_decision(run, o, record_to=record_path(folder, cfg, 8))
+    rec = read_record(folder, cfg, cfg.train.max_steps)  # what `raycpt sweep` with the same settings reads
     assert rec is not None and rec["passed"] is False and rec["long_steps"] == 64
     assert "does NOT predict a 64-step run (0% of 15 pairs" in horizon_line(cfg.train.max_steps, rec)
 

@@ -76,14 +76,16 @@ def test_store_or_lost_adopts_a_record_of_the_same_job_or_a_dead_server(fresh_lo
 
     tr = fresh_lost
     from raycpt.config import TrackingConfig
+    from raycpt.runs.location import locate
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = TrackingConfig(uri=f"http://127.0.0.1:{port}", run_root=str(tmp_path / "root"))
-    assert tr.store_or_lost(cfg, tmp_path) is None
+    where = locate(cfg, check=False)  # the trial's: the driver's, carried (its check is the trial's own)
+    assert tr.store_or_lost(where, tmp_path) is None
     rec = json.loads((tmp_path / tr.LOST_FILE).read_text())
     assert rec["uri"] == cfg.uri and "no MLflow server answers" in rec["error"]
     monkeypatch.setattr(tr, "_lost", {})  # another trial process of the same sweep: the record is enough
     monkeypatch.setattr(tr, "ensure_store", lambda c: pytest.fail("the store must not be asked again"))
-    assert tr.store_or_lost(cfg, tmp_path) is None and tr.tracking_lost()["uri"] == cfg.uri
+    assert tr.store_or_lost(where, tmp_path) is None and tr.tracking_lost()["uri"] == cfg.uri
