@@ -93,6 +93,21 @@ def write_seal(path: Path) -> Path:
     return atomic_write_json(seal_path(path), {"format": SEAL_FORMAT, "sha256": sha256_file(path)})
 
 
+def read_manifest(path: Path, fmt: str, missing: str = "") -> "tuple[dict | None, str | None]":
+    """A manifest (a JSON object whose ``format`` is ``fmt``) and None, or None and why not in a few words naming the
+    file: it does not exist (``missing`` appended, e.g. why it may be absent), cannot be read, or is not one."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"it has no {path.name}{missing}"
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return None, f"its {path.name} cannot be read ({type(e).__name__})"
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        return None, f"its {path.name} is not a {fmt} record"
+    return doc, None
+
+
 def seal_problem(path: Path, made: str = "written") -> "str | None":
     """None when ``path``'s seal names its sha256; else why not, in a few words (no seal, a seal that cannot be read
     or is not one, a file changed after it was ``made``, even with its size and mtime kept). THE check of every

@@ -356,6 +356,21 @@ def task_limit(cfg: EvalConfig, task: str) -> Optional[int]:
     return cfg.limit.get(task) if isinstance(cfg.limit, dict) else cfg.limit
 
 
+def question_count(cfg: EvalConfig, task: str) -> Optional[int]:
+    """How many questions ``task`` evaluates when they come from a local file (wordnet_mc's asset, a question file),
+    ``eval.limit`` applied; None for a benchmark whose questions are fetched or split into subtasks by lm-eval, or a
+    file that does not read (its evaluation says why)."""
+    path = WORDNET_MC_FILE if task in ("wordnet_mc", "wordnet_mc_gen") else Path(task).expanduser()
+    if not path.is_file():
+        return None
+    try:
+        n = len(read_questions(path))
+    except RaycptError:
+        return None
+    limit = task_limit(cfg, task)
+    return min(n, limit) if limit else n
+
+
 def _shard_task(task, shard: tuple[int, int], limit: Optional[int]) -> bool:
     """Make lm-eval read only this rank's documents of ``task`` (original document indices kept);
     False when the rank has none (the task is left out: lm-eval cannot score an empty task)."""

@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Optional
 
 from raycpt.config import ExperimentConfig
-from raycpt.evaluate import mmlu_questions
+from raycpt.evaluate import mmlu_questions, question_count
 from raycpt.evaluate.general import general_blocks, general_documents
-from raycpt.io import atomic_write_json, sha256_file
+from raycpt.io import atomic_write_json, read_manifest, sha256_file
 from raycpt.models.digests import folder_digest
+from raycpt.progress import write_phase
+from raycpt.report.sweep.outcomes import HELDOUT_DOCS_FILE
 from raycpt.train.driver.final_eval import final_evaluation
 from raycpt.train.worker.evaluation import EVAL_RESULT_FILE, EvalRequest
 
@@ -143,7 +145,7 @@ def record_problem(doc) -> Optional[str]:
             isinstance(modes, dict) and all(isinstance(sc, dict) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in sc.values())
                 for sc in modes.values()) for modes in scores.values()):
-        return f"its scores are not {{task: {{mode: {{key: number}}}}}}"
+        return "its scores are not {task: {mode: {key: number}}}"
     for k in ("heldout_loss", "general_loss"):
         v = doc.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
@@ -154,13 +156,10 @@ def record_problem(doc) -> Optional[str]:
 def entry_problem(cache: Path, key: dict) -> Optional[str]:
     """None when the cache entry ``cache`` verifies: its ``entry.json`` names this key and every file of the entry
     with its sha256, and its ``eval_result.json`` has the shape of one (:func:`record_problem`); else why not."""
-    try:
-        seal = json.loads((cache / ENTRY_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"it has no {ENTRY_FILE} (cut short, or written by an older raycpt)"
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        return f"its {ENTRY_FILE} cannot be read ({type(e).__name__})"
-    if not isinstance(seal, dict) or seal.get("format") != ENTRY_FORMAT or not isinstance(seal.get("files"), dict):
+    seal, why = read_manifest(cache / ENTRY_FILE, ENTRY_FORMAT, " (cut short, or written by an older raycpt)")
+    if why is not None:
+        return why
+    if not isinstance(seal.get("files"), dict):
         return f"its {ENTRY_FILE} is not a {ENTRY_FORMAT} record"
     if seal.get("key") != _key_digest(key):
         return "it was written for another model, evaluation or code version"
@@ -223,8 +222,11 @@ def base_result(trial, spec) -> dict:
     nothing trainable), its metrics on the trial's child run."""
     cfg, shared, root = trial.cfg, trial.shared, trial.run.location.base_eval  # the command's run root
     model_path = shared["model_path"]
+    write_phase(trial.dir, "starting", label=BASE_LABEL, doing="checking the cached evaluation of the untrained model")
     cache = verified_cache(root, cfg, model_path, shared, say=_warn)
     fresh = not (cache / ENTRY_FILE).is_file()
+    write_phase(trial.dir, "evaluating", label=BASE_LABEL,
+                doing=evaluation_words(cfg, shared) + ("" if fresh else "; reading the verified cache"))
     if fresh:
         shutil.rmtree(cache, ignore_errors=True)  # a folder cut short before its seal: none of it is trusted
         cache = writable_cache(cache, trial.dir / "base_eval_uncached", say=_warn)
@@ -249,6 +251,39 @@ def base_result(trial, spec) -> dict:
                            **{k: result[k] for k in ("heldout_loss", "general_loss", *BPB_KEYS)
                               if result[k] is not None}})
     return result
+
+
+BASE_LABEL = "base row"
+"""How the progress line names the base row."""
+
+
+def evaluation_words(cfg: ExperimentConfig, shared: dict) -> str:
+    """What a trial's evaluation covers, for its progress line: ``48 questions, 30 held-out documents, 25 general
+    documents`` (a benchmark whose questions are not counted here is named; blocks where the documents are not
+    recorded)."""
+    counts = {t: question_count(cfg.eval, t) for t in cfg.eval.tasks}
+    known = sum(n for n in counts.values() if n is not None)
+    unknown = [t for t, n in counts.items() if n is None]
+    words = [f"{known} questions" if not unknown else
+             (f"{known} questions and " if known else "") + "the questions of " + ", ".join(unknown)]
+    words += [d for d in (_documents(shared.get("heldout_path"), HELDOUT_DOCS_FILE, "held-out"),
+                          _documents(shared.get("general_path"), GENERAL_DOCS_FILE, "general")) if d]
+    return ", ".join(words)
+
+
+def _documents(blocks_path: Optional[str], docs_name: str, what: str) -> Optional[str]:
+    """``30 held-out documents`` from the documents file beside the blocks (``12 held-out blocks`` without one)."""
+    if not blocks_path:
+        return None
+    try:
+        docs = json.loads((Path(blocks_path).parent / docs_name).read_text(encoding="utf-8"))
+        return f"{len({json.dumps(d, sort_keys=True) for d in docs})} {what} documents"
+    except (OSError, ValueError, TypeError):
+        pass
+    try:
+        return f"{len(json.loads(Path(blocks_path).read_text(encoding='utf-8')))} {what} blocks"
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _warn(line: str) -> None:

@@ -37,8 +37,10 @@ from raycpt.cluster import preflight
 from raycpt.config import ExperimentConfig, config_from_dict, config_to_dict
 from raycpt.data.corpus import heldout_blocks as corpus_heldout_blocks
 from raycpt.errors import RaycptError
+from raycpt.jobs.base_row import evaluation_words
 from raycpt.models.shards import trust_checked
 from raycpt.models.sources import resolve_model_path
+from raycpt.progress import write_phase
 from raycpt.report.progress import TrialsProgress
 from raycpt.runs.folder import AttemptClock, assert_private_folder, memo, read_memo
 from raycpt.runs.location import RunLocation, from_dict
@@ -346,6 +348,7 @@ def train_and_evaluate(trial: Trial, tcfg: ExperimentConfig, name: str, progress
                       validation_path=trial.shared.get("validation_path"),
                       general_path=trial.shared.get("general_path"))
     tdir = trial.dir / "train"
+    write_phase(trial.dir, "starting", evaluation=evaluation_words(tcfg, trial.shared))  # the line's evaluating words
     train = run_training(tcfg, trial.run, run_dir=tdir,
                          resume=(tdir / "state.json").exists() or (tdir / "ray").exists(), name=name,
                          progress=progress, evaluate=req, in_process=trial.threads is not None)

@@ -414,6 +414,9 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
         trials += extend_lr_grid(run, grid, trials, cfg, resume, console)
         stop_ray_soon()  # Ray shuts down while the summary is written
         trials, tuning = pick_by_validation(trials)
+        if console is not None:
+            console.print(f"summary: {len(trials)} trials -> {run_dir / 'summary'} (tables, figures, verdict)",
+                          markup=False, highlight=False)
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
                                 general=cfg.eval.general, report=report_options(cfg, run.location.decisions))
         if tuning:

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from raycpt.io import sha256_file
+from raycpt.io import read_manifest, sha256_file
 from raycpt.models.digests import file_digests
 
 SHARDS_FILE = "shards.json"
@@ -158,13 +158,10 @@ def shards_problem(folder) -> Optional[str]:
     state: size, times and inode, so a file rewritten in place with its mtime set back is hashed again); else why
     not. What every reader of the shards checks (:func:`read_shards`: a trial's checkpoint, a publish)."""
     folder = Path(folder)
-    try:
-        doc = json.loads((folder / SHARDS_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"it has no {SHARDS_FILE}"
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        return f"its {SHARDS_FILE} cannot be read ({type(e).__name__})"
-    if not isinstance(doc, dict) or doc.get("format") != SHARDS_FORMAT or not _groups_shape_ok(doc.get("groups")):
+    doc, why = read_manifest(folder / SHARDS_FILE, SHARDS_FORMAT)
+    if why is not None:
+        return why
+    if not _groups_shape_ok(doc.get("groups")):
         return f"its {SHARDS_FILE} is not a {SHARDS_FORMAT} record"
     if doc.get("seal") != _seal(doc):
         return f"its {SHARDS_FILE} does not match its seal (edited, or written by an older raycpt)"

@@ -17,15 +17,15 @@ from raycpt.report.figures import save_figure
 
 # (key in the table, title, y label, per-model?) - per-model metrics have ``<key>_base`` / ``<key>_tuned``
 COMPARE_PANELS = [
-    ("cka", "Linear CKA (base vs tuned)", "CKA", False),
-    ("cosine", "Mean cosine similarity", "cosine", False),
-    ("mean_shift", "Mean shift ||mu_base - mu_tuned||", "L2 distance", False),
-    ("wc_attn", "Weight change, attention Q/K/V/O", "Frobenius distance", False),
-    ("wc_mlp", "Weight change, MLP", "Frobenius distance", False),
-    ("prompt_entropy", "Prompt entropy (alpha-Renyi, / log T)", "normalised entropy", True),
-    ("dataset_entropy", "Dataset entropy (mean-pooled, / log n)", "normalised entropy", True),
-    ("effective_rank", "Effective rank (Roy & Vetterli)", "effective rank", True),
-    ("probe_accuracy", "Layer-wise probe: logit-lens next-token accuracy", "accuracy", True),
+    ("cka", "Linear CKA of base and tuned hidden states", "linear CKA (0-1, 1 = same)", False),
+    ("cosine", "Mean cosine similarity of base and tuned hidden states", "cosine similarity (-1 to 1)", False),
+    ("mean_shift", "Mean shift ||mu_base - mu_tuned||", "L2 distance (hidden-state units)", False),
+    ("wc_attn", "Weight change, attention Q/K/V/O", "Frobenius norm of W_tuned - W_base (weight units)", False),
+    ("wc_mlp", "Weight change, MLP", "Frobenius norm of W_tuned - W_base (weight units)", False),
+    ("prompt_entropy", "Prompt entropy (alpha-Renyi, / log T)", "entropy / log T (0-1)", True),
+    ("dataset_entropy", "Dataset entropy (mean-pooled, / log n)", "entropy / log n (0-1)", True),
+    ("effective_rank", "Effective rank (Roy & Vetterli)", "effective rank (dimensions)", True),
+    ("probe_accuracy", "Layer-wise probe: logit-lens next-token accuracy", "accuracy (fraction of tokens)", True),
 ]
 
 
@@ -39,6 +39,7 @@ def _plt():
 
 
 FIGURE = {"dpi": 110, "bbox_inches": "tight"}  # how these figures are saved (report.figures.save_figure)
+DEPTH = "relative depth (layer index + 0.5) / N, layer index 0-based"
 
 
 def _depth(rows: Sequence[dict]) -> list[float]:
@@ -65,9 +66,10 @@ def plot_compare(rows: Sequence[dict], out_dir: Path, base_label: str = "base", 
                 a.plot(x, [r[f"{key}_tuned"] for r in rows], "s-", ms=3, label=tuned_label)
                 a.legend(fontsize=7)
             else:
-                a.plot(x, [r[key] for r in rows], "o-", ms=3, color="C2")
+                a.plot(x, [r[key] for r in rows], "o-", ms=3, color="C2", label=f"{base_label} vs {tuned_label}")
+                a.legend(fontsize=7)
             a.set_title(ttl, fontsize=9)
-            a.set_xlabel("relative depth (layer + 0.5) / N", fontsize=8)
+            a.set_xlabel(DEPTH, fontsize=8)
             a.set_ylabel(ylab, fontsize=8)
             a.set_xlim(0, 1)
             a.grid(alpha=0.3)
@@ -83,7 +85,8 @@ def plot_compare(rows: Sequence[dict], out_dir: Path, base_label: str = "base", 
 
 def plot_swaps(swaps: Sequence[dict], base_score: float, tuned_score: float, out_path: Path,
                metric: str = "score") -> Path:
-    """Layer swap: score of base with block j from tuned, and of tuned with block j from base."""
+    """Layer swap: score of base with block j from tuned, and of tuned with block j from base (scores in percent;
+    the y label names the score: the swaps' ``score_key``)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     blocks = sorted({s["block"] for s in swaps})
@@ -95,13 +98,14 @@ def plot_swaps(swaps: Sequence[dict], base_score: float, tuned_score: float, out
         ys = [next((s[metric] for s in swaps if s["block"] == b and s["direction"] == direction), float("nan"))
               for b in blocks]
         ax.plot(blocks, ys, style, label=direction.replace("<-", " with block from "))
-    ax.axhline(base_score, color="grey", ls=":", label=f"base {base_score:.3f}")
-    ax.axhline(tuned_score, color="black", ls="-.", label=f"tuned {tuned_score:.3f}")
+    ax.axhline(base_score, color="grey", ls=":", label=f"base, no swap ({base_score:.3f})")
+    ax.axhline(tuned_score, color="black", ls="-.", label=f"tuned, no swap ({tuned_score:.3f})")
     ax.set_xticks(blocks)
     ax.set_xticklabels(labels, fontsize=8)
-    ax.set_xlabel("swapped block (layers)")
-    ax.set_ylabel(metric)
-    ax.set_title("Layer swap (the inverted U: middle blocks carry the gain)", fontsize=9)
+    ax.set_xlabel("swapped block (layer indices, 0-based)")
+    ax.set_ylabel(f"{swaps[0].get('score_key', metric) if swaps else metric} (%)")
+    ax.set_title("Layer swap: each model's score with one block from the other\n"
+                 "(the inverted U: middle blocks carry the gain)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return save_figure(fig, out_path, **FIGURE)
@@ -123,10 +127,14 @@ def plot_contribution(contrib: dict[int, float], num_layers: int, out_path: Path
     for l, xi, yi in zip(layers, x, y):
         ax.annotate(str(l), (xi, yi), ha="center", va="bottom" if yi >= 0 else "top", fontsize=6)
     ax.set_xlim(0, 1)
-    ax.set_xlabel("relative depth (layer + 0.5) / N")
-    ax.set_ylabel("contribution (score_l - base) / (full - base)")
+    ax.set_xlabel(DEPTH)
+    ax.set_ylabel("(score_l - base) / (full - base)\n(1 = full training)")
     ax.set_title(title or "Layer contribution from single-layer training", fontsize=9)
-    ax.legend(fontsize=7)
+    from matplotlib.patches import Patch
+
+    handles = ax.get_legend_handles_labels()[0] + [Patch(color="C0", label="one layer trained alone (index above)")]
+    handles += [Patch(color="C3", label="beyond full training (> 1)")] if any(v > 1.0 for v in y) else []
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, out_path, **FIGURE)
 
@@ -140,9 +148,9 @@ def plot_l2_change(single: dict[int, float], full: dict[int, float], num_layers:
     ax.plot(x, [single.get(l, float("nan")) for l in layers], "o-", ms=3, label="trained alone (single)")
     ax.plot(x, [full.get(l, float("nan")) for l in layers], "s-", ms=3, label="under full training")
     ax.set_xlim(0, 1)
-    ax.set_xlabel("relative depth")
-    ax.set_ylabel("||W_trained - W_base||_F")
-    ax.set_title("Parameter change per layer", fontsize=9)
+    ax.set_xlabel(DEPTH)
+    ax.set_ylabel("||W_trained - W_base||_F\n(Frobenius norm, weight units)")
+    ax.set_title("Parameter change per layer: trained alone against under full training", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return save_figure(fig, out_path, **FIGURE)

@@ -265,28 +265,34 @@ def plot(o: DecideOutcome, path: Path) -> Path:
     sv, lv = o.values[hs[0]][PRIMARY], o.values[hs[-1]][PRIMARY]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.6))
     xs, ys = [_m(sv[a]) for a in o.arms], [_m(lv[a]) for a in o.arms]
-    ax.errorbar(xs, ys, xerr=[_sd(sv[a]) for a in o.arms], yerr=[_sd(lv[a]) for a in o.arms], fmt="o", capsize=3)
+    ax.errorbar(xs, ys, xerr=[_sd(sv[a]) for a in o.arms], yerr=[_sd(lv[a]) for a in o.arms], fmt="o", capsize=3,
+                label=f"arm: mean over {len(o.seeds)} seeds, whiskers ± 1 SD over seeds")
     for a, x, y in zip(o.arms, xs, ys):
         ax.annotate(a + ("" if all(o.picks[h][a]["tuned"] for h in hs) else " (untuned)"), (x, y), fontsize=8,
                     xytext=(4, 4), textcoords="offset points")
-    ax.set_xlabel(f"held-out loss after {o.steps[f'{hs[0]:g}']} steps (nats/token, seed mean ± SD)")
-    ax.set_ylabel(f"held-out loss after {o.steps[f'{hs[-1]:g}']} steps")
+    short, long = o.steps[f"{hs[0]:g}"], o.steps[f"{hs[-1]:g}"]
+    ax.set_xlabel(f"held-out loss after {short} steps (nats per token)")
+    ax.set_ylabel(f"held-out loss after {long} steps (nats per token)")
     d = o.decisions.get(PRIMARY, {})
-    ax.set_title(f"short vs long: decision accuracy {_fmt(d.get('accuracy_all'))}, tau {_fmt(d.get('tau'))}")
+    ax.set_title(f"{short}-step against {long}-step held-out loss per arm\n"
+                 f"decision accuracy {_fmt(d.get('accuracy_all'))}, Kendall tau {_fmt(d.get('tau'))}", fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
     rows = d.get("reliability", [])
     bx.plot([0.5, 1], [0.5, 1], ls="--", color="grey", label="perfect calibration")
     if rows:
-        bx.plot([r["confidence"] for r in rows], [r["correct"] for r in rows], "o-", label="pairs per bin")
+        bx.plot([r["confidence"] for r in rows], [r["correct"] for r in rows], "o-",
+                label="one bin of pairs (its number of pairs beside it)")
         for r in rows:
             bx.annotate(str(r["n"]), (r["confidence"], r["correct"]), fontsize=8, xytext=(4, -10),
                         textcoords="offset points")
     bx.set_xlim(0.45, 1.02), bx.set_ylim(-0.02, 1.02)
-    bx.set_xlabel("short sweep's probability that its pick of a pair wins")
-    bx.set_ylabel("share the long horizon orders alike")
-    bx.set_title(f"calibration: ECE {_fmt(d.get('ece'))}")
+    bx.set_xlabel(f"{short}-step win probability of the pick of a pair (mean over the bin)")
+    bx.set_ylabel(f"share of the bin's pairs the {long}-step run orders alike")
+    bx.set_title(f"Calibration of the {short}-step win probabilities\nexpected calibration error {_fmt(d.get('ece'))}",
+                 fontsize=10)
     bx.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    return save_figure(fig, path, dpi=110)
+    return save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
 def write_decision(run, o: DecideOutcome, console=None, record_to: Optional[Path] = None) -> None:

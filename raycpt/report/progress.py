@@ -2,7 +2,9 @@
 
 The driver does not see the trials' stdout (they run in Ray actors, possibly on other nodes), but
 every trial writes ``<trial>/train/train_metrics.jsonl`` (rank 0, one line per step and lifecycle
-events) and ``<trial>/result.json`` when done. :func:`trial_state` turns those files into one line;
+events), a phase note (:func:`raycpt.progress.write_phase`: the base row's evaluation, what a row's evaluation covers)
+and ``<trial>/result.json`` when done. :func:`trial_state` turns those files into one line that names the phase
+(starting, training, checkpointing, evaluating);
 :class:`TrialsProgress` shows a bar over trials with the running trial's step, and prints one line
 per finished trial; :class:`StepProgress` is ``raycpt train``'s bar over steps. Both are
 :class:`FilePoller` s: a driver thread polling files. :func:`raycpt.progress.progress_bar` is the bar over counted
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from raycpt.io import sealed_json_problem
+from raycpt.progress import read_phase
 from raycpt.runs.folder import read_memo
 from raycpt.tasks import is_continuous
 
@@ -27,12 +30,16 @@ RESULT = "result.json"
 
 @dataclass(frozen=True)
 class TrialState:
-    """``phase``: pending, starting, training, evaluating, done; ``step``/``loss`` while training."""
+    """``phase``: pending, starting, training, checkpointing, evaluating, done; ``step``/``loss`` while training;
+    ``label`` (how the line names the trial, its name by default) and ``doing`` (what the phase covers) from the
+    trial's phase note."""
 
     name: str
     phase: str
     step: int = 0
     loss: Optional[float] = None
+    label: str = ""
+    doing: str = ""
 
 
 def _tail_records(path: Path, nbytes: int = 8192) -> list[dict]:
@@ -64,25 +71,40 @@ def trial_state(trial_dir: Path, name: Optional[str] = None) -> TrialState:
         return TrialState(name, "done")
     if not trial_dir.is_dir():
         return TrialState(name, "pending")
-    step, loss, phase = 0, None, "starting"
+    note = read_phase(trial_dir) or {}
+    step, loss, phase, logged = 0, None, note.get("phase", "starting"), False
     for rec in _tail_records(trial_dir / METRICS):
+        logged = True
         if "loss" in rec and "step" in rec:
             step, loss, phase = int(rec["step"]), float(rec["loss"]), "training"
         elif rec.get("event") in ("start", "resume"):
             step, phase = int(rec.get("step", 0)), "training"
+        elif rec.get("timing") == "checkpoint_begin":
+            step, phase = int(rec.get("step", step)), "checkpointing"
+        elif rec.get("timing") == "checkpoint" and phase == "checkpointing":
+            phase = "training"
         elif rec.get("event") in ("evaluate", "finished"):
             phase = "evaluating"
-    return TrialState(name, phase, step, loss)
+    doing = str(note.get("evaluation", "")) if phase == "evaluating" and logged else \
+        "" if logged else str(note.get("doing", ""))
+    return TrialState(name, phase, step, loss, str(note.get("label", "")), doing)
+
+
+STARTING = "loading the model, starting the training workers"
+"""What a trained row's ``starting`` covers: its trial is placed, the model loads, the workers start."""
 
 
 def describe(state: TrialState, max_steps: int) -> str:
-    """One short line for the running trial, e.g. ``train_deep-r0.5: step 5/8, loss 3.912``."""
+    """One short line for the running trial that names its phase, e.g. ``train_deep-r0.5: training, step 5/8, loss
+    3.912`` or ``base row: evaluating (48 questions, 30 held-out documents)``."""
+    who = state.label or state.name
     if state.phase == "training":
         loss = "" if state.loss is None else f", loss {state.loss:.3f}"
-        return f"{state.name}: step {state.step}/{max_steps}{loss}"
-    if state.phase == "starting":
-        return f"{state.name}: starting workers"
-    return f"{state.name}: {state.phase}"
+        return f"{who}: training, step {state.step}/{max_steps}{loss}"
+    if state.phase == "checkpointing":
+        return f"{who}: checkpointing, step {state.step}/{max_steps}"
+    doing = state.doing or (STARTING if state.phase == "starting" else "")
+    return f"{who}: {state.phase}" + (f" ({doing})" if doing else "")
 
 
 def finished_line(result: dict) -> str:
@@ -176,7 +198,7 @@ class StepProgress(FilePoller):
                         TimeElapsedColumn(), transient=False)
 
     def _start(self, bar):
-        return bar.add_task("train", total=self.total, completed=self.start, info="starting workers...")
+        return bar.add_task("train", total=self.total, completed=self.start, info=f"starting: {STARTING}")
 
     def _poll(self, bar, task) -> None:
         if not self.path.is_file():
@@ -195,6 +217,10 @@ class StepProgress(FilePoller):
                            info=f"loss {r['loss']:.4f}  {r.get('tokens_per_s', 0):,.0f} tok/s")
             elif r.get("event") == "resume":
                 bar.update(task, completed=r.get("step", 0), info=f"resumed at step {r.get('step')}")
+            elif r.get("timing") == "checkpoint_begin":
+                bar.update(task, info=f"checkpointing, step {r.get('step')}")
+            elif r.get("event") == "evaluate":
+                bar.update(task, info="evaluating the final weights")
         self._pos += len(chunk[:done].encode("utf-8"))
 
 

@@ -31,8 +31,13 @@ def scores_plot(path: Path, scores: np.ndarray, top: Sequence[int], title: str) 
     fig, ax = plt.subplots(figsize=(max(5.0, 0.25 * len(s) + 2), 3.2))
     colors = ["tab:orange" if i in set(top) else "tab:blue" for i in range(len(s))]
     ax.bar(np.arange(len(s)), np.where(np.isfinite(s), s, 0.0), color=colors)
-    ax.set_xlabel("decoder layer")
-    ax.set_ylabel("score (higher = train first)")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color="tab:orange", label=f"top {len(set(top))}: trained"),
+                       Patch(color="tab:blue", label="other layers")], fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    ax.set_xlabel("decoder layer index (0-based)")
+    ax.set_ylabel("selector score\n(higher = train first)")
     ax.set_title(title, fontsize=9)
     ax.set_xticks(np.arange(0, len(s), max(1, len(s) // 15)))
     return save_figure(fig, Path(path), **FIGURE)

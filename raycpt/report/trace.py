@@ -44,6 +44,8 @@ def pyplot():
 
 
 FIGURE = {"format": "png", "dpi": 120, "bbox_inches": "tight"}  # how these figures are saved (report.figures)
+RATIO_LABEL = "mean Ratio (relative change of P_t, unitless)"  # the heatmaps' colour bars
+DJS_LABEL = "mean dJS (relative change of JS, unitless)"
 
 
 # ------------------------------------------------------------------------------------------ tables
@@ -153,7 +155,8 @@ def heatmap(matrix: np.ndarray, groups: Sequence[str], title: str, cmap: str, pa
     step = 1 if m.shape[1] <= 32 else 2
     ax.set_xticks(range(0, m.shape[1], step))
     ax.set_xticklabels([str(i) for i in range(0, m.shape[1], step)], fontsize=7)
-    ax.set_xlabel("decoder layer i (after block i)")
+    ax.set_xlabel("decoder layer index i (0-based; output of block i)")
+    ax.set_ylabel("prompt group")
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label=label, fraction=0.03, pad=0.02)
     return save_figure(fig, path, **FIGURE)
@@ -175,15 +178,16 @@ def profile_plot(profiles: dict, recommended: dict, requested: Sequence[float], 
     ax.axvline(b - 0.5, color="black", lw=1.5, label=f"recommended r={recommended['ratio']:g} (b={b})")
     for r in requested:
         rb = split_index(r, n)
-        ax.axvline(rb - 0.5, color="gray", lw=1, ls="--")
+        ax.axvline(rb - 0.5, color="gray", lw=1, ls="--",
+                   label=None if r != requested[0] else "requested split ratios r (dashed, r above)")
         ax.text(rb - 0.5, 1.04, f"{r:g}", ha="center", va="bottom", fontsize=7, color="gray")
     step = 1 if n <= 32 else 2
     ax.set_xticks(range(0, n, step))
     ax.tick_params(axis="x", labelsize=7)
     ax.set_xlim(-0.5, n - 0.5)
     ax.set_ylim(-0.05, 1.12)
-    ax.set_xlabel("decoder layer i")
-    ax.set_ylabel("min-max normalised")
+    ax.set_xlabel("decoder layer index i (0-based)")
+    ax.set_ylabel("min-max normalised over layers\n(0 = lowest layer, 1 = highest)")
     ax.set_title(title or "LayerTracer profiles", fontsize=10)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return save_figure(fig, path, **FIGURE)
@@ -220,9 +224,9 @@ def write_artifacts(run_dir: Path, df, profiles: dict, table: Sequence[dict], re
         ratio_m = np.stack([profiles["groups"][g]["tp"] for g in groups])
         djs_m = np.stack([profiles["groups"][g]["ls"] for g in groups])
         paths["heatmap_ratio"] = heatmap(ratio_m, groups, f"{title}: mean Ratio per group and layer (Task Particle)",
-                                         "Greens", run_dir / "heatmap_ratio.png", "mean Ratio")
+                                         "Greens", run_dir / "heatmap_ratio.png", RATIO_LABEL)
         paths["heatmap_djs"] = heatmap(djs_m, groups, f"{title}: mean dJS per group and layer (Layer-wise Sensitivity)",
-                                       "Reds", run_dir / "heatmap_djs.png", "mean dJS")
+                                       "Reds", run_dir / "heatmap_djs.png", DJS_LABEL)
     paths["profile"] = profile_plot(profiles, recommended, requested, run_dir / "profile.png",
                                     f"{title}: normalised TP and LS")
     paths["split_table_csv"] = write_text(run_dir / "split_table.csv", table_csv(table))

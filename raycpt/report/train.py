@@ -65,9 +65,9 @@ def plot_loss_curve(steps: list[int], losses: list[float], out: Path, title: Opt
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, label=label, linewidth=1.4, marker="." if len(xs) <= 60 else None)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss (cross-entropy)")
+    ax.set_ylabel("training loss (cross-entropy, nats per token)")
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(f"Training loss per optimizer step: {title}", fontsize=10)
     if len(series) > 1:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
@@ -80,7 +80,8 @@ def plot_drift(history: list[dict], out: Path) -> Optional[Path]:
     None when the history holds no per-layer weight change."""
     import numpy as np
 
-    keys = sorted({k for h in history for k in h if re.fullmatch(r"drift\.dW\.L\d+", k)})
+    keys = sorted({k for h in history for k in h if re.fullmatch(r"drift\.dW\.L\d+", k)},
+                  key=lambda k: int(k.rsplit("L", 1)[1]))  # by layer index, however the names are padded
     if not keys:
         return None
     steps = [h["step"] for h in history]
@@ -92,12 +93,15 @@ def plot_drift(history: list[dict], out: Path) -> Optional[Path]:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, mat, title in ((axes[0], dw, "||W - W_start||_F per layer"),
-                           (axes[1], 1 - ck, "1 - CKA(start, now) on the probe batch")):
+    for ax, mat, title, unit in ((axes[0], dw, "||W - W_start||_F per layer", "Frobenius norm (weight units)"),
+                                 (axes[1], 1 - ck, "1 - CKA(start, now) on the probe batch",
+                                  "1 - linear CKA (0 = unchanged)")):
         im = ax.imshow(mat, aspect="auto", origin="lower", cmap="viridis",
                        extent=(min(steps) - 0.5, max(steps) + 0.5, -0.5, len(keys) - 0.5))
-        ax.set_xlabel("training step")
-        ax.set_ylabel("layer")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("decoder layer index (0-based)")
+        ax.set_yticks(range(len(keys)), [str(int(k.rsplit("L", 1)[1])) for k in keys],
+                      fontsize=7 if len(keys) <= 32 else 5)
         ax.set_title(title, fontsize=9)
-        fig.colorbar(im, ax=ax)
+        fig.colorbar(im, ax=ax, label=unit)
     return save_figure(fig, out, dpi=110, bbox_inches="tight")  # as compare's figures

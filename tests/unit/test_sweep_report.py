@@ -2,6 +2,7 @@
 
 import pytest
 
+from raycpt.report.sweep.model import as_rows
 from raycpt.report.sweep.views.markdown import table_markdown
 from raycpt.report.sweep.cells import parse_cells, split_gains, summary_table
 
@@ -45,7 +46,7 @@ def test_split_gains_pair_s_b_with_realised_gain():
 
 
 def test_markdown_has_one_row_per_trial_and_percentages():
-    md = table_markdown("wn", summary_table(TRIALS)["wn"])
+    md = table_markdown("wn", as_rows(summary_table(TRIALS)["wn"]))
     assert md.count("\n| train_") == 2
     assert "45.00*" in md and "(+5.00" in md
 
@@ -56,7 +57,7 @@ def test_markdown_carries_final_loss_and_terminal_table_fits_80_columns():
     from raycpt.report.sweep.views.rich import rich_table
 
     trials = [dict(t, final_loss=loss) for t, loss in zip(TRIALS, (3.4851, 3.7492, 3.7603))]
-    rows = summary_table(trials)["wn"]
+    rows = as_rows(summary_table(trials)["wn"])
     md = table_markdown("wn", rows)
     assert "final loss" in md.splitlines()[2]
     assert "| 3.749 |" in md and "| 3.760 |" in md and "| 3.485 |" in md
@@ -339,7 +340,7 @@ def test_rich_tables_with_intervals_fit_80_columns():
     s = build_summary(trials, {"split_scores": {"0.5": 0.1}, "split_intervals": {"0.5": [-0.2, 0.4]}},
                       ["wn"], ["gen_bench"], resamples=500)
     console = Console(width=80, record=True)
-    console.print(rich_table("wn", s["tables"]["wn"], "logit"))
+    console.print(rich_table("wn", as_rows(s["tables"]["wn"]), "logit"))
     console.print(rich_gains_table("wn", s["split_gains"]["wn"]))
     for item in rich_domain_general(s["domain_general"]):
         console.print(item)

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
+from raycpt.report.sweep.model import as_summary
 from raycpt.report.sweep.outcomes import load_outcomes
 from raycpt.splits import equal_count_split
 import numpy as np
@@ -377,12 +378,13 @@ def trials_heldout_deltas(trials: list[dict], baseline: str = "full") -> list[tu
     return out
 
 
-def largest_s_b(summary: dict) -> Optional[tuple[Any, list, bool]]:
+def largest_s_b(summary) -> Optional[tuple[Any, list, bool]]:
     """The split with the largest S(b) among the sweep's (argmax of the point estimates), the splits the trace
     cannot tell from it (``split_like_best``), and whether the trace gave that set at all; None when no split
-    has an S(b)."""
-    like = summary.get("split_like_best") or {}
-    gains = next(iter((summary.get("split_gains") or {}).values()), [])
+    has an S(b). ``summary``: a :class:`~raycpt.report.sweep.model.Summary` or its JSON form."""
+    summary = as_summary(summary)
+    like = summary.split_like_best or {}
+    gains = next(iter((summary.split_gains or {}).values()), [])
     scored = [(g["split"], g["S_b"]) for g in gains if g.get("S_b") is not None]
     if not scored:
         return None

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from raycpt.report.sweep.model import as_summary
 from raycpt.stats import mean_sampling_variance, pooled_run_variance, ratio_delta_se
 from raycpt.tasks import is_continuous
 
@@ -95,17 +96,18 @@ def has_run_noise(noise: Optional[dict]) -> bool:
     return bool(noise) and noise.get("df", 0) > 0 and not math.isnan(noise.get("var", math.nan))
 
 
-def strategy_claims_allowed(summary: dict) -> bool:
+def strategy_claims_allowed(summary) -> bool:
     """Whether the summary's marks and best may be shown as findings: only when the verdict's comparisons hold
     run-to-run noise (a strategy claim). A one-seed sweep without a noise estimate compares checkpoints; its
-    views then show each delta with its interval and no ▲ / ▼ and no best (issue 50)."""
-    return (summary.get("verdict") or {}).get("claim") == STRATEGY
+    views then show each delta with its interval and no ▲ / ▼ and no best (issue 50). ``summary``: a
+    :class:`~raycpt.report.sweep.model.Summary` or its JSON form."""
+    return as_summary(summary).verdict.get("claim") == STRATEGY
 
 
-def checkpoint_line(summary: dict) -> Optional[str]:
+def checkpoint_line(summary) -> Optional[str]:
     """The verdict's one line when the sweep made no strategy claim: what its marks compare, and the command
     that makes them strategy claims. None when run-to-run noise was measured."""
-    v = summary.get("verdict") or {}
+    v = as_summary(summary).verdict
     if v.get("claim") != CHECKPOINT:
         return None
     return ("One run per row: every ▲ / ▼ and best mark below compares these checkpoints (document and question "

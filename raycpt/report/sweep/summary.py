@@ -25,6 +25,8 @@ from raycpt.decide import horizon_line, read_record
 from raycpt.io import atomic_write_json, atomic_write_text
 from raycpt.report.sweep import family
 from raycpt.report.sweep.domain import domain_general
+from raycpt.report.sweep.model import Summary, as_rows
+from raycpt.report.sweep.views.columns import records
 from raycpt.report.sweep.views.markdown import summary_markdown
 from raycpt.report.sweep.outcomes import load_outcomes
 from raycpt.report.sweep.base import against_base
@@ -36,22 +38,10 @@ from raycpt.stats import DEFAULT_RESAMPLES
 DEFAULT_REPORT = {"primary": None, "adjust": "holm", "alpha": 0.05}  # build_summary without a config: no primary
 
 
-def delta_records(tables: dict[str, list[dict]]) -> list[dict]:
-    """Every cell of every task as one flat record (the MLflow parent table and ``deltas.csv``)."""
-    out = []
-    for task, rows in tables.items():
-        for r in rows:
-            for c, modes in r["cells"].items():
-                for m, x in modes.items():
-                    out.append({"task": task, "model": r["name"], "strategy": r["strategy"], "split": r["split"],
-                                "seeds": len(r.get("seeds") or [None]), "category": c, "mode": m,
-                                "accuracy": x["value"], "accuracy_lo": x.get("value_lo"),
-                                "accuracy_hi": x.get("value_hi"), "delta_vs_full": x.get("delta"),
-                                "delta_lo": x.get("lo"), "delta_hi": x.get("hi"), "verdict":
-                                    {1: "better", -1: "worse", 0: "no clear change"}.get(x.get("sign"), ""),
-                                "interval": x.get("method") or "", "best": x.get("best"), "p": x.get("p"),
-                                "p_adjusted": x.get("p_adj"), "role": x.get("role") or "exploratory"})
-    return out
+def delta_records(tables: dict) -> list[dict]:
+    """Every cell of every task as one flat record (the MLflow parent table and ``deltas.csv``; its columns:
+    :data:`raycpt.report.sweep.views.columns.COLUMNS`)."""
+    return [rec for task, rows in tables.items() for rec in records(task, as_rows(rows))]
 
 
 def _csv(records: list[dict]) -> str:
@@ -130,30 +120,37 @@ def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[st
             "horizon": report.get("horizon")}
 
 
+def summarise(trials: list[dict], trace: Optional[dict], domain: Sequence[str] = ("wordnet_mc",),
+              general: Sequence[str] = ("mmlu",), resamples: int = DEFAULT_RESAMPLES, report: Optional[dict] = None,
+              num_layers: Optional[int] = None) -> Summary:
+    """:func:`build_summary` typed (:class:`~raycpt.report.sweep.model.Summary`): what the writers and views read."""
+    return Summary.from_json(build_summary(trials, trace, domain, general, resamples, report, num_layers))
+
+
 DROP = ("losses", "outcomes", "heldout_blocks", "heldout_weights", "heldout_docs", "general_blocks", "general_weights",
         "general_docs")
 
 
 def write_summary(run_dir: Path, trials: list[dict], trace: Optional[dict], num_layers: int,
                   domain: Sequence[str] = ("wordnet_mc",), general: Sequence[str] = ("mmlu",), report=None) -> dict:
-    """Write the summary files into ``run_dir/summary``; ``summary["files"]`` lists them (the sweep job
-    logs them to its run: :func:`raycpt.jobs.sweep.log_summary`)."""
+    """Write the summary files into ``run_dir/summary`` from the typed summary (:func:`summarise`); returns what
+    summary.json holds, with ``"files"`` listing them (the sweep job logs them to its run:
+    :func:`raycpt.jobs.sweep.log_summary`)."""
     out = Path(run_dir) / "summary"
     out.mkdir(parents=True, exist_ok=True)
     full = [load_outcomes(t) for t in trials]
-    summary = build_summary(full, trace, domain, general, report=report, num_layers=num_layers)
-    files = [atomic_write_text(out / "deltas.csv", _csv(summary["records"]))]
-    for task, rows in summary["tables"].items():
-        files.append(atomic_write_text(out / f"table_{task}.csv", _csv(delta_records({task: rows}))))
+    summary = summarise(full, trace, domain, general, report=report, num_layers=num_layers)
+    files = [atomic_write_text(out / "deltas.csv", _csv(summary.records))]
+    for task, rows in summary.tables.items():
+        files.append(atomic_write_text(out / f"table_{task}.csv", _csv(records(task, rows))))
         files.append(plot_bars(out / f"scores_{task}.png", task, rows))
     files.append(plot_losses(out / "loss_curves.png", trials))
     if any(t.get("heldout_loss") is not None for t in trials):
         files.append(plot_heldout(out / "heldout_loss.png", trials))
-    if summary["base"].get("axes"):
-        files.append(plot_tradeoff(out / TRADEOFF_PNG, summary["base"]))
+    if summary.base.get("axes"):
+        files.append(plot_tradeoff(out / TRADEOFF_PNG, summary.base))
     files.append(atomic_write_text(out / "summary.md", summary_markdown(summary)))
-    summary.update(num_layers=num_layers, recommended_split=(trace or {}).get("recommended_split"),
-                   trials=[{k: v for k, v in t.items() if k not in DROP} for t in trials])
-    files.append(atomic_write_json(out / "summary.json", summary))
-    summary["files"] = [str(f) for f in files]
-    return summary
+    summary = summary.written(num_layers=num_layers, recommended_split=(trace or {}).get("recommended_split"),
+                              trials=[{k: v for k, v in t.items() if k not in DROP} for t in trials])
+    files.append(atomic_write_json(out / "summary.json", summary.to_json()))
+    return {**summary.to_json(), "files": [str(f) for f in files]}

@@ -17,11 +17,12 @@ Terms (bytes per worker; ``T`` = micro_batch x seq_len tokens, ``P`` = trainable
 * **activations**: only for the part that needs autograd, the layers from the first trainable one
   up (a frozen prefix runs under ``no_grad`` and keeps nothing: ``FrozenPrefix`` in
   ``train/worker/loop.py``); a frozen layer above a trainable one keeps only what its input gradient needs
-  (:data:`FROZEN_ACTIVATION_COEFFS`: a frozen linear saves no input). Per token and layer, the tensors autograd saves, a linear form in the config's
+  (:attr:`SavedPerToken.frozen`: a frozen linear saves no input). Per token and layer, the tensors autograd
+  saves, a linear form in the config's
   hidden ``H``, intermediate ``I``, query width ``nh*hd``, key/value width ``nkv*hd``, head counts
-  (:data:`ACTIVATION_COEFFS`; counted with ``torch.autograd.graph.saved_tensors_hooks`` on one layer
+  (:data:`SAVED`; counted with ``torch.autograd.graph.saved_tensors_hooks`` on one layer
   of each family with SDPA attention, so no ``T x T`` matrix). Under bf16 autocast most are bf16 and some
-  stay float32 (norm inputs, the residual stream, RoPE'd q/k): :data:`BF16_FP32_COEFFS` counts the
+  stay float32 (norm inputs, the residual stream, RoPE'd q/k): :attr:`SavedPerToken.bf16_fp32` counts the
   float32 ones per token (the same saved-tensor count under autocast, real-size Llama and Qwen3
   layers, exact to the byte); other families use :data:`BF16_BYTES_PER_FLOAT`. Activation checkpointing keeps each
   layer's input only plus one layer recomputed in backward.
@@ -60,29 +61,30 @@ PLAIN_LOGIT_COPIES = 3.0
 CHUNK_LOGIT_COPIES = 3.0
 SLACK = 0.05
 
-# floats saved per token per decoder layer: coefficient of (H, I, nh*hd, nh, nkv*hd, nkv, hd, 1)
-ACTIVATION_COEFFS: dict[str, tuple[float, ...]] = {
-    "llama": (6, 4, 2, 1, 2, 0, 2, 2),
-    "qwen3": (6, 4, 4, 2, 4, 1, 2, 2),
-    "gemma3": (10, 4, 4, 2, 4, 1, 2, 6),
+@dataclass(frozen=True)
+class SavedPerToken:
+    """What autograd saves per token in one decoder layer of a family, as coefficients of
+    ``(H, I, nh*hd, nh, nkv*hd, nkv, hd, 1)`` (counted with ``saved_tensors_hooks``: ``tests/unit/test_memory*.py``).
+
+    ``floats``: a layer with something to train; ``frozen``: a frozen layer autograd runs through (a frozen top
+    above trainable layers, train_shallow's deep half) keeps only what its input gradient needs (a frozen linear
+    keeps no input). ``bf16_fp32`` / ``bf16_fp32_frozen``: under bf16 autocast, the extra bytes / 2 of the floats
+    kept in float32 (None: :data:`BF16_BYTES_PER_FLOAT` per float)."""
+
+    floats: tuple[float, ...]
+    frozen: tuple[float, ...]
+    bf16_fp32: Optional[tuple[float, ...]] = None
+    bf16_fp32_frozen: Optional[tuple[float, ...]] = None
+
+
+SAVED: dict[str, SavedPerToken] = {
+    "llama": SavedPerToken((6, 4, 2, 1, 2, 0, 2, 2), (2, 3, 2, 1, 2, 0, 2, 2),
+                           (7, 0, 0, 1, 0, 0, 2, 2), (2, 0, 0, 1, 0, 0, 2, 2)),
+    "qwen3": SavedPerToken((6, 4, 4, 2, 4, 1, 2, 2), (2, 3, 3, 2, 3, 1, 2, 2),
+                           (7, 0, 1, 2, 1, 1, 2, 2), (2, 0, 1, 2, 1, 1, 2, 2)),
+    "gemma3": SavedPerToken((10, 4, 4, 2, 4, 1, 2, 6), (4, 3, 3, 2, 3, 1, 2, 4)),
 }
-# under bf16 autocast: extra bytes/2 per token and layer kept in float32, same basis as ACTIVATION_COEFFS
-BF16_FP32_COEFFS: dict[str, tuple[float, ...]] = {
-    "llama": (7, 0, 0, 1, 0, 0, 2, 2),
-    "qwen3": (7, 0, 1, 2, 1, 1, 2, 2),
-}
-# a FROZEN layer that autograd runs through (a frozen top above trainable layers, train_shallow's deep half): only what
-# its input gradient needs - a frozen linear keeps no input (its weight gradient is not taken); counted the same way
-FROZEN_ACTIVATION_COEFFS: dict[str, tuple[float, ...]] = {
-    "llama": (2, 3, 2, 1, 2, 0, 2, 2),
-    "qwen3": (2, 3, 3, 2, 3, 1, 2, 2),
-    "gemma3": (4, 3, 3, 2, 3, 1, 2, 4),
-}
-BF16_FP32_FROZEN_COEFFS: dict[str, tuple[float, ...]] = {
-    "llama": (2, 0, 0, 1, 0, 0, 2, 2),
-    "qwen3": (2, 0, 1, 2, 1, 1, 2, 2),
-}
-BF16_BYTES_PER_FLOAT = 2.4  # families without BF16_FP32_COEFFS (fitted on small shapes only)
+BF16_BYTES_PER_FLOAT = 2.4  # families without bf16 coefficients (fitted on small shapes only)
 FAMILY = {name: a.memory for a in TABLE.values() if a.memory for name in (a.name, *a.aliases)}
 """model_type -> memory family, from THE architecture table (:data:`raycpt.models.stack.TABLE`)."""
 
@@ -146,8 +148,9 @@ def model_shape(model) -> ModelShape:
 
 def layer_activation_floats(shape: ModelShape, frozen: bool = False) -> float:
     """Floats autograd keeps per token for one decoder layer (its input included); ``frozen``: a layer without
-    trainable parameters that autograd runs through (:data:`FROZEN_ACTIVATION_COEFFS`)."""
-    c = (FROZEN_ACTIVATION_COEFFS if frozen else ACTIVATION_COEFFS)[shape.family]
+    trainable parameters that autograd runs through (:attr:`SavedPerToken.frozen`)."""
+    saved = SAVED[shape.family]
+    c = saved.frozen if frozen else saved.floats
     return float(sum(a * b for a, b in zip(c, _dims(shape))))
 
 
@@ -158,12 +161,13 @@ def _dims(shape: ModelShape) -> tuple[int, ...]:
 
 def layer_activation_bytes(shape: ModelShape, bf16: bool, frozen: bool = False) -> float:
     """Bytes autograd keeps per token for one decoder layer: 4 per float in float32; under bf16 autocast 2
-    per float plus 2 more for each float kept in float32 (:data:`BF16_FP32_COEFFS`; a frozen layer's:
-    :data:`BF16_FP32_FROZEN_COEFFS`)."""
+    per float plus 2 more for each float kept in float32 (:attr:`SavedPerToken.bf16_fp32`; a frozen layer's:
+    :attr:`SavedPerToken.bf16_fp32_frozen`)."""
     floats = layer_activation_floats(shape, frozen)
     if not bf16:
         return 4.0 * floats
-    extra = (BF16_FP32_FROZEN_COEFFS if frozen else BF16_FP32_COEFFS).get(shape.family)
+    saved = SAVED[shape.family]
+    extra = saved.bf16_fp32_frozen if frozen else saved.bf16_fp32
     if extra is None:
         return BF16_BYTES_PER_FLOAT * floats
     return 2.0 * floats + 2.0 * sum(a * b for a, b in zip(extra, _dims(shape)))

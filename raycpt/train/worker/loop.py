@@ -416,6 +416,8 @@ class TrainingRecipe:
     def save_checkpoint(self, step: int, metrics: dict) -> Optional[str]:
         """A checkpoint of this step (every rank takes part; rank 0 writes): None when written, else why not."""
         tcfg = self.cfg.train
+        if self.logger is not None:  # the progress line says "checkpointing" until the timing record below
+            self.logger.event({"timing": "checkpoint_begin", "step": step, "time": time.time()})
         t_ckpt = time.perf_counter()
         why = checkpoint(self.session, self.model, self.wrapped, self.tokenizer, self.optimizer, self.scheduler, step,
                          self.history, self.plan, self.fsdp, data_pos=self.spec.data_position(step, metrics["epoch"]),

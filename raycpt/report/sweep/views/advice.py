@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from raycpt.report.sweep import family
+from raycpt.report.sweep.model import Cell, Row, Summary, as_summary
 from raycpt.report.sweep.base import BASE
 from raycpt.report.sweep.seeds import FLOOR_HINT, strategy_claims_allowed
 from raycpt.report.sweep.views.format import fmt_p
@@ -49,55 +50,55 @@ def train_command(strategy: str, split: Optional[float]) -> str:
     return f"raycpt train CONFIG plan.name={strategy}" + (f" plan.split={split:g}" if split is not None else "")
 
 
-def _pm(cell: Optional[dict], digits: int = 3) -> Optional[str]:
-    if not cell or cell.get("delta") is None:
+def _pm(cell: Optional[Cell], digits: int = 3) -> Optional[str]:
+    if cell is None or cell.delta is None:
         return None
-    txt = f"{cell['delta']:+.{digits}f}"
-    if cell.get("lo") is not None and cell.get("hi") is not None:
-        txt += "±" + f"{(cell['hi'] - cell['lo']) / 2:.{digits}f}".lstrip("0")
+    txt = f"{cell.delta:+.{digits}f}"
+    if cell.lo is not None and cell.hi is not None:
+        txt += "±" + f"{(cell.hi - cell.lo) / 2:.{digits}f}".lstrip("0")
     return txt
 
 
-def _primary(summary: dict) -> dict:
+def _primary(summary: Summary) -> dict:
     """The metric the leader is picked on: the declared primary when it ran, else the held-out loss."""
-    v = summary.get("verdict") or {}
+    v = summary.verdict
     p = family.parse_primary(v.get("primary")) if v.get("primary_found") else None
     return p or {"task": family.HELDOUT, "mode": None}
 
 
-def _rows(summary: dict) -> list[dict]:
+def _rows(summary: Summary) -> list[Row]:
     """The trained rows that may lead: not base, not untuned (issue 47: a rate at its grid's edge claims nothing)."""
-    first = next(iter((summary.get("tables") or {}).values()), [])
-    untuned = set((summary.get("verdict") or {}).get("untuned") or ())
-    return [r for r in first if r["strategy"] != BASE and r["name"] not in untuned]
+    untuned = set(summary.verdict.get("untuned") or ())
+    return [r for r in summary.first_rows() if r.strategy != BASE and r.name not in untuned]
 
 
-def _value(summary: dict, row: dict, primary: dict) -> Optional[float]:
+def _value(summary: Summary, row: Row, primary: dict) -> Optional[float]:
     """A row's primary value, oriented so that larger is better."""
     if primary["task"] == family.HELDOUT:
-        return None if row.get("heldout_loss") is None else -row["heldout_loss"]
-    for r in (summary.get("tables") or {}).get(primary["task"], []):
-        if r["name"] == row["name"]:
-            return (r["cells"].get("average", {}).get(primary["mode"]) or {}).get("value")
+        return None if row.heldout_loss is None else -row.heldout_loss
+    for r in summary.tables.get(primary["task"], ()):
+        if r.name == row.name:
+            return (r.cell("average", primary["mode"]) or Cell()).value
     return None
 
 
-def _cell(summary: dict, row: dict, primary: dict) -> Optional[dict]:
+def _cell(summary: Summary, row: Row, primary: dict) -> Optional[Cell]:
     """The row's primary Δ against full."""
     if primary["task"] == family.HELDOUT:
-        return row.get("heldout_delta")
-    for r in (summary.get("tables") or {}).get(primary["task"], []):
-        if r["name"] == row["name"]:
-            return r["cells"].get("average", {}).get(primary["mode"])
+        return row.heldout_delta
+    for r in summary.tables.get(primary["task"], ()):
+        if r.name == row.name:
+            return r.cell("average", primary["mode"])
     return None
 
 
-def worth(summary: dict, row: dict, primary: dict) -> str:
+def worth(summary, row: Row, primary: dict) -> str:
     """What the row is worth: its primary Δ and its general-loss Δ against full with their 95% intervals; full's
     own against base (row − base: a negative loss Δ is better)."""
-    if row["strategy"] == FULL:
-        base = {r["name"]: r for r in (summary.get("base") or {}).get("rows", [])}.get(row["name"])
-        cells = {c["task"]: c for c in (base or {}).get("cells", []) if c.get("mode") is None}
+    summary = as_summary(summary)
+    if row.strategy == FULL:
+        base = {r["name"]: r for r in summary.base.get("rows", [])}.get(row.name)
+        cells = {c["task"]: Cell.delta_of(c) for c in (base or {}).get("cells", []) if c.get("mode") is None}
         parts = [f"{w} {_pm(cells.get(t))}" for t, w in ((family.HELDOUT, "held-out"), ("general_loss", "general"))
                  if _pm(cells.get(t))]
         return f"loss Δ vs base: {', '.join(parts)} nats" if parts else ""
@@ -105,26 +106,28 @@ def worth(summary: dict, row: dict, primary: dict) -> str:
     what = "held-out loss" if primary["task"] == family.HELDOUT else f"{primary['task']}/{primary['mode']}"
     parts = [f"{what} {_pm(_cell(summary, row, primary), 3 if unit == 'nats' else 2)} {unit}"] \
         if _pm(_cell(summary, row, primary)) else []
-    if primary["task"] == family.HELDOUT and _pm(row.get("general_delta")):
-        parts.append(f"general loss {_pm(row['general_delta'])} nats")
+    if primary["task"] == family.HELDOUT and _pm(row.general_delta):
+        parts.append(f"general loss {_pm(row.general_delta)} nats")
     return f"Δ vs full: {', '.join(parts)}" if parts else ""
 
 
-def _runs(summary: dict) -> int:
+def _runs(summary: Summary) -> int:
     """The most runs of any trained row."""
-    return max([len(r.get("seeds") or [None]) for r in _rows(summary)] or [1])
+    return max([r.runs for r in _rows(summary)] or [1])
 
 
-def _seeds_command(summary: dict) -> str:
+def _seeds_command(summary: Summary) -> str:
     """The sweep with twice as many runs per row (three when it had one)."""
     n = _runs(summary)
     return f"raycpt sweep CONFIG sweep.seeds=[{','.join(str(i) for i in range(3 if n < 2 else 2 * n))}]"
 
 
-def recommendation(summary: dict) -> Optional[dict]:
+def recommendation(summary) -> Optional[dict]:
     """``{"row", "words", "worth", "claim", "lines"}``: the row the verdict supports and the lines that say it; None
-    when no trained row has a value on the primary metric."""
-    v = summary.get("verdict") or {}
+    when no trained row has a value on the primary metric. ``summary``: a :class:`~raycpt.report.sweep.model.Summary`
+    or its JSON form."""
+    summary = as_summary(summary)
+    v = summary.verdict
     primary = _primary(summary)
     rows = [r for r in _rows(summary) if _value(summary, r, primary) is not None]
     if not rows:
@@ -132,17 +135,17 @@ def recommendation(summary: dict) -> Optional[dict]:
     metric = v.get("primary") if v.get("primary_found") else family.HELDOUT
     best = v.get("best") if strategy_claims_allowed(summary) else None
     decided = best is not None and best.get("best") is not None
-    by_name = {r["name"]: r for r in rows}
+    by_name = {r.name: r for r in rows}
     row = by_name.get(best["best"]) if decided else None
     decided = row is not None
     row = row or max(rows, key=lambda r: _value(summary, r, primary))
-    words = layer_words(row["strategy"], row.get("split"), summary.get("num_layers"), row["name"])
+    words = layer_words(row.strategy, row.split, summary.num_layers, row.name)
     value = worth(summary, row, primary)
     tail = f"; {value}" if value else ""
     if decided:
         lines = [f"Recommended on {metric}: {words}{tail}. A strategy claim: it beats every row (largest p = "
-                 f"{fmt_p(best['p'])} of {best['pairs']} pairs, {len(row.get('seeds') or [None])} runs per row).",
-                 f"Next: train it at scale: {train_command(row['strategy'], row.get('split'))} (a larger "
+                 f"{fmt_p(best['p'])} of {best['pairs']} pairs, {row.runs} runs per row).",
+                 f"Next: train it at scale: {train_command(row.strategy, row.split)} (a larger "
                  "train.max_steps)."]
     elif strategy_claims_allowed(summary):
         why = (f"no row beats every other (top vs {best['runner_up']}: p = {fmt_p(best['p'])})"
@@ -154,34 +157,35 @@ def recommendation(summary: dict) -> Optional[dict]:
                  f"One run per row compares checkpoints, not strategies; to decide: {_seeds_command(summary)} (or "
                  f"{FLOOR_HINT})." if _runs(summary) < 2 else
                  f"Run-to-run noise not measured for every row; to decide: {_seeds_command(summary)}."]
-    return {"row": row["name"], "words": words, "worth": value, "claim": "strategy" if decided else "point estimate",
+    return {"row": row.name, "words": words, "worth": value, "claim": "strategy" if decided else "point estimate",
             "lines": lines}
 
 
-def trace_split_line(summary: dict) -> Optional[str]:
+def trace_split_line(summary) -> Optional[str]:
     """The trace's recommended split when the sweep trained no train_shallow row at it, with the command that
     does; None when it did (or there was no trace)."""
-    r = summary.get("recommended_split")
+    summary = as_summary(summary)
+    r = summary.recommended_split
     if r is None:
         return None
-    trained = {float(x["split"]) for x in next(iter((summary.get("tables") or {}).values()), [])
-               if x["strategy"] == SHALLOW and x.get("split") is not None}
+    trained = {float(x.split) for x in summary.first_rows() if x.strategy == SHALLOW and x.split is not None}
     if any(abs(float(r) - s) < 1e-9 for s in trained):
         return None
-    words = layer_words(SHALLOW, float(r), summary.get("num_layers"))
+    words = layer_words(SHALLOW, float(r), summary.num_layers)
     return f"The trace's recommended split r = {float(r):g} ({words.split(' (')[0]}) was not trained in this " \
            f"sweep: raycpt sweep CONFIG --splits {float(r):g}"
 
 
-def advice_lines(summary: dict) -> list[str]:
+def advice_lines(summary) -> list[str]:
     """The recommendation, how sure it is and the next command, then the untrained trace split (if any)."""
+    summary = as_summary(summary)
     rec = recommendation(summary)
     lines = rec["lines"] if rec else []
     trace = trace_split_line(summary)
     return lines + ([trace] if trace else [])
 
 
-def run_description(summary: dict, verdict_lines: list[str], command: str = "raycpt sweep CONFIG") -> str:
+def run_description(summary, verdict_lines: list[str], command: str = "raycpt sweep CONFIG") -> str:
     """The sweep's MLflow description (``mlflow.note.content``, Markdown): the question, the recommendation, the
     verdict's lines, where the rest is."""
     rec = recommendation(summary)

@@ -3,8 +3,12 @@ gains, every delta with its 95% interval (the numbers come computed: :mod:`raycp
 
 from __future__ import annotations
 
-from raycpt.report.sweep.views.format import (CATEGORY_LABEL, MODE_LETTER, fmt_p, fmt_s, fmt_value, loss_columns,
-                                        row_categories, fmt_delta, table_modes)
+from typing import Sequence
+
+from raycpt.report.sweep.model import Cell, Row, as_summary
+from raycpt.report.sweep.views.columns import MARKDOWN, Place, columns, loss_columns
+from raycpt.report.sweep.views.format import (CATEGORY_LABEL, MODE_LETTER, fmt_p, fmt_s, fmt_delta, row_categories,
+                                              table_modes)
 from raycpt.report.sweep.seeds import STRATEGY, checkpoint_line
 from raycpt.report.sweep.cells import largest_s_b
 from raycpt.report.sweep.family import HELDOUT
@@ -16,39 +20,32 @@ LEGEND = ("Δ against full with its 95% interval in brackets (what each interval
           "* = best on the primary metric, only when it beats every other row")
 
 
-def table_markdown(task: str, rows: list[dict], continuous: bool = False) -> str:
+def table_markdown(task: str, rows: Sequence[Row], continuous: bool = False) -> str:
     """Markdown: cells ``G / L (ΔG [lo, hi] / ΔL [lo, hi])`` in percent, best marked with ``*``; mean ±
-    95% half-width over seeds when a cell has several; the loss columns and the held-out Δ at the end.
-    ``continuous``: the same table of the continuous scores (``cloze.prob``, ...: :data:`raycpt.tasks.CONTINUOUS`)
-    instead of the accuracies, without the loss columns."""
+    95% half-width over seeds when a cell has several; the loss columns and the held-out Δ at the end (the
+    columns: :data:`raycpt.report.sweep.views.columns.COLUMNS`). ``continuous``: the same table of the continuous
+    scores (``cloze.prob``, ...: :data:`raycpt.tasks.CONTINUOUS`) instead of the accuracies, without the loss
+    columns."""
     cats = row_categories(rows)
-    modes = [m for m in table_modes(rows) if is_continuous(m) == continuous]
+    modes = tuple(m for m in table_modes(rows) if is_continuous(m) == continuous)
     if not modes:
         return ""
-    losses = [] if continuous else loss_columns(rows)
-    held = not continuous and any(r.get("heldout_delta") and r["heldout_delta"].get("delta") is not None
-                                  for r in rows)
-    head = ("| model | seeds | " + " | ".join(CATEGORY_LABEL.get(c, c) for c in cats) + " |"
-            + "".join(f" {label} |" for _, label in losses) + (" Δ held-out |" if held else ""))
+    losses = set() if continuous else {c.name for c in loss_columns(rows)}
+    held = not continuous and any(r.heldout_delta is not None and r.heldout_delta.delta is not None for r in rows)
+    cols = [c for c in columns(MARKDOWN) if (not c.loss or c.name in losses) and (c.name != "heldout_delta" or held)]
+
+    def texts(c, r):
+        if c.per_category:
+            return [c.text(MARKDOWN, Place(task, r, k, modes=modes)) for k in cats]
+        return [c.text(MARKDOWN, Place(task, r))]
+    heads = [h for c in cols for h in ([CATEGORY_LABEL.get(k, k) for k in cats] if c.per_category
+                                       else [c.header(MARKDOWN)])]
     letters = " / ".join(MODE_LETTER.get(m, m) for m in modes)
     what = ("continuous scores (prob: % on gold among the choices; logprob: nats; logprob_char: nats/char)"
             if continuous else "accuracy (%)")
-    lines = [f"**{task}** — {letters} {what}, Δ against full [95% interval] in brackets, * = best", "", head,
-             "|" + "---|" * (len(cats) + 2 + len(losses) + held)]
-    for r in rows:
-        cells = []
-        for c in cats:
-            xs = [r["cells"].get(c, {}).get(m) for m in modes]
-            xs = [x for x in xs if x is not None]
-            txt = " / ".join(fmt_value(x) for x in xs)
-            deltas = [x for x in xs if x.get("delta") is not None]
-            if deltas:
-                txt += " (" + " / ".join(fmt_delta(x) for x in deltas) + ")"
-            cells.append(txt or "-")
-        cells += [fmt_s(r.get(key)) for key, _ in losses]
-        if held:
-            cells.append(fmt_delta(r.get("heldout_delta"), 3, lower_is_better=True))
-        lines.append(f"| {r['name']} | {len(r.get('seeds') or [None])} | " + " | ".join(cells) + " |")
+    lines = [f"**{task}** — {letters} {what}, Δ against full [95% interval] in brackets, * = best", "",
+             "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    lines += ["| " + " | ".join(t for c in cols for t in texts(c, r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -64,9 +61,10 @@ def domain_general_markdown(entries: list[dict]) -> str:
              + " | Δ held-out loss | Δ general loss | reading |", "|" + "---|" * (len(cols) + 4)]
     for e in entries:
         by = {(role, i["task"], i["mode"]): i for role in ("domain", "general") for i in e[role]}
-        cells = [fmt_delta(by.get(c)) for c in cols]
-        lines.append(f"| {e['name']} | " + " | ".join(cells) + f" | {fmt_delta(e.get('heldout'), 3, True)} | "
-                     f"{fmt_delta(e.get('general_loss'), 3, True)} | {e['reading']} |")
+        cells = [fmt_delta(Cell.delta_of(by.get(c))) for c in cols]
+        held, general = Cell.delta_of(e.get("heldout")), Cell.delta_of(e.get("general_loss"))
+        lines.append(f"| {e['name']} | " + " | ".join(cells) + f" | {fmt_delta(held, 3, True)} | "
+                     f"{fmt_delta(general, 3, True)} | {e['reading']} |")
     return "\n".join(lines)
 
 
@@ -82,7 +80,7 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
              "shallow−full | held-out loss shallow(r)−deep(1−r) |", "|---|---|---|---|---|---|---|"]
 
     def pick(g, key):
-        return {"delta": g.get(key), "lo": g.get(f"{key}_lo"), "hi": g.get(f"{key}_hi"), "sign": g.get(f"{key}_sign")}
+        return Cell.delta_of(g, key)
 
     for g in gains:
         s_b = fmt_s(g["S_b"]) + (f" [{g['S_b_lo']:.3f}, {g['S_b_hi']:.3f}]" if g.get("S_b_lo") is not None else "")
@@ -94,10 +92,11 @@ def gains_markdown(task: str, gains: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def verdict_markdown(summary: dict) -> list[str]:
+def verdict_markdown(summary) -> list[str]:
     """The verdict block: the primary comparison per row (adjusted), the best or "no clear best", how the
     marks are controlled and what every interval covers, and whether S(b) could be put to a test."""
-    v = summary.get("verdict") or {}
+    summary = as_summary(summary)
+    v = summary.verdict
     md = ["**Verdict**", ""]
     line = checkpoint_line(summary)
     if line:
@@ -124,10 +123,10 @@ def verdict_markdown(summary: dict) -> list[str]:
                   f"{b['runner_up']} (or another row) at {v.get('alpha', 0.05):g} / {b['pairs']} pairs "
                   f"(largest pairwise p = {fmt_p(b['p'])})")
     md += split_words(summary)
-    for task, gains in (summary.get("split_gains") or {}).items():
+    for task, gains in summary.split_gains.items():
         md += [f"Shallow vs deep ({task}), r = {g['split']:g}: {g['deep_missing']}." for g in gains
                if g.get("deep_missing")]
-    for task, s in (summary.get("sb_vs_gain") or {}).items():
+    for task, s in summary.sb_vs_gain.items():
         md.append(f"S(b) against the realised gain ({task}, {s['gain']}): {s['words']}.")
     md.append("")
     md += [f"- {line}" for line in v.get("legend", [])]
@@ -138,20 +137,22 @@ NO_GENERAL = ("No general task and no general probe ran, so forgetting is not me
               "sweep.general_docs (the general-text loss, docs/analysis.md) or add eval.tasks=[wordnet_mc,mmlu].")
 
 
-def not_general(summary: dict) -> bool:
+def not_general(summary) -> bool:
     """True when the sweep declared general tasks but none of them ran and it has no general probe either."""
-    general = summary.get("roles", {}).get("general", [])
-    probe = any(m.get("axis") == "forget" for m in (summary.get("base") or {}).get("metrics", []))
-    return bool(general) and not probe and not any(t in summary.get("tables", {}) for t in general)
+    summary = as_summary(summary)
+    general = summary.roles.get("general", [])
+    probe = any(m.get("axis") == "forget" for m in summary.base.get("metrics", []))
+    return bool(general) and not probe and not any(t in summary.tables for t in general)
 
 
-def split_words(summary: dict) -> list[str]:
+def split_words(summary) -> list[str]:
     """The split S(b) favours among the sweep's splits, and the ones the trace cannot tell from it."""
+    summary = as_summary(summary)
     largest = largest_s_b(summary)
     if largest is None:
         return []
     top, same, told = largest
-    gains = next(iter((summary.get("split_gains") or {}).values()), [])
+    gains = next(iter(summary.split_gains.values()), [])
     if sum(g.get("S_b") is not None for g in gains) < 2:  # one split: nothing to single out (issue 50)
         return []
     if not told:
@@ -170,10 +171,10 @@ def oriented_mark(cell: dict, metric: dict) -> dict:
     return {**cell, "sign": cell["sign"] if metric["higher_is_better"] else -cell["sign"]}
 
 
-def base_markdown(summary: dict) -> str:
+def base_markdown(summary) -> str:
     """summary.md's table of gain and forgetting against base: per row, every metric (row - base oriented: gain >
     0 better, forgetting > 0 worse) with its 95% interval and the adjusted mark, the Pareto front marked ★."""
-    base = summary.get("base") or {}
+    base = as_summary(summary).base
     metrics, rows = base.get("metrics") or [], base.get("rows") or []
     if not metrics or not rows:
         return ""
@@ -186,35 +187,36 @@ def base_markdown(summary: dict) -> str:
     for r in rows:
         cells = []
         for m, c in zip(metrics, r["cells"]):
-            shown = {"delta": c.get("shown"), "lo": c.get("shown_lo"), "hi": c.get("shown_hi"),
-                     "sign": oriented_mark(c, m).get("sign")}
+            shown = Cell(delta=c.get("shown"), lo=c.get("shown_lo"), hi=c.get("shown_hi"),
+                         sign=oriented_mark(c, m).get("sign"))
             cells.append(fmt_delta(shown, 3 if m["mode"] is None else 2))
         star = " ★" if r["name"] in front else ""
         lines.append(f"| {r['name']}{star} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def summary_markdown(summary: dict) -> str:
+def summary_markdown(summary) -> str:
     """summary.md: the verdict and how to read it, domain versus general, then per task the table and the
-    S(b) gains."""
+    S(b) gains. ``summary``: a :class:`~raycpt.report.sweep.model.Summary` or its JSON form."""
+    summary = as_summary(summary)
     md = [LEGEND[0].upper() + LEGEND[1:] + ".", ""]
-    if summary.get("verdict"):
+    if summary.verdict:
         md += verdict_markdown(summary) + [""]
     if base_markdown(summary):
         md += [base_markdown(summary), ""]
-    if summary["domain_general"]:
-        md += [domain_general_markdown(summary["domain_general"]), ""]
-    missing = {role: [t for t in summary.get("roles", {}).get(role, []) if t not in summary["tables"]]
+    if summary.domain_general:
+        md += [domain_general_markdown(summary.domain_general), ""]
+    missing = {role: [t for t in summary.roles.get(role, []) if t not in summary.tables]
                for role in ("domain", "general")}
     if any(missing.values()):
         md += ["Not evaluated in this sweep: " + "; ".join(f"eval.{role} {', '.join(ts)}"
                                                           for role, ts in missing.items() if ts) + ".", ""]
     if not_general(summary):
         md += [NO_GENERAL, ""]
-    for task, rows in summary["tables"].items():
+    for task, rows in summary.tables.items():
         md += [table_markdown(task, rows), ""]
         if table_markdown(task, rows, continuous=True):
             md += [table_markdown(task, rows, continuous=True), ""]
-        if summary["split_gains"].get(task):
-            md += [gains_markdown(task, summary["split_gains"][task]), ""]
+        if summary.split_gains.get(task):
+            md += [gains_markdown(task, summary.split_gains[task]), ""]
     return "\n".join(md)

@@ -4,9 +4,11 @@ gains, domain versus general, the runs, the verdict lines. The numbers come comp
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Sequence
 
-from raycpt.report.sweep.views.format import MODE_LETTER, fmt, fmt_s, mark_of, row_categories
+from raycpt.report.sweep.model import Row, as_summary
+from raycpt.report.sweep.views.columns import RICH, Place, columns
+from raycpt.report.sweep.views.format import MODE_LETTER, colour, fmt_s, mark_of, row_categories
 from raycpt.report.sweep.views.markdown import NO_GENERAL, oriented_mark, not_general, verdict_markdown
 from raycpt.report.sweep.cells import ordered_modes, budget_count, trials_heldout_deltas
 from raycpt.tasks import is_continuous
@@ -15,41 +17,29 @@ SHORT_LABEL = {"stem": "STEM", "social_science": "Soc.Sci.", "humanities": "Huma
                "average": "Average", "overall": "All"}
 
 
-def _colour(sign: Optional[int], lower_is_better: bool = False) -> str:
-    if not sign:
-        return "dim"
-    return "green" if (sign < 0 if lower_is_better else sign > 0) else "red"
-
-
-def rich_table(task: str, rows: list[dict], mode: str):
+def rich_table(task: str, rows: Sequence[Row], mode: str):
     """Table 1 for one mode, narrow enough for an 80-column terminal: per cell the accuracy (%, best
     marked ``*`` and bold) over its delta against ``full``, green ▲ / red ▼ only when its 95% interval
     excludes 0 (dim otherwise). The intervals themselves are in the Markdown summary and the gains and
-    domain/general tables. The CLI prints one table per mode."""
+    domain/general tables. The CLI prints one table per mode (the columns:
+    :data:`raycpt.report.sweep.views.columns.COLUMNS`)."""
     from rich import box
     from rich.table import Table
 
-    cats = [c for c in row_categories(rows) if c != "overall" and any(mode in r["cells"].get(c, {}) for r in rows)]
+    cats = [c for c in row_categories(rows) if c != "overall" and any(r.cell(c, mode) is not None for r in rows)]
     what = f"{mode} score" if is_continuous(mode) else f"{mode} mode: accuracy (%)"
     table = Table(title=f"{task}, {what}, Δ vs full below (▲▼: after multiplicity control)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("trial", no_wrap=True)
-    for c in cats:
-        table.add_column(SHORT_LABEL.get(c, c), justify="right", no_wrap=True)
+    cols = columns(RICH)
+    for col in cols:
+        if col.per_category:
+            for c in cats:
+                table.add_column(SHORT_LABEL.get(c, c), justify="right", no_wrap=True)
+        else:
+            table.add_column(col.header(RICH), no_wrap=True)
     for r in rows:
-        cells = []
-        for c in cats:
-            x = r["cells"].get(c, {}).get(mode)
-            if x is None:
-                cells.append("-")
-                continue
-            txt = fmt(x["value"]) + ("*" if x["best"] else " ")
-            txt = f"[bold]{txt}[/bold]" if x["best"] else txt
-            if x["delta"] is not None:
-                col = _colour(x.get("sign"))
-                txt += f"\n[{col}]{fmt(x['delta'], sign=True)}{mark_of(x.get('sign')) or '  '}[/{col}]"
-            cells.append(txt)
-        table.add_row(r["name"], *cells)
+        table.add_row(*[t for col in cols for t in ([col.text(RICH, Place(task, r, c, mode)) for c in cats]
+                                                      if col.per_category else [col.text(RICH, Place(task, r))])])
     return table
 
 
@@ -69,9 +59,9 @@ def rich_trials_table(trials: list[dict], baseline: str = "full"):
     table.caption = "\n".join(trials_table_notes(trials)) or None
     for t, (d, sign) in zip(trials, trials_heldout_deltas(trials, baseline)):
         h = t.get("heldout_loss")
-        colour = "dim" if d is None else _colour(sign, lower_is_better=True)
+        col = "dim" if d is None else colour(sign, lower_is_better=True)
         table.add_row(t["name"], _trainable_cell(t), fmt_s(t.get("final_loss")), fmt_s(h),
-                      "-" if d is None else f"[{colour}]{d:+.3f}[/{colour}]",
+                      "-" if d is None else f"[{col}]{d:+.3f}[/{col}]",
                       "-" if not t.get("tokens_per_s") else f"{t['tokens_per_s']:,.0f}",
                       "-" if t.get("peak_memory_mb") is None else f"{t['peak_memory_mb']:,.0f}",
                       "-" if t.get("wall_s") is None else f"{t['wall_s']:.0f}")
@@ -102,7 +92,7 @@ def _two_lines(g: dict, key: str, digits: int = 2, lower_is_better: bool = False
     if v is None:
         return "-"
     sign = g.get(f"{key}_sign")
-    col = _colour(sign, lower_is_better)
+    col = colour(sign, lower_is_better)
     txt = f"[{col}]{v:+.{digits}f}{mark_of(sign, lower_is_better)}[/{col}]"
     if g.get(f"{key}_lo") is not None:
         txt += f"\n[{g[f'{key}_lo']:+.{digits - 1}f},{g[f'{key}_hi']:+.{digits - 1}f}]"
@@ -175,20 +165,20 @@ def rich_domain_general(entries: list[dict]) -> list:
     return [table] + [f"{e['name']}: {e['reading']}" for e in entries]
 
 
-def rich_verdict(summary: dict) -> list[str]:
+def rich_verdict(summary) -> list[str]:
     """The verdict block for the terminal (the same lines as summary.md's, Markdown marks dropped)."""
     lines = [line.replace("**", "") for line in verdict_markdown(summary) if line]
     return lines + ([NO_GENERAL] if not_general(summary) else [])
 
 
-def rich_base_table(summary: dict) -> list:
+def rich_base_table(summary) -> list:
     """Gain and forgetting against base for ``runs show``: one row per trial and metric column, the delta
     (oriented: gain > 0 better, forgetting > 0 worse) over its 95% interval, ▲ / ▼ = better / worse than base after
     multiplicity control; ★ = on the Pareto front."""
     from rich import box
     from rich.table import Table
 
-    base = summary.get("base") or {}
+    base = as_summary(summary).base
     metrics, rows = base.get("metrics") or [], base.get("rows") or []
     if not metrics or not rows:
         return []

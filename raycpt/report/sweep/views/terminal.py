@@ -6,10 +6,13 @@ S(b) gains, the whole legend and the runs go to ``summary/summary.md`` and ``ray
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
+from raycpt.report.sweep.model import Cell, as_summary
 from raycpt.report.sweep.views.advice import advice_lines
-from raycpt.report.sweep.views.format import mark_of
+from raycpt.report.sweep.views.columns import TERMINAL, Place, columns
+from raycpt.report.sweep.views.format import fmt_pm
 from raycpt.report.sweep.views.markdown import oriented_mark, split_words
 from raycpt.report.sweep.seeds import CHECKPOINT, FLOOR_HINT, SEEDS_HINT, strategy_claims_allowed
 from raycpt.report.sweep.family import HELDOUT
@@ -17,13 +20,15 @@ from raycpt.report.sweep.family import HELDOUT
 MAX_AXES = 3  # gain / forgetting columns in the terminal table (the rest: summary.md)
 
 
-def compact_verdict(summary: dict) -> list[str]:
+def compact_verdict(summary) -> list[str]:
     """The verdict in a few short lines: the horizon (issue 47) first, then what to do
     (:func:`raycpt.report.sweep.views.advice.advice_lines`: the row the verdict supports in layer numbers, whether
     that is a strategy claim or the point estimates' leader, the next command, the trace's split if untrained), the
-    primary comparison's tally, the trade-off's Pareto front, S(b) (only with two or more splits)."""
-    v = summary.get("verdict") or {}
-    lines = [summary["horizon"]] if summary.get("horizon") else []  # issue 47: may this ranking be acted on?
+    primary comparison's tally, the trade-off's Pareto front, S(b) (only with two or more splits). ``summary``: a
+    :class:`~raycpt.report.sweep.model.Summary` or its JSON form."""
+    summary = as_summary(summary)
+    v = summary.verdict
+    lines = [summary.horizon] if summary.horizon else []  # issue 47: may this ranking be acted on?
     allowed = strategy_claims_allowed(summary)  # issue 50: no ▲ / ▼ and no best without run noise measured
     advice = advice_lines(summary)  # issue 48: what to do, how sure, the next command
     lines += advice
@@ -41,7 +46,7 @@ def compact_verdict(summary: dict) -> list[str]:
         lines.append(f"Primary {v.get('primary')} vs full: each row's Δ below with its checkpoint interval.")
     elif not prim:
         lines.append(f"Primary comparison: {v.get('primary') or 'none declared'} - not evaluated in this sweep.")
-    base = summary.get("base") or {}
+    base = summary.base
     if base.get("axes"):
         lines.append(f"Gain vs forgetting against base (summary/tradeoff.png): Pareto front of the point estimates "
                      f"{', '.join(base['pareto']) or '-'}.")
@@ -51,16 +56,13 @@ def compact_verdict(summary: dict) -> list[str]:
     return lines
 
 
-def _pm(cell: Optional[dict], digits: int, lower_is_better: bool = False) -> str:
-    """``+0.512±0.021 ▲``: a delta, the half-width of its interval, the adjusted mark."""
+def _shown(cell: dict) -> Optional[Cell]:
+    """A gain / forgetting cell against base as the terminal shows it (row − base oriented: ``shown``), None without
+    a Δ."""
     if not cell or cell.get("delta") is None:
-        return "-"
-    value = cell.get("shown", cell["delta"])
-    txt = f"{value:+.{digits}f}"
-    lo, hi = cell.get("shown_lo", cell.get("lo")), cell.get("shown_hi", cell.get("hi"))
-    if lo is not None:
-        txt += "±" + f"{(hi - lo) / 2:.{digits}f}".lstrip("0")
-    return txt + mark_of(cell.get("sign"), lower_is_better).strip()
+        return None
+    return Cell(delta=cell.get("shown", cell["delta"]), lo=cell.get("shown_lo", cell.get("lo")),
+                hi=cell.get("shown_hi", cell.get("hi")), sign=cell.get("sign"))
 
 
 def _axis_columns(base: dict) -> list[int]:
@@ -94,14 +96,15 @@ def _caption(metrics: list[dict], cols: list[int]) -> str:
     return "; ".join(words)
 
 
-def compact_table(summary: dict):
+def compact_table(summary):
     """One line per row: the primary comparison against full (the held-out loss: its Δ; a task/mode: points), then
     gain and forgetting against base (± half of the 95% interval; ▲ / ▼ only after multiplicity control: ▲ better,
     ▼ worse than base). The base row's Δ against full is left unmarked (not in the family: full against base says it)."""
     from rich import box
     from rich.table import Table
 
-    base = summary.get("base") or {}
+    summary = as_summary(summary)
+    base = summary.base
     cols = _axis_columns(base)
     metrics = base.get("metrics") or []
     by_row = {r["name"]: r for r in base.get("rows", [])}
@@ -110,20 +113,22 @@ def compact_table(summary: dict):
                                                                                      else ")"),
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1), title_justify="left",
                   caption=_caption(metrics, cols) or None, caption_justify="left")
-    for col in ["row", "Δ vs full"] + [_header(metrics[i]) for i in cols]:
-        table.add_column(col, justify="left" if col == "row" else "right", no_wrap=True)
-    first = next(iter((summary.get("tables") or {}).values()), [])
+    own = columns(TERMINAL)  # the main table's: the row and its held-out Δ vs full
+    for k, col in enumerate([c.header(TERMINAL) for c in own] + [_header(metrics[i]) for i in cols]):
+        table.add_column(col, justify="left" if k == 0 else "right", no_wrap=True)
+    first = summary.first_rows()
 
-    def pm(cell, *args, **kw):
-        return _pm(cell if marks or not cell else {**cell, "sign": None}, *args, **kw)
+    def pm(cell: Optional[Cell], digits: int, **kw) -> str:
+        return fmt_pm(cell if marks or cell is None else cell.unmarked(), digits, **kw)
     for r in first:
-        if r["strategy"] == "base":  # its Δ against full is full's gain read backwards: unmarked
-            cells = [pm(r.get("heldout_delta"), 3, lower_is_better=True)] + ["0 (ref)"] * len(cols)
+        shown = r if marks or r.heldout_delta is None else replace(r, heldout_delta=r.heldout_delta.unmarked())
+        cells = [c.text(TERMINAL, Place("", shown)) for c in own]
+        if r.strategy == "base":  # its Δ against full is full's gain read backwards: unmarked
+            cells += ["0 (ref)"] * len(cols)
         else:
-            cells = [pm(r.get("heldout_delta"), 3, lower_is_better=True)]
-            row = by_row.get(r["name"]) or {"cells": [{}] * len(metrics)}
+            row = by_row.get(r.name) or {"cells": [{}] * len(metrics)}
             for i in cols:
                 c = row["cells"][i] if i < len(row["cells"]) else {}
-                cells.append(pm(oriented_mark(c, metrics[i]), 3 if metrics[i]["mode"] is None else 2))
-        table.add_row(r["name"], *cells)
+                cells.append(pm(_shown(oriented_mark(c, metrics[i])), 3 if metrics[i]["mode"] is None else 2))
+        table.add_row(*cells)
     return table
