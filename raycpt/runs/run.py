@@ -199,19 +199,18 @@ def running_under(client, experiment_id: str, run_id: str) -> set:
 
 def open_child(cfg: ExperimentConfig, command: str, folder: Path, meta_file: str, experiment_id: Optional[str],
                parent_run_id: Optional[str], name: str, tags: Optional[dict] = None,
-               meta: Optional[dict] = None, location: Optional[RunLocation] = None) -> Run:
+               meta: Optional[dict] = None, *, location: RunLocation) -> Run:
     """The run of one unit (a sweep or scan trial, a hybrid build), whose id is kept in ``folder/meta_file``, so an
     interrupted unit resumed later (in any process: a Tune trial's) continues the same run instead of opening a
     second one. ``experiment_id`` None (the server gone): no run yet, ``raycpt runs sync`` makes it from the meta
-    (``run_name``, ``tags``). ``created`` says whether this call made the run. ``location``: the command's (its
-    store's URI; None: the one ``cfg.tracking`` was pinned to)."""
+    (``run_name``, ``tags``). ``created`` says whether this call made the run. ``location``: the command's
+    (:class:`raycpt.runs.location.RunLocation`, carried: its store's URI is the one the unit's run is made in)."""
     from mlflow.tracking import MlflowClient
 
     meta_path = Path(folder) / meta_file
     Path(folder).mkdir(parents=True, exist_ok=True)
     saved = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    uri = location.uri if location is not None else cfg.tracking.uri
-    client = MlflowClient(uri) if experiment_id is not None else None
+    client = MlflowClient(location.uri) if experiment_id is not None else None
     all_tags = {**({"mlflow.parentRunId": parent_run_id} if parent_run_id else {}), **node_tags(), **(tags or {})}
     run_id, created = saved.get("mlflow_run_id"), False
     if not run_id:
