@@ -164,7 +164,8 @@ def test_a_sweep_command_resolves_its_run_root_once_and_every_consumer_reads_tha
              "ahead_of_trials": ahead, "ray_session": lambda *a, **k: contextlib.nullcontext(),
              "run_datasets": lambda root, *a: seen.setdefault("inputs", root) and [],
              "run_grid": grid, "stop_ray_soon": lambda: None, "write_summary": summary,
-             "log_summary": lambda *a: None, "sweep_inputs": lambda root, *a: seen.setdefault("sweep_inputs", root) and []}
+             "log_summary": lambda *a: None,
+             "sweep_inputs": lambda root, *a: seen.setdefault("sweep_inputs", root) and []}
     for name, fake in fakes.items():
         monkeypatch.setattr(sweep, name, fake)
     monkeypatch.setattr(sweep, "report_options", lambda cfg, decisions: {"decisions": decisions})
@@ -229,7 +230,8 @@ def location_readers(package_dir: Path) -> list[str]:
             return node.attr == "tracking"
         if isinstance(node, ast.Name):
             return "tracking" in node.id
-        return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "tracking"
+        return (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                and node.slice.value == "tracking")
 
     def reads(name, base) -> bool:
         return name == "run_root" or (name == "uri" and tracking(base))
