@@ -22,7 +22,7 @@ from raycpt.config import load_config
 from raycpt.evaluate.registry import benchmark_choices
 from raycpt.jobs.job import Options, run_job
 from raycpt.registry import PLANS, SELECTORS
-from raycpt.runs.store import check_store
+from raycpt.runs.location import locate
 from raycpt.report import render as R
 from raycpt.usage import DAMAGE, Opt, Row, checkpoint_list, floats, layer_list, lazy, sort_words, top_k, version_line
 
@@ -172,12 +172,12 @@ def overrides_of(row: Row, options: dict) -> tuple[list[str], dict]:
 
 
 def load(args: Optional[List[str]], extra: Optional[List[str]] = None, check: bool = True):
-    """The config of ``args`` (CONFIG.yaml then overrides) with ``extra`` overrides last."""
+    """``(config, location)``: the config of ``args`` (CONFIG.yaml then overrides) with ``extra`` overrides last, and
+    with ``check`` where its runs live (:func:`raycpt.runs.location.locate`, resolved once for the whole command, its
+    store checked; None without ``check``: a command that reads a run folder or runs nothing)."""
     path, overrides, _ = sort_words(args)
     cfg = load_config(path, overrides + list(extra or []))
-    if check:  # a bad tracking.uri / run_root fails here, before any model or Ray work
-        check_store(cfg.tracking)
-    return cfg
+    return cfg, (locate(cfg.tracking) if check else None)  # a bad tracking.uri / run_root: one line, before any work
 
 
 def run_row(name: str, args: Optional[List[str]], options: dict):
@@ -187,9 +187,9 @@ def run_row(name: str, args: Optional[List[str]], options: dict):
     words = list(args or []) + list(options.pop("config", None) or [])
     path, overrides, rest = row.sorted_words(words, options)  # every path it names checked (Row.check_paths)
     extra, kwargs = overrides_of(row, options)
-    cfg = load(([path] if path else []) + overrides, extra, check=row.check)
+    cfg, location = load(([path] if path else []) + overrides, extra, check=row.check)
     options = Options(console=console, resume=bool(kwargs.pop("resume", False)), config_path=path, rest=tuple(rest),
-                      values=kwargs)
+                      values=kwargs, location=location)
     row.render(run_job(row.job.resolve(), cfg, options), console)
 
 

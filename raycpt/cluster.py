@@ -1,15 +1,12 @@
-"""Cluster preflight: the MLflow store and the run root checked before any work, shared storage checked
-on every node, and the tags that say which image / versions / node produced a run.
+"""Cluster checks: shared storage checked on every node, and the launcher files and manifests checked for
+placeholders. The MLflow store and the run root are checked where a command resolves where its runs live
+(:func:`raycpt.runs.location.locate`, :func:`raycpt.runs.store.check_store`), not here.
 
-* :func:`check_store` - ``tracking.uri`` has a scheme MLflow can use here, an ``http(s)`` server
-  answers within a few seconds (MLflow itself would retry for minutes; ``tracking.wait_s`` waits longer for a
-  server that starts beside the job), ``tracking.run_root`` can be created and written. Each failure is one :class:`~raycpt.errors.RaycptError` line.
 * :func:`check_shared_storage` - on a multi-node Ray cluster the driver writes a token file under the
   run root and a tiny task pinned to every alive node reads it back; a node that cannot see it stops
   the run with one line naming the node.
-* :func:`preflight` - the one call a multi-trial job makes once Ray is up: the storage check, and a
-  warning (once) when several concurrent trials on several nodes would share one SQLite file.
-* :func:`version_tags` / :func:`node_tags` - MLflow tags for a parent run / a trial's run.
+* :func:`preflight` - the one call a multi-trial job makes once Ray is up: the storage check of the command's run
+  root, and a warning (once) when several concurrent trials on several nodes would share one SQLite file.
 * :func:`check_cluster_file` - ``raycpt cluster check``: placeholders and region mismatches in the parsed YAML of
   a launcher file or manifest, read through the config reader; :func:`cluster_check_lines` also looks the IAM
   instance profiles it names up in AWS when credentials are at hand (:mod:`raycpt.iam`).
@@ -98,12 +95,13 @@ def check_shared_storage(root: Path, nodes: Optional[list[dict]] = None, timeout
     return [n["NodeID"] for n in nodes]
 
 
-def preflight(cfg, max_concurrent_trials: int = 1, warn: Callable[[str], None] | None = None) -> list[str]:
+def preflight(where, max_concurrent_trials: int = 1, warn: Callable[[str], None] | None = None) -> list[str]:
     """The one call at the start of a multi-trial job, with Ray up: shared-storage check on a multi-node
-    cluster, and the SQLite-with-concurrent-trials warning (once per process). Returns the checked nodes."""
+    cluster, and the SQLite-with-concurrent-trials warning (once per process). ``where``: the command's
+    :class:`raycpt.runs.location.RunLocation`. Returns the checked nodes."""
     nodes = alive_nodes()
-    checked = check_shared_storage(Path(cfg.tracking.run_root).expanduser().resolve(), nodes)
-    uri = cfg.tracking.uri or "sqlite:"
+    checked = check_shared_storage(where.root, nodes)
+    uri = where.uri
     if len(nodes) > 1 and max_concurrent_trials > 1 and uri_scheme(uri) == "sqlite" and uri not in _warned:
         _warned.add(uri)
         (warn or _stderr)(

@@ -148,7 +148,3 @@ def sealed_json_problem(path: Path) -> "str | None":
         return f"it is not JSON ({type(e).__name__})"
     return None if isinstance(doc, dict) else f"it holds a {type(doc).__name__}, not an object"
 
-
-def run_root(tracking) -> Path:
-    """The absolute run root of a ``TrackingConfig`` (``tracking.run_root``, ``~`` expanded)."""
-    return Path(tracking.run_root).expanduser().resolve()

@@ -4,8 +4,8 @@
 class FakeRun:
     created, run_id, elapsed = True, "r" * 32, 1.5
 
-    def __init__(self):
-        self.metrics, self.params = {}, {}
+    def __init__(self, location=None):
+        self.metrics, self.params, self.location = {}, {}, location
 
     def log_metrics(self, m):
         self.metrics.update(m)
@@ -27,12 +27,13 @@ def sqlite_parent(tmp_path, folder: str = "run"):
 
     from raycpt.config import TrackingConfig
     from raycpt.runs.run import Run
+    from raycpt.runs.location import locate
     from raycpt.runs.store import ensure_store
 
     (tmp_path / "runs").mkdir(exist_ok=True)
     cfg = TrackingConfig(run_root=str(tmp_path / "runs"), uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}",
                          experiment="t")
-    exp = ensure_store(cfg)
+    exp = ensure_store(locate(cfg))
     client = MlflowClient(cfg.uri)
     parent = client.create_run(exp, run_name="parent").info.run_id
 

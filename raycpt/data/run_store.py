@@ -11,17 +11,18 @@ from raycpt.config import ExperimentConfig
 from raycpt.data.corpus import check_corpus
 from raycpt.data.pack import describe_build, describe_hit, ensure_packed
 from raycpt.errors import RaycptError
-from raycpt.io import run_root
 from raycpt.runtime import cluster_address
 
 log = logging.getLogger(__name__)
 
 
-def pack_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
-    """The packed-token store of ``cfg.data`` (packed now when missing; one line either way unless ``quiet``).
-    No corpus pass: counts are the manifest's. Whether it is big enough for a run is :func:`packed_corpus`'s."""
+def pack_corpus(cfg: ExperimentConfig, model_path: str, run_root, quiet: bool = True, rebuild: bool = False):
+    """The packed-token store of ``cfg.data`` (packed now when missing; one line either way unless ``quiet``) under
+    ``run_root`` (the command's, absolute: :attr:`raycpt.runs.location.RunLocation.root`) unless ``data.store_dir``
+    names the folder. No corpus pass: counts are the manifest's. Whether it is big enough for a run is
+    :func:`packed_corpus`'s."""
 
-    store, built = ensure_packed(cfg.data, model_path, run_root(cfg.tracking), rebuild=rebuild, progress=not quiet)
+    store, built = ensure_packed(cfg.data, model_path, run_root, rebuild=rebuild, progress=not quiet)
     line = describe_build(store) if built else describe_hit(store)
     log.info(line)
     if not quiet:
@@ -29,9 +30,9 @@ def pack_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebu
     return store
 
 
-def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
+def packed_corpus(cfg: ExperimentConfig, model_path: str, run_root, quiet: bool = True, rebuild: bool = False):
     """:func:`pack_corpus`, checked to hold at least one micro-batch per worker of this run."""
-    store = pack_corpus(cfg, model_path, quiet=quiet, rebuild=rebuild)
+    store = pack_corpus(cfg, model_path, run_root, quiet=quiet, rebuild=rebuild)
     t = cfg.train
     need = t.num_workers * t.micro_batch_size
     if store.num_blocks < need:
@@ -42,7 +43,7 @@ def packed_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, re
     return store
 
 
-def replay_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, rebuild: bool = False):
+def replay_corpus(cfg: ExperimentConfig, model_path: str, run_root, quiet: bool = True, rebuild: bool = False):
     """The packed store of ``data.replay.corpus`` (all of its documents, none held out), or None without replay;
     a bad replay corpus is one line naming ``data.replay.corpus`` (the primary corpus's checks say ``data.corpus``)."""
     r = cfg.data.replay
@@ -50,7 +51,7 @@ def replay_corpus(cfg: ExperimentConfig, model_path: str, quiet: bool = True, re
         return None
     data = dataclasses.replace(cfg.data, corpus=list(r.corpus), max_documents=None, heldout_share=0.0)
     try:
-        return packed_corpus(dataclasses.replace(cfg, data=data), model_path, quiet=quiet, rebuild=rebuild)
+        return packed_corpus(dataclasses.replace(cfg, data=data), model_path, run_root, quiet=quiet, rebuild=rebuild)
     except RaycptError as e:
         raise RaycptError(as_replay(str(e))) from None
 
@@ -60,7 +61,7 @@ def as_replay(line: str) -> str:
     return re.sub(r"(?<![\w.])data\.corpus\b", "data.replay.corpus", line)
 
 
-def check_corpora(cfg: ExperimentConfig, model_path: str, quiet: bool = True) -> None:
+def check_corpora(cfg: ExperimentConfig, model_path: str, run_root, quiet: bool = True) -> None:
     """Every corpus a run reads (``data.corpus`` and, with replay, ``data.replay.corpus``), checked before its run
     folder exists: packed now (a hit when packed before; too short for the run is one line) on one machine; on a
     cluster only their files are checked here (the pack runs as Ray Data tasks once Ray is up)."""
@@ -72,5 +73,5 @@ def check_corpora(cfg: ExperimentConfig, model_path: str, quiet: bool = True) ->
             except RaycptError as e:
                 raise RaycptError(as_replay(str(e))) from None
         return
-    packed_corpus(cfg, model_path, quiet=quiet)
-    replay_corpus(cfg, model_path, quiet=quiet)
+    packed_corpus(cfg, model_path, run_root, quiet=quiet)
+    replay_corpus(cfg, model_path, run_root, quiet=quiet)

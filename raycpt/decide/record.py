@@ -15,8 +15,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-RECORDS = "decisions"
-SHIPPED = Path(__file__).resolve().parents[1] / "assets" / RECORDS
+SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "decisions"
 """Records measured for the shipped configs (read after the run root's own)."""
 
 
@@ -29,14 +28,16 @@ def decision_key(cfg, steps: int) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def record_path(cfg, steps: int) -> Path:
-    return Path(cfg.tracking.run_root) / RECORDS / f"{decision_key(cfg, steps)}.json"
+def record_path(folder: Path, cfg, steps: int) -> Path:
+    """The record of this config at ``steps`` in ``folder`` (the run root's ``decisions``:
+    :attr:`raycpt.runs.location.RunLocation.decisions`)."""
+    return Path(folder) / f"{decision_key(cfg, steps)}.json"
 
 
-def read_record(cfg, steps: int) -> Optional[dict]:
-    """The record for this config at ``steps``: the run root's, else the shipped one, else None (absent, unreadable,
-    or not a record)."""
-    own = record_path(cfg, steps)
+def read_record(folder: Path, cfg, steps: int) -> Optional[dict]:
+    """The record for this config at ``steps``: in ``folder`` (:func:`record_path`), else the shipped one, else None
+    (absent, unreadable, or not a record)."""
+    own = record_path(folder, cfg, steps)
     for path in (own, SHIPPED / own.name):
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))

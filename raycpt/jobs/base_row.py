@@ -30,7 +30,7 @@ from typing import Optional
 from raycpt.config import ExperimentConfig
 from raycpt.evaluate import mmlu_questions, question_count
 from raycpt.evaluate.general import general_blocks, general_documents
-from raycpt.io import atomic_write_json, read_manifest, run_root, sha256_file
+from raycpt.io import atomic_write_json, read_manifest, sha256_file
 from raycpt.models.digests import folder_digest
 from raycpt.progress import write_phase
 from raycpt.report.sweep.outcomes import HELDOUT_DOCS_FILE
@@ -117,14 +117,10 @@ def _key_digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def base_cache_root(cfg: ExperimentConfig) -> Path:
-    """``<run_root>/base_eval``: the entries, and the digest memo of the model files (:data:`DIGEST_MEMO`)."""
-    return run_root(cfg.tracking) / "base_eval"
-
-
-def base_cache_dir(cfg: ExperimentConfig, model_path: str, shared: dict) -> Path:
-    """``<run_root>/base_eval/<key>``: the first 16 hex digits of the sha256 of :func:`cache_key`."""
-    root = base_cache_root(cfg)
+def base_cache_dir(root: Path, cfg: ExperimentConfig, model_path: str, shared: dict) -> Path:
+    """``<run_root>/base_eval/<key>`` (``root``: the run root's ``base_eval``, holding the entries and the digest memo
+    of the model files, :data:`DIGEST_MEMO`; :attr:`raycpt.runs.location.RunLocation.base_eval`): the first 16 hex
+    digits of the sha256 of :func:`cache_key`."""
     return root / _key_digest(cache_key(cfg, model_path, shared, root / DIGEST_MEMO))[:16]
 
 
@@ -182,11 +178,11 @@ def entry_problem(cache: Path, key: dict) -> Optional[str]:
     return record_problem(doc)
 
 
-def verified_cache(cfg: ExperimentConfig, model_path: str, shared: dict, say=print) -> Path:
-    """The base row's cache folder for this model and evaluation, ready to be read or filled: an entry that does not
-    verify (:func:`entry_problem`) is moved aside (``<key>.refused-<n>``, kept for a look) with one line saying why,
-    so the evaluation runs again into an empty folder."""
-    root = base_cache_root(cfg)
+def verified_cache(root: Path, cfg: ExperimentConfig, model_path: str, shared: dict, say=print) -> Path:
+    """The base row's cache folder for this model and evaluation under ``root`` (the run root's ``base_eval``), ready
+    to be read or filled: an entry that does not verify (:func:`entry_problem`) is moved aside
+    (``<key>.refused-<n>``, kept for a look) with one line saying why, so the evaluation runs again into an empty
+    folder."""
     key = cache_key(cfg, model_path, shared, root / DIGEST_MEMO)
     cache = root / _key_digest(key)[:16]
     if not cache.exists():
@@ -224,10 +220,10 @@ def base_result(trial, spec) -> dict:
     """The base row's trial body: the cached evaluation of the untrained model (evaluated here when the cache has
     none that verifies), copied into the trial's ``eval/``, and the result a trial returns (no training: no losses,
     nothing trainable), its metrics on the trial's child run."""
-    cfg, shared = trial.cfg, trial.shared
+    cfg, shared, root = trial.cfg, trial.shared, trial.run.location.base_eval  # the command's run root
     model_path = shared["model_path"]
     write_phase(trial.dir, "starting", label=BASE_LABEL, doing="checking the cached evaluation of the untrained model")
-    cache = verified_cache(cfg, model_path, shared, say=_warn)
+    cache = verified_cache(root, cfg, model_path, shared, say=_warn)
     fresh = not (cache / ENTRY_FILE).is_file()
     write_phase(trial.dir, "evaluating", label=BASE_LABEL,
                 doing=evaluation_words(cfg, shared) + ("" if fresh else "; reading the verified cache"))
@@ -240,7 +236,7 @@ def base_result(trial, spec) -> dict:
         spec.log_params(trial.run, cfg.train.seed)
     ev, heldout = final_evaluation(model_path, cfg.eval, req, threads=trial.threads, trusted=not fresh)
     if fresh:
-        seal_entry(cache, cache_key(cfg, model_path, shared, base_cache_root(cfg) / DIGEST_MEMO))
+        seal_entry(cache, cache_key(cfg, model_path, shared, root / DIGEST_MEMO))
     (trial.dir / "eval").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cache / EVAL_RESULT_FILE, trial.dir / "eval" / EVAL_RESULT_FILE)
     record = json.loads((cache / EVAL_RESULT_FILE).read_text(encoding="utf-8"))

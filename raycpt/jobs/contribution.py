@@ -292,7 +292,7 @@ def run_spec(plan, options: Options) -> Optional[RunSpec]:
         return None
     params = {"num_layers": plan.num_layers, "scan_layers": ",".join(map(str, plan.layers))[:500]}
     return RunSpec(plan.cfg, "contribution", params=grid_params(scan_trials(plan.layers), params),
-                   around=ahead_of_trials(plan))
+                   around=ahead_of_trials(plan, options.located(plan.cfg, check=False)))
 
 
 def execute(plan, run, options: Options):

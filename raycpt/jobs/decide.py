@@ -76,7 +76,7 @@ def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> DecideP
     options = options if options is not None else Options()
     t0, d, console = time.time(), cfg.decide, options.console
     model_path, num_layers = model_layers(cfg)
-    check_corpora(cfg, model_path, quiet=console is None)
+    check_corpora(cfg, model_path, options.located(cfg, check=False).root, quiet=console is None)
     steps = horizon_steps(cfg.train.max_steps, d.horizons)
     s = cfg.sweep
     if not s.heldout_docs:
@@ -125,7 +125,8 @@ def budget_arms(cfg: ExperimentConfig, model_path: str, num_layers: int, console
 def run_spec(plan: DecidePlan, options: Options) -> RunSpec:
     return RunSpec(plan.cfg, "decide", params=grid_params(
         [], {"arms": ",".join(a.name for a in plan.arms), "horizon_steps": ",".join(map(str, plan.steps.values())),
-             "seeds": ",".join(map(str, plan.cfg.decide.seeds))}), around=ahead_of_trials(plan))
+             "seeds": ",".join(map(str, plan.cfg.decide.seeds))}),
+                   around=ahead_of_trials(plan, options.located(plan.cfg, check=False)))
 
 
 def trial_spec(arm: ArmSpec, h: float, steps: int, mult: float, seed: int) -> TrialSpec:
@@ -164,7 +165,8 @@ def execute(plan: DecidePlan, run, options: Options) -> DecideOutcome:
     shared = {"heldout_path": str(atomic_write_json(run_dir / "heldout_blocks.json", plan.heldout)),
               "validation_path": str(atomic_write_json(run_dir / "validation_blocks.json", plan.validation)),
               **probe_files(run_dir, plan.general), "model_path": plan.model_path}
-    run.log_inputs(run_datasets(cfg, plan.model_path, shared, []))  # the benchmarks once the trials evaluated them
+    # the benchmarks once the trials evaluated them
+    run.log_inputs(run_datasets(run.location.root, cfg, plan.model_path, shared, []))
     search, rest = list(d.seeds[:d.search_seeds]), list(d.seeds[d.search_seeds:])
     results: dict[str, dict] = {}
     rows: dict[float, list[RateRow]] = {}
@@ -202,11 +204,11 @@ def execute(plan: DecidePlan, run, options: Options) -> DecideOutcome:
             grid(f"tune-h{h:g}-seeds", [trial_spec(a, h, steps, picks[f"{a.name}-h{h:g}"], sd) for sd in rest
                                         for a in plan.arms])
         stop_ray_soon()
-    run.log_inputs(run_datasets(cfg, plan.model_path, shared, list(results.values())))
+    run.log_inputs(run_datasets(run.location.root, cfg, plan.model_path, shared, list(results.values())))
     outcome = decision_outcome(results, rows, plan.arms and [a.name for a in plan.arms], plan.steps, cfg)
     short_steps = plan.steps[min(plan.steps)]
-    write_decision(run, outcome, console, record_to=record_path(config_with(cfg, {"train.max_steps": short_steps}),
-                                                                short_steps))
+    write_decision(run, outcome, console, record_to=record_path(
+        run.location.decisions, config_with(cfg, {"train.max_steps": short_steps}), short_steps))
     run.state(done=True)
     return dataclasses.replace(outcome, run_dir=run_dir, parent_run_id=run.run_id, wall_s=time.time() - plan.t0)
 

@@ -43,6 +43,7 @@ from raycpt.models.sources import resolve_model_path
 from raycpt.progress import write_phase
 from raycpt.report.progress import TrialsProgress
 from raycpt.runs.folder import AttemptClock, assert_private_folder, memo, read_memo
+from raycpt.runs.location import RunLocation, from_dict
 from raycpt.runs.run import open_child
 from raycpt.runtime import ray_starting
 from raycpt.runs.lost import adopt_lost, mark_lost, store_or_lost, tracking_lost
@@ -151,11 +152,13 @@ def _trial_body(config: dict, cfg: ExperimentConfig, spec, tdir: Path) -> dict:
     adopts (:func:`run_grid`); ``raycpt runs sync JOB_DIR`` replays it later."""
     trust_checked(config["shared"].get(SHARDS_CHECKED))  # the base shards the driver verified for this command
     job_dir = Path(config["trials_root"]).parent
-    exp_id = store_or_lost(cfg.tracking, job_dir, config.get("started", 0.0))
+    where = from_dict(config["location"])  # the command's, carried from the driver
+    exp_id = store_or_lost(where, job_dir, config.get("started", 0.0))
     label = getattr(spec, "label", None) or spec.name
-    with open_child(cfg, config["command"], tdir, config["meta_file"], exp_id, config["parent_run_id"], label,
-                    tags={"raycpt.command": config["command"], config["name_tag"]: spec.name},
-                    meta={"spec": config["spec"]}) as run, AttemptClock(tdir / "attempts.json") as clock:
+    child = open_child(cfg, config["command"], tdir, config["meta_file"], exp_id, config["parent_run_id"], label,
+                       tags={"raycpt.command": config["command"], config["name_tag"]: spec.name},
+                       meta={"spec": config["spec"]}, location=where)
+    with child as run, AttemptClock(tdir / "attempts.json") as clock:
         trial = Trial(cfg=cfg, dir=tdir, run=run, parent_run_id=config["parent_run_id"], shared=config["shared"],
                       threads=config.get("threads"), console=config.get("console"), clock=clock)
         result = spec.run(trial)
@@ -186,11 +189,12 @@ def warm_imports() -> None:
 
 
 @contextlib.contextmanager
-def ahead_of_trials(plan):
+def ahead_of_trials(plan, where: RunLocation):
     """The :class:`raycpt.jobs.job.RunSpec` ``around`` of a grid command (sweep, contribution): its checks passed,
     so Ray starts and the base shards are written while the MLflow run opens (issue 28); inside, ``plan.shards_ready()``
-    waits for the shards and returns the verified folders (:func:`raycpt.train.driver.publish.base_shards_ahead`)."""
-    with ray_starting(plan.cfg.ray), base_shards_ahead(plan.cfg, plan.model_path) as ready:
+    waits for the shards and returns the verified folders (:func:`raycpt.train.driver.publish.base_shards_ahead`,
+    under ``where``, the command's location)."""
+    with ray_starting(plan.cfg.ray), base_shards_ahead(plan.cfg, plan.model_path, where.base_shards) as ready:
         plan.shards_ready = ready
         yield
 
@@ -211,15 +215,17 @@ def run_grid(parent, grid: Grid, resume: bool = False, console=None) -> dict[str
     space = {"cfg": config_to_dict(cfg), "spec_type": spec_name(type(grid.specs[0])),
              "trials_root": str(run_dir / grid.folder),
              "parent_run_id": parent.run_id, "shared": grid.shared, "command": grid.command,
-             "meta_file": grid.meta_file, "name_tag": grid.name_tag, "started": time.time()}
+             "meta_file": grid.meta_file, "name_tag": grid.name_tag, "started": time.time(),
+             "location": parent.location.as_dict()}
     if console is not None:
         console.print(f"{grid.command}: {len(names)} trials ({', '.join(names)}) -> {run_dir}")
     results: dict[str, dict] = {}
     errors: dict[str, str] = {}
     parent.note_children([(run_dir / grid.folder / n, grid.meta_file) for n in names])  # where the sync finds them
-    preflight(cfg, grid.max_concurrent)  # shared storage on every node; the SQLite-with-concurrency warning
+    preflight(parent.location, grid.max_concurrent)  # shared storage on every node; the SQLite-with-concurrency warning
     if grid.model_path is not None:
-        packed_corpus(cfg, grid.model_path, quiet=console is None)  # pack once; every trial then reads the store
+        # pack once; every trial then reads the store
+        packed_corpus(cfg, grid.model_path, parent.location.root, quiet=console is None)
     interrupted = False
     try:
         if grid.inline:

@@ -149,7 +149,7 @@ def _build(plan: BuildPlan, options: Options) -> tuple[Path, list[BuiltHybrid]]:
     only with ``--overwrite``."""
     cfg, plans, out, progress = plan.cfg, plan.plans, options.get("out"), options.progress
     if out is None:
-        root = open_run_dir(cfg, "hybrid-build")
+        root = open_run_dir(cfg, "hybrid-build", options.located(cfg))
     else:
         root = Path(out).expanduser().resolve()
         refuse_files_in_the_way(root, [root / p.name for p in plans])

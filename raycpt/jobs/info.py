@@ -14,7 +14,7 @@ from raycpt.config import ExperimentConfig
 from raycpt.jobs.job import NoRun, Options
 from raycpt.models.sources import list_models as cached_models
 from raycpt.models.sources import resolve_model_info
-from raycpt.runs.store import ensure_store, runs_url, tracking_uri
+from raycpt.runs.store import ensure_store, runs_url
 from raycpt.ui import check_port_free
 from raycpt.ui import serve_ui as serve
 
@@ -46,8 +46,8 @@ def serve_ui(cfg: ExperimentConfig, options: Options) -> None:
     """``raycpt ui``: the MLflow UI on the run root's store, bound to 127.0.0.1 (until Ctrl-C)."""
     port = options.get("port", 5000)
     check_port_free(port)
-    exp_id = ensure_store(cfg.tracking)
-    uri = tracking_uri(cfg.tracking)
+    where = options.located(cfg)
+    exp_id, uri = ensure_store(where), where.uri
     options.console.print(f"MLflow UI for {uri}: runs of experiment {cfg.tracking.experiment!r} at "
                           f"{runs_url(exp_id, port=port)}  (Ctrl-C to stop)", markup=False, highlight=False,
                           soft_wrap=True)

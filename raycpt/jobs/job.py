@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Protocol, runtime_checkable
 
 from raycpt.config import ExperimentConfig
+from raycpt.runs.location import RunLocation, checked, locate
 from raycpt.runs.run import Run, command_run
 
 
@@ -45,11 +46,24 @@ class Options:
     """The run the command's run nests under (a sweep's run for its trace)."""
     values: dict = field(default_factory=dict)
     """The row's keyword options that set no config key (``--sweep``, ``--checkpoints``, ``--out``, ...)."""
+    location: Optional[RunLocation] = None
+    """Where the command's runs live, resolved once (the command line makes it as it loads the config, its store
+    checked; a nested command gets its parent's); None: made by :meth:`located` when first needed."""
 
     def get(self, name: str, default=None):
         """The keyword option ``name`` (``default`` when not given)."""
         value = self.values.get(name)
         return default if value is None else value
+
+    def located(self, cfg: ExperimentConfig, check: bool = True) -> RunLocation:
+        """:attr:`location`, made from ``cfg.tracking`` the first time a job needs it when the caller gave none (a
+        library caller); with ``check``, its store checked (once: :func:`raycpt.runs.location.checked`). A job's
+        ``prepare`` reads paths without ``check``: a library caller's store is checked as its run opens."""
+        if self.location is None:
+            self.location = locate(cfg.tracking, check=check)
+        elif check:
+            self.location = checked(self.location)
+        return self.location
 
 
 @dataclass
@@ -126,7 +140,8 @@ def run_job(job: Job, cfg: ExperimentConfig, options: Optional[Options] = None) 
     spec = job.run_spec(plan, options)
     if spec is None:
         return job.execute(plan, None, options)
-    with spec.around, command_run(spec.cfg, spec.command, resume=options.resume, run_dir=options.run_dir,
-                                  parent=options.parent, run_name=spec.name, params=spec.params,
-                                  on_open=spec.on_open, accept_damage=bool(options.get("accept_damage"))) as run:
+    with spec.around, command_run(spec.cfg, spec.command, options.located(spec.cfg), resume=options.resume,
+                                  run_dir=options.run_dir, parent=options.parent, run_name=spec.name,
+                                  params=spec.params, on_open=spec.on_open,
+                                  accept_damage=bool(options.get("accept_damage"))) as run:
         return job.execute(plan, run, options)

@@ -18,7 +18,6 @@ from raycpt.config import ExperimentConfig
 from raycpt.data.store import read_store, store_key, store_root, tokenizer_hash
 from raycpt.errors import RaycptError, read_user_json
 from raycpt.evaluate import task_limit
-from raycpt.io import run_root
 from raycpt.runs.inputs import blocks_profile, dataset_record, model_record, short_digest
 from raycpt.splits import split_index
 
@@ -28,13 +27,14 @@ SLICES = (("heldout_path", HELDOUT, "evaluation"), ("validation_path", VALIDATIO
 """The sweep's shared settings naming a blocks file -> the dataset it is and its context."""
 
 
-def corpus_dataset(cfg: ExperimentConfig, model_path: str) -> Optional[dict]:
-    """The training corpus as its packed store (``data.corpus`` in the model's tokenizer): digest its content
+def corpus_dataset(root: Path, cfg: ExperimentConfig, model_path: str) -> Optional[dict]:
+    """The training corpus as its packed store (``data.corpus`` in the model's tokenizer, under the run root
+    ``root`` unless ``data.store_dir`` names the folder): digest its content
     identity (:attr:`raycpt.data.store.StoreInfo.identity`: the store key and every source file's hash), rows its
     blocks; None when no store is there to read (packed on a cluster's own storage)."""
     try:
         key = store_key(cfg.data, tokenizer_hash(model_path))
-        store = read_store(store_root(cfg.data, run_root(cfg.tracking)) / key)
+        store = read_store(store_root(cfg.data, root) / key)
     except (RaycptError, OSError):
         return None
     if store is None:
@@ -80,9 +80,10 @@ def benchmark_datasets(eval_cfg, trials: list[dict]) -> list[dict]:
     return []
 
 
-def run_datasets(cfg: ExperimentConfig, model_path: str, shared: dict, trials: list[dict]) -> list[dict]:
-    """Every dataset input of the run: the corpus, the slices, the benchmarks."""
-    corpus = corpus_dataset(cfg, model_path)
+def run_datasets(root: Path, cfg: ExperimentConfig, model_path: str, shared: dict, trials: list[dict]) -> list[dict]:
+    """Every dataset input of the run: the corpus (its store under the run root ``root``), the slices, the
+    benchmarks."""
+    corpus = corpus_dataset(root, cfg, model_path)
     return ([corpus] if corpus else []) + slice_datasets(shared) + benchmark_datasets(cfg.eval, trials)
 
 

@@ -256,7 +256,8 @@ def prepare(cfg: ExperimentConfig, options: Optional[Options] = None) -> SweepPl
     if options.get("strategies") is not None:
         cfg.sweep.strategies = list(options.get("strategies"))
     model_path, num_layers = model_layers(cfg)
-    check_corpora(cfg, model_path, quiet=console is None)  # a bad corpus (replay too): one line, no run folder
+    # a bad corpus (replay too): one line, no run folder
+    check_corpora(cfg, model_path, options.located(cfg, check=False).root, quiet=console is None)
     s = cfg.sweep
     if is_auto(s.budget):  # the recommended train_shallow's count: the rows come after the trace (execute)
         if not s.trace_first:
@@ -282,7 +283,8 @@ def run_spec(plan: SweepPlan, options: Options) -> RunSpec:
     """The sweep's run: the grid's params; Ray and the base shards start while it opens."""
     names = grid_params(plan.specs)["trials"]  # params by section, as the config's (issue 48)
     return RunSpec(plan.cfg, "sweep", params={"sweep.trials": names, "model.num_layers": plan.num_layers},
-                   around=ahead_of_trials(plan), on_open=resume_check(plan.cfg, options))
+                   around=ahead_of_trials(plan, options.located(plan.cfg, check=False)),
+                   on_open=resume_check(plan.cfg, options))
 
 
 def resume_check(cfg: ExperimentConfig, options: Options):
@@ -395,7 +397,8 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
     if plan.validation:
         shared["validation_path"] = str(atomic_write_json(run_dir / "validation_blocks.json", plan.validation))
     shared.update(probe_files(run_dir, plan.general), model_path=plan.model_path, num_layers=plan.num_layers)
-    run.log_inputs(run_datasets(cfg, plan.model_path, shared, []))  # the benchmarks and the model at the end
+    # the benchmarks and the model at the end
+    run.log_inputs(run_datasets(run.location.root, cfg, plan.model_path, shared, []))
     with ray_session(cfg.ray, meanwhile=warm_imports):
         trace = None
         if s.trace_first:
@@ -415,21 +418,21 @@ def execute(plan: SweepPlan, run, options: Options) -> SweepResult:
             console.print(f"summary: {len(trials)} trials -> {run_dir / 'summary'} (tables, figures, verdict)",
                           markup=False, highlight=False)
         summary = write_summary(run_dir, trials, trace=trace, num_layers=plan.num_layers, domain=cfg.eval.domain,
-                                general=cfg.eval.general, report=report_options(cfg))
+                                general=cfg.eval.general, report=report_options(cfg, run.location.decisions))
         if tuning:
             summary["tuning"] = record_tuning(run, run_dir, tuning, plan, console)
         log_summary(run, summary["files"], trace, summary)
-        run.log_inputs(sweep_inputs(plan, shared, trials, summary))
+        run.log_inputs(sweep_inputs(run.location.root, plan, shared, trials, summary))
         run.state(done=True)
     return SweepResult(run_dir=run_dir, parent_run_id=run.run_id, trials=trials, summary=summary, trace=trace,
                        wall_s=time.time() - plan.t0)
 
 
-def sweep_inputs(plan: SweepPlan, shared: dict, trials: list[dict], summary: dict) -> list[dict]:
+def sweep_inputs(root: Path, plan: SweepPlan, shared: dict, trials: list[dict], summary: dict) -> list[dict]:
     """The sweep run's dataset inputs and the recommended (or leading) row's model, linked to its folder (issue 48:
     :mod:`raycpt.jobs.run_inputs`); a trial without a recorded lr is read at its spec's."""
     specs = {s.name: s for s in plan.specs}
-    datasets = run_datasets(plan.cfg, plan.model_path, shared, trials)
+    datasets = run_datasets(root, plan.cfg, plan.model_path, shared, trials)
     model = row_model(recommendation(summary), trials, plan.num_layers, lambda t: trial_config(
         plan.cfg, specs[t["name"]]).train.lr if t.get("name") in specs else plan.cfg.train.lr, datasets)
     return datasets + ([model] if model else [])

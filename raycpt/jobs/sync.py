@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -30,7 +30,8 @@ from raycpt.runs.folder import END_STATE, end_unit_states, owner_gone, read_stat
 from raycpt.runs.lost import LOST_FILE
 from raycpt.runs.records import Seen, project, read_records, record_kind, record_path
 from raycpt.runs.run import running_under
-from raycpt.runs.store import ensure_store, store_write_error, tracking_uri as uri_of
+from raycpt.runs.location import locate, resolve_uri
+from raycpt.runs.store import ensure_store, store_write_error
 from raycpt.runs.trust import read_meta, trusted_records
 
 STATUS = {**{state: status for status, state in END_STATE.items()}, "nonfinite": "FAILED"}
@@ -66,13 +67,10 @@ def _run_folder(rest) -> Path:
 def _open_store(run_dir: Path, tracking_uri: Optional[str]) -> Store:
     from mlflow.tracking import MlflowClient
 
-    run_cfg = load_config(run_dir / "config.yaml")
-    own = uri_of(run_cfg.tracking)
-    if tracking_uri:
-        run_cfg.tracking.uri = tracking_uri
-    exp_id = ensure_store(run_cfg.tracking)  # one line for a store that does not answer
-    uri = uri_of(run_cfg.tracking)
-    return Store(MlflowClient(uri), exp_id, uri, own=uri == own)
+    own = locate(load_config(run_dir / "config.yaml").tracking, check=False)  # the run's own, resolved once
+    where = replace(own, uri=resolve_uri(tracking_uri, own.root)) if tracking_uri else own
+    exp_id = ensure_store(where)  # one line for a store that does not answer
+    return Store(MlflowClient(where.uri), exp_id, where.uri, own=where.uri == own.uri)
 
 
 def _read_json(path: Path) -> dict:

@@ -311,6 +311,7 @@ def run_trace(cfg: ExperimentConfig, run_dir: Optional[Path] = None, splits: Opt
     the work is :func:`execute`, inside the command's :func:`raycpt.runs.run.command_run`.
     """
     return run_job(TRACE, cfg, Options(run_dir=run_dir, parent=parent, progress=progress,
+                                       location=parent.location if parent is not None else None,
                                        values={"splits": splits, "prompts": prompts, "top_k": top_k}))
 
 

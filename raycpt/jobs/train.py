@@ -37,8 +37,9 @@ def prepare(cfg: ExperimentConfig, options: Options) -> TrainPlan:
     (printed to the console), the corpus packed (once) and big enough for this run; the packed store."""
     check_train_config(cfg)
     preflight(cfg, options.console)
-    model_path, quiet = resolve_model_path(cfg), options.console is None
-    return TrainPlan(cfg, packed_corpus(cfg, model_path, quiet=quiet), replay_corpus(cfg, model_path, quiet=quiet))
+    model_path, quiet, root = resolve_model_path(cfg), options.console is None, options.located(cfg, check=False).root
+    return TrainPlan(cfg, packed_corpus(cfg, model_path, root, quiet=quiet),
+                     replay_corpus(cfg, model_path, root, quiet=quiet))
 
 
 def run_spec(plan: TrainPlan, options: Options) -> RunSpec:

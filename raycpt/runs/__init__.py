@@ -1,5 +1,7 @@
 """Where a command's work is recorded, one idea per module:
 
+* :mod:`~raycpt.runs.location` - where a command's runs live (run root, tracking URI, store checked), resolved once
+  where the command starts and carried;
 * :mod:`~raycpt.runs.run` - THE run: :func:`~raycpt.runs.run.command_run` (the lifecycle under every command) and
   :class:`~raycpt.runs.run.Run` (the only holder of an MLflow run id and its folder; children via ``run.child``);
 * :mod:`~raycpt.runs.folder` - the run folder and its ``state.json``: opened, resumed, ended on every exit path;

@@ -16,27 +16,26 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from raycpt.runs.store import check_store
 from raycpt.config import ExperimentConfig, config_to_dict, load_config, save_config
 from raycpt.errors import RaycptError
-from raycpt.io import atomic_write_json, run_root, seal_path, sealed_json_problem, write_sealed_json
-from raycpt.runs.store import tracking_uri
+from raycpt.io import atomic_write_json, seal_path, sealed_json_problem, write_sealed_json
+from raycpt.runs.location import RunLocation, checked
 
 
 OPENING = "opening"  # state.json status of a folder whose MLflow run does not exist yet
 
 
-def open_run_dir(cfg: ExperimentConfig, command: str, resume: bool = False) -> Path:
-    """Create (or with ``resume``, re-open the newest) run folder for ``command`` and save the config.
+def open_run_dir(cfg: ExperimentConfig, command: str, where: RunLocation, resume: bool = False) -> Path:
+    """Create (or with ``resume``, re-open the newest) run folder for ``command`` under ``where`` (the command's
+    :class:`raycpt.runs.location.RunLocation`, its store checked) and save the config.
 
-    Makes ``cfg.tracking.run_root`` and ``cfg.tracking.uri`` absolute in place, so Ray workers (whose
-    working directory differs, e.g. under ``ray job submit``) log to the same store. A re-opened
+    Writes the location's absolute run root and URI into ``cfg.tracking`` (:meth:`RunLocation.pin`), so Ray workers
+    (whose working directory differs, e.g. under ``ray job submit``) log to the same store. A re-opened
     folder keeps the ``config.yaml`` it was made with (see :func:`resume_changes`).
     """
-    check_store(cfg.tracking)
-    root = run_root(cfg.tracking)
-    cfg.tracking.run_root = str(root)
-    cfg.tracking.uri = tracking_uri(cfg.tracking)
+    where = checked(where)
+    root = where.root
+    where.pin(cfg.tracking)
     root.mkdir(parents=True, exist_ok=True)
     prefix = f"{command}-{cfg.name}-"
     if resume:  # a folder whose command never got its MLflow run is not "the newest run"

@@ -8,10 +8,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from raycpt.config import TrackingConfig
 from raycpt.errors import ServerUnreachable
 from raycpt.io import atomic_write_json
-from raycpt.runs.store import ensure_store, tracking_uri
+from raycpt.runs.store import ensure_store
 
 
 # ------------------------------------------------------------------------------------- a server that went away
@@ -84,21 +83,22 @@ def adopt_lost(run_dir, since: float = 0.0) -> Optional[dict]:
     return rec
 
 
-def store_or_lost(cfg: TrackingConfig, lost_dir, since: float = 0.0) -> Optional[str]:
-    """The experiment id (:func:`ensure_store`), or None when the tracking server is gone: found so by this
-    process, by another one of the same job (``lost_dir``'s :data:`LOST_FILE`, written at or after ``since``), or
-    not answering now (then recorded in ``lost_dir``). A job's later units (sweep trials) then run locally."""
+def store_or_lost(where, lost_dir, since: float = 0.0) -> Optional[str]:
+    """The experiment id (:func:`ensure_store` of ``where``, a :class:`raycpt.runs.location.RunLocation`), or None
+    when the tracking server is gone: found so by this process, by another one of the same job (``lost_dir``'s
+    :data:`LOST_FILE`, written at or after ``since``), or not answering now (then recorded in ``lost_dir``). A job's
+    later units (sweep trials) then run locally."""
     if tracking_lost() or adopt_lost(lost_dir, since):
         return None
     try:
-        return ensure_store(cfg)
+        return ensure_store(where)
     except ServerUnreachable as e:
-        mark_lost(tracking_uri(cfg), error=str(e), run_dir=lost_dir)
+        mark_lost(where.uri, error=str(e), run_dir=lost_dir)
         return None
     except Exception as e:  # noqa: BLE001 - the probe passed, then the store's first call found it gone
         if not unreachable(e):
             raise
-        mark_lost(tracking_uri(cfg), error=str(e), run_dir=lost_dir)
+        mark_lost(where.uri, error=str(e), run_dir=lost_dir)
         return None
 
 

@@ -30,12 +30,13 @@ from typing import Optional
 from raycpt import __version__
 from raycpt.config import ExperimentConfig, save_config
 from raycpt.errors import RaycptError
-from raycpt.io import atomic_write_json, run_root
+from raycpt.io import atomic_write_json
 from raycpt.runs.folder import (END_STATE, OPENING, end_status, end_unit_states, open_run_dir, owner, read_state,
                                  write_state)
 from raycpt.runs.lost import mark_lost, store_or_lost, tracked, tracking_lost
 from raycpt.runs.records import append_record, clean_metrics, flatten, project
-from raycpt.runs.store import check_store, ensure_store, missing_run, store_unwritable, tracking_uri
+from raycpt.runs.location import RunLocation, checked, locate
+from raycpt.runs.store import ensure_store, missing_run, store_unwritable
 from raycpt.runs.trust import trusted_records
 from raycpt.runtime import on_ray_death, sigterm_as_interrupt
 
@@ -46,11 +47,15 @@ class Run:
     folder (:data:`raycpt.runs.records.RECORDS`); each record is projected into MLflow by the client, by run id, as it
     is written (:func:`raycpt.runs.records.project`), and again by ``raycpt runs sync`` from the folder, the same code.
     Nothing but its owner ever ends the run: :func:`command_run` for a command, the ``with`` block of
-    :meth:`child` for a unit. ``run_id`` is None while the tracking server is gone (the sync makes the run)."""
+    :meth:`child` for a unit. ``run_id`` is None while the tracking server is gone (the sync makes the run).
+    ``location``: where the command's runs live (:class:`raycpt.runs.location.RunLocation`, resolved once), carried
+    to its units."""
 
     def __init__(self, cfg: ExperimentConfig, command: str, run_dir: Path, run_id: Optional[str], client,
-                 created: bool, experiment_id: Optional[str], meta_path: Optional[Path] = None, meta=None):
+                 created: bool, experiment_id: Optional[str], meta_path: Optional[Path] = None, meta=None,
+                 location: Optional[RunLocation] = None):
         self.cfg, self.command, self.dir, self.run_id = cfg, command, Path(run_dir), run_id
+        self.location = location
         self.client, self.created, self.experiment_id = client, created, experiment_id
         self.meta_path = Path(meta_path) if meta_path is not None else None
         self.meta: dict = meta if meta is not None else {}
@@ -127,7 +132,7 @@ class Run:
         see :func:`open_child`."""
         self.note_children([(Path(folder), meta_file)])
         return open_child(self.cfg, self.command, Path(folder), meta_file, self.experiment_id, self.run_id, name,
-                          tags=tags, meta=meta)
+                          tags=tags, meta=meta, location=self.location)
 
     def __enter__(self) -> "Run":
         return self
@@ -194,17 +199,18 @@ def running_under(client, experiment_id: str, run_id: str) -> set:
 
 def open_child(cfg: ExperimentConfig, command: str, folder: Path, meta_file: str, experiment_id: Optional[str],
                parent_run_id: Optional[str], name: str, tags: Optional[dict] = None,
-               meta: Optional[dict] = None) -> Run:
+               meta: Optional[dict] = None, *, location: RunLocation) -> Run:
     """The run of one unit (a sweep or scan trial, a hybrid build), whose id is kept in ``folder/meta_file``, so an
     interrupted unit resumed later (in any process: a Tune trial's) continues the same run instead of opening a
     second one. ``experiment_id`` None (the server gone): no run yet, ``raycpt runs sync`` makes it from the meta
-    (``run_name``, ``tags``). ``created`` says whether this call made the run."""
+    (``run_name``, ``tags``). ``created`` says whether this call made the run. ``location``: the command's
+    (:class:`raycpt.runs.location.RunLocation`, carried: its store's URI is the one the unit's run is made in)."""
     from mlflow.tracking import MlflowClient
 
     meta_path = Path(folder) / meta_file
     Path(folder).mkdir(parents=True, exist_ok=True)
     saved = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    client = MlflowClient(cfg.tracking.uri) if experiment_id is not None else None
+    client = MlflowClient(location.uri) if experiment_id is not None else None
     all_tags = {**({"mlflow.parentRunId": parent_run_id} if parent_run_id else {}), **node_tags(), **(tags or {})}
     run_id, created = saved.get("mlflow_run_id"), False
     if not run_id:
@@ -216,15 +222,14 @@ def open_child(cfg: ExperimentConfig, command: str, folder: Path, meta_file: str
         tracked(client.update_run, run_id, status="RUNNING")
     saved.pop("status", None)
     atomic_write_json(meta_path, saved)
-    return Run(cfg, command, Path(folder), run_id, client, created, experiment_id, meta_path=meta_path, meta=saved)
+    return Run(cfg, command, Path(folder), run_id, client, created, experiment_id, meta_path=meta_path, meta=saved,
+               location=location)
 
 
-def _open_or_use(cfg: ExperimentConfig, command: str, run_dir, resume: bool) -> Path:
+def _open_or_use(cfg: ExperimentConfig, command: str, where: RunLocation, run_dir, resume: bool) -> Path:
     if run_dir is None:
-        return open_run_dir(cfg, command, resume=resume)
-    check_store(cfg.tracking)  # a folder given by the caller (a sweep's trace): paths absolute, config saved
-    cfg.tracking.run_root = str(run_root(cfg.tracking))
-    cfg.tracking.uri = tracking_uri(cfg.tracking)
+        return open_run_dir(cfg, command, where, resume=resume)
+    where.pin(cfg.tracking)  # a folder given by the caller (a sweep's trace): paths absolute, config saved
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").is_file():
@@ -232,14 +237,14 @@ def _open_or_use(cfg: ExperimentConfig, command: str, run_dir, resume: bool) -> 
     return run_dir
 
 
-def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id, run_name, params, tags,
-               nested: bool = False) -> Run:
+def _start_run(cfg: ExperimentConfig, command: str, where: RunLocation, run_dir: Path, parent_run_id, run_name,
+               params, tags, nested: bool = False) -> Run:
     """Create the command's MLflow run, or continue the one ``state.json`` names. A ``nested`` command (one whose
     folder lies inside another command's, e.g. a hybrid build's trace) runs locally when the tracking server is
     gone (:func:`raycpt.runs.lost.store_or_lost`): no run, ``raycpt runs sync`` makes it."""
     from mlflow.tracking import MlflowClient
 
-    exp_id = store_or_lost(cfg.tracking, run_dir, time.time()) if nested else ensure_store(cfg.tracking)
+    exp_id = store_or_lost(where, run_dir, time.time()) if nested else ensure_store(where)
     state = read_state(run_dir)
     keep = {"status": "finished" if state.get("status") == "finished" else "running"}  # the launcher's memo reads it
     name = run_name or run_dir.name
@@ -248,14 +253,14 @@ def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id
                 **({} if parent_run_id else {**version_tags(), **source_tags(command)}), **(tags or {})}
     if exp_id is None:
         write_state(run_dir, command=command, run_name=name, tags=all_tags, owner=owner(), **keep)
-        return Run(cfg, command, run_dir, state.get("mlflow_run_id"), None, False, None)
-    client = MlflowClient(cfg.tracking.uri)
+        return Run(cfg, command, run_dir, state.get("mlflow_run_id"), None, False, None, location=where)
+    client = MlflowClient(where.uri)
     run_id = state.get("mlflow_run_id") or state.get("parent_run_id")
     created = not run_id
     if created:
         run_id = client.create_run(exp_id, run_name=name, tags=all_tags).info.run_id
     write_state(run_dir, command=command, mlflow_run_id=run_id, run_name=name, tags=all_tags, owner=owner(), **keep)
-    run = Run(cfg, command, run_dir, run_id, client, created, exp_id)
+    run = Run(cfg, command, run_dir, run_id, client, created, exp_id, location=where)
     if created:
         run.log_params(config_params(cfg))
         if params:
@@ -266,8 +271,9 @@ def _start_run(cfg: ExperimentConfig, command: str, run_dir: Path, parent_run_id
 
 
 @contextlib.contextmanager
-def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, run_dir=None, parent=None,
-                run_name=None, params=None, tags=None, on_open=None, accept_damage: bool = False):
+def command_run(cfg: ExperimentConfig, command: str, location: Optional[RunLocation] = None, *, resume: bool = False,
+                run_dir=None, parent=None, run_name=None, params=None, tags=None, on_open=None,
+                accept_damage: bool = False):
     """THE lifecycle of a command: ``with command_run(cfg, "sweep", resume=...) as run: execute(plan, run)``.
 
     Opens the run folder (``<run_root>/<command>-<name>-<id>/``; ``--resume``: the newest one that got its
@@ -278,16 +284,19 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
     the one ``state.json`` names (``owner``: this process, :func:`raycpt.runs.folder.owner`). SIGTERM is Ctrl-C
     inside. On exit the run and every run under it left RUNNING (:meth:`Run.end`) end FINISHED (success), KILLED
     (Ctrl-C, SIGTERM, an interrupted grid) or FAILED (any other error); ``state.json`` says finished / interrupted /
-    failed. Nothing is ever left RUNNING."""
+    failed. Nothing is ever left RUNNING. ``location``: where the command's runs live, resolved once where it
+    started (:class:`raycpt.runs.location.RunLocation`; None: :func:`raycpt.runs.location.locate` of ``cfg.tracking``
+    now, its store checked)."""
+    where = checked(location) if location is not None else locate(cfg.tracking)
     fresh, own = run_dir is None and not resume, run_dir is None  # own: the command's own folder, not a caller's
-    run_dir = _open_or_use(cfg, command, run_dir, resume)
+    run_dir = _open_or_use(cfg, command, where, run_dir, resume)
     if resume and own:  # the record a resume goes on from is checked before it is trusted
         trusted_records(run_dir, f"{command} --resume", accept_damage, say=_warn)
     if on_open is not None:  # a refusal here leaves the folder and its run as they were
         on_open(run_dir)
-    if own and missing_run(cfg.tracking, read_state(run_dir).get("mlflow_run_id")):  # before any state is written
+    if own and missing_run(where, read_state(run_dir).get("mlflow_run_id")):  # before any state is written
         raise RaycptError(f"--resume: the MLflow run {read_state(run_dir)['mlflow_run_id']} that {run_dir}/state.json "
-                          f"names is not in the store {cfg.tracking.uri} (replaced, or the folder came from another "
+                          f"names is not in the store {where.uri} (replaced, or the folder came from another "
                           f"run root); `raycpt runs sync {run_dir}` records the folder into it, then --resume again")
     if parent is not None:
         parent.note_children([(run_dir, "state.json")])
@@ -296,10 +305,10 @@ def command_run(cfg: ExperimentConfig, command: str, *, resume: bool = False, ru
             st = read_state(run_dir)  # a folder that finished with no run (its server was gone) stays finished
             if not st.get("mlflow_run_id") and st.get("status") in (None, OPENING):
                 write_state(run_dir, status=OPENING)
-            run = _start_run(cfg, command, run_dir, parent.run_id if parent is not None else None, run_name,
-                             params, tags, nested=not own)
+            run = _start_run(cfg, command, where, run_dir, parent.run_id if parent is not None else None,
+                             run_name, params, tags, nested=not own)
         except BaseException as e:
-            _failed_start(cfg, run_dir, fresh, e)
+            _failed_start(where, run_dir, fresh, e)
             raise
         try:
             with on_ray_death(functools.partial(_ray_died, run)):
@@ -326,7 +335,7 @@ def _end_on_error(run: Run, e: BaseException) -> None:
             not_ended = store_unwritable(end_error) or f"{type(end_error).__name__}: {str(end_error)[:200]}"
     sync = f"`raycpt runs sync {run.dir}` records and ends its MLflow run once the store can be written"
     if cause is not None:
-        raise RaycptError(f"the MLflow store {run.cfg.tracking.uri} cannot be written ({cause}: is its folder "
+        raise RaycptError(f"the MLflow store {run.location.uri} cannot be written ({cause}: is its folder "
                           f"read-only, or its disk full?); the run stopped, its folder {run.dir} holds every record: "
                           f"{sync}") from None
     if not_ended is not None and isinstance(e, RaycptError):
@@ -373,7 +382,7 @@ def config_params(cfg: ExperimentConfig, sections: Optional[tuple] = None) -> di
             if sections is None or "." not in k or k.split(".")[0] in sections}
 
 
-def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseException) -> None:
+def _failed_start(where: RunLocation, run_dir: Path, fresh: bool, exc: BaseException) -> None:
     """A command that failed before its job started: a new folder whose MLflow run never existed is removed
     (it would be nobody's run); a run already created (its config failed to log) ends FAILED / KILLED."""
     run_id = read_state(run_dir).get("mlflow_run_id")
@@ -386,7 +395,7 @@ def _failed_start(cfg: ExperimentConfig, run_dir: Path, fresh: bool, exc: BaseEx
         write_state(run_dir, status=END_STATE[status], error=f"{type(exc).__name__}: {exc}"[:500])
         from mlflow.tracking import MlflowClient
 
-        tracked(MlflowClient(cfg.tracking.uri).set_terminated, run_id, status=status)
+        tracked(MlflowClient(where.uri).set_terminated, run_id, status=status)
 
 
 LOST_RUNS: list = []

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Callable, Optional
 from urllib.parse import urlparse, urlsplit
 
-from raycpt.config import TrackingConfig
 from raycpt.errors import RaycptError, ServerUnreachable
-from raycpt.io import cache_root, run_root, seal_problem, write_seal
+from raycpt.io import cache_root, seal_problem, write_seal
 
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -30,27 +29,17 @@ EXPERIMENT_KIND = "custom_model_development"
 (without it, MLflow 3.17 opens on the GenAI traces overview)."""
 
 
-def tracking_uri(cfg: TrackingConfig) -> str:
-    """The MLflow URI: the configured one (or ``$RAYCPT_TRACKING_URI``, which a cluster sets to its
-    server), else ``sqlite:////abs/run_root/mlflow.db``."""
-    if cfg.uri or os.environ.get("RAYCPT_TRACKING_URI"):
-        uri = cfg.uri or os.environ["RAYCPT_TRACKING_URI"]
-        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-            uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
-        return uri
-    return f"sqlite:///{run_root(cfg) / 'mlflow.db'}"
-
-
-def ensure_store(cfg: TrackingConfig) -> str:
+def ensure_store(where) -> str:
     """Create the store and the experiment from the driver; return the experiment id. A store that cannot be
     opened (a corrupt ``mlflow.db``, a file that is not a database, a database URI whose driver is not
     installed) is one line; a new SQLite store is created under a file lock, so two commands starting at
-    once on a fresh run root do not race on its schema (one waits for the other)."""
-    check_store(cfg)  # one line for a bad scheme, a server that does not answer, an unwritable run root
-    uri = tracking_uri(cfg)
+    once on a fresh run root do not race on its schema (one waits for the other). ``where``: the command's
+    :class:`raycpt.runs.location.RunLocation`."""
+    check_store(where)  # one line for a bad scheme, a server that does not answer, an unwritable run root
+    uri = where.uri
     try:
         with _store_lock(uri):
-            return _ensure_store(cfg, uri)
+            return _ensure_store(where.experiment, uri)
     except ModuleNotFoundError as e:
         raise RaycptError(f"tracking.uri {_safe_uri(uri)}: its database driver is not installed (no module "
                           f"{e.name!r}); pip install it (e.g. psycopg2-binary for postgresql://, pymysql for "
@@ -177,7 +166,7 @@ def template_problem(path: Path) -> Optional[str]:
     return None
 
 
-def _ensure_store(cfg: TrackingConfig, uri: str) -> str:
+def _ensure_store(experiment: str, uri: str) -> str:
     import mlflow
 
     if uri.startswith("sqlite:///"):
@@ -185,14 +174,14 @@ def _ensure_store(cfg: TrackingConfig, uri: str) -> str:
     os.environ["MLFLOW_TRACKING_URI"] = uri
     mlflow.set_tracking_uri(uri)
     client = mlflow.tracking.MlflowClient(uri)
-    if client.get_experiment_by_name(cfg.experiment) is None and uri.startswith("sqlite:"):
+    if client.get_experiment_by_name(experiment) is None and uri.startswith("sqlite:"):
         # artifacts next to the store, not in ./mlruns of whatever folder the command runs from
         art = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
         try:
-            client.create_experiment(cfg.experiment, artifact_location=art)
+            client.create_experiment(experiment, artifact_location=art)
         except Exception:  # noqa: BLE001 - another process created it first
             pass
-    exp = mlflow.set_experiment(cfg.experiment)
+    exp = mlflow.set_experiment(experiment)
     if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # the UI then opens on the runs table
         client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return exp.experiment_id
@@ -223,17 +212,18 @@ def store_unwritable(e: Optional[BaseException]) -> Optional[str]:
     return None
 
 
-def missing_run(cfg: TrackingConfig, run_id: Optional[str]) -> bool:
-    """Whether the store of ``cfg`` answers that it has no run ``run_id`` (a store replaced or deleted, a folder
-    copied from another run root); False when it has it, or for no id."""
+def missing_run(where, run_id: Optional[str]) -> bool:
+    """Whether the store at ``where`` (a :class:`raycpt.runs.location.RunLocation`) answers that it has no run
+    ``run_id`` (a store replaced or deleted, a folder copied from another run root); False when it has it, or for no
+    id."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     if not run_id:
         return False
-    ensure_store(cfg)
+    ensure_store(where)
     try:
-        MlflowClient(tracking_uri(cfg)).get_run(run_id)
+        MlflowClient(where.uri).get_run(run_id)
     except MlflowException as e:
         if getattr(e, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
             raise
@@ -322,28 +312,22 @@ def check_run_root(root: Path) -> None:
                           f"({e.strerror or e}{': ' + str(e.filename) if e.filename else ''})") from None
 
 
-def check_store(cfg: TrackingConfig) -> None:
-    """Validate ``cfg.uri`` (scheme; a server that answers, within ``cfg.wait_s`` seconds) and ``cfg.run_root``
-    (writable), once per process and setting. Caps MLflow's own HTTP retries (unless the user set them: 2 retries, backoff 1 s,
-    20 s per request; MLflow's defaults wait about 4 minutes) so a server that dies mid-run is found gone
-    within seconds (:func:`raycpt.runs.lost.mark_lost`), and Ray workers started after this inherit them."""
-    try:
-        root = Path(cfg.run_root).expanduser().resolve()
-    except RuntimeError:  # pathlib's "Could not determine home directory."
-        raise RaycptError(f"tracking.run_root {cfg.run_root!r}: ~ names the home folder, but this process has none "
-                          "($HOME is not set): write the path in full") from None
-    uri = cfg.uri or os.environ.get("RAYCPT_TRACKING_URI") or ""
-    key = (str(root), uri)
+def check_store(where) -> None:
+    """Validate the tracking URI of ``where`` (a :class:`raycpt.runs.location.RunLocation`: its scheme; a server that
+    answers, within ``where.wait_s`` seconds) and its run root (writable), once per process and setting. Caps
+    MLflow's own HTTP retries (unless the user set them: 2 retries, backoff 1 s, 20 s per request; MLflow's defaults
+    wait about 4 minutes) so a server that dies mid-run is found gone within seconds
+    (:func:`raycpt.runs.lost.mark_lost`), and Ray workers started after this inherit them."""
+    key = (str(where.root), where.uri)
     if key in _checked:
         return
-    check_run_root(root)
-    if uri:
-        scheme = check_uri_scheme(uri)
-        if scheme in ("http", "https"):
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-            wait_for_server(uri, cfg.wait_s)
+    check_run_root(where.root)
+    scheme = check_uri_scheme(where.uri)
+    if scheme in ("http", "https"):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+        wait_for_server(where.uri, where.wait_s)
     _checked.add(key)
 
 

@@ -95,7 +95,9 @@ def test_two_commands_of_one_name_at_once_on_a_fresh_run_root_both_open_the_stor
     """The SQLite schema is created under a file lock: two drivers at once on a fresh run root (the issue's
     `raycpt train name=twin` twice) no longer race on `CREATE TABLE` - one waits, both get the experiment."""
     code = ("import sys; from raycpt.config import load_config; from raycpt.runs.store import ensure_store; "
-            "cfg = load_config(None, ['name=twin', 'tracking.run_root=' + sys.argv[1]]); print(ensure_store(cfg.tracking))")
+            "from raycpt.runs.location import locate; "
+            "cfg = load_config(None, ['name=twin', 'tracking.run_root=' + sys.argv[1]]); "
+            "print(ensure_store(locate(cfg.tracking)))")
     for i in range(3):
         root = tmp_path / f"runs{i}"
         procs = [subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE,

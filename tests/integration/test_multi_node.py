@@ -23,7 +23,7 @@ import pytest
 
 from local_cluster import LocalCluster, loopback
 from raycpt.config import save_config
-from raycpt.runs.store import tracking_uri
+from raycpt.runs.location import locate
 from test_sweep import tiny_sweep_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,7 +184,7 @@ def test_three_nodes_placement_and_a_raylet_killed_mid_trial(tmp_path, tiny_dir)
     assert 2 <= resumed[victim] < 8 and resumed[victim] % 2 == 0
     assert evidence["attempts"][victim] >= 2
 
-    parent, children = _children(tracking_uri(cfg.tracking), run_root, "kill")
+    parent, children = _children(locate(cfg.tracking, check=False).uri, run_root, "kill")
     kids = {r.data.tags["raycpt.trial"]: r for r in children}
     assert sorted(kids) == sorted(TRIALS) and len(children) == 2
     assert all(r.info.status == "FINISHED" for r in children) and parent.info.status == "FINISHED"

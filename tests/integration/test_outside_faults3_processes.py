@@ -212,7 +212,7 @@ def test_a_corpus_error_inside_a_ray_data_pack_task_is_one_line(tmp_path, tiny_d
                              f"data.corpus=[{corpus}]", "data.seq_len=16"])
     assert ray_local.is_initialized()
     with pytest.raises(RaycptError) as e:
-        pack_corpus(cfg, str(tiny_dir))
+        pack_corpus(cfg, str(tiny_dir), tmp_path / "runs")
     offset = corpus.stat().st_size - len('{"text": 5}\n')
     assert str(e.value) == (f"data.corpus: {corpus} at byte {offset}: field 'text' is a number (5), not a string "
                             "(data.text_field names the text)")

@@ -79,9 +79,9 @@ def test_sigkill_driver_then_resume(tmp_path, tiny_dir):
     result = json.loads((run_dir / "trials" / interrupted / "train" / "train_result.json").read_text())
     assert result["resumed_from_step"] and result["resumed_from_step"] >= 2
 
-    from raycpt.runs.store import tracking_uri
+    from raycpt.runs.location import locate
 
-    client = mlflow.tracking.MlflowClient(tracking_uri(cfg.tracking))
+    client = mlflow.tracking.MlflowClient(locate(cfg.tracking, check=False).uri)
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     all_runs = client.search_runs([exp.experiment_id])
     per_trial = {}

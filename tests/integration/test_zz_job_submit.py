@@ -17,7 +17,7 @@ import pytest
 
 from local_cluster import LocalCluster, loopback
 from raycpt.config import save_config
-from raycpt.runs.store import tracking_uri
+from raycpt.runs.location import locate
 from test_sweep import tiny_sweep_config
 
 AGENT_WAIT_S = 120
@@ -71,7 +71,7 @@ def test_ray_job_submit_tiny_sweep(tmp_path, tiny_dir):
     assert "SUCCEEDED" in status, status[-1000:] + logs[-4000:]
     assert "sweep finished" in logs
 
-    client = mlflow.tracking.MlflowClient(tracking_uri(cfg.tracking))
+    client = mlflow.tracking.MlflowClient(locate(cfg.tracking, check=False).uri)
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     runs = client.search_runs([exp.experiment_id])
     trials = [r for r in runs if r.data.tags.get("raycpt.trial")]

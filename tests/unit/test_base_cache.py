@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from fake_run import FakeRun
+from raycpt.runs.location import locate
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]
 BLOCKS = [[1 + (7 * i + 3 * j) % 90 for j in range(12)] for i in range(4)]  # 4 blocks of 12 token ids
@@ -71,7 +72,7 @@ def base(tmp_path, monkeypatch):
         cfg = load_config(None, [f"tracking.run_root={root}", f"eval.tasks=[{qfile}]", "eval.modes=[cloze]"])
         tdir = tmp_path / folder
         tdir.mkdir(parents=True)
-        trial = Trial(cfg=cfg, dir=tdir, run=_FakeRun(), parent_run_id="p",
+        trial = Trial(cfg=cfg, dir=tdir, run=_FakeRun(locate(cfg.tracking, check=False)), parent_run_id="p",
                       shared={"model_path": str(model_dir), "heldout_path": str(blocks)})
         return TrialSpec(name=br.BASE, strategy=br.BASE).run(trial)
 

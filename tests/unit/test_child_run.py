@@ -15,27 +15,31 @@ def _store(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from raycpt.config import ExperimentConfig
-    from raycpt.runs.store import ensure_store, tracking_uri
+    from raycpt.runs.location import locate
+    from raycpt.runs.store import ensure_store
 
     tcfg = TrackingConfig(run_root=str(tmp_path / "runs"), experiment="t")
-    exp = ensure_store(tcfg)
-    tcfg.uri = tracking_uri(tcfg)
+    where = locate(tcfg)
+    exp = ensure_store(where)
+    tcfg.uri = where.uri
     client = MlflowClient(tcfg.uri)
     parent = client.create_run(exp, run_name="parent").info.run_id
-    return client, exp, parent, dataclasses.replace(ExperimentConfig(), tracking=tcfg)
+    return client, exp, parent, dataclasses.replace(ExperimentConfig(), tracking=tcfg), where
 
 
-def ChildRun(client, meta, exp, parent, name, tags=None, meta_data=None, cfg=None):
+def ChildRun(client, meta, exp, parent, name, tags=None, meta_data=None, cfg=None, where=None):
     from raycpt.runs.run import open_child
 
-    return open_child(cfg, "sweep", meta.parent, meta.name, exp, parent, name, tags=tags, meta=meta_data)
+    return open_child(cfg, "sweep", meta.parent, meta.name, exp, parent, name, tags=tags, meta=meta_data,
+                      location=where)
 
 
 def test_interrupted_unit_continues_its_run_and_accumulates_time(tmp_path):
-    client, exp, parent, cfg = _store(tmp_path)
+    client, exp, parent, cfg, where = _store(tmp_path)
     meta = tmp_path / "trial.json"
     with pytest.raises(KeyboardInterrupt):
-        with ChildRun(client, meta, exp, parent, "a", tags={"k": "v"}, meta_data={"spec": {"x": 1}}, cfg=cfg) as run:
+        with ChildRun(client, meta, exp, parent, "a", tags={"k": "v"}, meta_data={"spec": {"x": 1}}, cfg=cfg,
+                      where=where) as run:
             assert run.created
             first = run.run_id
             time.sleep(0.2)
@@ -45,7 +49,7 @@ def test_interrupted_unit_continues_its_run_and_accumulates_time(tmp_path):
     r = client.get_run(first)
     assert r.info.status == "KILLED" and r.data.tags["mlflow.parentRunId"] == parent and r.data.tags["k"] == "v"
 
-    with ChildRun(client, meta, exp, parent, "a", cfg=cfg) as run:
+    with ChildRun(client, meta, exp, parent, "a", cfg=cfg, where=where) as run:
         assert not run.created and run.run_id == first
         assert client.get_run(first).info.status == "RUNNING"
         assert run.elapsed >= saved["elapsed_before"]
@@ -55,8 +59,8 @@ def test_interrupted_unit_continues_its_run_and_accumulates_time(tmp_path):
 
 
 def test_failure_ends_the_run_failed_and_reraises(tmp_path):
-    client, exp, parent, cfg = _store(tmp_path)
+    client, exp, parent, cfg, where = _store(tmp_path)
     with pytest.raises(ValueError, match="boom"):
-        with ChildRun(client, tmp_path / "b.json", exp, parent, "b", cfg=cfg) as run:
+        with ChildRun(client, tmp_path / "b.json", exp, parent, "b", cfg=cfg, where=where) as run:
             raise ValueError("boom")
     assert client.get_run(run.run_id).info.status == "FAILED"

@@ -13,6 +13,7 @@ import pytest
 
 from raycpt import cluster
 from raycpt.runs import run, store
+from raycpt.runs.location import locate
 from raycpt.config import TrackingConfig
 from raycpt.errors import RaycptError
 
@@ -43,7 +44,7 @@ def test_single_node_needs_no_storage_check(tmp_path):
 
 def test_unknown_scheme_is_one_line():
     with pytest.raises(RaycptError, match=r"tracking.uri 'ftp://x/y': unknown scheme 'ftp'"):
-        store.check_store(TrackingConfig(run_root="/tmp", uri="ftp://x/y"))
+        locate(TrackingConfig(run_root="/tmp", uri="ftp://x/y"))
     with pytest.raises(RaycptError, match=r"unknown scheme '\(none\)'"):
         store.check_uri_scheme("just-a-name")
     assert store.check_uri_scheme("postgresql+psycopg2://u@h/db") == "postgresql"
@@ -62,7 +63,7 @@ def test_refused_port_fails_fast(tmp_path):
     uri = f"http://127.0.0.1:{_refused_port()}"
     t0 = time.time()
     with pytest.raises(RaycptError, match=r"no MLflow server answers") as e:
-        store.check_store(TrackingConfig(run_root=str(tmp_path), uri=uri))
+        locate(TrackingConfig(run_root=str(tmp_path), uri=uri))
     assert time.time() - t0 < 15 and "\n" not in str(e.value) and uri in str(e.value)
 
 
@@ -70,7 +71,7 @@ def test_unwritable_run_root(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     with pytest.raises(RaycptError, match=r"tracking.run_root .*a-file/runs' is not a writable folder"):
-        store.check_store(TrackingConfig(run_root=str(blocker / "runs")))
+        locate(TrackingConfig(run_root=str(blocker / "runs")))
     # /proc is a read-only place even for root
     with pytest.raises(RaycptError, match=r"is not a writable folder"):
         store.check_run_root(Path("/proc/raycpt-runs"))

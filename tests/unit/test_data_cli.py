@@ -92,7 +92,7 @@ def test_prepare_packs_a_store_smaller_than_a_training_run_needs(tmp_path):
     (store,) = list_stores(tmp_path / "runs" / "packed")
     assert 0 < store.num_blocks < 4 * 64
     try:
-        packed_corpus(load_config(None, args), str(tiny))
+        packed_corpus(load_config(None, args), str(tiny), tmp_path / "runs")
         raise AssertionError("a run that needs more blocks than the store holds must stop")
     except RaycptError as e:
         assert "need at least 256" in str(e)

@@ -126,19 +126,21 @@ def test_the_decision_record_is_found_only_for_the_same_settings(tmp_path):
     from raycpt.decide import horizon_line, read_record, record_path
 
     cfg = load_config(None, [f"tracking.run_root={tmp_path}", "data.seq_len=96"])  # no shipped measurement
-    assert "not measured" in horizon_line(8, read_record(cfg, 8)) and "raycpt decide CONFIG" in horizon_line(8, None)
-    path = record_path(cfg, 8)
+    folder = tmp_path / "decisions"
+    assert "not measured" in horizon_line(8, read_record(folder, cfg, 8))
+    assert "raycpt decide CONFIG" in horizon_line(8, None)
+    path = record_path(folder, cfg, 8)
     path.parent.mkdir(parents=True)
     rec = {"short_steps": 8, "long_steps": 64, "passed": False, "accuracy_all": 0.619, "pairs_all": 21,
            "run_dir": "runs/decide-x"}
     path.write_text(json.dumps(rec))
-    line = horizon_line(8, read_record(cfg, 8))
+    line = horizon_line(8, read_record(folder, cfg, 8))
     assert "does NOT predict a 64-step run (62% of 21 pairs" in line and "train.max_steps=64" in line
-    assert read_record(cfg, 16) is None  # another horizon
-    assert read_record(load_config(None, [f"tracking.run_root={tmp_path}", "data.seq_len=80"]), 8) is None
+    assert read_record(folder, cfg, 16) is None  # another horizon
+    assert read_record(folder, load_config(None, [f"tracking.run_root={tmp_path}", "data.seq_len=80"]), 8) is None
     assert "held at 64 steps" in horizon_line(8, {**rec, "passed": True, "accuracy_all": 0.95})
     path.write_text('{"short_steps": 8')  # damaged: absent
-    assert read_record(cfg, 8) is None
+    assert read_record(folder, cfg, 8) is None
 
 
 def test_the_default_reads_its_shipped_measurement_and_a_users_own_record_comes_first(tmp_path):
@@ -155,21 +157,22 @@ def test_the_default_reads_its_shipped_measurement_and_a_users_own_record_comes_
 
     repo = Path(__file__).resolve().parents[2]
     cfg = load_config(str(repo / "configs" / "default.yaml"), [f"tracking.run_root={tmp_path}"])
+    folder = tmp_path / "decisions"
     shipped = sorted(p.name for p in SHIPPED.glob("*.json"))
-    assert shipped == [record_path(cfg, 8).name]
+    assert shipped == [record_path(folder, cfg, 8).name]
     doc = json.loads((SHIPPED / shipped[0]).read_text())  # strict JSON: no NaN
     assert doc["pairs_all"] == 21 and round(doc["accuracy_all"] * 21) == 18 and doc["passed"] is False
-    line = horizon_line(8, read_record(cfg, 8))
+    line = horizon_line(8, read_record(folder, cfg, 8))
     assert line.startswith("Horizon: this 8-step ranking does NOT predict a 64-step run (86% of 21 pairs ordered alike, "
                            "its pick 6.5 run SDs from the 64-step best")
     assert "measured 2026-12-06" in line and line.endswith("train.max_steps=64.")
-    own = record_path(cfg, 8)
+    own = record_path(folder, cfg, 8)
     own.parent.mkdir(parents=True)
     own.write_text(json.dumps({"short_steps": 8, "long_steps": 80, "passed": True, "accuracy_all": 1.0,
                                "pairs_all": 3, "run_dir": "runs/mine"}))
-    assert "held at 80 steps" in horizon_line(8, read_record(cfg, 8))  # the user's own measurement first
+    assert "held at 80 steps" in horizon_line(8, read_record(folder, cfg, 8))  # the user's own measurement first
     own.write_text("{")  # damaged: the shipped measurement still applies
-    assert "does NOT predict a 64-step run" in horizon_line(8, read_record(cfg, 8))
+    assert "does NOT predict a 64-step run" in horizon_line(8, read_record(folder, cfg, 8))
 
 
 def _outcome(short_means, long_means, sd=0.01, seed=0):
@@ -211,8 +214,9 @@ def test_a_short_ranking_unrelated_to_the_long_one_is_never_read_as_a_decision(t
     cfg = config_with(cfg, {"tracking.run_root": str(tmp_path / "runs"), "train.max_steps": 8})
     run = SimpleNamespace(run_dir=tmp_path / "runs" / "decide-x", log_artifact=lambda *a: None,
                           log_metrics=lambda *a: None)
-    write_decision(run, o, record_to=record_path(cfg, 8))
-    rec = read_record(cfg, cfg.train.max_steps)  # what `raycpt sweep` with the same settings reads
+    folder = tmp_path / "runs" / "decisions"
+    write_decision(run, o, record_to=record_path(folder, cfg, 8))
+    rec = read_record(folder, cfg, cfg.train.max_steps)  # what `raycpt sweep` with the same settings reads
     assert rec is not None and rec["passed"] is False and rec["long_steps"] == 64
     assert "does NOT predict a 64-step run (0% of 15 pairs" in horizon_line(cfg.train.max_steps, rec)
 

@@ -185,9 +185,10 @@ def test_a_server_that_goes_away_inside_a_trial_log_is_recorded_not_raised(fresh
 def test_a_nested_command_runs_locally_with_the_server_gone(fresh_lost, monkeypatch, tmp_path):
     import raycpt.runs.run as runs
     from raycpt.config import load_config
+    from raycpt.runs.location import locate
 
     tr = fresh_lost
-    monkeypatch.setattr(runs, "check_store", lambda c: None)
+    monkeypatch.setattr(runs, "locate", lambda t: locate(t, check=False))  # the server is not asked
     monkeypatch.setattr(runs, "LOST_RUNS", [])
     _no_fluent(monkeypatch)
     tr.mark_lost("http://127.0.0.1:9", error="refused")  # found gone by the build's training, before its trace

@@ -103,12 +103,15 @@ def test_every_command_ends_its_runs_on_every_exit_path(command, outcome, models
 def test_a_folder_that_never_got_its_mlflow_run_is_not_the_newest_for_resume(tmp_path):
     from raycpt.config import load_config
     from raycpt.runs.folder import OPENING, open_run_dir, write_state
+    from raycpt.runs.location import locate
     from raycpt.runs.run import command_run
 
     cfg = load_config(None, [f"tracking.run_root={tmp_path}"])
     with command_run(cfg, "train") as run:
         started = run.run_dir
     time.sleep(0.05)
-    stillborn = open_run_dir(load_config(None, [f"tracking.run_root={tmp_path}"]), "train")
+    fresh = load_config(None, [f"tracking.run_root={tmp_path}"])
+    stillborn = open_run_dir(fresh, "train", locate(fresh.tracking))
     write_state(stillborn, status=OPENING)  # what a command killed before its MLflow run existed leaves
-    assert open_run_dir(load_config(None, [f"tracking.run_root={tmp_path}"]), "train", resume=True) == started
+    again = load_config(None, [f"tracking.run_root={tmp_path}"])
+    assert open_run_dir(again, "train", locate(again.tracking), resume=True) == started

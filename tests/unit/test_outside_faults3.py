@@ -244,13 +244,13 @@ def test_a_changed_replay_corpus_names_it_and_data_prepare_rebuild_re_packs_it(t
     replay.write_text("".join(json.dumps({"text": f"general text {i}, quite plain"}) + "\n" for i in range(60)))
     cfg = _replay_cfg(tmp_path, model, replay)
     prepare_store(cfg, Options(values={}))
-    first = replay_corpus(cfg, str(model))
+    first = replay_corpus(cfg, str(model), tmp_path / "runs")
     replay.write_text("".join(json.dumps({"text": f"other general text {i}"}) + "\n" for i in range(60)))
     with pytest.raises(RaycptError) as e:
-        replay_corpus(cfg, str(model))
+        replay_corpus(cfg, str(model), tmp_path / "runs")
     assert str(e.value).startswith("data.replay.corpus: ") and "--rebuild" in str(e.value)
     prepare_store(cfg, Options(values={"rebuild": True}))
-    again = replay_corpus(cfg, str(model))
+    again = replay_corpus(cfg, str(model), tmp_path / "runs")
     assert again.key == first.key and again.identity != first.identity  # the same store, the new corpus
 
 
@@ -267,7 +267,7 @@ def test_a_bad_replay_corpus_is_one_line_naming_data_replay_corpus(tmp_path, bad
         replay.write_text(json.dumps({"text": "one"}) + "\n")
     cfg = _replay_cfg(tmp_path, model, replay)
     with pytest.raises(RaycptError) as e:
-        check_corpora(cfg, str(model))
+        check_corpora(cfg, str(model), tmp_path / "runs")
     assert str(e.value).startswith("data.replay.corpus"), str(e.value)
     assert " data.corpus" not in str(e.value)
 

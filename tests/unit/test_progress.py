@@ -128,6 +128,7 @@ def test_the_base_row_line_says_it_evaluates_and_how_much(tmp_path, monkeypatch)
     import raycpt.jobs.base_row as br
     from fake_run import FakeRun
     from raycpt.config import load_config
+    from raycpt.runs.location import locate
 
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("".join(json.dumps({"id": f"t{i}", "question": f"Which is {i}?", "A": "cat", "B": "dog",
@@ -142,7 +143,8 @@ def test_the_base_row_line_says_it_evaluates_and_how_much(tmp_path, monkeypatch)
     (run_dir / "heldout_docs.json").write_text(json.dumps(heldout_docs))
     (run_dir / "general_blocks.json").write_text(json.dumps([[3]] * 4))
     cfg = load_config(None, [f"tracking.run_root={tmp_path / 'runs'}", f"eval.tasks=[{qfile}]", "eval.limit=6"])
-    trial = SimpleNamespace(cfg=cfg, dir=run_dir / "trials" / "base", run=FakeRun(), threads=None, elapsed=0.0,
+    where = locate(cfg.tracking, check=False)  # the sweep's location, carried on its run (the base row's cache)
+    trial = SimpleNamespace(cfg=cfg, dir=run_dir / "trials" / "base", run=FakeRun(where), threads=None, elapsed=0.0,
                             shared={"model_path": str(model), "heldout_path": str(run_dir / "heldout_blocks.json"),
                                     "general_path": str(run_dir / "general_blocks.json")})
     spec = SimpleNamespace(name=br.BASE, log_params=lambda *a: None)  # the sweep's TrialSpec, as base_result uses it

@@ -78,6 +78,7 @@ def test_reference_publish_loads_bitwise_and_stores_only_trained_layers(tiny_dir
 
 def test_a_publish_killed_midway_is_swept_on_the_next_start(tiny_dir, trained, tmp_path):
     from raycpt.config import load_config
+    from raycpt.runs.location import locate
     from raycpt.train.driver.launch import _open_run
 
     run_dir = tmp_path / "train"
@@ -87,7 +88,7 @@ def test_a_publish_killed_midway_is_swept_on_the_next_start(tiny_dir, trained, t
     keep = run_dir / ".final_model_notes"  # not a publish leftover (no ".<id>" after the name): kept
     keep.write_text("mine")
     cfg = load_config(None, [f"model.ref={tiny_dir}", f"tracking.run_root={tmp_path / 'runs'}"])
-    _open_run(cfg, run_dir, resume=True)
+    _open_run(cfg, locate(cfg.tracking, check=False), run_dir, resume=True)
     assert not left.exists() and keep.is_file()
     (run_dir / ".final_model.deadbeef").mkdir()
     publish_model(trained, run_dir / "final_model")  # a publish also sweeps first

@@ -21,11 +21,12 @@ def _client(tmp_path, name="s"):
     from mlflow.tracking import MlflowClient
 
     from raycpt.config import TrackingConfig
-    from raycpt.runs.store import ensure_store, tracking_uri
+    from raycpt.runs.location import locate
+    from raycpt.runs.store import ensure_store
 
-    tcfg = TrackingConfig(run_root=str(tmp_path / name), experiment="raycpt")
-    exp = ensure_store(tcfg)
-    return MlflowClient(tracking_uri(tcfg)), exp
+    where = locate(TrackingConfig(run_root=str(tmp_path / name), experiment="raycpt"))
+    exp = ensure_store(where)
+    return MlflowClient(where.uri), exp
 
 
 def _content(client, run_id):

@@ -13,14 +13,15 @@ import pytest
 from raycpt.config import load_config
 from raycpt.errors import RaycptError
 from raycpt.runs.folder import AttemptClock, open_run_dir, refuse_existing_outputs, resume_changes
+from raycpt.runs.location import locate
 
 
 def test_resume_keeps_the_saved_config_and_lists_changes(tmp_path):
     first = load_config(None, [f"tracking.run_root={tmp_path}", "train.max_steps=6"])
-    run_dir = open_run_dir(first, "train")
+    run_dir = open_run_dir(first, "train", locate(first.tracking))
     saved = (run_dir / "config.yaml").read_text()
     again = load_config(None, [f"tracking.run_root={tmp_path}", "train.max_steps=8", "train.max_failures=5"])
-    assert open_run_dir(again, "train", resume=True) == run_dir
+    assert open_run_dir(again, "train", locate(again.tracking), resume=True) == run_dir
     assert (run_dir / "config.yaml").read_text() == saved  # not rewritten
     assert resume_changes(run_dir, again) == ["train.max_steps: 6 -> 8"]  # max_failures changes nothing saved
     assert resume_changes(run_dir, first) == []

@@ -11,6 +11,7 @@ from mlflow.store.db.utils import _get_latest_schema_revision
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
 from raycpt.config import load_config
+from raycpt.runs.location import locate
 from raycpt.runs.store import STORE_TEMPLATES, ensure_store, new_sqlite_store
 
 
@@ -53,7 +54,7 @@ def test_a_new_store_is_a_copy_of_what_mlflow_makes(cache, tmp_path):
 def test_a_run_root_opened_from_the_template_takes_runs(cache, tmp_path):
     for name in ("one", "two"):  # the first makes the template, the second copies it
         cfg = load_config(None, [f"tracking.run_root={tmp_path / name}"])
-        exp = ensure_store(cfg.tracking)
+        exp = ensure_store(locate(cfg.tracking))
         client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / name / 'mlflow.db'}")
         assert client.get_experiment(exp).artifact_location == (tmp_path / name / "mlartifacts").as_uri()
         run = client.create_run(exp)
@@ -69,7 +70,7 @@ def test_a_damaged_cached_template_is_made_again_not_blamed_on_the_run_root(cach
     """Issue 41: a corrupt template in the cache broke every new run root, and the line blamed
     ``<run_root>/mlflow.db`` ("Move it aside"), which moving aside did not cure. Now it is checked and made again."""
     first = load_config(None, [f"tracking.run_root={tmp_path / 'a'}"])
-    ensure_store(first.tracking)
+    ensure_store(locate(first.tracking))
     (template,) = (cache / STORE_TEMPLATES).glob("mlflow-*.db")
     if damage == "garbage":
         template.write_bytes(b"this is not a database" * 100)
@@ -77,7 +78,7 @@ def test_a_damaged_cached_template_is_made_again_not_blamed_on_the_run_root(cach
         with open(template, "r+b") as f:
             f.truncate(template.stat().st_size // 3)
     cfg = load_config(None, [f"tracking.run_root={tmp_path / 'b'}"])
-    exp = ensure_store(cfg.tracking)  # a new run root: its store opens
+    exp = ensure_store(locate(cfg.tracking))  # a new run root: its store opens
     assert mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}").get_experiment(exp).name
     assert _rows(template, "SELECT version_num FROM alembic_version") == \
         [(_get_latest_schema_revision(),)]  # the template is whole again

@@ -11,6 +11,7 @@ experiment's kind, read back from the store and from a second one ``raycpt runs 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,7 +178,6 @@ def _sweep_folder(tmp_path, cfg):
     """A finished sweep's folder as :func:`raycpt.jobs.sweep.execute` leaves it: the slices' blocks files, each
     trial's eval file and final model folder (two seeds a row: seed 1 a little worse), the corpus's packed store."""
     from raycpt.data.store import store_key, store_root, tokenizer_hash
-    from raycpt.io import run_root
 
     run = tmp_path / "run"
     shared = {}
@@ -201,7 +201,7 @@ def _sweep_folder(tmp_path, cfg):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("a b c\n")
     cfg.data.corpus = [str(corpus)]
-    store = store_root(cfg.data, run_root(cfg.tracking)) / store_key(cfg.data, tokenizer_hash(str(model)))
+    store = store_root(cfg.data, Path(cfg.tracking.run_root)) / store_key(cfg.data, tokenizer_hash(str(model)))
     store.mkdir(parents=True)
     files = [{"source": str(corpus), "path": str(corpus), "size": 6, "sha256": "ab" * 32}]
     (store / "manifest.json").write_text(json.dumps({"format": 1, "num_blocks": 12, "seq_len": 16, "num_documents": 5,
@@ -228,7 +228,7 @@ def test_parent_run_carries_its_inputs_and_the_leaders_model_and_a_sync_replays_
     shared, trials, model_path, store = _sweep_folder(tmp_path, cfg)
     specs = [TrialSpec(n, ROWS[n][0], ROWS[n][1], None, seed=s) for n in ROWS for s in (0, 1)]
     s = _summary(trials)
-    run_at().log_inputs(sweep_inputs(SweepPlan(cfg, model_path, 30, specs), shared, trials, s))
+    run_at().log_inputs(sweep_inputs(Path(tcfg.run_root), SweepPlan(cfg, model_path, 30, specs), shared, trials, s))
 
     def inputs(c, run_id):
         return {d.dataset.name: (d.dataset.digest, {t.key: t.value for t in d.tags}["mlflow.data.context"],
@@ -278,7 +278,7 @@ def test_parent_run_carries_its_inputs_and_the_leaders_model_and_a_sync_replays_
     registered = client.get_model_version("layer-plan", version.version)
     assert (registered.source, registered.run_id) == (f"models:/{m.model_id}", parent)
     # logged again (a resumed sweep's end): nothing twice
-    run_at().log_inputs(sweep_inputs(SweepPlan(cfg, model_path, 30, specs), shared, trials, s))
+    run_at().log_inputs(sweep_inputs(Path(tcfg.run_root), SweepPlan(cfg, model_path, 30, specs), shared, trials, s))
     assert len(client.get_run(parent).inputs.dataset_inputs) == 6
     assert len(client.get_run(parent).outputs.model_outputs) == 1
     # `raycpt runs sync` into a second store replays the same inputs and model, once

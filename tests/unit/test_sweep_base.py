@@ -14,6 +14,7 @@ from raycpt.report.sweep.summary import build_summary
 from raycpt.report.sweep.base import against_base, pareto_front
 from raycpt.report.sweep.outcomes import question_outcomes
 from fake_run import FakeRun
+from raycpt.runs.location import locate
 
 CATS = ["STEM", "Social Science", "Humanities", "Other"]
 
@@ -213,7 +214,8 @@ def test_base_row_is_evaluated_once_and_reused_on_resume(tiny_dir, tmp_path, mon
     def run_base(folder, c=cfg):
         tdir = tmp_path / folder
         tdir.mkdir(parents=True)
-        trial = Trial(cfg=c, dir=tdir, run=_FakeRun(), parent_run_id="p", shared={"model_path": str(tiny_dir)})
+        trial = Trial(cfg=c, dir=tdir, run=_FakeRun(locate(c.tracking, check=False)), parent_run_id="p",
+                      shared={"model_path": str(tiny_dir)})
         return spec.run(trial)
 
     first = run_base("sweep1/trials/base")
@@ -227,7 +229,8 @@ def test_base_row_is_evaluated_once_and_reused_on_resume(tiny_dir, tmp_path, mon
                                  "eval.modes=[cloze]", "eval.limit=4"])
     run_base("sweep3/trials/base", changed)
     assert len(calls) == 2  # other evaluation settings: another cache entry
-    assert base_cache_dir(changed, str(tiny_dir), {}) != base_cache_dir(cfg, str(tiny_dir), {})
+    cache = tmp_path / "runs" / "base_eval"
+    assert base_cache_dir(cache, changed, str(tiny_dir), {}) != base_cache_dir(cache, cfg, str(tiny_dir), {})
 
 
 def test_write_summary_draws_the_tradeoff_and_runs_show_prints_the_per_category_tables(tmp_path):

@@ -403,13 +403,14 @@ def test_parent_run_gets_the_table_once_and_the_headline_metrics(tmp_path):
     assert m["S_b/0.5"] == pytest.approx(0.1)
 
 
-def test_equal_footing_full_differs_from_the_layer_plans_only_in_layers():
+def test_equal_footing_full_differs_from_the_layer_plans_only_in_layers(tmp_path):
     import dataclasses
 
     from raycpt.config import ExperimentConfig, PlanConfig
     from raycpt.report.sweep.summary import report_options
     from raycpt.strategies import build_plan
 
+    no_record = tmp_path / "decisions"  # no `raycpt decide` record: the horizon is not measured
     eq = build_plan(PlanConfig(name="full", full_non_layers=False), 30, tied_embeddings=True)
     sh = build_plan(PlanConfig(name="train_shallow", split=0.5), 30, tied_embeddings=True)
     assert eq.trainable_layers == tuple(range(30))
@@ -418,19 +419,20 @@ def test_equal_footing_full_differs_from_the_layer_plans_only_in_layers():
     old = build_plan(PlanConfig(name="full"), 30)  # the full-parameter full, as before
     assert (old.train_embeddings, old.train_final_norm, old.train_head) == (True, True, True)
     cfg = ExperimentConfig()
-    assert cfg.sweep.equal_footing and "equal footing" in report_options(cfg)["footing"]
+    assert cfg.sweep.equal_footing and "equal footing" in report_options(cfg, no_record)["footing"]
     off = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, equal_footing=False))
-    assert "NOT equal footing" in report_options(off)["footing"]
-    s = build_summary(_one_seed_trials(), None, ["wn"], ["gen_bench"], resamples=200, report=report_options(cfg))
+    assert "NOT equal footing" in report_options(off, no_record)["footing"]
+    s = build_summary(_one_seed_trials(), None, ["wn"], ["gen_bench"], resamples=200,
+                      report=report_options(cfg, no_record))
     assert any(line.startswith("Plans: equal footing") for line in s["verdict"]["legend"])
     # --budget: LISA and Spectrum train non-layer parts by their authors' rule, and the legend says so
     lisa = build_plan(PlanConfig(name="lisa", lisa_layers=1, lisa_interval=2), 30, tied_embeddings=True)
     spec = build_plan(PlanConfig(name="spectrum", matrices=["0.self_attn.q_proj"]), 30, tied_embeddings=True)
     assert (lisa.train_embeddings, lisa.train_final_norm, lisa.train_head) == (True, True, True)
     assert (spec.train_embeddings, spec.train_head) == (True, True)
-    assert "LISA" not in report_options(cfg)["footing"]
+    assert "LISA" not in report_options(cfg, no_record)["footing"]
     budget = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, budget="auto"))
-    assert "LISA's rows train the embeddings, final norm and head" in report_options(budget)["footing"]
+    assert "LISA's rows train the embeddings, final norm and head" in report_options(budget, no_record)["footing"]
 
 
 def test_load_outcomes_finds_the_sweeps_heldout_documents(tmp_path):

@@ -12,7 +12,12 @@ class _Client:
     gone."""
 
     def __init__(self, gone=False):
-        self.gone, self.calls = gone, []
+        self.gone, self.calls, self.uris = gone, [], []
+
+    def opened(self, uri):
+        """``MlflowClient(uri)``: this client, the URI it was opened on kept."""
+        self.uris.append(uri)
+        return self
 
     def _call(self, name, *a, **k):
         self.calls.append(name)
@@ -38,8 +43,12 @@ def _child(monkeypatch, client, meta, exp, parent, name, meta_data=None):
     from raycpt.config import ExperimentConfig
     from raycpt.runs.run import open_child
 
-    monkeypatch.setattr(mlflow.tracking, "MlflowClient", lambda *a, **k: client)
-    return open_child(ExperimentConfig(), "sweep", meta.parent, meta.name, exp, parent, name, meta=meta_data)
+    from raycpt.runs.location import RunLocation
+
+    where = RunLocation(meta.parent / "runs", "http://127.0.0.1:9/")  # the command's, carried to the unit
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", lambda uri, *a, **k: client.opened(uri))
+    return open_child(ExperimentConfig(), "sweep", meta.parent, meta.name, exp, parent, name, meta=meta_data,
+                      location=where)
 
 
 def test_a_child_run_with_the_server_gone_runs_locally_and_keeps_its_id(fresh_lost, tmp_path, monkeypatch):
@@ -65,6 +74,7 @@ def test_a_child_run_ends_in_the_store_while_it_answers(fresh_lost, tmp_path, mo
     with _child(monkeypatch, client, tmp_path / "trial.json", "0", "P", "t") as run:
         assert run.created and run.run_id == "R1"
     assert client.calls == ["create_run", "set_terminated"]
+    assert client.uris == ["http://127.0.0.1:9/"]  # the carried location's store, not the config's (None) uri
     with pytest.raises(ValueError):
         with _child(monkeypatch, client, tmp_path / "trial.json", "0", "P", "t"):
             raise ValueError("a trial's bug")
@@ -76,14 +86,16 @@ def test_store_or_lost_adopts_a_record_of_the_same_job_or_a_dead_server(fresh_lo
 
     tr = fresh_lost
     from raycpt.config import TrackingConfig
+    from raycpt.runs.location import locate
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = TrackingConfig(uri=f"http://127.0.0.1:{port}", run_root=str(tmp_path / "root"))
-    assert tr.store_or_lost(cfg, tmp_path) is None
+    where = locate(cfg, check=False)  # the trial's: the driver's, carried (its check is the trial's own)
+    assert tr.store_or_lost(where, tmp_path) is None
     rec = json.loads((tmp_path / tr.LOST_FILE).read_text())
     assert rec["uri"] == cfg.uri and "no MLflow server answers" in rec["error"]
     monkeypatch.setattr(tr, "_lost", {})  # another trial process of the same sweep: the record is enough
     monkeypatch.setattr(tr, "ensure_store", lambda c: pytest.fail("the store must not be asked again"))
-    assert tr.store_or_lost(cfg, tmp_path) is None and tr.tracking_lost()["uri"] == cfg.uri
+    assert tr.store_or_lost(where, tmp_path) is None and tr.tracking_lost()["uri"] == cfg.uri

@@ -32,12 +32,13 @@ def _tag_in_db(db: Path, experiment: str) -> tuple[str, str]:
 
 
 def test_experiment_kind_tag_on_sqlite(tmp_path):
+    from raycpt.runs.location import locate
     from raycpt.runs.store import ensure_store
 
     cfg = load_config(None, [f"tracking.run_root={tmp_path / 'runs'}", "tracking.experiment=kind-test"])
-    exp_id = ensure_store(cfg.tracking)
+    exp_id = ensure_store(locate(cfg.tracking))
     assert _tag_in_db(tmp_path / "runs" / "mlflow.db", "kind-test") == (exp_id, ["custom_model_development"])
-    ensure_store(cfg.tracking)  # again: still exactly one tag
+    ensure_store(locate(cfg.tracking))  # again: still exactly one tag
     assert _tag_in_db(tmp_path / "runs" / "mlflow.db", "kind-test")[1] == ["custom_model_development"]
 
 
@@ -87,13 +88,14 @@ def test_raycpt_ui_serves_no_writable_artifact_store_and_still_shows_a_runs_file
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from raycpt.runs.location import locate
     from raycpt.runs.store import ensure_store
 
     runs, cwd = tmp_path / "runs", tmp_path / "cwd"
     cwd.mkdir()
     cfg = load_config(None, [f"tracking.run_root={runs}"])
     cfg.tracking.run_root = str(runs)
-    exp_id = ensure_store(cfg.tracking)
+    exp_id = ensure_store(locate(cfg.tracking))
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     run_id = client.create_run(exp_id).info.run_id
     (tmp_path / "notes.txt").write_text("logged by a run")

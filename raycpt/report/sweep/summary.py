@@ -53,9 +53,10 @@ def _csv(records: list[dict]) -> str:
     return buf.getvalue()
 
 
-def report_options(cfg) -> dict:
-    """What build_summary needs from an experiment config: ``report.*`` and how the plans treat the
-    embeddings, final norm and head (stated in the legend)."""
+def report_options(cfg, decisions: Path) -> dict:
+    """What build_summary needs from an experiment config: ``report.*``, how the plans treat the embeddings, final
+    norm and head (stated in the legend), and the horizon line of ``raycpt decide``'s record in ``decisions`` (the
+    run root's folder of them)."""
     p = cfg.plan
     parts = [name for name, on in (("embeddings", p.train_embeddings), ("final norm", p.train_final_norm),
                                    ("head", p.train_head)) if on]
@@ -69,7 +70,7 @@ def report_options(cfg) -> dict:
         footing += ("; except where a method's authors train them: LISA's rows train the embeddings, final norm "
                     "and head at every step, Spectrum's the embeddings and head (both inside the budget's count)")
     return {"primary": cfg.report.primary, "adjust": cfg.report.adjust, "alpha": cfg.report.alpha, "footing": footing,
-            "horizon": horizon_line(cfg.train.max_steps, read_record(cfg, cfg.train.max_steps))}
+            "horizon": horizon_line(cfg.train.max_steps, read_record(decisions, cfg, cfg.train.max_steps))}
 
 
 def build_summary(trials: list[dict], trace: Optional[dict], domain: Sequence[str] = ("wordnet_mc",),

@@ -32,7 +32,7 @@ from typing import Optional
 from raycpt.config import ExperimentConfig, save_config
 from raycpt.data.run_store import packed_corpus, replay_corpus
 from raycpt.errors import RaycptError, environment_error
-from raycpt.io import atomic_write_json, run_root, seal_path
+from raycpt.io import atomic_write_json, seal_path
 from raycpt.models.shards import ensure_base_shards
 from raycpt.report.progress import StepProgress
 from raycpt.report.train import plot_loss_curve, read_events, read_step_records
@@ -40,7 +40,6 @@ from raycpt.runs.folder import ended_state, read_state, write_state
 from raycpt.runs.run import TRAINING_SECTIONS, config_params
 from raycpt.strategies import LayerPlan
 from raycpt.runs.lost import adopt_lost
-from raycpt.runs.store import tracking_uri
 from raycpt.train.worker.callbacks import callbacks_for
 from raycpt.train.ckpt.checkpoint import weights_dtype
 from raycpt.train.driver.failures import raycpt_failure_policy
@@ -60,11 +59,6 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------ launch
-
-def _make_absolute(cfg: ExperimentConfig) -> None:
-    cfg.tracking.run_root = str(run_root(cfg.tracking))
-    cfg.tracking.uri = tracking_uri(cfg.tracking)
-
 
 def _faults_from_env() -> dict:
     text = os.environ.get("RAYCPT_FAULTS")
@@ -121,15 +115,15 @@ def run_training(cfg: ExperimentConfig, run, *, run_dir: Optional[Path] = None, 
 
 def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=None, progress=False, faults=None,
                 callbacks=None, evaluate=None, in_process=False) -> TrainResult:
-    t_start = time.time()
-    state = _open_run(cfg, run_dir, resume)
+    t_start, where = time.time(), run.location  # the command's, resolved once where it started
+    state = _open_run(cfg, where, run_dir, resume)
     if resume and state.get("status") == "finished" and (run_dir / FINAL_MODEL / "config.json").is_file():
         why = verify_model_folder(run_dir / FINAL_MODEL)
         if why is None:
             return result_from_files(run_dir, state, read_step_records(run_dir / METRICS_FILE))
         log.warning("warning: %s fails its manifest check (%s): publishing it again from the last verified checkpoint",
                     run_dir / FINAL_MODEL, why)
-    prep = _prepare(cfg, run_dir, resume, progress)  # every bad input fails here, before any record
+    prep = _prepare(cfg, where.root, run_dir, resume, progress)  # every bad input fails here, before any record
     attempt = int(state.get("attempts", 0)) + 1
     ray_name = f"{name or 'train'}-{run_dir.name}-a{attempt}-{uuid.uuid4().hex[:6]}"
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
@@ -144,7 +138,7 @@ def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=No
         clock["fit_end"] = time.time()
         adopt_lost(run_dir, clock["fit_start"])  # a tracking server the workers found gone: the rest is local only
         _check_status(run_dir)
-        ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, prep),
+        ckpt_dir = _publish(run_dir, cfg.train.keep_checkpoints, _base_shards(cfg, where, prep),
                             link=not cfg.train.keep_finished_checkpoints)
         clock["published"] = time.time()
         res = _summarize(cfg, run, run_dir, prep, ckpt_dir, t_start)
@@ -155,18 +149,18 @@ def _train_into(cfg: ExperimentConfig, run, run_dir: Path, resume: bool, name=No
     return res
 
 
-def _base_shards(cfg: ExperimentConfig, prep: "_Prepared"):
+def _base_shards(cfg: ExperimentConfig, where, prep: "_Prepared"):
     """With ``train.publish: reference``, a function of the checkpoint's weights dtype giving the base model's
     per-layer shards folder (written once per run root); None = publish by copy."""
     if cfg.train.publish != "reference":
         return None
-    return lambda dtype: ensure_base_shards(prep.model_path, run_root(cfg.tracking) / "base_shards", dtype)
+    return lambda dtype: ensure_base_shards(prep.model_path, where.base_shards, dtype)
 
 
-def _open_run(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
-    """The training folder (made; config saved unless a resume keeps the one it was made with; paths absolute)
-    and its ``state.json``."""
-    _make_absolute(cfg)
+def _open_run(cfg: ExperimentConfig, where, run_dir: Path, resume: bool) -> dict:
+    """The training folder (made; config saved unless a resume keeps the one it was made with; paths absolute:
+    ``where``'s, the command's :class:`raycpt.runs.location.RunLocation`) and its ``state.json``."""
+    where.pin(cfg.tracking)
     run_dir.mkdir(parents=True, exist_ok=True)
     sweep_leftovers(run_dir / FINAL_MODEL)  # a publish killed mid-way (kill -9) left its hidden copy
     if not (resume and (run_dir / "config.yaml").is_file()):  # a resume keeps the config it was made with
@@ -174,7 +168,8 @@ def _open_run(cfg: ExperimentConfig, run_dir: Path, resume: bool) -> dict:
     return read_state(run_dir)
 
 
-def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progress: bool = False) -> _Prepared:
+def _prepare(cfg: ExperimentConfig, root: Path, run_dir: Optional[Path], resume: bool,
+             progress: bool = False) -> _Prepared:
     """Validate the train settings, resolve the model, build the plan, find the checkpoint to resume,
     find (or pack) the corpus's packed store: every bad input fails here, before any MLflow run."""
     check_train_config(cfg)
@@ -186,8 +181,8 @@ def _prepare(cfg: ExperimentConfig, run_dir: Optional[Path], resume: bool, progr
         if found is not None:
             resumed_step, ckpt = found
             resume_from = str(ckpt)
-    store = packed_corpus(cfg, model_path, quiet=not progress)
-    replay = replay_corpus(cfg, model_path, quiet=not progress)
+    store = packed_corpus(cfg, model_path, root, quiet=not progress)
+    replay = replay_corpus(cfg, model_path, root, quiet=not progress)
     if resume_from is not None:
         check_resume_data(Path(resume_from), store, replay)
     return _Prepared(model_path=model_path, plan=plan, counts=counts, resume_from=resume_from,
@@ -210,15 +205,15 @@ def _worker_spec(cfg: ExperimentConfig, run_dir: Path, prep: _Prepared, run, ray
     """The one value the workers get (:class:`raycpt.train.worker.spec.WorkerSpec`); an old evaluation file is
     removed. In local mode with ``train.publish: reference`` the checkpoints link the frozen layers too."""
     base_shards = None
-    if in_process and _base_shards(cfg, prep):
+    if in_process and _base_shards(cfg, run.location, prep):
         dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
-        base_shards = str(_base_shards(cfg, prep)(dtype))
+        base_shards = str(_base_shards(cfg, run.location, prep)(dtype))
     if evaluate:
         (Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
         seal_path(Path(evaluate.out_dir) / EVAL_RESULT_FILE).unlink(missing_ok=True)
     return WorkerSpec(
         cfg=cfg, model_path=prep.model_path, plan=prep.plan, run_dir=str(run_dir),
-        tracking=TrackingTarget(cfg.tracking.uri, run.run_id if run.live() else None, str(run.dir)),
+        tracking=TrackingTarget(run.location.uri, run.run_id if run.live() else None, str(run.dir)),
         resume_from=prep.resume_from, checkpoint_root=str(run_dir / "ray" / ray_name),
         store=StoreRef.of(prep.store), replay=StoreRef.of(prep.replay_store) if prep.replay_store is not None else None,
         callbacks=tuple(list(callbacks or []) + callbacks_for(cfg, prep.model_path)), evaluate=evaluate,

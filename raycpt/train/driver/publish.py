@@ -20,7 +20,7 @@ from raycpt.models.shards import INDEX_FILE, read_shards, read_tensors, shards_p
 from raycpt.train.ckpt.manifest import (MODEL_DIR, checkpoint_step, find_checkpoints, read_manifest,
                                    verify_checkpoint, write_manifest)
 from raycpt.train.driver.prepare import local_mode
-from raycpt.io import run_root, sha256_file
+from raycpt.io import sha256_file
 from raycpt.models.shards import checked_shards, ensure_base_shards
 from raycpt.train.ckpt.checkpoint import weights_dtype
 
@@ -173,20 +173,20 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
 
 
 @contextlib.contextmanager
-def base_shards_ahead(cfg: ExperimentConfig, model_path: str):
-    """``with base_shards_ahead(cfg, model_path) as ready:`` - a grid whose trials run in local mode and publish by
-    reference (``train.publish: reference``, set per trial by the sweep and the scan) links every trial to the
+def base_shards_ahead(cfg: ExperimentConfig, model_path: str, root: Path):
+    """``with base_shards_ahead(cfg, model_path, root) as ready:`` - a grid whose trials run in local mode and publish
+    by reference (``train.publish: reference``, set per trial by the sweep and the scan) links every trial to the
     base model's per-layer shards, written once per run root by whichever process needs them first: write them
     now, in a background thread, while the driver opens its run and Ray starts (that work leaves a core idle), and
     verify them there (their sha256s). ``ready()`` waits for them and returns the verified folders
     (:func:`raycpt.models.shards.checked_shards`, for the grid's ``shared`` dict: a trial process then trusts them
     while their files are unchanged); call it before the first trial. A failure here is the first trial's to meet
-    again and report (it writes and verifies the shards itself); leaving the block waits for the thread."""
+    again and report (it writes and verifies the shards itself); leaving the block waits for the thread. ``root``: the
+    run root's shards folder (:attr:`raycpt.runs.location.RunLocation.base_shards`)."""
     if not local_mode(cfg, in_process=True):
         yield lambda: {}
         return
     dtype = str(weights_dtype(cfg.train.precision, "cpu")).replace("torch.", "")
-    root = run_root(cfg.tracking) / "base_shards"
 
     def write() -> None:
         try:
