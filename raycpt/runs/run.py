@@ -261,8 +261,9 @@ def _start_run(cfg: ExperimentConfig, command: str, where: RunLocation, run_dir:
         run_id = client.create_run(exp_id, run_name=name, tags=all_tags).info.run_id
     write_state(run_dir, command=command, mlflow_run_id=run_id, run_name=name, tags=all_tags, owner=owner(), **keep)
     run = Run(cfg, command, run_dir, run_id, client, created, exp_id, location=where)
-    if created:
-        run.log_params(config_params(cfg))
+    if created:  # a command inside another's (a sweep's trace) logs its own section and what it reads; its parent
+        # holds the whole config, so a compare of the parent's children lines up their own params, not constants
+        run.log_params(config_params(cfg, (command, "model", "data") if parent_run_id else None))
         if params:
             run.log_params(params)
     else:

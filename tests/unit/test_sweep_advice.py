@@ -342,3 +342,23 @@ def test_a_training_run_logs_the_sections_training_reads_not_other_commands():
     expected = {f"{s}.{f.name}" for s in ("train", "plan") for f in dataclasses.fields(getattr(cfg, s))
                 if not dataclasses.is_dataclass(v := getattr(getattr(cfg, s), f.name)) and not isinstance(v, dict)}
     assert expected <= set(trial) and set(trial) < set(every) and "compare.alpha" in every
+
+
+def test_a_nested_command_logs_its_own_section_and_what_it_reads(tmp_path):
+    """A sweep's trace (a command run inside the sweep's) logs trace.*, model.*, data.* and the top-level values; the
+    sweep's own run keeps the whole config: the parent's children carry no compare.* constants."""
+    from mlflow.tracking import MlflowClient
+
+    from raycpt.config import ExperimentConfig
+    from raycpt.runs.run import command_run
+
+    cfg = ExperimentConfig()
+    cfg.tracking.run_root = str(tmp_path / "runs")
+    with command_run(cfg, "sweep") as parent:
+        with command_run(cfg, "trace", run_dir=parent.run_dir / "trace", parent=parent) as child:
+            child_id = child.run_id
+        parent_id = parent.run_id
+    client = MlflowClient(parent.location.uri)
+    mine, whole = client.get_run(child_id).data.params, client.get_run(parent_id).data.params
+    assert {k.split(".")[0] for k in mine if "." in k} == {"trace", "model", "data"}
+    assert "compare.alpha" in whole and any(k.startswith("trace.") for k in whole)
