@@ -15,7 +15,9 @@ The registries (a leaf: it imports only the error type and :class:`raycpt.usage.
   implemented in :mod:`raycpt.diagnostics.selectors`);
 * :data:`READERS`: benchmark data readers, ``path -> question rows`` (:mod:`raycpt.evaluate`);
 * :data:`BENCHMARKS`: the shipped benchmarks, one YAML each (``raycpt/evaluate/benchmarks/*.yaml``, read by
-  :mod:`raycpt.evaluate.registry`).
+  :mod:`raycpt.evaluate.registry`);
+* :data:`STATISTICS`: the verdict's statistics, the name an interval carries -> the function computing it, with its
+  legend line and claim (:mod:`raycpt.report.sweep.statistics`).
 """
 
 from __future__ import annotations
@@ -127,3 +129,7 @@ READERS = Registry("reader")
 """Benchmark data readers: ``reader(path) -> list of question rows`` (id, question, A-D, answer, category)."""
 BENCHMARKS = Registry("benchmark")
 """The shipped benchmarks by name: a :class:`raycpt.evaluate.registry.Benchmark`, one YAML each."""
+STATISTICS = Registry("verdict statistic")
+"""The verdict's statistics by the name an interval carries: the :mod:`raycpt.stats` function that computes it; help:
+what its 95% interval covers (the legend line); fact ``claim`` (strategy or checkpoint). Declared in
+:mod:`raycpt.report.sweep.statistics`."""

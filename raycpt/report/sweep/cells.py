@@ -20,7 +20,8 @@ from raycpt.report.sweep.outcomes import load_outcomes
 from raycpt.splits import equal_count_split
 import numpy as np
 
-from raycpt.report.sweep.seeds import (METHOD_RUNS, has_run_noise, heldout_units, question_units, run_noise)
+from raycpt.report.sweep.seeds import has_run_noise, heldout_units, question_units, run_noise
+from raycpt.report.sweep.statistics import METHOD_RUNS
 from raycpt.stats import (DEFAULT_RESAMPLES, Interval, paired_accuracy_delta, paired_mean_t, ratio_delta_t,
                           seed_interval, stratified_mcnemar_p, stratified_paired_delta, welch_run_test)
 from raycpt.tasks import is_continuous

@@ -1,5 +1,5 @@
 """The statistics of a sweep's verdict: which comparisons against ``full`` count as a change, which row is best, and
-what every interval covers. Pure (numbers in, decisions out); :mod:`raycpt.report.sweep.verdict` builds the family
+what every interval covers (the registered statistics' own words, :mod:`raycpt.report.sweep.statistics`). Pure (numbers in, decisions out); :mod:`raycpt.report.sweep.verdict` builds the family
 from the sweep's tables and writes these decisions into its cells.
 
 **The family.** Every comparison a reading or a mark can rest on: for each row (a plan at a split, not
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from raycpt.report.sweep.statistics import covers
 from raycpt.stats import adjust
 
 HELDOUT = "heldout_loss"
@@ -175,27 +176,6 @@ def best_row(values: dict[str, float], pair_p, alpha: float = ALPHA, higher_is_b
 
 
 # ------------------------------------------------------------------------------------------ words
-NOISE = {
-    "exact McNemar + score interval": ("question sampling only (one run per row: two checkpoints on the same "
-                                       "questions, not two strategies)"),
-    "runs per plan + documents": ("run-to-run noise (a strategy claim: each plan's own run variance, Welch-"
-                                  "Satterthwaite df; not assumed equal across plans) and document sampling of the "
-                                  "held-out set (blocks averaged over a row's runs, documents as clusters)"),
-    "runs per plan + questions": ("run-to-run noise (a strategy claim: each plan's own run variance, Welch-"
-                                  "Satterthwaite df; not assumed equal across plans) and question sampling (each "
-                                  "question's share right over a row's runs)"),
-    "runs per plan": "run-to-run noise, each plan's own run variance (a strategy claim) on a fixed question set",
-    "t over seeds": "seed noise on a fixed question set (no per-question records)",
-    "t over documents": ("document sampling of the held-out set only (the blocks of a document taken as one unit; "
-                         "one run per row: two checkpoints, not two strategies)"),
-    "t over blocks": "block sampling of the held-out set (no document ids: blocks taken as independent)",
-    "paired t over questions": ("question sampling only, for a continuous score per question (one run per row: "
-                                "two checkpoints on the same questions, not two strategies)"),
-    "stratified paired bootstrap": "question sampling within categories (exploratory; coverage not shown)",
-    "paired bootstrap": "question sampling (percentile bootstrap; exploratory)",
-}
-
-
 def method_words(method: str, alpha: float = ALPHA) -> str:
     """How the family's marks are controlled, in words."""
     if method == "bh":
@@ -220,5 +200,5 @@ def legend(methods: Sequence[str], primary: Optional[str], adjust_method: str = 
     lines += [f"Primary comparison (pre-declared, report.primary): {primary or 'none (all comparisons secondary)'}; "
               "every other comparison is secondary and exploratory."]
     for m in dict.fromkeys(m for m in methods if m):
-        lines.append(f"[{m}] 95% interval covers {NOISE.get(m, 'the noise its method names')}.")
+        lines.append(f"[{m}] 95% interval covers {covers(m)}.")
     return lines

@@ -18,25 +18,14 @@ from typing import Callable, Optional
 import numpy as np
 
 from raycpt.report.sweep.model import as_summary
+from raycpt.report.sweep.statistics import CHECKPOINT, METHOD_HELDOUT, METHOD_QUESTIONS, STRATEGY
 from raycpt.stats import mean_sampling_variance, pooled_run_variance, ratio_delta_se
 from raycpt.tasks import is_continuous
 
-STRATEGY, CHECKPOINT = "strategy", "checkpoint"
-METHOD_HELDOUT = "runs per plan + documents"
-METHOD_QUESTIONS = "runs per plan + questions"
-METHOD_RUNS = "runs per plan"
-RUN_METHODS = (METHOD_HELDOUT, METHOD_QUESTIONS, METHOD_RUNS)
 RUN_MODEL = "per plan (Welch-Satterthwaite)"
 """The run-noise model of every strategy test, as the verdict states it."""
 SEEDS_HINT = "sweep.seeds=[0,1,2]"
 FLOOR_HINT = "sweep.floor_seeds=[1,2]"
-
-
-def claim_of(method: Optional[str]) -> Optional[str]:
-    """What a comparison's test speaks about: a strategy (run-to-run noise inside), a checkpoint, or None."""
-    if method is None:
-        return None
-    return STRATEGY if method in RUN_METHODS else CHECKPOINT
 
 
 def run_noise(groups: dict, value: Callable[[dict], Optional[float]]) -> dict:

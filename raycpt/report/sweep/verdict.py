@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from raycpt.report.sweep.seeds import (CHECKPOINT, RUN_MODEL, STRATEGY, claim_of, heldout_units, question_units,
-                                      run_noise)
+from raycpt.report.sweep.seeds import RUN_MODEL, heldout_units, question_units, run_noise
+from raycpt.report.sweep.statistics import CHECKPOINT, STRATEGY, claim_of
 from raycpt.report.sweep.cells import (GENERAL, cell_value, mean_of, compare, group_trials, heldout_delta,
                                        question_delta)
 from raycpt.report.sweep import family

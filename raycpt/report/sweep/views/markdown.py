@@ -9,7 +9,8 @@ from raycpt.report.sweep.model import Cell, Row, as_summary
 from raycpt.report.sweep.views.columns import MARKDOWN, Place, columns, loss_columns
 from raycpt.report.sweep.views.format import (CATEGORY_LABEL, MODE_LETTER, fmt_p, fmt_s, fmt_delta, row_categories,
                                               table_modes)
-from raycpt.report.sweep.seeds import STRATEGY, checkpoint_line
+from raycpt.report.sweep.seeds import checkpoint_line
+from raycpt.report.sweep.statistics import STRATEGY
 from raycpt.report.sweep.cells import largest_s_b
 from raycpt.report.sweep.family import HELDOUT
 from raycpt.tasks import is_continuous

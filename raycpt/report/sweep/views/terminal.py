@@ -14,7 +14,8 @@ from raycpt.report.sweep.views.advice import advice_lines
 from raycpt.report.sweep.views.columns import TERMINAL, Place, columns
 from raycpt.report.sweep.views.format import fmt_pm
 from raycpt.report.sweep.views.markdown import oriented_mark, split_words
-from raycpt.report.sweep.seeds import CHECKPOINT, FLOOR_HINT, SEEDS_HINT, strategy_claims_allowed
+from raycpt.report.sweep.seeds import FLOOR_HINT, SEEDS_HINT, strategy_claims_allowed
+from raycpt.report.sweep.statistics import CHECKPOINT
 from raycpt.report.sweep.family import HELDOUT
 
 MAX_AXES = 3  # gain / forgetting columns in the terminal table (the rest: summary.md)
