@@ -11,12 +11,14 @@ Pure: a summary (:func:`raycpt.report.sweep.summary.build_summary`, with ``num_l
 from __future__ import annotations
 
 from typing import Optional
+from urllib.parse import quote
 
 from raycpt.report.sweep import family
 from raycpt.report.sweep.model import Cell, Row, Summary, as_summary
 from raycpt.report.sweep.base import BASE
 from raycpt.report.sweep.seeds import FLOOR_HINT, strategy_claims_allowed
 from raycpt.report.sweep.views.format import fmt_p
+from raycpt.runs.records import RUN_ID_MARK
 from raycpt.splits import split_index
 
 SHALLOW, DEEP, FULL = "train_shallow", "train_deep", "full"
@@ -190,10 +192,6 @@ def artifact_image(path: str, alt: str) -> str:
     description as Markdown and keeps ``<img src>`` with a relative URL, which the browser resolves against the
     server (static prefix included) to its ``get-artifact`` endpoint. The run id is filled in when the tag reaches
     MLflow (:data:`raycpt.runs.records.RUN_ID_MARK`)."""
-    from urllib.parse import quote
-
-    from raycpt.runs.records import RUN_ID_MARK
-
     return f"![{alt}](get-artifact?path={quote(path, safe='')}&run_uuid={RUN_ID_MARK})"
 
 
