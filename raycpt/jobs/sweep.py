@@ -42,6 +42,7 @@ from raycpt.models.stack import LayerStack
 from raycpt.report.sweep.summary import report_options, write_summary
 from raycpt.jobs.run_inputs import row_model, run_datasets
 from raycpt.report.sweep.views.advice import NOTE, recommendation, run_description, trial_description
+from raycpt.report.sweep.views.plots import TRADEOFF_PNG
 from raycpt.report.sweep.views.terminal import compact_verdict
 from raycpt.report.sweep.outcomes import HELDOUT_DOCS_FILE
 from raycpt.report.tuning import pick_by_validation, tuning_lines, tuning_markdown
@@ -546,7 +547,8 @@ def log_summary(run, files: list, trace: Optional[dict], summary: dict) -> None:
     run_description`), its files, the flat per-cell table as the MLflow table ``summary/deltas.json``, S(b) and the
     headline deltas as metrics."""
     again = f"raycpt sweep {Path(run.run_dir) / 'config.yaml'}"  # the folder's resolved config reruns it
-    run.set_tags({NOTE: run_description(summary, compact_verdict(summary), again)})
+    figure = f"summary/{TRADEOFF_PNG}" if any(Path(f).name == TRADEOFF_PNG for f in files) else None
+    run.set_tags({NOTE: run_description(summary, compact_verdict(summary), again, figure)})
     for f in files:
         run.log_artifact(f, "summary")
     for a in (trace or {}).get("artifacts", []):

@@ -127,6 +127,12 @@ class Seen:
         return self._artifacts[key]
 
 
+RUN_ID_MARK = "{{run_id}}"
+"""Stands for the MLflow run id in a tag's value; :func:`project` puts the id in (live, or the id ``raycpt runs sync``
+made when the server was gone while the job ran): e.g. the sweep description's trade-off picture, an image whose
+URL names the run (:func:`raycpt.report.sweep.views.advice.artifact_image`)."""
+
+
 def record_path(base: Path, path: str) -> Path:
     """A record's file: relative to its run folder (``base``), or absolute."""
     p = Path(path)
@@ -150,7 +156,7 @@ def project(client, run_id: str, rec: dict, base: Path, seen: Optional[Seen] = N
     if kind == "tags":
         from mlflow.entities import RunTag
 
-        tags = {k: str(v)[:5000] for k, v in rec["tags"].items()}
+        tags = {k: str(v).replace(RUN_ID_MARK, run_id)[:5000] for k, v in rec["tags"].items()}
         if seen is not None:
             tags = {k: v for k, v in tags.items() if seen.tags().get(k) != v}
             seen.tags().update(tags)

@@ -1,6 +1,6 @@
 """cluster/ manifests checked with Ray's own validators: the launcher YAML against the cluster-config JSON
 schema shipped in the ray package, the runtime envs through Ray's RuntimeEnv parser, one image everywhere
-whose Ray version is the installed Ray (a mutated copy shows the check failing), and a Dockerfile that
+whose Ray version is constraints.txt's pin (a mutated copy shows the check failing), and a Dockerfile that
 installs the CUDA torch and raycpt from constraints.txt."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def check_images(folder: Path, ray_version: str) -> str:
     assert "ray-ml" not in image, "rayproject/ray-ml is not published after Ray 2.49"
     m = re.search(r"ray(\d+\.\d+\.\d+)", image.rsplit(":", 1)[-1])
     assert m, f"image tag {image!r} does not carry the Ray version (…-rayX.Y.Z-…)"
-    assert m.group(1) == ray_version, f"image {image} is Ray {m.group(1)}, installed Ray is {ray_version}"
+    assert m.group(1) == ray_version, f"image {image} is Ray {m.group(1)}, pinned Ray is {ray_version}"
     job = yaml.safe_load((folder / "rayjob.yaml").read_text())
     assert job["spec"]["rayClusterSpec"]["rayVersion"] == ray_version
     docker = (folder / "Dockerfile").read_text()
@@ -87,25 +87,31 @@ def test_runtime_envs_parse_with_rays_parser():
     assert job["spec"]["entrypoint"].startswith("python -m raycpt ")
 
 
-def test_one_image_everywhere_and_its_ray_version_is_the_installed_ray(tmp_path):
-    import ray
+def _pinned_ray() -> str:
+    """The Ray the image installs: constraints.txt's pin (cluster/constraints-image.txt is made from it), which is
+    the installed Ray in the development venv and CI, not in the minimum venv (constraints-min.txt)."""
+    text = (CLUSTER.parent / "constraints.txt").read_text()
+    return re.search(r"^ray==([^\s;#]+)", text, re.M).group(1)
 
-    image = check_images(CLUSTER, ray.__version__)
+
+def test_one_image_everywhere_and_its_ray_version_is_the_pinned_ray(tmp_path):
+    pinned = _pinned_ray()
+    image = check_images(CLUSTER, pinned)
     assert image.startswith("registry.example.com/")  # the placeholder the user replaces (image.env)
 
     # a mutated copy: the RayJob's image names another Ray -> refused (two images AND a wrong version)
     bad = tmp_path / "cluster"
     shutil.copytree(CLUSTER, bad)
-    other = image.replace(f"ray{ray.__version__}", "ray2.49.0")
+    other = image.replace(f"ray{pinned}", "ray2.49.0")
     text = (bad / "rayjob.yaml").read_text()
     (bad / "rayjob.yaml").write_text(text.replace(image, other, 1))
     with pytest.raises(AssertionError, match="several images"):
-        check_images(bad, ray.__version__)
+        check_images(bad, pinned)
     # ... and set everywhere through the one place (image.env + set-image.sh), still the wrong Ray
     subprocess.run(["bash", str(bad / "set-image.sh"), other], check=True, capture_output=True)
     assert {r for v in image_refs(bad).values() for r in v} == {other}
-    with pytest.raises(AssertionError, match=f"is Ray 2.49.0, installed Ray is {re.escape(ray.__version__)}"):
-        check_images(bad, ray.__version__)
+    with pytest.raises(AssertionError, match=f"is Ray 2.49.0, pinned Ray is {re.escape(pinned)}"):
+        check_images(bad, pinned)
 
 
 def test_dockerfile_installs_cuda_torch_and_raycpt_from_the_constraints(tmp_path):
@@ -162,21 +168,20 @@ def check_cuda(folder: Path, torch_version: str, ray_version: str, table: dict) 
 
 
 def test_the_image_uses_a_cuda_build_the_pinned_torch_publishes_and_the_base_image_matches(tmp_path):
-    import ray
-
+    pinned = _pinned_ray()
     table = _variants()
     assert table["torch"][_pinned_torch()]["sources"]  # each row says where it comes from
-    assert check_cuda(CLUSTER, _pinned_torch(), ray.__version__, table) == "cu130"
+    assert check_cuda(CLUSTER, _pinned_torch(), pinned, table) == "cu130"
     # cu128, what the Dockerfile named before: torch 2.13 publishes no such wheel -> refused
     bad = tmp_path / "cluster"
     shutil.copytree(CLUSTER, bad)
     docker = (bad / "Dockerfile").read_text()
     (bad / "Dockerfile").write_text(docker.replace("cu130", "cu128"))
     with pytest.raises(AssertionError, match=r"torch 2\.13\.0 publishes \['cu126', 'cu130'\], not cu128"):
-        check_cuda(bad, "2.13.0", ray.__version__, table)
+        check_cuda(bad, "2.13.0", pinned, table)
     (bad / "Dockerfile").write_text(docker.replace("ARG CUDA=cu130", "ARG CUDA=cu126"))
     with pytest.raises(AssertionError, match="base image is cu126, torch comes from cu130"):
-        check_cuda(bad, "2.13.0", ray.__version__, table)
+        check_cuda(bad, "2.13.0", pinned, table)
 
 
 def test_every_launcher_node_type_names_an_ami_and_the_driver_it_needs():

@@ -273,3 +273,38 @@ def test_one_seed_terminal_shows_intervals_but_no_marks_and_no_best():
     text = console.export_text()
     assert "▲" not in text and "▼" not in text
     assert "Best" not in text and "±" in text and "point estimates" in text
+
+
+def test_parent_runs_overview_shows_the_tradeoff_picture_from_its_own_artifacts(tmp_path):
+    """Issue 48 item 6: the sweep's MLflow description (``mlflow.note.content``, which the run page's overview
+    renders as Markdown, keeping ``<img src>``) embeds the trade-off figure. Read back from a real store: one image,
+    a relative ``get-artifact`` URL (the browser resolves it against the server, static prefix included) naming this
+    run and an artifact the run has, whose bytes are the figure's. The folder's record keeps a placeholder, not an
+    id, so ``raycpt runs sync`` into a new run (server gone during the job) points the picture at that run."""
+    import re
+    from urllib.parse import parse_qs, urlparse
+
+    from fake_run import sqlite_parent
+    from raycpt.jobs.sweep import log_summary
+    from raycpt.report.sweep.summary import write_summary
+    from raycpt.report.sweep.views.advice import NOTE, run_description
+    from raycpt.runs.records import RECORDS, RUN_ID_MARK
+
+    cfg, client, exp, parent, run_at = sqlite_parent(tmp_path)
+    s = write_summary(tmp_path / "run", _trials(), None, num_layers=30, domain=["wn"], general=[],
+                      report={"primary": "heldout_loss"})
+    log_summary(run_at(), s["files"], None, s)
+    note = client.get_run(parent).data.tags[NOTE]
+    images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", note)
+    assert len(images) == 1, note
+    url = urlparse(images[0])
+    assert (url.scheme, url.netloc, url.path) == ("", "", "get-artifact"), images[0]
+    query = parse_qs(url.query)
+    assert query["run_uuid"] == [parent]
+    (path,) = query["path"]
+    assert path == "summary/tradeoff.png" and path in {a.path for a in client.list_artifacts(parent, "summary")}
+    got = Path(client.download_artifacts(parent, path, str(tmp_path / "dl"))).read_bytes()
+    assert got[:8] == b"\x89PNG\r\n\x1a\n" and got == (tmp_path / "run" / "summary" / "tradeoff.png").read_bytes()
+    records = (tmp_path / "run" / RECORDS).read_text()
+    assert RUN_ID_MARK in records and parent not in records
+    assert "![" not in run_description(s, ["a line"])  # no figure drawn (no base row): no picture

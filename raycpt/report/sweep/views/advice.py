@@ -11,12 +11,14 @@ Pure: a summary (:func:`raycpt.report.sweep.summary.build_summary`, with ``num_l
 from __future__ import annotations
 
 from typing import Optional
+from urllib.parse import quote
 
 from raycpt.report.sweep import family
 from raycpt.report.sweep.model import Cell, Row, Summary, as_summary
 from raycpt.report.sweep.base import BASE
 from raycpt.report.sweep.seeds import FLOOR_HINT, strategy_claims_allowed
 from raycpt.report.sweep.views.format import fmt_p
+from raycpt.runs.records import RUN_ID_MARK
 from raycpt.splits import split_index
 
 SHALLOW, DEEP, FULL = "train_shallow", "train_deep", "full"
@@ -185,9 +187,19 @@ def advice_lines(summary) -> list[str]:
     return lines + ([trace] if trace else [])
 
 
-def run_description(summary, verdict_lines: list[str], command: str = "raycpt sweep CONFIG") -> str:
+def artifact_image(path: str, alt: str) -> str:
+    """Markdown for a picture among the run's own artifacts, as MLflow's run page shows it: the page renders the
+    description as Markdown and keeps ``<img src>`` with a relative URL, which the browser resolves against the
+    server (static prefix included) to its ``get-artifact`` endpoint. The run id is filled in when the tag reaches
+    MLflow (:data:`raycpt.runs.records.RUN_ID_MARK`)."""
+    return f"![{alt}](get-artifact?path={quote(path, safe='')}&run_uuid={RUN_ID_MARK})"
+
+
+def run_description(summary, verdict_lines: list[str], command: str = "raycpt sweep CONFIG",
+                    figure: Optional[str] = None) -> str:
     """The sweep's MLflow description (``mlflow.note.content``, Markdown): the question, the recommendation, the
-    verdict's lines, where the rest is."""
+    trade-off picture (``figure``: its artifact path, when the sweep drew it), the verdict's lines, where the rest
+    is."""
     rec = recommendation(summary)
     out = ["### Which decoder layers to train?", "",
            "A `raycpt sweep`: `full`, `train_shallow` and `train_deep` at each split trained and evaluated against "
@@ -195,6 +207,8 @@ def run_description(summary, verdict_lines: list[str], command: str = "raycpt sw
     if rec:
         out += [f"**{'Recommended' if rec['claim'] == 'strategy' else 'Leader (point estimate, not a decision)'}:** "
                 f"{rec['words']}" + (f" — {rec['worth']}" if rec["worth"] else ""), ""]
+    if figure:
+        out += [artifact_image(figure, f"Gain vs forgetting against base ({figure})"), ""]
     out += ["**Verdict**", ""] + [f"- {ln}" for ln in verdict_lines] + ["",
             f"Rerun: `{command}`. Tables: `summary/summary.md`; trade-off: `summary/tradeoff.png`; per-cell "
             "deltas: `summary/deltas.json`."]
