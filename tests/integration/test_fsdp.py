@@ -234,10 +234,6 @@ def test_the_sdpa_probe_outlives_the_gloo_work_started_inside_it(monkeypatch):
     spawn(late_gloo_record_under_sdpa_probe, 2, 20)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "OPEN DEFECT, not a pass: one of the two gloo processes of benchmarks/bench_fsdp.py --smoke dies with SIGSEGV in "
-    "about 2 of 5 runs at 3a936cd (0 of 10 at b229039, 0 of 5 at d10855b; 1 of 6 on branch mlflow-inputs alone, 3 of "
-    "6 with it reverted: the bisect points at no one change). Kept visible as XFAIL until the crash is found"))
 def test_bench_fsdp_smoke_prints_its_three_results():
     import re
     import subprocess
