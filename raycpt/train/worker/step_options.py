@@ -87,15 +87,33 @@ def sdpa_context(backend: str) -> contextlib.AbstractContextManager:
     return sdpa_kernel([kinds[backend]])
 
 
+def drain_collectives() -> None:
+    """Wait until every collective this process issued on the default process group has finished on the group's
+    own threads, profiling record included (a barrier: gloo's waits for all prior work to finish); a no-op without
+    torch.distributed. Every rank must call it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 @contextlib.contextmanager
 def sdpa_probe() -> Iterator[list[str]]:
     """Which SDPA kernels ran inside the block (torch's profiler, CPU-side op names: cheap enough for one step): the
-    list yielded is filled on exit, ``["none"]`` when no SDPA op ran (eager attention, no attention layers)."""
+    list yielded is filled on exit, ``["none"]`` when no SDPA op ran (eager attention, no attention layers).
+
+    In a process group the block's collectives are drained (:func:`drain_collectives`, on every rank) before the
+    profiler stops. A gloo collective started inside the block records its profiler event on the group's worker
+    thread (``pt_gloo_runloop``) and ends that record *after* completing its future (``finishWorkGloo``:
+    ``markCompleted`` then ``finish()``), so DDP's backward, which waits on the bucket futures, can return and the
+    profiler can stop and free its event storage while that thread is still about to write the event's end time
+    into it: a write after free, heap corruption or a SIGSEGV in ``pt_gloo_runloop``."""
     from torch.profiler import ProfilerActivity, profile
 
     found: list[str] = []
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         yield found
+        drain_collectives()  # not on an exception: the other ranks may never reach it
     names = {e.name for e in prof.events()}
     found.extend(sorted({kind for op, kind in SDPA_OPS.items() if op in names}) or ["none"])
 
