@@ -26,7 +26,7 @@ another, for the same code). The float32 differences of the timed run are printe
 Then::
 
     RESULT trace_agreement_max_abs_diff <d> target <= 1e-05 PASS|FAIL   (float64)
-    RESULT trace_speedup <x> target >= 4.0 PASS|FAIL
+    RESULT trace_speedup <x> target >= 6.0 PASS|FAIL   (issue 49: the CPU limit is about 7x for the shipped prompts)
 
 Run: ``python benchmarks/bench_trace.py [--prompts 100] [--batch-size 16] [--model REF]``.
 """
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
           + f"; t* identical: {same_t}")
     ok = worst <= 1e-5 and same_t
     print(f"RESULT trace_agreement_max_abs_diff {worst:.3g} target <= 1e-05 {'PASS' if ok else 'FAIL'}")
-    print(f"RESULT trace_speedup {speedup:.2f} target >= 4.0 {'PASS' if speedup >= 4.0 else 'FAIL'}")
+    print(f"RESULT trace_speedup {speedup:.2f} target >= 6.0 {'PASS' if speedup >= 6.0 else 'FAIL'}")
     return 0
 
 
