@@ -5,11 +5,13 @@
   for P, t* and the logit lens (at the last position), then for every perturbation layer
   i = -1..N-1 a full forward of the whole model with a forward hook that zeroes the context
   positions of block i's output, logits over every position, the last one taken.
-* **ours**: :func:`raycpt.diagnostics.tracer.trace_batch` - one clean pass kept, each perturbation
-  runs only the blocks after i, all perturbations stacked into large calls, the zeroed context rows
-  computed once per group of prompts with the same prefix (``--schedule shared_context``, the
-  default; ``stacked`` recomputes them per prompt), the head only at the traced position, under
-  ``torch.inference_mode``.
+* **ours**: :func:`raycpt.diagnostics.tracer.trace_batch` - one clean pass kept (its head on one
+  position), each perturbation runs only the blocks after i, all perturbations stacked into large
+  calls, the zeroed context rows computed once per group of prompts with the same prefix and once
+  for all perturbations whose trajectories are equal (``--schedule shared_context``, the default;
+  ``stacked`` recomputes them per prompt), suffix rows in calls by length, the last block's MLP and
+  the head only at the traced position (several perturbations per head call), under
+  ``torch.inference_mode``. docs/trace.md: where the time goes and the FLOP limit (6.97).
 
 Both see the same right-padded batches (same batch size) and the same float32 weights; batches
 alternate ours / naive so that load from other processes hits both alike. Both wall time and this
@@ -26,7 +28,7 @@ another, for the same code). The float32 differences of the timed run are printe
 Then::
 
     RESULT trace_agreement_max_abs_diff <d> target <= 1e-05 PASS|FAIL   (float64)
-    RESULT trace_speedup <x> target >= 6.0 PASS|FAIL   (issue 49: the CPU limit is about 7x for the shipped prompts)
+    RESULT trace_speedup <x> target >= 6.0 PASS|FAIL   (issue 49; the FLOP ratio is 6.97 for the shipped prompts)
 
 Run: ``python benchmarks/bench_trace.py [--prompts 100] [--batch-size 16] [--model REF]``.
 """

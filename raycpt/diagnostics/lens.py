@@ -28,6 +28,13 @@ def gather_last(hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
 
 
+def lens_rows(stack) -> int:
+    """Rows per head call that keep its (rows, vocab) logits near 16M values (341 rows for SmolLM2's 49,152-token
+    vocabulary, 64 for Gemma 3's 262k)."""
+    vocab = getattr(stack.head, "out_features", None) or getattr(stack.config, "vocab_size", 65536)
+    return max(1, (1 << 24) // int(vocab))
+
+
 def final_logits(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor) -> torch.Tensor:
     """Clean next-token logits at ``last`` (float32; float64 for a float64 model): the lens of the state after the
     last block."""
@@ -40,8 +47,7 @@ def target_probs(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor, targ
     (softmax taken in float64 over the model's logits).
 
     The head runs only on the traced position, several states per call (``chunk_rows`` rows at a
-    time bounds the (rows, vocab) logits buffer; None = about 16M logits per call, e.g. 325 rows for
-    SmolLM2's 49k vocabulary, 64 for Gemma 3's 262k). With ``top_k`` > 0 also P_t under each layer's
+    time bounds the (rows, vocab) logits buffer; None = :func:`lens_rows`). With ``top_k`` > 0 also P_t under each layer's
     own top-k (returned second).
     """
     states = torch.stack([gather_last(h, last) for h in hidden], dim=1)  # (batch, L, d)
@@ -49,13 +55,12 @@ def target_probs(stack, hidden: Sequence[torch.Tensor], last: torch.Tensor, targ
     flat = states.reshape(b * n_states, d)
     tgt = target.to(flat.device).repeat_interleave(n_states)
     if chunk_rows is None:
-        vocab = getattr(stack.head, "out_features", None) or getattr(stack.config, "vocab_size", 65536)
-        chunk_rows = max(1, (1 << 24) // int(vocab))
+        chunk_rows = lens_rows(stack)
     out = torch.empty(b * n_states, dtype=torch.float64, device=flat.device)
     out_k = torch.empty_like(out) if top_k > 0 else None
     for s in range(0, flat.shape[0], chunk_rows):
         logits = stack.lens(flat[s:s + chunk_rows])
-        logp = torch.log_softmax(logits.double(), dim=-1)
+        logp = torch.log_softmax(logits, dim=-1, dtype=torch.float64)
         out[s:s + chunk_rows] = logp.gather(1, tgt[s:s + chunk_rows, None])[:, 0].exp()
         if out_k is not None:  # 004 §4.1: each layer's own top-k (raycpt.diagnostics.scores.topk_target_prob)
             out_k[s:s + chunk_rows] = topk_target_prob(logits, tgt[s:s + chunk_rows], top_k, lp=logp)

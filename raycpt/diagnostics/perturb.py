@@ -28,11 +28,11 @@ All run the head only at the traced position of each row.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 
-from raycpt.diagnostics.lens import at_least_float32, gather_last
+from raycpt.diagnostics.lens import at_least_float32, gather_last, lens_rows
 from raycpt.models.stack import repeat_batch
 
 SCHEDULES = ("shared_context", "stacked", "per_layer")
@@ -74,8 +74,20 @@ def perturbed_logits(stack, trace, context_mask: torch.Tensor, last: torch.Tenso
             states = _stacked_states(stack, trace, context_mask, last, group)
         else:
             states = _mixed_states(stack, trace, context_mask, last, group, layout)
-        for i in group:  # one head call per perturbation bounds the (rows, vocab) buffer
-            yield i, at_least_float32(stack.lens(states.pop(i)))
+        yield from _lens_of(stack, states, group)
+
+
+def _lens_of(stack, states: dict[int, torch.Tensor], order: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(i, lens(states[i]))`` in ``order``, several perturbations per head call: a head call on one batch's rows
+    reads the whole (vocab, d) matrix for a few rows (SmolLM2-135M on one CPU thread: 31 GFLOP/s at 16 rows, 66
+    at 341), while :func:`lens_rows` rows per call bound the (rows, vocab) buffer."""
+    batch = states[order[0]].shape[0]
+    per = max(1, lens_rows(stack) // max(1, batch))
+    for s in range(0, len(order), per):
+        part = order[s:s + per]
+        logits = at_least_float32(stack.lens(torch.cat([states.pop(i) for i in part])))
+        for k, i in enumerate(part):
+            yield i, logits[k * batch:(k + 1) * batch]
 
 
 # ------------------------------------------------------------------------------------ stacked
@@ -104,6 +116,11 @@ def _stacked_states(stack, trace, context_mask, last, starts: list[int]) -> dict
 
 
 # ------------------------------------------------------------------------------------ shared context
+SUFFIX_CALL_COST = 4
+"""What one more suffix call per block costs, in padded positions (one CPU thread, SmolLM2-135M: a call's own
+work, its mask, rotary and key gathers, is about one position's; 4 leaves a margin for a GPU's launches)."""
+
+
 @dataclass
 class SharedContextLayout:
     """How the prompts of a batch split into prefix | context | suffix for ``shared_context``.
@@ -125,10 +142,34 @@ class SharedContextLayout:
     """(E,) number of suffix positions of each eligible row."""
     pos: torch.Tensor
     """(E, M) absolute suffix positions, M = max length; padding entries clamped into the sequence."""
+    buckets: list[list[int]]
+    """Eligible rows (indices into ``eligible``) run in one suffix call, padded to the longest of them
+    (:func:`length_buckets`)."""
+
+
+def length_buckets(lengths: Sequence[int], call_cost: float = SUFFIX_CALL_COST) -> list[list[int]]:
+    """Rows into calls, each padded to its longest row, at the least ``padded positions + call_cost per call``.
+
+    Sorted by length, an optimal partition is a set of contiguous runs (moving a row to the call of
+    longer rows never shortens a call), found by dynamic programming over the sorted rows. Returns row
+    indices per call, shortest rows first, each call's rows in index order."""
+    order = sorted(range(len(lengths)), key=lambda r: (lengths[r], r))
+    best = [0.0] + [float("inf")] * len(order)
+    cut = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for begin in range(end):
+            cost = best[begin] + (end - begin) * lengths[order[end - 1]] + call_cost
+            if cost < best[end]:
+                best[end], cut[end] = cost, begin
+    calls, end = [], len(order)
+    while end > 0:
+        calls.append(sorted(order[cut[end]:end]))
+        end = cut[end]
+    return calls[::-1]
 
 
 def plan_shared_context(input_ids: torch.Tensor, context_mask: torch.Tensor, last: torch.Tensor,
-                        min_group: int = 2) -> SharedContextLayout:
+                        min_group: int = 2, call_cost: float = SUFFIX_CALL_COST) -> SharedContextLayout:
     """Group the prompts of a right-padded batch by the exact tokens before their context.
 
     A prompt takes the stacked path (``fallback``) when its context is empty or not contiguous, or
@@ -163,7 +204,8 @@ def plan_shared_context(input_ids: torch.Tensor, context_mask: torch.Tensor, las
     dev = input_ids.device
     return SharedContextLayout(eligible=eligible, fallback=sorted(fallback), groups=groups,
                                group_of=torch.tensor(group_of, dtype=torch.long, device=dev),
-                               start=start.to(dev), length=length.to(dev), pos=pos.to(dev))
+                               start=start.to(dev), length=length.to(dev), pos=pos.to(dev),
+                               buckets=length_buckets(length.tolist(), call_cost))
 
 
 def _mixed_states(stack, trace, context_mask, last, starts, layout: SharedContextLayout) -> dict[int, torch.Tensor]:
@@ -183,55 +225,88 @@ def _mixed_states(stack, trace, context_mask, last, starts, layout: SharedContex
     return out
 
 
+def _distinct(rows: Optional[torch.Tensor], new: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``rows`` with ``new`` (1, ...) appended unless an equal row is there already; and ``new``'s row index."""
+    if rows is None:
+        return new, 0
+    for k in range(rows.shape[0]):
+        if torch.equal(rows[k], new[0]):
+            return rows, k
+    return torch.cat([rows, new], dim=0), rows.shape[0]
+
+
 def _shared_states(stack, trace, starts: list[int], layout: SharedContextLayout) -> dict[int, torch.Tensor]:
     """One sweep over blocks ``starts[0]+1 .. N-1`` where block j runs (a) each group's context
     trajectory of every active perturbation (prefix = clean states, context = 0 when it starts),
     recording its keys/values, then (b) the eligible prompts' suffix rows of every active
-    perturbation against those keys/values. Returns {i: (E, d) traced states}."""
+    perturbation against those keys/values, one call per length bucket. Returns {i: (E, d) traced states}.
+
+    Trajectories are kept once per distinct state: a perturbation whose starting trajectory equals
+    one already running (bitwise) shares its row from then on, since both run the same blocks on
+    the same input. With an empty prefix and blocks that map 0 to 0 (no biases: Llama, SmolLM2) every
+    trajectory is 0 and one row serves all perturbations; otherwise nothing is shared."""
     n = stack.num_layers
     dev = trace.hidden[0].device
     el = torch.tensor(layout.eligible, dtype=torch.long, device=dev)
     n_el = len(layout.eligible)
-    # (active, seq, d) per group. The trajectory is run at the batch's full width (positions past the
+    group_of = layout.group_of.tolist()
+    # (distinct, seq, d) per group. The trajectory is run at the batch's full width (positions past the
     # group's longest context are never seen by it: causality) so that every attention call reduces
     # over the same key layout as the clean pass and the numbers match it to the bit
-    width = trace.hidden[0].shape[1]
+    width, d = trace.hidden[0].shape[1], trace.hidden[0].shape[-1]
     traj: list[Optional[torch.Tensor]] = [None] * len(layout.groups)
-    q = None  # (active * E, M, d), perturbation-major
+    slot: list[list[int]] = [[] for _ in layout.groups]  # slot[g][a]: the row of traj[g] perturbation a runs on
+    calls = [(torch.tensor(rows, dtype=torch.long, device=dev), int(layout.length[rows].max())) for rows in layout.buckets]
+    q: list[Optional[torch.Tensor]] = [None] * len(calls)  # per call (active * rows, M, d), perturbation-major
     active: list[int] = []
     for j in range(starts[0] + 1, n + 1):
         if j - 1 in starts:
             src = trace.hidden[j]
             for g, (row, c0, _end) in enumerate(layout.groups):
-                new = src.new_zeros((1, width, src.shape[-1]))
+                new = src.new_zeros((1, width, d))
                 new[:, :c0] = src[row:row + 1, :c0]
-                traj[g] = new if traj[g] is None else torch.cat([traj[g], new], dim=0)
-            new_q = src[el[:, None], layout.pos]
-            q = new_q if q is None else torch.cat([q, new_q], dim=0)
+                traj[g], k = _distinct(traj[g], new)
+                slot[g].append(k)
+            for c, (rows, m) in enumerate(calls):
+                new_q = src[el[rows][:, None], layout.pos[rows, :m]]
+                if q[c] is not None and q[c].dim() == 2:  # after the last block: the traced positions only
+                    new_q = new_q[torch.arange(len(rows), device=dev), layout.length[rows] - 1]
+                q[c] = new_q if q[c] is None else torch.cat([q[c], new_q], dim=0)
             active.append(j - 1)
         if j == n:
             break
+        offset = [0]
+        for t in traj[:-1]:
+            offset.append(offset[-1] + t.shape[0])
         keys, values = [], []
         for g, (row, _c0, _end) in enumerate(layout.groups):
             traj[g], k, v = stack.run_prefix_block(j, traj[g], trace, row, width)
             keys.append(k)
             values.append(v)
         reps = len(active)
-        past_k, past_v = _rows_kv(keys, layout.group_of, reps), _rows_kv(values, layout.group_of, reps)
-        q = stack.run_suffix_block(j, q, trace, el.repeat(reps), layout.pos.repeat(reps, 1),
-                                   layout.length.repeat(reps), past_k, past_v)
-    h_last = q[torch.arange(q.shape[0], device=dev), (layout.length - 1).repeat(len(active))]
-    return {i: h_last[k * n_el:(k + 1) * n_el] for k, i in enumerate(active)}
+        past_k = None if any(k is None for k in keys) else torch.cat(keys, dim=0)  # (distinct rows, heads, width, hd)
+        past_v = None if any(v is None for v in values) else torch.cat(values, dim=0)
+        for c, (rows, m) in enumerate(calls):
+            members = rows.tolist()
+            kv = torch.tensor([offset[group_of[e]] + slot[group_of[e]][a] for a in range(reps) for e in members],
+                              dtype=torch.long, device=dev)
+            lengths = layout.length[rows].repeat(reps)
+            q[c] = stack.run_suffix_block(j, q[c], trace, el[rows].repeat(reps), layout.pos[rows, :m].repeat(reps, 1),
+                                          lengths, _per_row(past_k, kv), _per_row(past_v, kv),
+                                          read=lengths - 1 if j == n - 1 else None)  # last block: (rows, d)
+    out = trace.hidden[0].new_empty((len(active), n_el, d))
+    for c, (rows, _m) in enumerate(calls):
+        h = q[c]
+        if h.dim() == 3:  # no block ran (only the perturbation after the last block): read the traced positions
+            h = h[torch.arange(h.shape[0], device=dev), layout.length[rows].repeat(len(active)) - 1]
+        out[:, rows] = h.reshape(len(active), len(rows), d)
+    return {i: out[k] for k, i in enumerate(active)}
 
 
-def _rows_kv(per_group: list[Optional[torch.Tensor]], group_of: torch.Tensor, reps: int) -> Optional[torch.Tensor]:
-    """Per-group (active, heads, end_g, hd) keys or values -> per suffix row (active * E, heads, K, hd),
-    perturbation-major, padded with zeros to the longest group (the mask hides the padding)."""
-    if any(x is None for x in per_group):
+def _per_row(past: Optional[torch.Tensor], index: torch.Tensor) -> Optional[torch.Tensor]:
+    """``past[index]``; a view when there is one distinct trajectory (the block's cache copies it once)."""
+    if past is None:
         return None
-    width = max(x.shape[-2] for x in per_group)
-    padded = torch.stack([torch.nn.functional.pad(x, (0, 0, 0, width - x.shape[-2])) for x in per_group])
-    n_el = group_of.shape[0]
-    g_idx = group_of.repeat(reps)
-    a_idx = torch.arange(reps, device=group_of.device).repeat_interleave(n_el)
-    return padded[g_idx, a_idx]
+    if past.shape[0] == 1:
+        return past.expand(index.shape[0], *past.shape[1:])
+    return past[index]

@@ -88,7 +88,7 @@ def topk_target_prob(logits: torch.Tensor, target: torch.Tensor, top_k: int,
     Ratio(l) > 0 at every layer and the Task-Particle interval is every layer; under this reading a
     layer whose top-k lacks t* on both sides of it has Ratio = 0. ``lp``: the rows' float64 log-softmax when the
     caller has it (:func:`raycpt.diagnostics.lens.target_probs`: one full-vocabulary pass instead of two)."""
-    lp = torch.log_softmax(logits.double(), dim=-1) if lp is None else lp
+    lp = torch.log_softmax(logits, dim=-1, dtype=torch.float64) if lp is None else lp
     top, idx = torch.topk(lp, min(top_k, lp.shape[-1]), dim=-1)
     tgt = target.to(idx.device)[:, None]
     hit = (idx == tgt).any(-1)

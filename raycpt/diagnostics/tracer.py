@@ -46,7 +46,7 @@ def trace_batch(stack, batch: dict, top_k: int = 10, eps: float = EPS, schedule:
     context_mask = batch["context_mask"].to(device)
     last = batch["last"].to(device)
     with torch.inference_mode():
-        tr = stack.trace(input_ids, attention_mask)
+        tr = stack.trace(input_ids, attention_mask, logits=False)
         p_logits = final_logits(stack, tr.hidden, last)
         t_star = p_logits.argmax(dim=-1)
         p_t = target_probs(stack, tr.hidden, last, t_star, top_k=top_k)

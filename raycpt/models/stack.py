@@ -114,7 +114,7 @@ class Trace:
     """
 
     hidden: list[torch.Tensor]
-    logits: torch.Tensor
+    logits: Optional[torch.Tensor]
     layer_args: list[tuple] = field(default_factory=list)
     layer_kwargs: list[dict] = field(default_factory=list)
 
@@ -232,11 +232,19 @@ class LayerStack:
             for h in handles:
                 h.remove()
 
-    def trace(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> Trace:
-        """Clean forward recording every residual state and every block's call arguments."""
+    def trace(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+              logits: bool = True) -> Trace:
+        """Clean forward recording every residual state and every block's call arguments.
+
+        ``logits=False`` leaves ``Trace.logits`` None and, where the model takes ``logits_to_keep``,
+        runs the head on one position only (a caller that reads the lens of ``hidden`` saves the
+        (batch, seq, vocab) product: for SmolLM2-135M the head costs as much as 8 of its 30 blocks)."""
+        kwargs = {}
+        if not logits and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
+            kwargs["logits_to_keep"] = 1
         with self._record() as tr:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        tr.logits = out.logits
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
+        tr.logits = out.logits if logits else None
         return tr
 
     def run_layer(self, i: int, hidden: torch.Tensor, trace: Trace) -> torch.Tensor:
@@ -319,7 +327,7 @@ class LayerStack:
 
     def run_suffix_block(self, i: int, hidden: torch.Tensor, trace: Trace, rows: torch.Tensor, pos: torch.Tensor,
                          lengths: torch.Tensor, past_key: Optional[torch.Tensor],
-                         past_value: Optional[torch.Tensor]) -> torch.Tensor:
+                         past_value: Optional[torch.Tensor], read: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Block ``i`` on later positions of many rows, attending to handed-in keys/values.
 
         ``hidden`` (R, M, d): row r holds positions ``pos[r]`` (absolute, (R, M)) of recorded prompt
@@ -328,7 +336,13 @@ class LayerStack:
         those before its own first position ``pos[r, 0]``. The row's own keys/values are placed at
         their absolute positions, so every real query sees exactly the key layout and the mask row
         (causality, sliding window, padding) of the clean pass, taken from the recorded mask;
-        rotary tables are the recorded ones at ``pos``."""
+        rotary tables are the recorded ones at ``pos``.
+
+        ``read`` (R,): only position ``read[r]`` of row r is wanted (the last block, where nothing else
+        is read); the block's MLP then runs on those positions alone and the result is (R, d). Every
+        position still goes through attention (their keys/values are the read position's, and
+        attention called with fewer queries rounds differently); the MLP is position-wise (its rows
+        the same up to a matrix kernel's rounding; bitwise at SmolLM2-135M's shapes)."""
         width = trace.hidden[0].shape[1]  # every position of the batch: the clean pass's key layout, to the bit
         real = torch.arange(pos.shape[1], device=pos.device)[None, :] < lengths[:, None]
         kwargs = {}
@@ -342,7 +356,11 @@ class LayerStack:
             kwargs[key] = v
         if "cache" in inspect.signature(self.layers[i].forward).parameters:
             kwargs["cache"] = KVCache(past_key, past_value, slots=pos, real=real, width=width)
-        return _first_tensor(self.layers[i](hidden, **kwargs))
+        if read is None:
+            return _first_tensor(self.layers[i](hidden, **kwargs))
+        at = torch.arange(hidden.shape[0], device=hidden.device)
+        with _mlp_only_at(self.layers[i], at, read.to(hidden.device)):
+            return _first_tensor(self.layers[i](hidden, **kwargs))[at, read.to(hidden.device)]
 
     def select_rows(self, trace: Trace, idx: torch.Tensor) -> Trace:
         """The trace restricted to batch rows ``idx`` (states and recorded arguments alike)."""
@@ -420,10 +438,42 @@ class KVCache:
         return self._place(self.past_key, key_states), self._place(self.past_value, value_states)
 
     def _place(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        out = torch.nn.functional.pad(past, (0, 0, 0, self.width - past.shape[-2])).clone()
+        short = self.width - past.shape[-2]
+        out = torch.nn.functional.pad(past, (0, 0, 0, short)) if short else past.clone()  # a new tensor either way
         r, q = torch.nonzero(self.real, as_tuple=True)
         out[r, :, self.slots[r, q]] = new[r, :, q]
         return out
+
+
+@contextlib.contextmanager
+def _mlp_only_at(layer: nn.Module, rows: torch.Tensor, cols: torch.Tensor) -> Iterator[None]:
+    """While inside, ``layer.mlp`` runs on the (rows, cols) positions of its (R, M, d) input only, and hands back
+    an (R, M, d) output that is 0 elsewhere (what the block adds there is never read). A layer without an ``mlp``
+    submodule runs whole."""
+    mlp = getattr(layer, "mlp", None)
+    if not isinstance(mlp, nn.Module):
+        yield
+        return
+
+    shape: list[torch.Size] = []
+
+    def pre(module, args):
+        x = args[0]
+        shape.append(x.shape)
+        return (x[rows, cols][:, None], *args[1:])
+
+    def post(module, args, output):
+        y = output[0] if isinstance(output, tuple) else output
+        full = y.new_zeros(shape.pop())
+        full[rows, cols] = y[:, 0]
+        return (full, *output[1:]) if isinstance(output, tuple) else full
+
+    handles = [mlp.register_forward_pre_hook(pre, prepend=True), mlp.register_forward_hook(post, prepend=True)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _row(x: torch.Tensor, row: int) -> torch.Tensor:
