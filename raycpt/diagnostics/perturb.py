@@ -117,8 +117,9 @@ def _stacked_states(stack, trace, context_mask, last, starts: list[int]) -> dict
 
 # ------------------------------------------------------------------------------------ shared context
 SUFFIX_CALL_COST = 4
-"""What one more suffix call per block costs, in padded positions (one CPU thread, SmolLM2-135M: a call's own
-work, its mask, rotary and key gathers, is about one position's; 4 leaves a margin for a GPU's launches)."""
+"""What one more suffix call per block costs, in padded positions. An estimate, not a measurement: on one CPU
+thread with SmolLM2-135M a call's own work (its mask, rotary and key gathers, ~1 ms) is about what one padded
+position costs across the ~15 perturbations a block runs on average; 4 leaves room for a GPU's launches."""
 
 
 @dataclass
@@ -256,7 +257,11 @@ def _shared_states(stack, trace, starts: list[int], layout: SharedContextLayout)
     width, d = trace.hidden[0].shape[1], trace.hidden[0].shape[-1]
     traj: list[Optional[torch.Tensor]] = [None] * len(layout.groups)
     slot: list[list[int]] = [[] for _ in layout.groups]  # slot[g][a]: the row of traj[g] perturbation a runs on
-    calls = [(torch.tensor(rows, dtype=torch.long, device=dev), int(layout.length[rows].max())) for rows in layout.buckets]
+    calls = []  # per suffix call: its rows (indices into eligible), their batch rows, positions (rows, M) and lengths
+    for members in layout.buckets:
+        rows = torch.tensor(members, dtype=torch.long, device=dev)
+        m = int(layout.length[rows].max())
+        calls.append((members, el[rows], layout.pos[rows, :m], layout.length[rows]))
     q: list[Optional[torch.Tensor]] = [None] * len(calls)  # per call (active * rows, M, d), perturbation-major
     active: list[int] = []
     for j in range(starts[0] + 1, n + 1):
@@ -267,10 +272,10 @@ def _shared_states(stack, trace, starts: list[int], layout: SharedContextLayout)
                 new[:, :c0] = src[row:row + 1, :c0]
                 traj[g], k = _distinct(traj[g], new)
                 slot[g].append(k)
-            for c, (rows, m) in enumerate(calls):
-                new_q = src[el[rows][:, None], layout.pos[rows, :m]]
+            for c, (members, batch_rows, pos, lengths) in enumerate(calls):
+                new_q = src[batch_rows[:, None], pos]
                 if q[c] is not None and q[c].dim() == 2:  # after the last block: the traced positions only
-                    new_q = new_q[torch.arange(len(rows), device=dev), layout.length[rows] - 1]
+                    new_q = new_q[torch.arange(len(members), device=dev), lengths - 1]
                 q[c] = new_q if q[c] is None else torch.cat([q[c], new_q], dim=0)
             active.append(j - 1)
         if j == n:
@@ -286,20 +291,19 @@ def _shared_states(stack, trace, starts: list[int], layout: SharedContextLayout)
         reps = len(active)
         past_k = None if any(k is None for k in keys) else torch.cat(keys, dim=0)  # (distinct rows, heads, width, hd)
         past_v = None if any(v is None for v in values) else torch.cat(values, dim=0)
-        for c, (rows, m) in enumerate(calls):
-            members = rows.tolist()
+        for c, (members, batch_rows, pos, lengths) in enumerate(calls):
             kv = torch.tensor([offset[group_of[e]] + slot[group_of[e]][a] for a in range(reps) for e in members],
                               dtype=torch.long, device=dev)
-            lengths = layout.length[rows].repeat(reps)
-            q[c] = stack.run_suffix_block(j, q[c], trace, el[rows].repeat(reps), layout.pos[rows, :m].repeat(reps, 1),
-                                          lengths, _per_row(past_k, kv), _per_row(past_v, kv),
-                                          read=lengths - 1 if j == n - 1 else None)  # last block: (rows, d)
+            reps_lengths = lengths.repeat(reps)
+            q[c] = stack.run_suffix_block(j, q[c], trace, batch_rows.repeat(reps), pos.repeat(reps, 1), reps_lengths,
+                                          _per_row(past_k, kv), _per_row(past_v, kv),
+                                          read=reps_lengths - 1 if j == n - 1 else None)  # last block: (rows, d)
     out = trace.hidden[0].new_empty((len(active), n_el, d))
-    for c, (rows, _m) in enumerate(calls):
+    for c, (members, _batch_rows, _pos, lengths) in enumerate(calls):
         h = q[c]
         if h.dim() == 3:  # no block ran (only the perturbation after the last block): read the traced positions
-            h = h[torch.arange(h.shape[0], device=dev), layout.length[rows].repeat(len(active)) - 1]
-        out[:, rows] = h.reshape(len(active), len(rows), d)
+            h = h[torch.arange(h.shape[0], device=dev), lengths.repeat(len(active)) - 1]
+        out[:, members] = h.reshape(len(active), len(members), d)
     return {i: out[k] for k, i in enumerate(active)}
 
 

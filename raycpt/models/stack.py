@@ -358,9 +358,9 @@ class LayerStack:
             kwargs["cache"] = KVCache(past_key, past_value, slots=pos, real=real, width=width)
         if read is None:
             return _first_tensor(self.layers[i](hidden, **kwargs))
-        at = torch.arange(hidden.shape[0], device=hidden.device)
-        with _mlp_only_at(self.layers[i], at, read.to(hidden.device)):
-            return _first_tensor(self.layers[i](hidden, **kwargs))[at, read.to(hidden.device)]
+        at, read = torch.arange(hidden.shape[0], device=hidden.device), read.to(hidden.device)
+        with _mlp_only_at(self.layers[i], at, read):
+            return _first_tensor(self.layers[i](hidden, **kwargs))[at, read]
 
     def select_rows(self, trace: Trace, idx: torch.Tensor) -> Trace:
         """The trace restricted to batch rows ``idx`` (states and recorded arguments alike)."""
